@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class EnginesConfig(AppConfig):
+    name = "apps.engines"
+    label = "engines"

@@ -1,0 +1,167 @@
+"""The scene registry: the nine scenes, their descriptions and their config schemas.
+
+A task's `scene_config` is validated against its scene's JSON schema (jsonschema, draft
+2020-12) when the task is created or imported. Each scene's engine lives beside this module
+and is registered by later work; the registry itself is the single list of scene ids the
+whole platform uses (model choices, import validation, the API's /scenes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+
+@dataclass(frozen=True)
+class Scene:
+    id: str
+    title: str
+    description: str
+    config_schema: dict[str, Any]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    required_params: tuple[str, ...] = ()
+
+    def validator(self) -> Draft202012Validator:
+        return Draft202012Validator(self.config_schema)
+
+
+def _obj(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+_STR = {"type": "string"}
+_STR_LIST = {"type": "array", "items": {"type": "string"}}
+_FILES = {"type": "object", "additionalProperties": {"type": "string"}, "description": "path -> file content"}
+
+SCENES: dict[str, Scene] = {
+    s.id: s
+    for s in [
+        Scene(
+            "code_exec",
+            "Code execution",
+            "An agent writes and runs code with shell and file tools in a sandbox; an optional "
+            "verifier (files + check command) decides the reward.",
+            _obj(
+                {
+                    "image": _STR,
+                    "setup_files": _FILES,
+                    "verifier": _obj(
+                        {"files": _FILES, "command": _STR, "timeout": {"type": "number", "exclusiveMinimum": 0}},
+                        required=("command",),
+                    ),
+                }
+            ),
+        ),
+        Scene(
+            "envscaler",
+            "EnvScaler (stateful MCP environments)",
+            "A stateful domain environment served over MCP in the sandbox; a check function on the "
+            "final state decides the reward.",
+            _obj(
+                {
+                    "env_name": _STR,
+                    "init_config": {"type": "object"},
+                    "check_func": _STR,
+                },
+                required=("env_name",),
+            ),
+            required_params=("env_name",),
+        ),
+        Scene(
+            "toolace",
+            "ToolACE (synthetic tool use)",
+            "Tool-calling dialogues over evolved, coupled tool sets, including missing-parameter "
+            "clarification turns.",
+            _obj({"tools": {"type": "array", "items": {"type": "object"}}, "task_type": _STR}),
+        ),
+        Scene(
+            "search2qa",
+            "Search2QA (multi-hop QA synthesis)",
+            "Explore sources from a seed with search and crawl tools, emit a hard single-answer "
+            "question, evolve it, and rewrite the trace into an answering trajectory.",
+            _obj(
+                {
+                    "seed": _STR,
+                    "qa_mode": {"enum": ["question", "answer"]},
+                    "max_evolutions": {"type": "integer", "minimum": 0, "maximum": 5},
+                    "enable_evolution": {"type": "boolean"},
+                    "enable_rewrite": {"type": "boolean"},
+                }
+            ),
+            defaults={"qa_mode": "question", "max_evolutions": 2, "enable_evolution": True, "enable_rewrite": True},
+            required_params=("seed", "qa_mode"),
+        ),
+        Scene(
+            "toucan",
+            "Toucan (MCP tool use)",
+            "Questions synthesised for MCP servers' tools and answered by an agent calling them.",
+            _obj({"target_servers": _STR_LIST, "target_tools": _STR_LIST, "difficulty": {"enum": ["easy", "medium", "hard"]}}),
+        ),
+        Scene(
+            "mobile_agent",
+            "Mobile agent (Android)",
+            "An agent operates Android apps through screenshots, the UI tree and input actions; a "
+            "shell or UI-tree check decides the outcome.",
+            _obj(
+                {
+                    "app_package": _STR,
+                    "app_activity": _STR,
+                    "initial_actions": {"type": "array", "items": {"type": "object"}},
+                    "check_type": {"enum": ["shell", "ui_tree", "visual"]},
+                    "check_command": _STR,
+                    "check_expected": _STR,
+                    "tags": _STR_LIST,
+                }
+            ),
+        ),
+        Scene(
+            "gui",
+            "GUI (browser)",
+            "An agent drives a headless browser: navigate, click, type, read the page.",
+            _obj({"start_url": _STR, "check": {"type": "object"}}),
+        ),
+        Scene(
+            "deep_search",
+            "Deep search",
+            "Multi-step research with search and crawl tools ending in a sourced answer.",
+            _obj({"expected_answer": _STR, "sources": _STR_LIST}),
+        ),
+        Scene(
+            "multi_agent",
+            "Multi-agent",
+            "Several agents with their own roles and tools coordinate on one task.",
+            _obj({"roles": {"type": "array", "items": {"type": "object"}}}),
+        ),
+    ]
+}
+
+SCENE_CHOICES: list[tuple[str, str]] = [(s.id, s.title) for s in SCENES.values()]
+
+
+class SceneConfigError(ValueError):
+    """A scene config that does not match its scene's schema; `errors` is a list of (field, reason)."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+
+
+def get_scene(scene_id: str) -> Scene:
+    try:
+        return SCENES[scene_id]
+    except KeyError:
+        raise KeyError(f"unknown scene {scene_id!r}; valid scenes: {', '.join(SCENES)}") from None
+
+
+def validate_scene_config(scene_id: str, config: Any) -> dict[str, Any]:
+    """Return the config with the scene's defaults filled in, or raise SceneConfigError."""
+    scene = get_scene(scene_id)
+    if not isinstance(config, dict):
+        raise SceneConfigError([("config", f"must be a JSON object, got {type(config).__name__}")])
+    errors = sorted(scene.validator().iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise SceneConfigError(
+            [("config" + "".join(f".{p}" for p in e.absolute_path), e.message) for e in errors]
+        )
+    return {**scene.defaults, **config}

@@ -1,0 +1,128 @@
+"""Reviews of trajectories, and proposals that change a task's config for its next iteration."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+class Review(models.Model):
+    """An automatic (check + LLM judge) or human review of one trajectory; scores 0-100."""
+
+    class Kind(models.TextChoices):
+        AUTO = "auto", "automatic"
+        HUMAN = "human", "human"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        DONE = "done", "done"
+        JUDGE_FAILED = "judge_failed", "judge failed"
+
+    class Verdict(models.TextChoices):
+        ACCEPT = "accept", "accept"
+        REJECT = "reject", "reject"
+        REVISE = "revise", "revise"
+
+    trajectory = models.ForeignKey("tasks.Trajectory", on_delete=models.CASCADE, related_name="reviews")
+    kind = models.CharField(max_length=10, choices=Kind.choices, db_index=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING, db_index=True)
+    scores = models.JSONField(default=dict, blank=True, help_text="dimension -> {score 0-100, rationale}")
+    checks = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder, help_text="deterministic checks")
+    overall = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(100.0)]
+    )
+    verdict = models.CharField(max_length=10, choices=Verdict.choices, blank=True, db_index=True)
+    rationale = models.TextField(blank=True)
+    judge_model = models.CharField(max_length=200, blank=True)
+    rubric_version = models.CharField(max_length=40, blank=True)
+    judge_prompt = models.TextField(blank=True)
+    judge_raw = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="reviews"
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(overall__isnull=True) | Q(overall__gte=0, overall__lte=100), name="review_overall_0_100"
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind="human") | Q(reviewer__isnull=False), name="review_human_has_reviewer"
+            ),
+            # A failed judge never carries an invented score.
+            models.CheckConstraint(
+                condition=~Q(status="judge_failed") | Q(overall__isnull=True), name="review_judge_failed_no_score"
+            ),
+        ]
+        indexes = [models.Index(fields=["trajectory", "-created_at"], name="review_trajectory_idx")]
+
+    def __str__(self) -> str:
+        score = "-" if self.overall is None else f"{self.overall:.0f}"
+        return f"{self.get_kind_display()} review #{self.pk} of trajectory {self.trajectory_id} ({score})"
+
+
+class Proposal(models.Model):
+    """A change to one field of a task's config for its next iteration, gated by a risk tier."""
+
+    class Tier(models.TextChoices):
+        GREEN = "green", "green (applied automatically)"
+        YELLOW = "yellow", "yellow (a reviewer picks an option)"
+        RED = "red", "red (an approver signs off)"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        APPLIED = "applied", "applied automatically"
+        APPROVED = "approved", "approved"
+        REJECTED = "rejected", "rejected"
+        SUPERSEDED = "superseded", "superseded"
+
+    FINAL = frozenset({Status.APPLIED, Status.APPROVED, Status.REJECTED, Status.SUPERSEDED})
+
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="proposals")
+    review = models.ForeignKey(Review, null=True, blank=True, on_delete=models.SET_NULL, related_name="proposals")
+    iteration = models.PositiveSmallIntegerField(help_text="the iteration whose review proposed it")
+    field = models.CharField(max_length=100, help_text="the task config field it changes")
+    from_value = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    to_value = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    options = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder, help_text="yellow: 2-4 options")
+    tier = models.CharField(max_length=10, choices=Tier.choices, db_index=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING, db_index=True)
+    rationale = models.TextField(blank=True)
+    impact_note = models.TextField(blank=True, help_text="red: what signing off changes")
+    proposer = models.CharField(max_length=100, help_text="e.g. review-agent, rule:max_steps, or a username")
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="decided_proposals"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    chosen_option = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        permissions = [
+            ("decide_yellow_proposal", "Can decide yellow-tier proposals"),
+            ("decide_red_proposal", "Can sign off red-tier proposals"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(status__in=["approved", "rejected"]) | Q(decided_by__isnull=False, decided_at__isnull=False),
+                name="proposal_decided_has_decider",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="applied") | Q(tier="green"), name="proposal_only_green_auto_applied"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "tier", "created_at"], name="proposal_queue_idx"),
+            models.Index(fields=["task", "iteration"], name="proposal_task_iter_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tier} proposal #{self.pk}: {self.field} on task {self.task_id}"

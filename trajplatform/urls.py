@@ -1,0 +1,18 @@
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import path
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    return redirect("admin:index")
+
+
+admin.site.site_header = "trajplatform console"
+admin.site.site_title = "trajplatform"
+admin.site.index_title = "Operator console"
+
+urlpatterns = [
+    path("", home, name="home"),
+    path("admin/", admin.site.urls),
+]
