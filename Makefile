@@ -1,0 +1,104 @@
+# trajplatform: set-up, demo, server and tests on a fresh Debian 12 machine (Python 3.11).
+# `make demo` and `make test` install everything they need (apt packages, virtualenv).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DEMO_ADMIN ?= admin
+DEMO_ADMIN_PASSWORD ?= trajplatform-demo
+# Debian packages: what running the platform needs, and what the test suite adds.
+APT_RUN := bubblewrap
+APT_TEST := $(APT_RUN) postgresql
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export FASTMCP_CHECK_FOR_UPDATES := off
+export FASTMCP_SHOW_SERVER_BANNER := false
+export ADBUTILS_ADB_PATH ?= /bin/false
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help install install-test apt-run apt-test migrate demo serve worker test test-sqlite test-postgres _pytest check clean
+
+help:
+	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks"
+	@echo "make serve   run the web server (daphne) on http://$(HOST):$(PORT)/"
+	@echo "make worker  run the django-q2 worker cluster"
+	@echo "make test    set up and run the whole suite on SQLite, then on a throwaway PostgreSQL"
+
+# Install the listed Debian packages that are missing (apt-get update first, as root).
+define apt_ensure
+	@missing=""; for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing Debian packages:$$missing (run as root, or: sudo apt-get install$$missing)" >&2; exit 1; fi; \
+	  echo "apt-get install$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+endef
+
+apt-run:
+	$(call apt_ensure,$(APT_RUN))
+
+apt-test:
+	$(call apt_ensure,$(APT_TEST))
+
+# torch first, from the local CPU wheel: an unpinned torch pulls gigabytes of CUDA.
+$(VENV)/.installed: requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0+cpu
+	$(PY) -m pip install -q -r requirements.lock
+	@if $(PY) -m pip list 2>/dev/null | grep -qi '^nvidia-'; then echo "CUDA wheels crept in; check requirements.lock" >&2; exit 1; fi
+	@touch $@
+
+install: apt-run $(VENV)/.installed
+
+install-test: apt-test $(VENV)/.installed
+
+migrate: install
+	$(PY) manage.py migrate --no-input -v0
+
+demo: migrate
+	DEMO_ADMIN_PASSWORD='$(DEMO_ADMIN_PASSWORD)' $(PY) manage.py bootstrap_admin $(DEMO_ADMIN) --password-env DEMO_ADMIN_PASSWORD
+	$(PY) manage.py import_tasks examples/tasks/demo.jsonl --batch demo --once
+	@echo
+	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
+	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. The imported tasks are under Tasks > Batches > demo."
+
+serve: migrate
+	$(PY) manage.py collectstatic --no-input -v0
+	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) trajplatform.asgi:application
+
+worker: migrate
+	$(PY) manage.py qcluster
+
+check: install
+	$(PY) manage.py check
+	$(PY) manage.py makemigrations --check --dry-run
+
+test: install-test
+	$(MAKE) --no-print-directory test-sqlite
+	$(MAKE) --no-print-directory test-postgres
+
+# pytest exit 5 means no test ran: that is a failure here, not a pass.
+define run_pytest
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+endef
+
+test-sqlite:
+	@echo "== test suite on SQLite =="
+	$(call run_pytest)
+
+test-postgres:
+	@echo "== test suite on PostgreSQL =="
+	tests/tools/with-postgres $(MAKE) --no-print-directory _pytest
+
+_pytest:
+	$(call run_pytest)
+
+clean:
+	rm -rf var/static var/test_db_*.sqlite3*
