@@ -223,6 +223,33 @@ SANDBOX_POOL_SIZE = env_int("SANDBOX_POOL_SIZE", 0)
 OPENSANDBOX_URL = env_str("OPENSANDBOX_URL")
 OPENSANDBOX_API_KEY = env_str("OPENSANDBOX_API_KEY")
 
+# --- LLM ------------------------------------------------------------------------------
+# With neither LLM_BASE_URL nor LLM_API_KEY set, the platform talks to the offline scripted
+# model (a labelled stand-in, model name "scripted-reference") at OFFLINE_MODEL_URL. With a
+# key and no URL, the defaults suit DeepSeek.
+LLM_BASE_URL = env_str("LLM_BASE_URL")
+LLM_API_KEY = env_str("LLM_API_KEY")
+LLM_MODEL = env_str("LLM_MODEL")
+LLM_PROVIDERS = env_str("LLM_PROVIDERS")
+LLM_TIMEOUT_S = env_float("LLM_TIMEOUT_S", 120.0)
+LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 5)
+LLM_MAX_CONCURRENCY = env_int("LLM_MAX_CONCURRENCY", 16)
+OFFLINE_MODEL_URL = env_str("OFFLINE_MODEL_URL", "http://127.0.0.1:8765/v1")
+
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # Responses keyed by a hash of model, messages, tools and sampling parameters: a resumed
+    # batch does not pay twice. Never culled or expired; shared through Redis in production.
+    "llm": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "TIMEOUT": None,
+         "KEY_PREFIX": "llm"}
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+              "LOCATION": str(VAR_DIR / "llm-cache"), "TIMEOUT": None,
+              "OPTIONS": {"MAX_ENTRIES": 10**9, "CULL_FREQUENCY": 0}}
+    ),
+}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
