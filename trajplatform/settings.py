@@ -246,7 +246,7 @@ CACHES = {
         if REDIS_URL
         else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
               "LOCATION": str(VAR_DIR / "llm-cache"), "TIMEOUT": None,
-              "OPTIONS": {"MAX_ENTRIES": 10**9, "CULL_FREQUENCY": 0}}
+              "OPTIONS": {"MAX_ENTRIES": 10**9, "CULL_FREQUENCY": 100}}
     ),
 }
 
