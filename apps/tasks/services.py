@@ -1,12 +1,14 @@
 """Writes to tasks, batches and trajectories. Every change is one transaction with its audit row."""
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from itertools import islice
+from typing import Any, Iterable
 
 from django.db import transaction
 from django.utils import timezone
 
-from apps.tasks.models import Task
+from apps.tasks.models import Batch, Task
 from trajplatform.audit import audit_record
 
 
@@ -46,3 +48,60 @@ def task_requeue(*, task: Task, actor: Any, reason: str = "") -> Task:
         task.save(update_fields=["status", "cancel_requested", "error", "queued_at", "finished_at", "updated_at"])
         audit_record("tasks.task_requeue", actor=actor, target=task, data={"from": previous, "reason": reason})
     return task
+
+
+IMPORT_CHUNK_SIZE = 2000
+
+
+def batch_import(
+    *,
+    rows: Iterable[dict[str, Any]],
+    name: str,
+    source_name: str,
+    source_sha256: str,
+    source_format: str,
+    actor: Any,
+) -> Batch:
+    """Create a batch and its tasks (queued) from validated task field dicts, all or nothing.
+
+    `rows` may be a generator (a file being read); it is consumed in chunks inside the one
+    transaction, so an exception from it (or an empty input) leaves nothing written. One
+    audit row for the batch, with counts; no per-task rows.
+    """
+    user = actor if getattr(actor, "is_authenticated", False) else None
+    with transaction.atomic():
+        batch = Batch.objects.create(
+            name=name[:200],
+            created_by=user,
+            source_name=source_name[:300],
+            source_sha256=source_sha256,
+            source_format=source_format[:40],
+        )
+        now = timezone.now()
+        by_scene: Counter[str] = Counter()
+        iterator = iter(rows)
+        while chunk := list(islice(iterator, IMPORT_CHUNK_SIZE)):
+            tasks = [
+                Task(batch=batch, created_by=user, status=Task.Status.QUEUED, queued_at=now, **fields)
+                for fields in chunk
+            ]
+            Task.objects.bulk_create(tasks, batch_size=IMPORT_CHUNK_SIZE)
+            by_scene.update(t.scene for t in tasks)
+        total = sum(by_scene.values())
+        if total == 0:
+            raise ValueError("no tasks to import")
+        batch.task_count = total
+        batch.save(update_fields=["task_count"])
+        audit_record(
+            "tasks.batch_import",
+            actor=actor,
+            target=batch,
+            data={
+                "task_count": total,
+                "by_scene": dict(sorted(by_scene.items())),
+                "source_name": batch.source_name,
+                "source_sha256": source_sha256,
+                "source_format": batch.source_format,
+            },
+        )
+    return batch
