@@ -1,0 +1,961 @@
+"""The LLM client: chat completions against any OpenAI-compatible endpoint, sync and asyncio.
+
+    client = LLMClient()                       # providers from settings (resolve_providers)
+    result = client.chat(messages, tools=tools, temperature=0.7,
+                         cache_key_extra={"task": 12, "iteration": 1, "sample": 0})
+    result.message      # {"role": "assistant", "content": ..., "tool_calls": [...]} (plain dicts)
+    result.provider, result.model, result.usage, result.cost_usd, result.cached, result.attempts
+    result = await client.achat(...)           # the same, on openai.AsyncOpenAI
+
+What it does around the openai SDK (which runs with max_retries=0; the retries are ours):
+
+* Providers: `resolve_providers()` (below) turns settings into an ordered list; the first is
+  the primary, the rest are fallbacks tried only after the primary has failed all its retries.
+  Every result names the provider and model that produced it. There is no silent switch to the
+  offline scripted model: it is used only when nothing else is configured, or when it is named
+  in LLM_PROVIDERS.
+* Retries: 429, 5xx, 408/409, timeouts, connection errors and unparseable responses are
+  retried up to LLM_MAX_RETRIES times. The wait is the server's Retry-After (or
+  retry-after-ms) when it sends one, else exponential backoff with jitter:
+  base = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**(attempt-1)), wait = base * (0.5 + 0.5 * random()).
+  A Retry-After longer than MAX_RETRY_AFTER_S is not waited for: the call fails with
+  LLMRateLimited(retry_after=...) so the job can be re-queued instead of holding a worker.
+* Adaptive concurrency: one AIMD limiter per provider (shared by every client in the process)
+  caps requests in flight: the limit halves on a 429 (once per congestion window) and grows by
+  one after `increase_every` consecutive successes, between 1 and LLM_MAX_CONCURRENCY.
+* Cache: successful responses are stored in caches["llm"] under sha256 of the canonical JSON of
+  (model, messages, tools, tool_choice, temperature, top_p, max_tokens, cache_key_extra). A
+  resumed batch or a replay gets the stored answer without an HTTP request (`cached=True`,
+  `attempts=0`). `cache_key_extra` must differ between samples that should differ: pass the
+  trajectory's identity, e.g. {"task": task.pk, "iteration": n, "sample": sample_index},
+  or every sample of a task at temperature > 0 would replay the first one's answers.
+* Cost: `cost_usd` = tokens x PRICES_PER_MTOK (USD per million tokens, longest model-name
+  prefix wins; settings.LLM_PRICES, if defined, adds or overrides entries). Unknown models and
+  the offline model cost 0. On a cache hit cost_usd is what the response cost when it was
+  produced; nothing was paid again.
+* Secrets: API keys never appear in errors, logs or results. Errors are raised without the SDK
+  exception chained (its request carries the Authorization header), their text goes through
+  `trajplatform.redaction.redact`, and a RedactingFilter sits on this module's logger and on
+  the "openai" logger.
+
+Errors are `LLMError` subclasses: LLMRateLimited, LLMTimeout, LLMUnavailable (5xx, connection
+failure, every provider down), LLMBadRequest (other 4xx: not retried), LLMResponseInvalid.
+`err.retryable` tells a job whether trying again later can help.
+"""
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlparse
+
+import openai
+from django.conf import settings
+from django.core.cache import caches
+from django.core.exceptions import ImproperlyConfigured
+
+from trajplatform.redaction import install_log_filter, redact, register_secret
+
+logger = logging.getLogger(__name__)
+install_log_filter(__name__)
+install_log_filter("openai")
+
+OFFLINE_MODEL = "scripted-reference"
+OFFLINE_API_KEY = "offline-no-key"
+CACHE_VERSION = 1
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 30.0
+MAX_RETRY_AFTER_S = 120.0
+INCREASE_EVERY = 10
+
+DEEPSEEK_BASE_URL = "https://api.deepseek.com/v1"
+DEEPSEEK_MODEL = "deepseek-chat"
+
+
+# -- providers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, repr=False)
+class Provider:
+    """One OpenAI-compatible endpoint and the model to ask for there."""
+
+    name: str
+    base_url: str
+    model: str
+    api_key: str = ""
+
+    def __post_init__(self) -> None:
+        register_secret(self.api_key)
+
+    def __repr__(self) -> str:
+        key = "[set]" if self.api_key and self.api_key != OFFLINE_API_KEY else "[none]"
+        return f"Provider(name={self.name!r}, base_url={self.base_url!r}, model={self.model!r}, api_key={key})"
+
+
+@dataclass(frozen=True)
+class _ProviderEnv:
+    key_var: str | None
+    url_var: str
+    model_var: str
+    default_url: str | None
+    default_model: str | None
+
+
+# The named providers LLM_PROVIDERS may list, and the environment variables each one reads.
+# A provider with a key variable is configured when that key is set; vllm when VLLM_BASE_URL is.
+NAMED_PROVIDERS: dict[str, _ProviderEnv] = {
+    "gemini": _ProviderEnv(
+        "GEMINI_API_KEY", "GEMINI_BASE_URL", "GEMINI_MODEL",
+        "https://generativelanguage.googleapis.com/v1beta/openai/", "gemini-2.5-flash",
+    ),
+    "deepseek": _ProviderEnv("DEEPSEEK_API_KEY", "DEEPSEEK_BASE_URL", "DEEPSEEK_MODEL", DEEPSEEK_BASE_URL, DEEPSEEK_MODEL),
+    "openai": _ProviderEnv("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "https://api.openai.com/v1", "gpt-4o-mini"),
+    "vllm": _ProviderEnv(None, "VLLM_BASE_URL", "VLLM_MODEL", None, None),
+    "offline": _ProviderEnv(None, "", "", None, OFFLINE_MODEL),
+}
+VLLM_API_KEY_VAR = "VLLM_API_KEY"
+
+_HOST_NAMES = {
+    "api.deepseek.com": "deepseek",
+    "api.openai.com": "openai",
+    "generativelanguage.googleapis.com": "gemini",
+}
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def _offline_provider(model: str = "") -> Provider:
+    return Provider("offline", settings.OFFLINE_MODEL_URL, model or OFFLINE_MODEL, OFFLINE_API_KEY)
+
+
+def _named_provider(name: str) -> Provider | None:
+    spec = NAMED_PROVIDERS[name]
+    if name == "offline":
+        return _offline_provider()
+    if name == "vllm":
+        url = _env(spec.url_var)
+        if not url:
+            return None
+        model = _env(spec.model_var)
+        if not model:
+            raise ImproperlyConfigured("VLLM_BASE_URL is set but VLLM_MODEL is not (the served model's name)")
+        return Provider("vllm", url, model, _env(VLLM_API_KEY_VAR) or "EMPTY")
+    key = _env(spec.key_var or "")
+    if not key:
+        return None
+    return Provider(name, _env(spec.url_var) or spec.default_url or "", _env(spec.model_var) or spec.default_model or "", key)
+
+
+def resolve_providers() -> list[Provider]:
+    """The providers to use, primary first, from settings (and per-provider env vars).
+
+    * LLM_PROVIDERS set ("deepseek,gemini,openai"): a comma-separated priority list of names
+      from NAMED_PROVIDERS (gemini, deepseek, openai, vllm, offline). Each is configured by its
+      own variables: GEMINI_API_KEY / GEMINI_BASE_URL / GEMINI_MODEL, DEEPSEEK_API_KEY /
+      DEEPSEEK_BASE_URL / DEEPSEEK_MODEL, OPENAI_API_KEY / OPENAI_BASE_URL / OPENAI_MODEL,
+      VLLM_BASE_URL / VLLM_MODEL / VLLM_API_KEY; "offline" is always configured (the scripted
+      model at OFFLINE_MODEL_URL). Names that are not configured are skipped; the first
+      configured one is the primary, the others are fallbacks in order. LLM_BASE_URL,
+      LLM_API_KEY and LLM_MODEL are ignored in this mode. No configured name is an error.
+    * Otherwise LLM_BASE_URL / LLM_API_KEY / LLM_MODEL form the single provider. A key without a
+      URL means DeepSeek (https://api.deepseek.com/v1); LLM_MODEL defaults to deepseek-chat.
+      The provider is named after the URL's host (deepseek, openai, gemini) or "custom".
+    * With neither URL nor key: the offline scripted model ("offline", model
+      scripted-reference) at OFFLINE_MODEL_URL. LLM_MODEL may then only name the scripted
+      model (e.g. "scripted-reference+fault=429"); any other model is a configuration error,
+      not a reason to fall back to the stand-in.
+    """
+    names = [n.strip().lower() for n in (settings.LLM_PROVIDERS or "").split(",") if n.strip()]
+    if names:
+        unknown = [n for n in names if n not in NAMED_PROVIDERS]
+        if unknown:
+            raise ImproperlyConfigured(
+                f"LLM_PROVIDERS names unknown provider(s) {', '.join(unknown)}; known: {', '.join(NAMED_PROVIDERS)}"
+            )
+        providers = [p for p in (_named_provider(n) for n in dict.fromkeys(names)) if p is not None]
+        if not providers:
+            raise ImproperlyConfigured(
+                f"LLM_PROVIDERS={settings.LLM_PROVIDERS!r} but none of them is configured "
+                "(set e.g. DEEPSEEK_API_KEY, GEMINI_API_KEY, OPENAI_API_KEY or VLLM_BASE_URL)"
+            )
+        return providers
+
+    base_url, api_key, model = settings.LLM_BASE_URL.strip(), settings.LLM_API_KEY.strip(), settings.LLM_MODEL.strip()
+    if not base_url and not api_key:
+        if model and not model.startswith(OFFLINE_MODEL):
+            raise ImproperlyConfigured(
+                f"LLM_MODEL={model!r} but neither LLM_BASE_URL nor LLM_API_KEY is set; "
+                "set them to use a real provider (unset LLM_MODEL for the offline scripted model)"
+            )
+        return [_offline_provider(model)]
+    base_url = base_url or DEEPSEEK_BASE_URL
+    name = _HOST_NAMES.get(urlparse(base_url).hostname or "", "custom")
+    return [Provider(name, base_url, model or DEEPSEEK_MODEL, api_key or "EMPTY")]
+
+
+# -- prices ---------------------------------------------------------------------------------
+
+# USD per million tokens (input, output), list prices at the time of writing (cache-miss input
+# rates, standard tier). Check the vendors' pages before trusting totals; settings.LLM_PRICES
+# ({"model-prefix": [input, output]}) overrides or extends this table.
+PRICES_PER_MTOK: dict[str, tuple[str, str]] = {
+    "deepseek-chat": ("0.28", "0.42"),
+    "deepseek-reasoner": ("0.28", "0.42"),
+    "gpt-4o-mini": ("0.15", "0.60"),
+    "gpt-4o": ("2.50", "10.00"),
+    "gpt-4.1-nano": ("0.10", "0.40"),
+    "gpt-4.1-mini": ("0.40", "1.60"),
+    "gpt-4.1": ("2.00", "8.00"),
+    "gemini-2.5-flash-lite": ("0.10", "0.40"),
+    "gemini-2.5-flash": ("0.30", "2.50"),
+    "gemini-2.5-pro": ("1.25", "10.00"),
+    "gemini-2.0-flash": ("0.10", "0.40"),
+    OFFLINE_MODEL: ("0", "0"),
+}
+_MILLION = Decimal(1_000_000)
+
+
+def price_per_mtok(model: str) -> tuple[Decimal, Decimal] | None:
+    """(input, output) USD per million tokens for a model name, or None when unknown."""
+    table = {k: (Decimal(str(i)), Decimal(str(o))) for k, (i, o) in PRICES_PER_MTOK.items()}
+    for k, (i, o) in (getattr(settings, "LLM_PRICES", None) or {}).items():
+        table[k] = (Decimal(str(i)), Decimal(str(o)))
+    name = model.rsplit("/", 1)[-1]
+    for prefix in sorted(table, key=len, reverse=True):
+        if name == prefix or name.startswith(prefix):
+            return table[prefix]
+    return None
+
+
+def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
+    """Exact cost of one call (0 for models without a price)."""
+    price = price_per_mtok(model)
+    if price is None:
+        return Decimal(0)
+    return (Decimal(prompt_tokens) * price[0] + Decimal(completion_tokens) * price[1]) / _MILLION
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class LLMError(Exception):
+    """A failed LLM call. str() is redacted; no SDK exception (with its headers) is chained."""
+
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        model: str = "",
+        status_code: int | None = None,
+        attempts: int = 0,
+        retry_after: float | None = None,
+        failures: Sequence[tuple[str, str]] = (),
+    ):
+        self.message = redact(message)
+        self.provider = provider
+        self.model = model
+        self.status_code = status_code
+        self.attempts = attempts
+        self.retry_after = retry_after
+        self.failures = [(p, redact(m)) for p, m in failures]
+        super().__init__(self.message)
+
+    @property
+    def fallback_ok(self) -> bool:
+        """Whether another provider may succeed where this one failed."""
+        return True
+
+    def __str__(self) -> str:
+        where = f"{self.provider}/{self.model}: " if self.provider else ""
+        tries = f" (after {self.attempts} attempt{'s' if self.attempts != 1 else ''})" if self.attempts else ""
+        return f"{where}{self.message}{tries}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+
+class LLMRateLimited(LLMError):
+    retryable = True
+
+
+class LLMTimeout(LLMError):
+    retryable = True
+
+
+class LLMUnavailable(LLMError):
+    retryable = True
+
+
+class LLMResponseInvalid(LLMError):
+    retryable = True
+
+
+class LLMBadRequest(LLMError):
+    retryable = False
+
+    @property
+    def fallback_ok(self) -> bool:
+        # 400/422 say the request itself is wrong; 401/402/403/404 are this provider's problem
+        # (key, balance, model name), so another provider may well answer.
+        return self.status_code not in (400, 413, 422)
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, repr=False)
+class ChatResult:
+    """One assistant reply and where it came from. `message` is an OpenAI-format dict."""
+
+    message: dict[str, Any]
+    finish_reason: str | None
+    usage: dict[str, int]
+    cost_usd: Decimal
+    model: str
+    provider: str
+    latency_ms: int
+    cached: bool = False
+    attempts: int = 1
+    requested_model: str = ""
+    cache_key: str = ""
+    failed_providers: tuple[str, ...] = ()
+
+    @property
+    def content(self) -> str | None:
+        return self.message.get("content")
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (cost as a decimal string), e.g. for a trajectory step's metadata."""
+        return {
+            "message": self.message,
+            "finish_reason": self.finish_reason,
+            "usage": dict(self.usage),
+            "cost_usd": str(self.cost_usd),
+            "model": self.model,
+            "provider": self.provider,
+            "latency_ms": self.latency_ms,
+            "cached": self.cached,
+            "attempts": self.attempts,
+            "requested_model": self.requested_model,
+            "cache_key": self.cache_key,
+            "failed_providers": list(self.failed_providers),
+        }
+
+    @classmethod
+    def from_cache(cls, data: dict[str, Any], cache_key: str) -> ChatResult:
+        return cls(
+            message=data["message"],
+            finish_reason=data["finish_reason"],
+            usage=dict(data["usage"]),
+            cost_usd=Decimal(data["cost_usd"]),
+            model=data["model"],
+            provider=data["provider"],
+            latency_ms=int(data["latency_ms"]),
+            cached=True,
+            attempts=0,
+            requested_model=data.get("requested_model", ""),
+            cache_key=cache_key,
+        )
+
+    def __repr__(self) -> str:
+        return redact(
+            f"ChatResult(provider={self.provider!r}, model={self.model!r}, finish_reason={self.finish_reason!r}, "
+            f"usage={self.usage!r}, cost_usd={self.cost_usd}, cached={self.cached}, attempts={self.attempts}, "
+            f"message={self.message!r})"
+        )
+
+
+# -- adaptive concurrency -------------------------------------------------------------------
+
+
+class AIMDLimiter:
+    """Caps requests in flight to one provider; usable from threads and from asyncio tasks.
+
+    acquire()/aacquire() return a ticket (the congestion epoch the request started in); pass
+    it back to release(ticket, outcome). A "rate_limited" outcome halves the limit, but only
+    once per epoch: a burst of 429s from requests sent together counts as one signal. After
+    `increase_every` consecutive "ok" outcomes the limit grows by one, up to max_limit.
+    """
+
+    def __init__(self, max_limit: int, *, min_limit: int = 1, increase_every: int = INCREASE_EVERY):
+        self.max_limit = max(1, max_limit)
+        self.min_limit = max(1, min(min_limit, self.max_limit))
+        self.increase_every = max(1, increase_every)
+        self.limit = self.max_limit
+        self.in_flight = 0
+        self._epoch = 0
+        self._successes = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._async_waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+
+    def _try_take(self) -> bool:
+        if self.in_flight < self.limit:
+            self.in_flight += 1
+            return True
+        return False
+
+    def _wake(self) -> None:
+        free = self.limit - self.in_flight
+        if free <= 0:
+            return
+        self._cond.notify(free)
+        # Waking more waiters than slots is harmless: each one re-checks under the lock.
+        for _ in range(min(free, len(self._async_waiters))):
+            loop, fut = self._async_waiters.popleft()
+            try:
+                loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # that loop is closed; its waiter is gone
+                continue
+
+    def acquire(self) -> int:
+        with self._cond:
+            while not self._try_take():
+                self._cond.wait()
+            return self._epoch
+
+    async def aacquire(self) -> int:
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._try_take():
+                    return self._epoch
+                fut: asyncio.Future[None] = loop.create_future()
+                self._async_waiters.append((loop, fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                with self._lock:
+                    try:
+                        self._async_waiters.remove((loop, fut))
+                    except ValueError:  # already woken: hand the wake-up on
+                        self._wake()
+                raise
+
+    def release(self, ticket: int, outcome: str = "ok") -> None:
+        """outcome: "ok", "rate_limited" or "error" (neither grows nor shrinks the limit)."""
+        with self._lock:
+            self.in_flight -= 1
+            if outcome == "rate_limited":
+                self._successes = 0
+                if ticket == self._epoch:
+                    self.limit = max(self.min_limit, self.limit // 2)
+                    self._epoch += 1
+            elif outcome == "ok":
+                self._successes += 1
+                if self._successes >= self.increase_every:
+                    self._successes = 0
+                    if self.limit < self.max_limit:
+                        self.limit += 1
+            self._wake()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+_limiters: dict[tuple[str, str], AIMDLimiter] = {}
+_limiters_lock = threading.Lock()
+
+
+def limiter_for(provider: Provider) -> AIMDLimiter:
+    """The process-wide limiter of a provider (created at LLM_MAX_CONCURRENCY)."""
+    key = (provider.name, provider.base_url)
+    with _limiters_lock:
+        limiter = _limiters.get(key)
+        if limiter is None:
+            limiter = _limiters[key] = AIMDLimiter(settings.LLM_MAX_CONCURRENCY)
+        return limiter
+
+
+def reset_limiters() -> None:
+    """Forget every provider's limiter (tests; a settings change)."""
+    with _limiters_lock:
+        _limiters.clear()
+
+
+# -- the client -----------------------------------------------------------------------------
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def cache_key_for(request: dict[str, Any], cache_key_extra: Any = None, extra_headers: dict[str, str] | None = None) -> str:
+    """The cache key of a request: sha256 over what determines the answer (no provider URL)."""
+    payload = {
+        "v": CACHE_VERSION,
+        **{k: request.get(k) for k in ("model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens")},
+        "extra": cache_key_extra,
+    }
+    if extra_headers:  # they can change the answer (the offline model's fault injection does)
+        payload["headers"] = extra_headers
+    return "chat:" + hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
+
+
+@dataclass
+class _Call:
+    provider: Provider
+    request: dict[str, Any]
+    cache_key: str
+    extra_headers: dict[str, str] | None = None
+    attempts: int = field(default=0)
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider.name}/{self.request['model']}"
+
+
+def _retry_after(headers: Any) -> float | None:
+    if headers is None:
+        return None
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            return max(0.0, float(raw) / divisor)
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            continue
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+    return None
+
+
+def _error_detail(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])[:500]
+        if isinstance(inner, str):
+            return inner[:500]
+    return (exc.message or "")[:500]
+
+
+class LLMClient:
+    """Chat completions with retries, fallback, adaptive concurrency, caching and costing.
+
+    `providers` defaults to resolve_providers(); `sleep`/`asleep`/`rand` are injectable so
+    tests can see the waits without waiting. One client per worker process is enough: the
+    SDK clients inside are thread-safe (the async ones are made per event loop).
+    """
+
+    def __init__(
+        self,
+        providers: Sequence[Provider] | None = None,
+        *,
+        cache_alias: str = "llm",
+        sleep: Callable[[float], None] = time.sleep,
+        asleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rand: Callable[[], float] = random.random,
+        limiters: dict[str, AIMDLimiter] | None = None,
+    ):
+        self.providers = list(providers) if providers is not None else resolve_providers()
+        if not self.providers:
+            raise ImproperlyConfigured("LLMClient needs at least one provider")
+        self.cache_alias = cache_alias
+        self._sleep, self._asleep, self._rand = sleep, asleep, rand
+        self._limiters = limiters
+        self._sync_clients: dict[str, openai.OpenAI] = {}
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, openai.AsyncOpenAI]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LLMClient(providers={self.providers!r})"
+
+    @property
+    def primary(self) -> Provider:
+        return self.providers[0]
+
+    def limiter(self, provider: Provider) -> AIMDLimiter:
+        if self._limiters is not None:
+            with self._lock:
+                if provider.name not in self._limiters:
+                    self._limiters[provider.name] = AIMDLimiter(settings.LLM_MAX_CONCURRENCY)
+                return self._limiters[provider.name]
+        return limiter_for(provider)
+
+    # -- building requests
+
+    def _plan(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        temperature: float | None,
+        top_p: float | None,
+        max_tokens: int | None,
+        model: str | None,
+        cache_key_extra: Any,
+        extra_headers: dict[str, str] | None,
+    ) -> list[_Call]:
+        calls = []
+        for i, provider in enumerate(self.providers):
+            # A model named by the caller is the primary's; fallbacks are other vendors and
+            # ask for their own configured model.
+            request: dict[str, Any] = {
+                "model": (model or provider.model) if i == 0 else provider.model,
+                "messages": messages,
+            }
+            for name, value in (
+                ("tools", tools or None),
+                ("tool_choice", tool_choice),
+                ("temperature", temperature),
+                ("top_p", top_p),
+                ("max_tokens", max_tokens),
+            ):
+                if value is not None:
+                    request[name] = value
+            calls.append(_Call(provider, request, cache_key_for(request, cache_key_extra, extra_headers), extra_headers))
+        return calls
+
+    def _sync_client(self, provider: Provider) -> openai.OpenAI:
+        with self._lock:
+            client = self._sync_clients.get(provider.name)
+            if client is None:
+                client = self._sync_clients[provider.name] = openai.OpenAI(
+                    api_key=provider.api_key or "EMPTY", base_url=provider.base_url, max_retries=0
+                )
+            return client
+
+    def _async_client(self, provider: Provider) -> openai.AsyncOpenAI:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            per_loop = self._async_clients.setdefault(loop, {})
+            client = per_loop.get(provider.name)
+            if client is None:
+                client = per_loop[provider.name] = openai.AsyncOpenAI(
+                    api_key=provider.api_key or "EMPTY", base_url=provider.base_url, max_retries=0
+                )
+            return client
+
+    # -- interpreting answers and failures
+
+    def _translate(self, exc: BaseException, call: _Call) -> LLMError:
+        kw: dict[str, Any] = {"provider": call.provider.name, "model": call.request["model"]}
+        if isinstance(exc, openai.APITimeoutError):
+            return LLMTimeout("request timed out", **kw)
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc.__context__
+            detail = f": {type(cause).__name__}" if cause is not None else ""
+            if call.provider.name == "offline":
+                detail += f" (is the offline model running at {call.provider.base_url}? `python manage.py offline_model`)"
+            return LLMUnavailable(f"connection failed{detail}", **kw)
+        if isinstance(exc, openai.APIResponseValidationError):
+            return LLMResponseInvalid(f"response did not match the chat completion schema: {exc.message}", **kw)
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            kw.update(status_code=status, retry_after=_retry_after(exc.response.headers))
+            text = f"HTTP {status}: {_error_detail(exc)}"
+            if status == 429:
+                return LLMRateLimited(text, **kw)
+            if status == 408:
+                return LLMTimeout(text, **kw)
+            if status >= 500 or status == 409:
+                return LLMUnavailable(text, **kw)
+            return LLMBadRequest(text, **kw)
+        return LLMError(f"{type(exc).__name__}: {exc}", **kw)
+
+    def _result(self, completion: Any, call: _Call, attempt: int, latency_s: float) -> ChatResult:
+        kw: dict[str, Any] = {"provider": call.provider.name, "model": call.request["model"]}
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise LLMResponseInvalid("response has no choices", **kw)
+        choice = choices[0]
+        msg = getattr(choice, "message", None)
+        if msg is None:
+            raise LLMResponseInvalid("response choice has no message", **kw)
+        message: dict[str, Any] = {"role": "assistant", "content": msg.content}
+        reasoning = getattr(msg, "reasoning_content", None)
+        if reasoning is None and msg.model_extra:
+            reasoning = msg.model_extra.get("reasoning_content")
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        if msg.tool_calls:
+            try:
+                message["tool_calls"] = [
+                    {
+                        "id": tc.id,
+                        "type": "function",
+                        # Arguments stay the model's raw string, valid JSON or not: the loop
+                        # decides what a malformed call means.
+                        "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                    }
+                    for tc in msg.tool_calls
+                ]
+            except AttributeError:
+                raise LLMResponseInvalid("a tool call has no function name/arguments", **kw) from None
+        usage_obj = getattr(completion, "usage", None)
+        usage = {
+            "prompt_tokens": int(getattr(usage_obj, "prompt_tokens", 0) or 0),
+            "completion_tokens": int(getattr(usage_obj, "completion_tokens", 0) or 0),
+        }
+        usage["total_tokens"] = int(getattr(usage_obj, "total_tokens", 0) or 0) or sum(usage.values())
+        reported = getattr(completion, "model", None) or call.request["model"]
+        price_model = reported if price_per_mtok(reported) is not None else call.request["model"]
+        return ChatResult(
+            message=redact(message, labels=False),
+            finish_reason=getattr(choice, "finish_reason", None),
+            usage=usage,
+            cost_usd=cost_usd(price_model, usage["prompt_tokens"], usage["completion_tokens"]),
+            model=reported,
+            provider=call.provider.name,
+            latency_ms=int(latency_s * 1000),
+            attempts=attempt,
+            requested_model=call.request["model"],
+            cache_key=call.cache_key,
+        )
+
+    def _delay(self, err: LLMError, attempt: int) -> float | None:
+        """Seconds to wait before the next attempt, or None when waiting is pointless."""
+        if err.retry_after is not None:
+            return err.retry_after if err.retry_after <= MAX_RETRY_AFTER_S else None
+        base = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+        return base * (0.5 + 0.5 * self._rand())
+
+    def _after_failure(self, err: LLMError, call: _Call, attempt: int, max_attempts: int) -> float:
+        """Log a failed attempt and return the wait before the next, or raise `err` if final."""
+        err.attempts = attempt
+        delay = self._delay(err, attempt) if err.retryable and attempt < max_attempts else None
+        if delay is None:
+            raise err
+        logger.warning("%s: %s; retry %d/%d in %.2fs", call.label, err.message, attempt, max_attempts - 1, delay)
+        return delay
+
+    # -- cache
+
+    def _cache_get(self, calls: list[_Call]) -> ChatResult | None:
+        try:
+            cache = caches[self.cache_alias]
+            for call in calls:
+                data = cache.get(call.cache_key)
+                if data is not None:
+                    return ChatResult.from_cache(data, call.cache_key)
+        except Exception as exc:  # a broken cache costs money, not correctness
+            logger.warning("llm cache read failed: %s", exc)
+        return None
+
+    async def _acache_get(self, calls: list[_Call]) -> ChatResult | None:
+        try:
+            cache = caches[self.cache_alias]
+            for call in calls:
+                data = await cache.aget(call.cache_key)
+                if data is not None:
+                    return ChatResult.from_cache(data, call.cache_key)
+        except Exception as exc:
+            logger.warning("llm cache read failed: %s", exc)
+        return None
+
+    def _cache_value(self, result: ChatResult) -> dict[str, Any]:
+        data = result.to_dict()
+        for per_call in ("cached", "cache_key", "failed_providers"):
+            del data[per_call]
+        return data
+
+    def _cache_set(self, result: ChatResult) -> None:
+        try:
+            caches[self.cache_alias].set(result.cache_key, self._cache_value(result), None)
+        except Exception as exc:
+            logger.warning("llm cache write failed: %s", exc)
+
+    async def _acache_set(self, result: ChatResult) -> None:
+        try:
+            await caches[self.cache_alias].aset(result.cache_key, self._cache_value(result), None)
+        except Exception as exc:
+            logger.warning("llm cache write failed: %s", exc)
+
+    # -- fallback across providers
+
+    @staticmethod
+    def _give_up(failures: list[tuple[_Call, LLMError]]) -> LLMError:
+        if len(failures) == 1:
+            return failures[0][1]
+        last = failures[-1][1]
+        err_cls = LLMUnavailable if any(e.retryable for _, e in failures) else type(last)
+        return err_cls(
+            "every provider failed: " + "; ".join(f"{c.provider.name}: {e}" for c, e in failures),
+            provider=last.provider,
+            model=last.model,
+            status_code=last.status_code,
+            attempts=sum(e.attempts for _, e in failures),
+            retry_after=last.retry_after,
+            failures=[(c.provider.name, str(e)) for c, e in failures],
+        )
+
+    def _next_or_raise(self, failures: list[tuple[_Call, LLMError]], remaining: int) -> None:
+        call, err = failures[-1]
+        if remaining == 0 or not err.fallback_ok:
+            raise self._give_up(failures)
+        logger.warning("%s failed (%s); falling back to the next provider", call.label, err)
+
+    # -- public API
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        cache_key_extra: Any = None,
+        use_cache: bool = True,
+        extra_headers: dict[str, str] | None = None,
+    ) -> ChatResult:
+        """One assistant turn for `messages`; raises an LLMError subclass when it cannot."""
+        calls = self._plan(
+            messages, tools=tools, tool_choice=tool_choice, temperature=temperature, top_p=top_p,
+            max_tokens=max_tokens, model=model, cache_key_extra=cache_key_extra, extra_headers=extra_headers,
+        )
+        if use_cache and (hit := self._cache_get(calls)) is not None:
+            return hit
+        failures: list[tuple[_Call, LLMError]] = []
+        for i, call in enumerate(calls):
+            try:
+                result = self._call_sync(call, timeout)
+            except LLMError as err:
+                failures.append((call, err))
+                self._next_or_raise(failures, len(calls) - i - 1)
+                continue
+            result = replace(result, failed_providers=tuple(c.provider.name for c, _ in failures))
+            if use_cache:
+                self._cache_set(result)
+            return result
+        raise self._give_up(failures)  # unreachable: _next_or_raise raises on the last one
+
+    async def achat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        cache_key_extra: Any = None,
+        use_cache: bool = True,
+        extra_headers: dict[str, str] | None = None,
+    ) -> ChatResult:
+        """The asyncio twin of chat()."""
+        calls = self._plan(
+            messages, tools=tools, tool_choice=tool_choice, temperature=temperature, top_p=top_p,
+            max_tokens=max_tokens, model=model, cache_key_extra=cache_key_extra, extra_headers=extra_headers,
+        )
+        if use_cache and (hit := await self._acache_get(calls)) is not None:
+            return hit
+        failures: list[tuple[_Call, LLMError]] = []
+        for i, call in enumerate(calls):
+            try:
+                result = await self._call_async(call, timeout)
+            except LLMError as err:
+                failures.append((call, err))
+                self._next_or_raise(failures, len(calls) - i - 1)
+                continue
+            result = replace(result, failed_providers=tuple(c.provider.name for c, _ in failures))
+            if use_cache:
+                await self._acache_set(result)
+            return result
+        raise self._give_up(failures)
+
+    def _call_sync(self, call: _Call, timeout: float | None) -> ChatResult:
+        client = self._sync_client(call.provider)
+        limiter = self.limiter(call.provider)
+        max_attempts = max(0, settings.LLM_MAX_RETRIES) + 1
+        timeout = timeout if timeout is not None else settings.LLM_TIMEOUT_S
+        for attempt in range(1, max_attempts + 1):
+            ticket = limiter.acquire()
+            outcome, started = "error", time.monotonic()
+            try:
+                completion = client.chat.completions.create(
+                    **call.request, timeout=timeout, extra_headers=call.extra_headers
+                )
+                outcome = "ok"
+            except openai.OpenAIError as exc:
+                err = self._translate(exc, call)
+                outcome = "rate_limited" if isinstance(err, LLMRateLimited) else "error"
+            finally:
+                limiter.release(ticket, outcome)
+            if outcome == "ok":
+                try:
+                    return self._result(completion, call, attempt, time.monotonic() - started)
+                except LLMResponseInvalid as invalid:
+                    err = invalid
+            self._sleep(self._after_failure(err, call, attempt, max_attempts))
+        raise AssertionError("unreachable")
+
+    async def _call_async(self, call: _Call, timeout: float | None) -> ChatResult:
+        client = self._async_client(call.provider)
+        limiter = self.limiter(call.provider)
+        max_attempts = max(0, settings.LLM_MAX_RETRIES) + 1
+        timeout = timeout if timeout is not None else settings.LLM_TIMEOUT_S
+        for attempt in range(1, max_attempts + 1):
+            ticket = await limiter.aacquire()
+            outcome, started = "error", time.monotonic()
+            try:
+                completion = await client.chat.completions.create(
+                    **call.request, timeout=timeout, extra_headers=call.extra_headers
+                )
+                outcome = "ok"
+            except openai.OpenAIError as exc:
+                err = self._translate(exc, call)
+                outcome = "rate_limited" if isinstance(err, LLMRateLimited) else "error"
+            finally:
+                limiter.release(ticket, outcome)
+            if outcome == "ok":
+                try:
+                    return self._result(completion, call, attempt, time.monotonic() - started)
+                except LLMResponseInvalid as invalid:
+                    err = invalid
+            await self._asleep(self._after_failure(err, call, attempt, max_attempts))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._sync_clients = list(self._sync_clients.values()), {}
+        for client in clients:
+            client.close()
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            clients = list(self._async_clients.pop(loop, {}).values())
+        for client in clients:
+            await client.close()

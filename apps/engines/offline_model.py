@@ -1,0 +1,589 @@
+"""The offline scripted model: an OpenAI-compatible HTTP server that replays reference solutions.
+
+A labelled stand-in for demos, CI and tests on machines without internet. It is not a language
+model: it answers as model `scripted-reference`, and only with the tool calls of the bundled
+reference solution of the task it recognises. For a task it has no script for, it says so in
+plain text and calls no tool; it never invents a call.
+
+    python manage.py offline_model [--host 127.0.0.1] [--port 8765] [--solutions PATH ...] [--fault SPEC]
+
+    with running_offline_model(["examples/reference_solutions"]) as server:   # tests
+        ... LLMClient([Provider("offline", server.url, "scripted-reference")]) ...
+
+Endpoints: POST /v1/chat/completions (non-streaming), GET /v1/models, GET /healthz.
+
+Reference solutions (files passed with --solutions; a directory means every *.json and
+*.jsonl file in it, recursively, in name order):
+
+* `*.json`: one object, or a list of objects;
+* `*.jsonl`: one object per line; lines without `reference_solution` are skipped, so a task
+  file (trajplatform or agent-data-platform shape) can carry its own solutions.
+
+Each object has `prompt` (or `description`, the agent-data-platform name) and
+`reference_solution`: a list of steps (or {"steps": [...]}), optionally `id`. A step is
+
+    {"thought": "optional text sent as the message content",
+     "tool_calls": [{"name": "write_file", "arguments": {"path": "a.py", "content": "..."}}]}
+
+or, as the last step only, a plain final answer: {"content": "The answer is 42."}. `arguments`
+may be an object (sent as JSON) or a string (sent verbatim); OpenAI-format calls
+({"type": "function", "function": {"name", "arguments"}}) are accepted too. The last step is
+the finishing one (typically a `finish`/`submit` call, or the final answer).
+
+Which script, which step: the first user message is normalised (whitespace collapsed) and
+matched exactly by sha256; failing that, the longest script prompt contained in it wins (so a
+loop may wrap the task prompt in its own text); a marker `[script:ID]` anywhere in it selects a
+script by id. The step is the number of assistant messages already in `messages`. Every
+scripted tool name must be among the request's `tools`; if not, the reply is HTTP 400 rather
+than a call the agent cannot execute.
+
+Token usage is approximate: ceil(characters / 4) of the request's messages and tools
+(prompt_tokens) and of the reply's content and arguments (completion_tokens). It costs nothing.
+
+Fault injection, for exercising clients and agent loops. A fault spec is a comma-separated list
+of items `kind[;key=value...]`, given per server (`--fault`, `faults=`), per request in the
+`X-Scripted-Fault` header, or in the model name (`scripted-reference+fault=SPEC`):
+
+    429[;retry_after=S]   HTTP 429 with Retry-After: S (default 1)
+    500 | 502 | 503 | 504 that HTTP error
+    slow[;seconds=S]      answer after S seconds (default 2)
+    malformed             tool-call `arguments` that are not valid JSON (truncated)
+    never_finish          never plays the final step: repeats the step before it instead
+    text_only             plain text, no tool call, even when tools are offered
+
+Every item takes `times=N`: it applies to the first N requests that carry it (counted per
+server, per source and spec), then requests pass through; without `times` it always applies.
+So "500;times=2" fails twice and then answers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "scripted-reference"
+FAULT_HEADER = "X-Scripted-Fault"
+MODEL_FAULT_PREFIX = MODEL_NAME + "+fault="
+STATUS_FAULTS = {"429", "500", "502", "503", "504"}
+FAULT_KINDS = STATUS_FAULTS | {"slow", "malformed", "never_finish", "text_only"}
+_MARKER = re.compile(r"\[script:([A-Za-z0-9_.:\-]+)\]")
+
+
+class ReferenceSolutionError(ValueError):
+    """A reference-solution file that cannot be loaded; the message says FILE:LINE: why."""
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+# -- scripts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    name: str
+    arguments: str  # what is sent: JSON text, or a verbatim string from the script
+
+
+@dataclass(frozen=True)
+class Step:
+    thought: str | None = None
+    tool_calls: tuple[ScriptedCall, ...] = ()
+    content: str | None = None  # a final plain-text answer (last step only)
+
+
+@dataclass(frozen=True)
+class Script:
+    id: str
+    prompt: str
+    steps: tuple[Step, ...]
+    source: str = ""
+
+    @property
+    def normalized_prompt(self) -> str:
+        return normalize_prompt(self.prompt)
+
+
+def normalize_prompt(text: str) -> str:
+    return " ".join(text.split())
+
+
+def prompt_sha256(text: str) -> str:
+    return hashlib.sha256(normalize_prompt(text).encode("utf-8")).hexdigest()
+
+
+def _parse_call(raw: Any, where: str) -> ScriptedCall:
+    if not isinstance(raw, dict):
+        raise ReferenceSolutionError(f"{where}: a tool call must be an object")
+    if isinstance(raw.get("function"), dict):
+        raw = raw["function"]
+    name, arguments = raw.get("name"), raw.get("arguments", {})
+    if not isinstance(name, str) or not name:
+        raise ReferenceSolutionError(f"{where}: a tool call needs a non-empty string `name`")
+    if isinstance(arguments, dict):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    elif not isinstance(arguments, str):
+        raise ReferenceSolutionError(f"{where}: `arguments` of {name!r} must be an object or a string")
+    return ScriptedCall(name, arguments)
+
+
+def parse_script(obj: Any, *, where: str, default_id: str) -> Script:
+    """One {prompt|description, reference_solution, id?} object -> Script."""
+    if not isinstance(obj, dict):
+        raise ReferenceSolutionError(f"{where}: expected an object")
+    prompt = obj.get("prompt", obj.get("description"))
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ReferenceSolutionError(f"{where}: needs a non-empty `prompt` (or `description`)")
+    raw_steps = obj.get("reference_solution")
+    if isinstance(raw_steps, dict):
+        raw_steps = raw_steps.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise ReferenceSolutionError(f"{where}: `reference_solution` must be a non-empty list of steps (or {{'steps': [...]}})")
+    steps = []
+    for n, raw in enumerate(raw_steps):
+        at = f"{where}: step {n}"
+        if not isinstance(raw, dict):
+            raise ReferenceSolutionError(f"{at}: must be an object")
+        unknown = set(raw) - {"thought", "tool_calls", "content"}
+        if unknown:
+            raise ReferenceSolutionError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
+        thought, calls, content = raw.get("thought"), raw.get("tool_calls"), raw.get("content")
+        if thought is not None and not isinstance(thought, str):
+            raise ReferenceSolutionError(f"{at}: `thought` must be a string")
+        if content is not None:
+            if calls is not None or thought is not None or not isinstance(content, str):
+                raise ReferenceSolutionError(f"{at}: a `content` step is a string answer alone (no thought, no tool_calls)")
+            if n != len(raw_steps) - 1:
+                raise ReferenceSolutionError(f"{at}: a plain `content` answer can only be the last step")
+            steps.append(Step(content=content))
+            continue
+        if not isinstance(calls, list) or not calls:
+            raise ReferenceSolutionError(f"{at}: needs a non-empty `tool_calls` list (or a final `content`)")
+        steps.append(Step(thought=thought, tool_calls=tuple(_parse_call(c, at) for c in calls)))
+    script_id = obj.get("id") or obj.get("external_id") or obj.get("task_id") or default_id
+    return Script(str(script_id), prompt, tuple(steps), where)
+
+
+def _iter_files(path: Path) -> Iterator[Path]:
+    if path.is_dir():
+        yield from sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
+    elif path.is_file():
+        yield path
+    else:
+        raise ReferenceSolutionError(f"{path}: no such file or directory")
+
+
+def load_scripts(paths: Iterable[str | Path]) -> list[Script]:
+    """Every script in the given files and directories (see the module docstring for formats)."""
+    scripts: list[Script] = []
+    for root in paths:
+        for path in _iter_files(Path(root)):
+            text = path.read_text(encoding="utf-8")
+            if path.suffix == ".jsonl":
+                for lineno, line in enumerate(text.splitlines(), 1):
+                    if not line.strip():
+                        continue
+                    where = f"{path}:{lineno}"
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise ReferenceSolutionError(f"{where}: malformed JSON: {exc.msg}") from None
+                    if isinstance(obj, dict) and "reference_solution" in obj:
+                        scripts.append(parse_script(obj, where=where, default_id=f"{path.stem}:{lineno}"))
+                continue
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ReferenceSolutionError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
+            items = data if isinstance(data, list) else [data]
+            for i, obj in enumerate(items):
+                where = f"{path}" if len(items) == 1 else f"{path}: item {i}"
+                default_id = path.stem if len(items) == 1 else f"{path.stem}:{i}"
+                scripts.append(parse_script(obj, where=where, default_id=default_id))
+    return scripts
+
+
+class ScriptRegistry:
+    """Scripts by normalised-prompt hash and by id."""
+
+    def __init__(self, scripts: Iterable[Script] = ()):
+        self.by_hash: dict[str, Script] = {}
+        self.by_id: dict[str, Script] = {}
+        for script in scripts:
+            self.add(script)
+
+    def __len__(self) -> int:
+        return len(self.by_hash)
+
+    def add(self, script: Script) -> None:
+        digest = prompt_sha256(script.prompt)
+        old = self.by_hash.get(digest)
+        if old is not None and old.steps != script.steps:
+            raise ReferenceSolutionError(f"{script.source}: same prompt as {old.source} but a different solution")
+        self.by_hash[digest] = script
+        self.by_id.setdefault(script.id, script)
+
+    def match(self, text: str) -> Script | None:
+        marker = _MARKER.search(text)
+        if marker and marker.group(1) in self.by_id:
+            return self.by_id[marker.group(1)]
+        normalized = normalize_prompt(text)
+        exact = self.by_hash.get(hashlib.sha256(normalized.encode("utf-8")).hexdigest())
+        if exact is not None:
+            return exact
+        inside = [s for s in self.by_hash.values() if s.normalized_prompt and s.normalized_prompt in normalized]
+        return max(inside, key=lambda s: len(s.normalized_prompt)) if inside else None
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    params: dict[str, str]
+    spec: str  # the item as written: with its source, the key its `times` counter uses
+
+    @property
+    def times(self) -> int | None:
+        return int(self.params["times"]) if "times" in self.params else None
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """'429;retry_after=2;times=1,slow;seconds=0.5' -> [Fault, Fault]; raises FaultSpecError."""
+    faults = []
+    for item in (part.strip() for part in (spec or "").split(",")):
+        if not item:
+            continue
+        kind, *pairs = [p.strip() for p in item.split(";")]
+        if kind not in FAULT_KINDS:
+            raise FaultSpecError(f"unknown fault {kind!r}; known: {', '.join(sorted(FAULT_KINDS))}")
+        params = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise FaultSpecError(f"fault {item!r}: expected key=value, got {pair!r}")
+            params[key.strip()] = value.strip()
+        try:
+            for key in ("times",):
+                if key in params and int(params[key]) < 0:
+                    raise ValueError
+            for key in ("retry_after", "seconds"):
+                if key in params and not (float(params[key]) >= 0):
+                    raise ValueError
+        except ValueError:
+            raise FaultSpecError(f"fault {item!r}: times must be an integer, retry_after/seconds a number >= 0") from None
+        faults.append(Fault(kind, params, item))
+    return faults
+
+
+# -- the model ------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+def _error(status: int, message: str, *, type_: str = "invalid_request_error", code: str | None = None) -> Reply:
+    return Reply(status, {"error": {"message": f"{MODEL_NAME}: {message}", "type": type_, "code": code, "param": None}})
+
+
+def _approx_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / 4)) if text else 0
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _offered_tools(tools: Any) -> list[str]:
+    names = []
+    for tool in tools if isinstance(tools, list) else []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            names.append(fn["name"])
+    return names
+
+
+class ScriptedModel:
+    """The request -> reply logic of the offline model, without HTTP (thread-safe)."""
+
+    def __init__(self, scripts: Iterable[Script] = (), *, faults: str = ""):
+        self.registry = scripts if isinstance(scripts, ScriptRegistry) else ScriptRegistry(scripts)
+        self.server_faults = parse_faults(faults)
+        self._lock = threading.Lock()
+        self._fault_uses: Counter[str] = Counter()
+        self.chat_requests = 0
+        self.stats: Counter[str] = Counter()
+        self.requests: deque[dict[str, Any]] = deque(maxlen=1000)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._fault_uses.clear()
+            self.stats.clear()
+            self.requests.clear()
+            self.chat_requests = 0
+
+    def _active(self, faults: list[Fault], source: str) -> dict[str, Fault]:
+        """The faults this request gets, consuming one use of each limited one."""
+        active: dict[str, Fault] = {}
+        with self._lock:
+            for fault in faults:
+                key = f"{source}:{fault.spec}"
+                if fault.times is not None:
+                    if self._fault_uses[key] >= fault.times:
+                        continue
+                    self._fault_uses[key] += 1
+                active.setdefault(fault.kind, fault)
+                self.stats[f"fault:{fault.kind}"] += 1
+        return active
+
+    def models(self) -> Reply:
+        return Reply(200, {"object": "list", "data": [
+            {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "trajplatform (offline stand-in)"}
+        ]})
+
+    def chat(self, body: Any, headers: dict[str, str]) -> Reply:
+        with self._lock:
+            self.chat_requests += 1
+            self.requests.append({"body": body, "fault_header": headers.get(FAULT_HEADER.lower(), "")})
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error(400, "the body must be a JSON object with a `messages` list")
+        if body.get("stream"):
+            return _error(400, "streaming is not supported; send stream=false")
+        model = body.get("model")
+        if not isinstance(model, str) or not (model == MODEL_NAME or model.startswith(MODEL_FAULT_PREFIX)):
+            return _error(
+                404, f"the model {model!r} does not exist here; this offline stand-in serves only {MODEL_NAME!r}",
+                code="model_not_found",
+            )
+        try:
+            faults: dict[str, Fault] = {}
+            for source, spec in (
+                ("server", None),
+                ("model", model[len(MODEL_FAULT_PREFIX):] if model.startswith(MODEL_FAULT_PREFIX) else ""),
+                ("header", headers.get(FAULT_HEADER.lower(), "")),
+            ):
+                parsed = self.server_faults if spec is None else parse_faults(spec)
+                for kind, fault in self._active(parsed, source).items():
+                    faults.setdefault(kind, fault)
+        except FaultSpecError as exc:
+            return _error(400, str(exc), code="bad_fault_spec")
+        reply = self._answer(body, faults)
+        if "slow" in faults:
+            reply.delay_s = float(faults["slow"].params.get("seconds", "2"))
+        return reply
+
+    def _answer(self, body: dict[str, Any], faults: dict[str, Fault]) -> Reply:
+        for kind in sorted(STATUS_FAULTS & set(faults)):
+            if kind == "429":
+                retry_after = faults[kind].params.get("retry_after", "1")
+                reply = _error(429, "injected rate limit", type_="rate_limit_error", code="rate_limit_exceeded")
+                reply.headers["Retry-After"] = retry_after
+                return reply
+            return _error(int(kind), f"injected HTTP {kind}", type_="server_error")
+
+        messages = body["messages"]
+        first_user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
+        script = self.registry.match(_text_of(first_user.get("content"))) if first_user else None
+        step_index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        offered = _offered_tools(body.get("tools"))
+
+        if script is None:
+            self.stats["unknown_prompt"] += 1
+            return self._completion(body, (
+                f"I am {MODEL_NAME}, an offline stand-in that only replays bundled reference solutions, "
+                "and I have no script for this task, so I cannot work on it."
+            ), [], "stop", "none")
+        final = len(script.steps) - 1
+        if "never_finish" in faults and step_index >= final:
+            step = self._never_finish_step(script, offered)
+        elif step_index > final:
+            self.stats["script_exhausted"] += 1
+            return self._completion(body, (
+                f"The reference solution of {script.id!r} has no further steps ({len(script.steps)} in all); "
+                "it has already been played."
+            ), [], "stop", script.id)
+        else:
+            step = script.steps[step_index]
+
+        if "text_only" in faults:
+            text = step.thought or step.content or "I believe the task is done."
+            return self._completion(body, text, [], "stop", script.id)
+        if step.content is not None:
+            return self._completion(body, step.content, [], "stop", script.id)
+        missing = [c.name for c in step.tool_calls if c.name not in offered]
+        if missing:
+            return _error(
+                400,
+                f"step {step_index} of script {script.id!r} calls {', '.join(missing)}, which the request does not "
+                f"offer in `tools` (offered: {', '.join(offered) or 'none'})",
+                code="scripted_tool_not_offered",
+            )
+        calls = []
+        for i, call in enumerate(step.tool_calls):
+            arguments = call.arguments
+            if "malformed" in faults:
+                arguments = arguments[:-1] if len(arguments) > 1 else "{"
+            digest = hashlib.sha256(script.id.encode()).hexdigest()[:8]
+            calls.append({"id": f"call_{digest}_{step_index}_{i}", "type": "function",
+                          "function": {"name": call.name, "arguments": arguments}})
+        self.stats["scripted_step"] += 1
+        return self._completion(body, step.thought, calls, "tool_calls", script.id)
+
+    @staticmethod
+    def _never_finish_step(script: Script, offered: list[str]) -> Step:
+        final = len(script.steps) - 1
+        if final >= 1:
+            previous = script.steps[final - 1]
+            return Step(thought="Let me check that once more before finishing.", tool_calls=previous.tool_calls)
+        harmless = next((name for name in offered if name not in {"finish", "submit", "final_answer"}), None)
+        if harmless is None:
+            return Step(content="Still working on it.")
+        return Step(thought="Let me look around first.", tool_calls=(ScriptedCall(harmless, "{}"),))
+
+    def _completion(
+        self, body: dict[str, Any], content: str | None, tool_calls: list[dict[str, Any]], finish: str, script_id: str
+    ) -> Reply:
+        prompt_text = json.dumps(body.get("messages"), ensure_ascii=False) + json.dumps(body.get("tools") or [])
+        completion_text = (content or "") + "".join(c["function"]["name"] + c["function"]["arguments"] for c in tool_calls)
+        prompt_tokens, completion_tokens = _approx_tokens(prompt_text), _approx_tokens(completion_text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        request_hash = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()[:24]
+        return Reply(200, {
+            "id": f"chatcmpl-scripted-{request_hash}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": MODEL_NAME,
+            "system_fingerprint": f"{MODEL_NAME}:{script_id}",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        })
+
+
+# -- HTTP -----------------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: OfflineModelServer
+    server_version = "scripted-reference/1"
+
+    def _send(self, reply: Reply) -> None:
+        if reply.delay_s and self.server.stopping.wait(reply.delay_s):
+            return
+        payload = json.dumps(reply.body).encode("utf-8")
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its timeout)
+            pass
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path in ("/v1/models", "/models"):
+            self._send(self.server.model.models())
+        elif path == "/healthz":
+            self._send(Reply(200, {"status": "ok", "model": MODEL_NAME, "scripts": len(self.server.model.registry)}))
+        else:
+            self._send(_error(404, f"no route GET {path}", code="not_found"))
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0].rstrip("/")
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if path not in ("/v1/chat/completions", "/chat/completions"):
+            self._send(_error(404, f"no route POST {path}", code="not_found"))
+            return
+        try:
+            body = json.loads(raw or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self._send(_error(400, "the body is not valid JSON"))
+            return
+        headers = {k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"}
+        self._send(self.server.model.chat(body, headers))
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        logger.debug("%s " + format, self.address_string(), *args)
+
+
+class OfflineModelServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer around a ScriptedModel; `url` is the base URL a client needs."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, model: ScriptedModel, host: str = "127.0.0.1", port: int = 0):
+        self.model = model
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> OfflineModelServer:
+        # A short poll interval: stop() (shutdown) waits up to one interval.
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="offline-model", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()  # releases slow replies still sleeping
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+        self.server_close()
+
+
+@contextmanager
+def running_offline_model(
+    solutions: Iterable[str | Path] = (),
+    *,
+    scripts: Iterable[dict[str, Any] | Script] = (),
+    faults: str = "",
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> Iterator[OfflineModelServer]:
+    """Serve the scripted model in a background thread (a free loopback port by default)."""
+    loaded = load_scripts(solutions)
+    for i, item in enumerate(scripts):
+        loaded.append(item if isinstance(item, Script) else parse_script(item, where=f"scripts[{i}]", default_id=f"inline-{i}"))
+    server = OfflineModelServer(ScriptedModel(loaded, faults=faults), host, port).start()
+    try:
+        yield server
+    finally:
+        server.stop()

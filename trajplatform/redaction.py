@@ -1,0 +1,156 @@
+"""Secret redaction for anything that leaves the process: logs, errors, results, API output.
+
+`redact(value)` replaces with "[REDACTED]":
+
+* the value of every configured secret: settings and environment variables whose names end in
+  API_KEY, SECRET, SECRET_KEY, TOKEN or PASSWORD (LLM_API_KEY, GEMINI_API_KEY, DEEPSEEK_API_KEY,
+  OPENAI_API_KEY, OPENSANDBOX_API_KEY, DJANGO_SECRET_KEY, ...), plus values registered at run
+  time with `register_secret` (keys handed to a client directly). Values shorter than
+  `MIN_SECRET_LENGTH` are not matched by value: a 3-character "key" would blank out ordinary
+  words (placeholders such as vLLM's "EMPTY" are not secrets anyway);
+* key shapes wherever they appear: `sk-...` (OpenAI, DeepSeek, Anthropic), `AIza...` (Google),
+  `hf_...`, GitHub tokens, `Bearer <token>`;
+* values after secret-looking labels (unless labels=False): `api_key=<value>`,
+  `"api_key": "<value>"`, `password: <value>`, `?key=<value>` in URLs, the password in
+  `scheme://user:password@host` URLs, and in dicts the whole value of a key named like a
+  secret (`api_key`, `authorization`, `password`, `*_token`, ...). `prompt_tokens` and
+  friends are counts, not secrets, and stay.
+
+`RedactingFilter` is a logging.Filter that applies the same to each record's message, traceback
+and stack; `install_log_filter(name)` puts one on a logger (idempotent).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from typing import Any
+
+REDACTED = "[REDACTED]"
+MIN_SECRET_LENGTH = 8
+
+_SECRET_NAME = re.compile(r"(?:API_KEY|APIKEY|SECRET|SECRET_KEY|TOKEN|PASSWORD|PASSWD)$", re.IGNORECASE)
+_SECRET_DICT_KEY = re.compile(
+    r"^(?:api[_-]?key|.*[_-]api[_-]?key|x-api-key|authorization|proxy-authorization|password|passwd|"
+    r"secret|.*[_-]secret|secret[_-]key|token|.*[_-]token|access[_-]token|refresh[_-]token)$",
+    re.IGNORECASE,
+)
+
+# (pattern, replacement); the replacement keeps the label so the redacted text stays readable.
+# Key shapes: unmistakable wherever they appear.
+_KEY_SHAPES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]{8,}"), r"\1" + REDACTED),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), REDACTED),
+    (re.compile(r"\bAIza[0-9A-Za-z_\-]{30,}"), REDACTED),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), REDACTED),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), REDACTED),
+]
+# Values after a secret-looking label: right for logs and errors, too eager for a model's own
+# output (an agent writing `password = "..."` into a config file is doing its task).
+_LABELLED: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(
+            r"""(?i)(["']?\b(?:[A-Za-z0-9]+[_-])*(?:api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|secret[_-]?key|password)"""
+            r"""["']?\s*[:=]\s*["']?)([^"'\s,&;}]{8,})"""
+        ),
+        r"\1" + REDACTED,
+    ),
+    (re.compile(r"(?i)([?&](?:key|api_key|apikey|access_token|token)=)[^&\s\"'#]+"), r"\1" + REDACTED),
+    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^/\s:@]+:)([^@\s/]+)(@)"), r"\1" + REDACTED + r"\3"),
+]
+
+_registered: set[str] = set()
+_registered_lock = threading.Lock()
+
+
+def register_secret(value: str | None) -> None:
+    """Redact this exact value from now on (e.g. an API key passed to a client in code)."""
+    if value and len(value) >= MIN_SECRET_LENGTH:
+        with _registered_lock:
+            _registered.add(value)
+
+
+def secret_values() -> list[str]:
+    """Every secret value currently known, longest first (so a key containing another wins)."""
+    values: set[str] = set()
+    with _registered_lock:
+        values |= _registered
+    for name, value in os.environ.items():
+        if _SECRET_NAME.search(name):
+            values.add(value)
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            for name in dir(settings):
+                if name.isupper() and _SECRET_NAME.search(name):
+                    value = getattr(settings, name, None)
+                    if isinstance(value, str):
+                        values.add(value)
+    except Exception:  # redaction must work even while settings are broken or loading
+        pass
+    return sorted((v for v in values if v and len(v) >= MIN_SECRET_LENGTH), key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: list[str] | None = None, *, labels: bool = True) -> str:
+    for value in secret_values() if secrets is None else secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    for pattern, replacement in _KEY_SHAPES + (_LABELLED if labels else []):
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact(value: Any, *, labels: bool = True, _secrets: list[str] | None = None) -> Any:
+    """Return a copy of `value` (str, or dicts/lists/tuples of them) with secrets replaced.
+
+    labels=False keeps configured secret values and key shapes redacted but leaves values
+    that merely follow a label (`password=...`, URL credentials) alone: use it for model
+    output that becomes training data, and the default everywhere else.
+    """
+    secrets = secret_values() if _secrets is None else _secrets
+    if isinstance(value, str):
+        return redact_text(value, secrets, labels=labels)
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if labels and isinstance(key, str) and isinstance(item, str) and item and _SECRET_DICT_KEY.match(key):
+                out[key] = REDACTED
+            else:
+                out[key] = redact(item, labels=labels, _secrets=secrets)
+        return out
+    if isinstance(value, list):
+        return [redact(item, labels=labels, _secrets=secrets) for item in value]
+    if isinstance(value, tuple):
+        return tuple(redact(item, labels=labels, _secrets=secrets) for item in value)
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """Redact a record's formatted message, traceback and stack before any handler sees it."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = secret_values()
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: leave it to the handler to report
+            return True
+        record.msg = redact_text(message, secrets)
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text, secrets)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info, secrets)
+        return True
+
+
+def install_log_filter(logger_name: str) -> None:
+    """Attach one RedactingFilter to the named logger (a second call is a no-op)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+        logger.addFilter(RedactingFilter())
