@@ -21,12 +21,13 @@ export FASTMCP_SHOW_SERVER_BANNER := false
 export ADBUTILS_ADB_PATH ?= /bin/false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-test apt-run apt-test migrate demo serve worker test test-sqlite test-postgres _pytest check clean
+.PHONY: help install install-test apt-run apt-test migrate demo serve worker offline-model test test-sqlite test-postgres _pytest check clean
 
 help:
 	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks"
 	@echo "make serve   run the web server (daphne) on http://$(HOST):$(PORT)/"
 	@echo "make worker  run the django-q2 worker cluster"
+	@echo "make offline-model  run the offline scripted-reference model on 127.0.0.1:8765"
 	@echo "make test    set up and run the whole suite on SQLite, then on a throwaway PostgreSQL"
 
 # Install the listed Debian packages that are missing (apt-get update first, as root).
@@ -74,6 +75,9 @@ serve: migrate
 
 worker: migrate
 	$(PY) manage.py qcluster
+
+offline-model: install
+	$(PY) manage.py offline_model
 
 check: install
 	$(PY) manage.py check
