@@ -27,7 +27,8 @@ def make_user(db: Any) -> Callable[..., Any]:
     def _make(role: str | None = None, username: str | None = None, **extra: Any) -> User:
         counter["n"] += 1
         name = username or f"{role or 'outsider'}{counter['n']}"
-        user = User.objects.create_user(name, f"{name}@example.test", PASSWORD, is_staff=role is not None, **extra)
+        extra.setdefault("is_staff", role is not None)
+        user = User.objects.create_user(name, f"{name}@example.test", PASSWORD, **extra)
         if role is not None:
             user.groups.add(Group.objects.get(name=role))
         return user

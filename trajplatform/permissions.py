@@ -77,3 +77,90 @@ def highest_role(user: Any) -> str | None:
         return "admin"
     roles = user_roles(user)
     return roles[-1] if roles else None
+
+
+def grant_role(*, user: Any, role: str, actor: Any) -> Any:
+    """Give `user` staff access and exactly one role group (other groups kept); needs auth.change_user."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.core.exceptions import PermissionDenied
+    from django.db import transaction
+
+    from trajplatform.audit import audit_record
+
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    if actor is None or not actor.has_perm("auth.change_user"):
+        raise PermissionDenied("granting a role needs the auth.change_user permission")
+    User = get_user_model()
+    with transaction.atomic():
+        user = User.objects.select_for_update().get(pk=user.pk)
+        role_groups = {g.name: g for g in Group.objects.filter(name__in=ROLES)}
+        if role not in role_groups:
+            raise RuntimeError(f"the {role!r} group does not exist; run `manage.py migrate` first")
+        previous = [r for r in ROLES if r in set(user.groups.filter(name__in=ROLES).values_list("name", flat=True))]
+        if previous == [role] and user.is_staff:
+            return user  # repeat grant: no-op, no audit row
+        was_staff = user.is_staff
+        user.groups.remove(*[g for name, g in role_groups.items() if name != role])
+        user.groups.add(role_groups[role])
+        if not user.is_staff:
+            user.is_staff = True
+            user.save(update_fields=["is_staff"])
+        audit_record(
+            "auth.role_grant",
+            actor=actor,
+            target=user,
+            data={"role": role, "previous_roles": previous, "was_staff": was_staff, "is_superuser": user.is_superuser},
+        )
+    return user
+
+
+def bootstrap_admin(*, username: str, email: str | None = None, password: str) -> tuple[Any, bool]:
+    """Create or update a superuser in the admin group with this password; returns (user, created)."""
+    from django.contrib.auth import get_user_model, password_validation
+    from django.contrib.auth.models import Group
+    from django.core.exceptions import ValidationError
+    from django.core.validators import validate_email
+    from django.db import transaction
+
+    from trajplatform.audit import audit_record
+
+    User = get_user_model()
+    username = User.normalize_username((username or "").strip())
+    if not username:
+        raise ValidationError("a username is required")
+    if not password:
+        raise ValidationError("a non-empty password is required")
+    if email:
+        validate_email(email)
+    with transaction.atomic():
+        try:
+            group = Group.objects.get(name="admin")
+        except Group.DoesNotExist:
+            raise RuntimeError("the 'admin' group does not exist; run `manage.py migrate` first") from None
+        user = User.objects.select_for_update().filter(username=username).first()
+        created = user is None
+        if created:
+            user = User(username=username, email=User.objects.normalize_email(email or ""))
+        elif email:
+            user.email = User.objects.normalize_email(email)
+        password_validation.validate_password(password, user)
+        changed = [flag for flag in ("is_staff", "is_superuser", "is_active") if not getattr(user, flag)]
+        user.is_staff = user.is_superuser = user.is_active = True
+        user.set_password(password)
+        user.save()
+        user.groups.add(group)
+        # Never the password, nor its hash.
+        audit_record(
+            "auth.bootstrap_admin",
+            target=user,
+            actor_repr="manage.py bootstrap_admin",
+            data={
+                "created": created,
+                "email": user.email,
+                "flags_set": [] if created else changed,
+                "password_set": True,
+            },
+        )
+    return user, created

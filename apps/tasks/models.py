@@ -239,9 +239,14 @@ class Trajectory(models.Model):
     def compute_content_sha256(self) -> str:
         return content_sha256(self.content())
 
+    CONTENT_FIELDS = frozenset({"messages", "tools", "final_answer", "outcome", "reward"})
+
     def save(self, *args: Any, **kwargs: Any) -> None:
-        self.content_sha256 = self.compute_content_sha256()
+        # Rehash only when content is written: heartbeat and status saves stay cheap.
         update_fields = kwargs.get("update_fields")
-        if update_fields is not None and {"messages", "tools", "final_answer", "outcome", "reward"} & set(update_fields):
+        if update_fields is None:
+            self.content_sha256 = self.compute_content_sha256()
+        elif self.CONTENT_FIELDS & set(update_fields):
+            self.content_sha256 = self.compute_content_sha256()
             kwargs["update_fields"] = set(update_fields) | {"content_sha256"}
         super().save(*args, **kwargs)

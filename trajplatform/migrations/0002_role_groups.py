@@ -9,9 +9,14 @@ def create_role_groups(apps, schema_editor):
     from django.contrib.auth.management import create_permissions
 
     for app_config in global_apps.get_app_configs():
-        app_config.models_module = True
-        create_permissions(app_config, verbosity=0, apps=apps)
-        app_config.models_module = None
+        # create_permissions skips apps whose models_module is unset; restore it afterwards
+        # or Django's own post_migrate handling is switched off for the rest of the process.
+        previous = app_config.models_module
+        app_config.models_module = previous or True
+        try:
+            create_permissions(app_config, verbosity=0, apps=apps)
+        finally:
+            app_config.models_module = previous
 
     from trajplatform.permissions import sync_role_groups
 

@@ -1,0 +1,146 @@
+"""Console pages for datasets, versions and members. A published version is read-only here too."""
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.db.models import Count, Max, Q, QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion
+from trajplatform.admin import AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
+
+
+class DatasetVersionInline(admin.TabularInline):
+    model = DatasetVersion
+    fields = ("number", "status", "published_at", "created_by", "created_at")
+    readonly_fields = fields
+    show_change_link = True
+    can_delete = False
+    extra = 0
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Dataset)
+class DatasetAdmin(admin.ModelAdmin):
+    list_display = ("name", "description", "n_versions", "latest_published", "created_by", "created_at")
+    search_fields = ("name", "description")
+    list_select_related = ("created_by",)
+    raw_id_fields = ("created_by",)
+    readonly_fields = ("created_by", "created_at")
+    inlines = [DatasetVersionInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_versions=Count("versions"),
+                latest_published_number=Max("versions__number", filter=Q(versions__status="published")),
+            )
+        )
+
+    @admin.display(description="versions", ordering="n_versions")
+    def n_versions(self, obj: Dataset) -> int:
+        return obj.n_versions
+
+    @admin.display(description="latest published", ordering="latest_published_number")
+    def latest_published(self, obj: Dataset) -> str:
+        return "-" if obj.latest_published_number is None else f"v{obj.latest_published_number}"
+
+    def save_model(self, request: HttpRequest, obj: Dataset, form: Any, change: bool) -> None:
+        if not change and obj.created_by_id is None:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(DatasetVersion)
+class DatasetVersionAdmin(AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
+    """Drafts are editable by approvers; published versions are frozen (no change, no delete)."""
+
+    list_display = (
+        "__str__", "dataset", "number", "status", "members_link", "published_at", "created_by", "created_at",
+    )
+    list_filter = ("status", "dataset")
+    search_fields = ("dataset__name", "notes")
+    list_select_related = ("dataset", "created_by")
+    raw_id_fields = ("dataset", "parent", "created_by")
+    json_fields = ("filter_spec", "counts", "data_card", "exporter_versions")
+    readonly_fields = (
+        "status", "published_at", "counts", "data_card", "exporter_versions", "created_by", "created_at",
+        "members_link", "recent_audit_events",
+    )
+    fieldsets = [
+        (None, {"fields": ["dataset", "number", "parent", "status", "published_at", "members_link"]}),
+        ("selection", {"fields": ["filter_spec", "split_seed", "notes"]}),
+        ("frozen record", {"fields": ["counts", "data_card", "exporter_versions"]}),
+        ("created", {"fields": ["created_by", "created_at"]}),
+        ("audit", {"classes": ["collapse"], "fields": ["recent_audit_events"]}),
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(n_members=Count("members"))
+
+    @admin.display(description="members", ordering="n_members")
+    def members_link(self, obj: DatasetVersion) -> SafeString | str:
+        if obj.pk is None:
+            return "-"
+        url = f"{reverse('admin:datasets_datasetmember_changelist')}?{urlencode({'version__id__exact': obj.pk})}"
+        n = getattr(obj, "n_members", None)
+        return format_html('<a href="{}">{}</a>', url, "members" if n is None else n)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.is_published:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.is_published:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # A bulk delete could include published versions, which the model refuses mid-way.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def save_model(self, request: HttpRequest, obj: DatasetVersion, form: Any, change: bool) -> None:
+        if not change and obj.created_by_id is None:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(DatasetMember)
+class DatasetMemberAdmin(IdSearchMixin, admin.ModelAdmin):
+    """Members are written by the version builder; read-only here."""
+
+    list_display = ("version", "position", "trajectory_link", "split", "content_sha256")
+    list_filter = ("split", "version__dataset", "version__status")
+    search_fields = ("content_sha256__exact",)
+    id_search_fields = ("trajectory_id",)
+    list_select_related = ("version__dataset",)  # not the trajectory: the link needs only its id
+    raw_id_fields = ("version", "trajectory")
+    show_full_result_count = False
+
+    @admin.display(description="trajectory", ordering="trajectory_id")
+    def trajectory_link(self, obj: DatasetMember) -> SafeString | str:
+        return change_link("tasks.trajectory", obj.trajectory_id, f"trajectory #{obj.trajectory_id}")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
