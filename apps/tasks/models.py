@@ -250,3 +250,39 @@ class Trajectory(models.Model):
             self.content_sha256 = self.compute_content_sha256()
             kwargs["update_fields"] = set(update_fields) | {"content_sha256"}
         super().save(*args, **kwargs)
+
+
+class TrajectoryLog(models.Model):
+    """One live-log line of a trajectory; `seq` orders lines within the trajectory from 1."""
+
+    class Kind(models.TextChoices):
+        SYSTEM = "system", "system"
+        THOUGHT = "thought", "thought"
+        ACTION = "action", "action"
+        OUTPUT = "output", "output"
+        RESULT = "result", "result"
+        ERROR = "error", "error"
+
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="log_lines")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["trajectory", "seq"]
+        constraints = [models.UniqueConstraint(fields=["trajectory", "seq"], name="trajectorylog_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.trajectory_id}#{self.seq} {self.kind}"
+
+    def as_message(self) -> dict[str, Any]:
+        """The JSON shape sent over the websocket and returned by the backfill endpoint."""
+        return {
+            "seq": self.seq,
+            "kind": self.kind,
+            "message": self.message,
+            "data": self.data,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+        }

@@ -105,3 +105,43 @@ def batch_import(
             },
         )
     return batch
+
+
+def trajectory_group_name(trajectory_id: int) -> str:
+    """The channels group that live-log lines of one trajectory are sent to."""
+    return f"trajectory-{trajectory_id}"
+
+
+def trajectory_log_append(
+    *, trajectory_id: int, lines: list[tuple[str, str, dict[str, Any]]]
+) -> list["TrajectoryLog"]:
+    """Append (kind, message, data) lines with the next sequence numbers; broadcast after commit.
+
+    The websocket message is {"type": "log.lines", "trajectory": id, "lines": [line.as_message()]}.
+    """
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from apps.tasks.models import Trajectory, TrajectoryLog
+    from trajplatform.redaction import redact
+
+    if not lines:
+        return []
+    with transaction.atomic():
+        # Lock the trajectory row: the per-trajectory sequence must not fork under two writers.
+        Trajectory.objects.select_for_update().only("id").get(pk=trajectory_id)
+        last = TrajectoryLog.objects.filter(trajectory_id=trajectory_id).order_by("-seq").values_list("seq", flat=True).first() or 0
+        rows = [
+            TrajectoryLog(trajectory_id=trajectory_id, seq=last + i, kind=kind, message=redact(message), data=redact(data))
+            for i, (kind, message, data) in enumerate(lines, start=1)
+        ]
+        created = TrajectoryLog.objects.bulk_create(rows)
+        payload = {"type": "log.lines", "trajectory": trajectory_id, "lines": [r.as_message() for r in created]}
+
+        def broadcast() -> None:
+            layer = get_channel_layer()
+            if layer is not None:
+                async_to_sync(layer.group_send)(trajectory_group_name(trajectory_id), payload)
+
+        transaction.on_commit(broadcast)
+    return created
