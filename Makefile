@@ -10,7 +10,7 @@ PORT ?= 8000
 DEMO_ADMIN ?= admin
 DEMO_ADMIN_PASSWORD ?= trajplatform-demo
 # Debian packages: what running the platform needs, and what the test suite adds.
-APT_RUN := bubblewrap
+APT_RUN := bubblewrap python3-pytest
 APT_TEST := $(APT_RUN) postgresql
 PYTEST_ARGS ?=
 

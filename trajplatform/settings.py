@@ -224,6 +224,15 @@ SANDBOX_POOL_SIZE = env_int("SANDBOX_POOL_SIZE", 0)
 OPENSANDBOX_URL = env_str("OPENSANDBOX_URL")
 OPENSANDBOX_API_KEY = env_str("OPENSANDBOX_API_KEY")
 
+# --- rollouts --------------------------------------------------------------------------
+# One worker job claims up to ROLLOUT_CONCURRENCY queued trajectories and runs them at once
+# (the model call is I/O bound). A running trajectory whose heartbeat is older than
+# ROLLOUT_STALE_S is re-queued by the reaper, at most ROLLOUT_MAX_ATTEMPTS times in all.
+ROLLOUT_CONCURRENCY = env_int("ROLLOUT_CONCURRENCY", 8)
+ROLLOUT_HEARTBEAT_S = env_float("ROLLOUT_HEARTBEAT_S", 10.0)
+ROLLOUT_STALE_S = env_float("ROLLOUT_STALE_S", 120.0)
+ROLLOUT_MAX_ATTEMPTS = env_int("ROLLOUT_MAX_ATTEMPTS", 3)
+
 # --- LLM ------------------------------------------------------------------------------
 # With neither LLM_BASE_URL nor LLM_API_KEY set, the platform talks to the offline scripted
 # model (a labelled stand-in, model name "scripted-reference") at OFFLINE_MODEL_URL. With a
