@@ -11,7 +11,7 @@ DEMO_ADMIN ?= admin
 DEMO_ADMIN_PASSWORD ?= trajplatform-demo
 # Debian packages: what running the platform needs, and what the test suite adds.
 APT_RUN := bubblewrap python3-pytest
-APT_TEST := $(APT_RUN) postgresql
+APT_TEST := $(APT_RUN) postgresql chromium
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
-from django.urls import path
+from django.urls import include, path
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -15,4 +15,5 @@ admin.site.index_title = "Operator console"
 urlpatterns = [
     path("", home, name="home"),
     path("admin/", admin.site.urls),
+    path("", include("apps.tasks.urls")),
 ]
