@@ -69,3 +69,16 @@ def make_task(db: Any) -> Callable[..., Any]:
         return Task.objects.create(**fields)
 
     return _make
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """Remove this run's SQLite test database files, WAL and shared-memory files included."""
+    from django.conf import settings
+
+    name = settings.DATABASES["default"].get("TEST", {}).get("NAME")
+    if name and settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            try:
+                os.remove(f"{name}{suffix}")
+            except FileNotFoundError:
+                pass
