@@ -21,6 +21,14 @@ ACTIONS: dict[str, str] = {
     "tasks.task_create": "a task was created",
     "tasks.task_cancel": "a task was cancelled",
     "tasks.task_requeue": "a finished task was queued again",
+    "engines.sandbox_destroy": "an operator destroyed a sandbox from the console",
+    "engines.sandbox_reap": "the reconciler destroyed a sandbox nobody owned, whose owner finished or whose TTL passed",
+    "tasks.iteration_start": "an iteration of a task started: its trajectories were queued for the workers",
+    "tasks.tasks_enqueue": "queued tasks (e.g. a whole batch) were started in one go",
+    "tasks.iteration_finish": "every trajectory of a task's iteration ended; the task moved on (completed or failed)",
+    "tasks.rollout_retry": "a trajectory ended in a retryable error (LLM 5xx/429, lost sandbox) and was queued again",
+    "tasks.rollout_requeue": "the reaper re-queued a running trajectory whose worker stopped sending heartbeats",
+    "tasks.rollout_abandon": "the reaper gave up on a trajectory whose workers kept vanishing and finished it as an error",
 }
 
 

@@ -223,6 +223,8 @@ SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", "/var/tmp/trajplatform-sandboxes"))
 SANDBOX_POOL_SIZE = env_int("SANDBOX_POOL_SIZE", 0)
 OPENSANDBOX_URL = env_str("OPENSANDBOX_URL")
 OPENSANDBOX_API_KEY = env_str("OPENSANDBOX_API_KEY")
+OPENSANDBOX_USE_SERVER_PROXY = env_bool("OPENSANDBOX_USE_SERVER_PROXY", False)
+OPENSANDBOX_DEFAULT_IMAGE = env_str("OPENSANDBOX_DEFAULT_IMAGE", "python:3.11")
 
 # --- rollouts --------------------------------------------------------------------------
 # One worker job claims up to ROLLOUT_CONCURRENCY queued trajectories and runs them at once
@@ -272,5 +274,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+    "loggers": {
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # Client libraries log every HTTP request at INFO.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        "opensandbox": {"level": "WARNING"},
+    },
 }

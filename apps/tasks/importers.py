@@ -8,6 +8,9 @@ Two line shapes are accepted, detected per line:
 * trajplatform: scene, prompt, config (the scene config) and the Task model's own names for
   everything else (`TRAJPLATFORM_FIELDS`).
 
+Either shape may carry `reference_solution` (the steps the offline model replays): it must be
+a list of step objects and is then dropped, not stored on the Task.
+
 Every problem is a `TaskImportError(line, field, reason)`; a file is checked to the end so
 all of them are reported at once. Big files are read line by line: `check_file` keeps no
 rows, `iter_tasks` yields them for a writer that streams into the database.
@@ -54,6 +57,8 @@ TRAJPLATFORM_FIELDS = (
     "samples_per_iteration",
     "priority",
 )
+# Allowed in either shape and dropped here: read by the offline model (apps/engines/offline_model.py).
+IGNORED_FIELDS = ("reference_solution",)
 _SHARED = frozenset(ADP_FIELDS) & frozenset(TRAJPLATFORM_FIELDS)
 _ADP_ONLY = frozenset(ADP_FIELDS) - _SHARED
 _TRAJPLATFORM_ONLY = frozenset(TRAJPLATFORM_FIELDS) - _SHARED
@@ -167,6 +172,17 @@ def _string_list(value: Any) -> list[str]:
     return value
 
 
+def _step_list(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise _Invalid(f"must be a list of step objects, got {_json_type(value)}")
+    if not value:
+        raise _Invalid("must not be empty (the offline model needs at least one step)")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise _Invalid(f"must be a list of step objects; item {i} is {_json_type(item)}")
+    return value
+
+
 def _has_nul(value: Any) -> bool:
     if isinstance(value, str):
         return "\x00" in value
@@ -252,7 +268,7 @@ def validate_task(
         required = ("prompt",) if scene else ("scene", "prompt")
 
     for name in obj:
-        if name not in allowed:
+        if name not in allowed and name not in IGNORED_FIELDS:
             errors.append((name, _unknown_field_reason(name, allowed, label)))
     for name in required:
         if name not in obj:
@@ -289,6 +305,11 @@ def validate_task(
             out[target] = _CHECKS[target](value)
         except _Invalid as exc:
             errors.append((name, exc.reason))
+    if "reference_solution" in obj:
+        try:
+            _step_list(obj["reference_solution"])
+        except _Invalid as exc:
+            errors.append(("reference_solution", exc.reason))
     if shape == ADP and "task_id" in obj and isinstance(obj["task_id"], str) and not obj["task_id"].strip():
         errors.append(("task_id", "must not be empty"))
 

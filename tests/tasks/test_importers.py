@@ -216,3 +216,25 @@ def test_iter_tasks_raises_on_the_first_invalid_item() -> None:
 def test_an_unknown_override_scene_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="valid scenes"):
         check_file(_bytes({"scene": "gui", "prompt": "p"}), scene="teleport")
+
+
+def test_a_reference_solution_is_accepted_and_dropped() -> None:
+    steps = [{"tool_calls": [{"name": "finish", "arguments": {"answer": "done"}}]}]
+    summary = check_file(_bytes(
+        {"scene": "code_exec", "prompt": "p", "reference_solution": steps},
+        {"task_id": "a", "task_type": "reasoning", "description": "d", "reference_solution": [{"content": "42"}]},
+    ))
+    assert summary.ok and summary.task_count == 2
+    rows, _ = parse_tasks(_bytes({"scene": "code_exec", "prompt": "p", "reference_solution": steps}))
+    assert "reference_solution" not in rows[0]
+
+
+@pytest.mark.parametrize("value, reason", [
+    ({"steps": []}, "must be a list of step objects, got object"),
+    ("write the file", "must be a list of step objects, got string"),
+    ([], "must not be empty (the offline model needs at least one step)"),
+    ([{"content": "x"}, "finish"], "must be a list of step objects; item 1 is string"),
+])
+def test_a_reference_solution_that_is_not_a_list_of_steps_is_rejected(value: Any, reason: str) -> None:
+    summary = check_file(_bytes({"scene": "gui", "prompt": "ok"}, {"scene": "gui", "prompt": "p", "reference_solution": value}))
+    assert [e.format("tasks.jsonl") for e in summary.errors] == [f"tasks.jsonl:2: reference_solution: {reason}"]

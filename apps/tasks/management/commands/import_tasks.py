@@ -32,6 +32,8 @@ Each line is one of two shapes, detected per line:
        step_timeout_s, timeout_s, max_tokens, system_prompt_extra, max_iterations,
        quality_threshold, samples_per_iteration, priority]
     config is the scene config, checked against the scene's schema.
+  Either shape may also carry
+    reference_solution: read by the offline model, ignored by the import.
 
 The whole file is checked first: every invalid line is reported as
 FILE:LINE: field: reason, and nothing is written. Otherwise the batch and all its tasks

@@ -1,0 +1,722 @@
+"""The agent loop every scene shares: model turn -> tool calls -> results, until finish or a limit.
+
+    result = await run_episode(config=task.config_snapshot(), llm=LLMClient(),
+                               cache_key_extra={"task": task.pk, "iteration": 1, "sample": 0},
+                               on_event=log_line, should_cancel=cancel_requested, trajectory=row)
+
+Scenes plug in through `apps.engines.runtime` (tools, prompt, sandbox spec, set-up, tool
+execution, verification); the loop is the same for all of them:
+
+* Native function calling: the scene's tools are offered; each tool call becomes one step.
+  A reply without a tool call is read with `parse_json_action` (a {"tool": ..., "arguments":
+  ...} object, fenced or bare), so models without tool support work on the same loop; with
+  config `tool_mode: "json"` no tools are sent and the prompt asks for that JSON instead.
+  Text-path results go back as a user message, since the model made no tool call to answer.
+  A reply with neither gets one corrective turn; a second one in a row ends the episode as an
+  error (kind "model_output").
+* Invalid calls (malformed JSON arguments, unknown tool, missing or mistyped argument) and
+  failed operations that are the agent's doing (missing file, write outside the workspace)
+  are answered with an "error: ..." tool result and recorded on the step: agent behaviour.
+* Limits: `max_steps` bounds the model's replies (corrective ones included; a reply with
+  several tool calls is one reply and several steps); `step_timeout_s` each command;
+  `timeout_s` the wall clock of the agent loop (commands are clipped to what is left;
+  set-up and the verifier have bounds of their own); `max_tokens` is a token budget for the
+  episode: no model call starts once it is spent. Exhausting one without finish is a
+  "failure" whose reason names the limit.
+* `should_cancel()` is asked before every model call: a cancel ends the episode with outcome
+  "error", reason "cancelled" and `cancelled=True`.
+* LLM errors (after the client's own retries), a lost sandbox or a failed sandbox create end
+  the episode with outcome "error" and the reason; nothing of them is put in the messages as
+  if the model had said it. `error_kind` and `retryable` tell the worker what happened.
+* After finish the scene's verifier runs (if the task has one): reward 1.0 is a success,
+  less a failure with the reward kept; no verifier means success with reward None.
+* The sandbox is created per episode and destroyed in every case. Sandbox calls are
+  synchronous and run in worker threads (asyncio.to_thread), so one event loop can run many
+  episodes; so do sync `on_event` / `should_cancel` callables (async ones are awaited).
+
+`on_event(kind, message, data)` gets "system", "thought", "action", "output", "error" and,
+last of all, "result" events, live, in order.
+
+What is recorded: `messages` are the conversation as it happened (OpenAI format; the
+assistant's `reasoning_content` is kept there but not sent back to the model), `steps` one
+record per tool call with the real exit code (None when no process ran or it was killed on
+its deadline), duration, truncation and the model call that produced it. Tool output is
+capped at MAX_TOOL_OUTPUT_CHARS (head and tail, with a marker) before the model sees it,
+and the step keeps exactly what the model saw. Configured secrets and key shapes are
+redacted from tool output before it is sent or stored.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.db import close_old_connections
+from jsonschema import Draft202012Validator
+
+from apps.engines.llm import LLMClient, LLMError
+from apps.engines.runtime import (
+    InfrastructureError,
+    NoEngineError,
+    SceneRuntime,
+    SetupError,
+    ToolError,
+    ToolResult,
+    get_runtime,
+)
+from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxUnavailable, acquire, get_backend
+from trajplatform.redaction import redact
+
+logger = logging.getLogger(__name__)
+
+SUCCESS, FAILURE, ERROR = "success", "failure", "error"
+TOOL_MODES = ("native", "json")
+
+DEFAULT_MAX_STEPS = 15
+DEFAULT_STEP_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 600.0
+MAX_TOOL_OUTPUT_CHARS = 8000
+OBSERVATION_CHARS = 2000
+EVENT_TEXT_CHARS = 200
+EVENT_DATA_CHARS = 2000
+# How long the liveness probe after an unexplained sandbox error may take.
+PROBE_TIMEOUT_S = 15.0
+
+
+@dataclass
+class EpisodeResult:
+    """Everything one episode produced; the worker stores it on the Trajectory row."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    final_answer: str = ""
+    outcome: str = ""  # "success" | "failure" | "error"
+    outcome_reason: str = ""
+    reward: float | None = None
+    verifier_output: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    model: str = ""  # the model that answered ("" if no call succeeded)
+    provider: str = ""
+    cancelled: bool = False
+    # "llm" | "infrastructure" | "model_output" | "config" | "cancelled" | "internal" (errors only)
+    error_kind: str = ""
+    retryable: bool = False  # an error that trying again later may not repeat (LLM 5xx/429, sandbox)
+    requested_model: str = ""
+    llm_calls: int = 0
+    cached_calls: int = 0
+    duration_ms: int = 0
+    sandbox: dict[str, Any] = field(default_factory=dict)  # id, backend, record_id, downgrades, destroyed
+
+
+class _Stop(Exception):
+    """Ends the loop with an outcome (raised from deep inside a turn)."""
+
+    def __init__(self, outcome: str, reason: str, *, kind: str = "", retryable: bool = False):
+        super().__init__(reason)
+        self.outcome, self.reason, self.kind, self.retryable = outcome, reason, kind, retryable
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def truncate_text(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> tuple[str, bool]:
+    """(text, truncated): at most about `limit` characters, head and tail around a marker."""
+    if len(text) <= limit:
+        return text, False
+    head = limit * 2 // 3
+    tail = limit - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[-tail:]}", True
+
+
+def _short(text: Any, limit: int = EVENT_TEXT_CHARS) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class JsonAction:
+    """A tool call written as JSON in a text reply; `span` is where it sat in the text."""
+
+    name: str
+    arguments: Any  # a dict, or the raw string the model gave
+    span: tuple[int, int]
+
+
+_NAME_KEYS = ("tool", "name", "tool_name", "action", "function")
+_ARGS_KEYS = ("arguments", "args", "parameters", "input", "action_input", "tool_input")
+
+
+def _as_action(obj: Any) -> tuple[str, Any] | None:
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):  # {"function": {"name", "arguments"}} (OpenAI shape)
+        obj = obj["function"]
+    name = next((obj[k] for k in _NAME_KEYS if isinstance(obj.get(k), str) and obj[k].strip()), None)
+    if name is None:
+        return None
+    arguments = next((obj[k] for k in _ARGS_KEYS if k in obj), {})
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+            arguments = parsed if isinstance(parsed, dict) else arguments
+        except json.JSONDecodeError:
+            pass  # kept as given: the loop reports it like any malformed arguments
+    return name.strip(), arguments
+
+
+def parse_json_action(text: str | None) -> JsonAction | None:
+    """The first JSON tool call in a text reply, or None.
+
+    Accepted: an object with a tool name under "tool" / "name" / "tool_name" / "action" and
+    its arguments under "arguments" / "args" / "parameters" / "input" / "action_input"
+    (an object or a JSON string), or {"function": {"name", "arguments"}}; in a ```json (or
+    plain ```) fenced block, which wins, or bare in the text.
+    """
+    if not text or "{" not in text:
+        return None
+    decoder = json.JSONDecoder()
+    candidates: list[int] = []
+    fence = 0
+    while (start := text.find("```", fence)) >= 0:
+        end = text.find("```", start + 3)
+        if end < 0:
+            break
+        brace = text.find("{", start, end)
+        if brace >= 0:
+            candidates.append(brace)
+        fence = end + 3
+    fenced = set(candidates)
+    candidates += [i for i, ch in enumerate(text) if ch == "{" and i not in fenced]
+    for position in candidates:
+        try:
+            obj, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            continue
+        action = _as_action(obj)
+        if action is not None:
+            span_start, span_end = position, end
+            # Take the fence with it, so the thought is the text around the action.
+            before = text.rfind("```", 0, position)
+            if before >= 0 and text[before + 3:position].strip().lower() in ("", "json"):
+                after = text.find("```", end)
+                if after >= 0 and not text[end:after].strip():
+                    span_start, span_end = before, after + 3
+            return JsonAction(action[0], action[1], (span_start, span_end))
+    return None
+
+
+def json_action_instructions(tools: list[dict[str, Any]]) -> str:
+    """The prompt section that asks a model without tool support for JSON actions."""
+    lines = [
+        "## How to call a tool",
+        "Reply with exactly one JSON object per message, in a ```json block, naming one tool and its arguments:",
+        '```json\n{"tool": "<tool name>", "arguments": {"<argument>": "<value>"}}\n```',
+        "You may write your reasoning before the block. Available tools and their arguments (JSON schema):",
+    ]
+    for tool in tools:
+        fn = tool.get("function", {})
+        lines.append(f"- {fn.get('name')}: {fn.get('description', '')} "
+                     f"arguments: {json.dumps(fn.get('parameters', {}), ensure_ascii=False)}")
+    return "\n".join(lines)
+
+
+def _corrective_message(tool_names: list[str], tool_mode: str) -> str:
+    names = ", ".join(tool_names)
+    if tool_mode == "json":
+        return ("Your reply did not contain a tool call. Every reply must contain exactly one JSON action, "
+                'e.g. ```json\n{"tool": "finish", "arguments": {"answer": "..."}}\n```'
+                f"\nAvailable tools: {names}. Call finish when you are done.")
+    return (f"Your reply did not call a tool. Every reply must call one of the tools ({names}); "
+            "call finish(answer) when you are done.")
+
+
+def _api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # reasoning_content is the model's private trace: kept in the record, never sent back
+    # (some providers reject it in requests).
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run a synchronous call in a worker thread (sandbox I/O, ORM work in callbacks)."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()  # this thread's DB connection, per CONN_MAX_AGE
+
+    return await asyncio.to_thread(call)
+
+
+# --- the episode ------------------------------------------------------------------------------
+
+
+class _Episode:
+    def __init__(
+        self,
+        *,
+        config: dict[str, Any],
+        llm: LLMClient,
+        sandbox_backend: Any,
+        cache_key_extra: dict[str, Any] | None,
+        on_event: Callable[..., Any] | None,
+        should_cancel: Callable[[], Any] | None,
+        trajectory: Any,
+    ):
+        self.config = config
+        self.llm = llm
+        self.sandbox_backend = sandbox_backend
+        self.cache_key_extra = cache_key_extra
+        self.on_event = on_event
+        self.should_cancel = should_cancel
+        self.trajectory = trajectory
+        self.result = EpisodeResult()
+        self.runtime: SceneRuntime | None = None
+        self.sandbox: Any = None
+        self.tool_mode = "native"
+        self.validators: dict[str, Draft202012Validator] = {}
+        self.max_steps = int(config.get("max_steps") or DEFAULT_MAX_STEPS)
+        self.step_timeout = float(config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S)
+        self.timeout = float(config.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        self.budget = int(config.get("max_tokens") or 0)
+        self.deadline = 0.0
+        self.turns = 0
+        self.finished = False
+
+    # -- events and callbacks
+
+    async def emit(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        if self.on_event is None:
+            return
+        message = redact(_short(message), labels=False)
+        data = redact(data or {}, labels=False)
+        try:
+            if inspect.iscoroutinefunction(self.on_event) or inspect.iscoroutinefunction(
+                getattr(self.on_event, "__call__", None)
+            ):
+                await self.on_event(kind, message, data)
+            else:
+                await _maybe_await(await _in_thread(self.on_event, kind, message, data))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The live log is a view; the episode record is the truth. Never lose the run over it.
+            logger.exception("on_event(%r) failed; the episode goes on", kind)
+
+    async def cancel_requested(self) -> bool:
+        if self.should_cancel is None:
+            return False
+        if inspect.iscoroutinefunction(self.should_cancel):
+            return bool(await self.should_cancel())
+        return bool(await _maybe_await(await _in_thread(self.should_cancel)))
+
+    # -- the run
+
+    async def run(self) -> EpisodeResult:
+        started = time.monotonic()
+        try:
+            await self._run()
+        except _Stop as stop:
+            self._end(stop.outcome, stop.reason, kind=stop.kind, retryable=stop.retryable)
+        except Exception as exc:
+            logger.exception("episode failed inside the platform")
+            self._end(ERROR, f"internal error: {type(exc).__name__}: {exc}", kind="internal")
+        finally:
+            await self._destroy_sandbox()
+        result = self.result
+        result.duration_ms = int((time.monotonic() - started) * 1000)
+        result.outcome_reason = redact(result.outcome_reason)
+        result.messages = redact(result.messages, labels=False)
+        result.steps = redact(result.steps, labels=False)
+        result.final_answer = redact(result.final_answer, labels=False)
+        result.verifier_output = redact(result.verifier_output, labels=False)
+        await self.emit("result", f"{result.outcome}: {result.outcome_reason}", {
+            "outcome": result.outcome, "reason": result.outcome_reason, "reward": result.reward,
+            "cancelled": result.cancelled, "error_kind": result.error_kind, "steps": len(result.steps),
+            "total_tokens": result.total_tokens, "cost_usd": str(result.cost_usd), "model": result.model,
+        })
+        return result
+
+    def _end(self, outcome: str, reason: str, *, kind: str = "", retryable: bool = False) -> None:
+        self.result.outcome = outcome
+        self.result.outcome_reason = reason
+        self.result.error_kind = kind if outcome == ERROR else ""
+        self.result.retryable = retryable if outcome == ERROR else False
+        self.result.cancelled = kind == "cancelled"
+
+    async def _run(self) -> None:
+        config = self.config
+        self.result.requested_model = config.get("model") or self.llm.primary.model
+        scene = config.get("scene") or ""
+        try:
+            self.runtime = runtime = get_runtime(scene)
+        except NoEngineError as exc:
+            raise _Stop(ERROR, str(exc), kind="config") from None
+        self.tool_mode = config.get("tool_mode") or "native"
+        if self.tool_mode not in TOOL_MODES:
+            raise _Stop(ERROR, f"tool_mode must be one of {', '.join(TOOL_MODES)}, got {self.tool_mode!r}", kind="config")
+        if not isinstance(config.get("prompt"), str) or not config["prompt"].strip():
+            raise _Stop(ERROR, "the task has no prompt", kind="config")
+
+        tools = runtime.tools(config)
+        self.result.tools = tools
+        self.validators = {
+            t["function"]["name"]: Draft202012Validator(t["function"].get("parameters") or {"type": "object"})
+            for t in tools
+        }
+        self.result.messages = [
+            {"role": "system", "content": self._system_prompt(runtime, tools)},
+            {"role": "user", "content": config["prompt"]},
+        ]
+        await self.emit("system", f"{scene} episode starting (model {self.result.requested_model})", {
+            "scene": scene, "model": self.result.requested_model, "tool_mode": self.tool_mode,
+            "max_steps": self.max_steps, "step_timeout_s": self.step_timeout, "timeout_s": self.timeout,
+            "token_budget": self.budget or None,
+        })
+        if await self.cancel_requested():
+            raise _Stop(ERROR, "cancelled", kind="cancelled")
+        await self._start_sandbox(runtime)
+        self.deadline = time.monotonic() + self.timeout
+        await self._loop(runtime)
+        await self._verify(runtime)
+
+    def _system_prompt(self, runtime: SceneRuntime, tools: list[dict[str, Any]]) -> str:
+        parts = [runtime.system_prompt(self.config).strip()]
+        if self.tool_mode == "json":
+            parts.append(json_action_instructions(tools))
+        extra = (self.config.get("system_prompt_extra") or "").strip()
+        if extra:
+            parts.append(f"## Hints\n{extra}")
+        return "\n\n".join(parts)
+
+    # -- sandbox
+
+    async def _start_sandbox(self, runtime: SceneRuntime) -> None:
+        try:
+            spec = runtime.sandbox_spec(self.config)
+        except SandboxError as exc:
+            raise _Stop(ERROR, f"invalid sandbox settings: {exc}", kind="config") from None
+        if spec is None:
+            return
+        backend = self.sandbox_backend
+        try:
+            if isinstance(backend, str):
+                backend = get_backend(backend)
+            self.sandbox = await _in_thread(acquire, spec, trajectory=self.trajectory, backend=backend)
+        except Exception as exc:
+            if not isinstance(exc, (SandboxError, OSError)):
+                logger.exception("sandbox creation failed")
+            await self.emit("error", f"sandbox creation failed: {exc}", {"error_kind": "infrastructure"})
+            raise _Stop(ERROR, f"infrastructure: sandbox creation failed: {exc}", kind="infrastructure",
+                         retryable=True) from None
+        sandbox = self.sandbox
+        self.result.sandbox = {
+            "id": sandbox.id, "backend": sandbox.backend_name, "record_id": sandbox.record_id,
+            "downgrades": list(sandbox.downgrades), "destroyed": False,
+        }
+        await self.emit("system", f"sandbox {sandbox.backend_name}:{sandbox.id} ready", dict(self.result.sandbox))
+        try:
+            await _in_thread(runtime.setup, sandbox, self.config)
+        except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
+            raise self._lost(exc, "during set-up") from None
+        except (SetupError, SandboxError) as exc:
+            await self.emit("error", f"set-up failed: {exc}", {"error_kind": "config"})
+            raise _Stop(ERROR, f"set-up failed: {exc}", kind="config") from None
+        await self.emit("system", "set-up done", {})
+
+    async def _destroy_sandbox(self) -> None:
+        sandbox = self.sandbox
+        if sandbox is None:
+            return
+        try:
+            # Shielded: a hard cancel of the episode still lets the destroy run to its end.
+            await asyncio.shield(_in_thread(sandbox.destroy))
+            self.result.sandbox["destroyed"] = True
+            await self.emit("system", f"sandbox {sandbox.id} destroyed", {"id": sandbox.id})
+        except Exception as exc:
+            # The reconciler reaps it (its TTL and its finished owner); say so, don't hide it.
+            logger.warning("destroying sandbox %s failed: %s", sandbox.id, exc)
+            self.result.sandbox["destroy_error"] = str(exc)
+
+    def _lost(self, exc: BaseException, when: str) -> _Stop:
+        return _Stop(ERROR, f"infrastructure: sandbox lost {when}: {exc}", kind="infrastructure", retryable=True)
+
+    async def _sandbox_alive(self) -> bool:
+        try:
+            await _in_thread(self.sandbox.run, "true", timeout=PROBE_TIMEOUT_S)
+            return True
+        except SandboxError:
+            return False
+
+    # -- the loop
+
+    async def _loop(self, runtime: SceneRuntime) -> None:
+        messages = self.result.messages
+        corrected = False
+        while True:
+            if await self.cancel_requested():
+                await self.emit("system", "cancel requested; stopping", {})
+                raise _Stop(ERROR, "cancelled", kind="cancelled")
+            if self.turns >= self.max_steps:
+                raise _Stop(FAILURE, f"max_steps ({self.max_steps}) reached without finish")
+            if self.budget and self.result.total_tokens >= self.budget:
+                raise _Stop(FAILURE, f"token budget ({self.budget}) exhausted without finish: "
+                                     f"{self.result.total_tokens} tokens used")
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._wall_clock()
+
+            chat = await self._call_model(remaining)
+            self.turns += 1
+            message = dict(chat.message)
+            message.setdefault("content", None)
+            observation = truncate_text(str(messages[-1].get("content") or ""), OBSERVATION_CHARS)[0]
+            messages.append(message)
+            content = message.get("content") or ""
+            reasoning = message.get("reasoning_content") or ""
+            llm_info = {
+                "latency_ms": chat.latency_ms, "attempts": chat.attempts, "cached": chat.cached,
+                "provider": chat.provider, "model": chat.model, "usage": dict(chat.usage),
+                "finish_reason": chat.finish_reason,
+            }
+            if reasoning:
+                await self.emit("thought", reasoning, {"turn": self.turns, "reasoning": True,
+                                                       "text": reasoning[:EVENT_DATA_CHARS]})
+            calls = message.get("tool_calls") or []
+            action = None if calls else parse_json_action(content)
+            thought = content
+            if action is not None:
+                thought = (content[: action.span[0]] + content[action.span[1]:]).strip()
+            if thought:
+                await self.emit("thought", thought, {"turn": self.turns, "text": thought[:EVENT_DATA_CHARS]})
+
+            if not calls and action is None:
+                if corrected:
+                    raise _Stop(ERROR, "model output: the reply had no tool call, again after a corrective turn",
+                                kind="model_output")
+                corrected = True
+                tool_names = [t["function"]["name"] for t in self.result.tools]
+                messages.append({"role": "user", "content": _corrective_message(tool_names, self.tool_mode)})
+                await self.emit("system", "the reply had no tool call; corrective turn", {"turn": self.turns, "text": content})
+                continue
+            corrected = False
+
+            common = {"thought": thought or reasoning, "observation": observation, "llm": llm_info}
+            if reasoning:
+                common["reasoning_content"] = reasoning
+            if calls:
+                for call in calls:
+                    fn = call.get("function") or {}
+                    if self.finished:
+                        output = "not executed: the episode already ended with finish"
+                        self._record_skipped(call, fn, common, output)
+                        messages.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"),
+                                         "content": output})
+                        continue
+                    output = await self._step(runtime, call.get("id"), fn.get("name") or "", fn.get("arguments"),
+                                              common, "native")
+                    messages.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"),
+                                     "content": output})
+                    common = {**common, "thought": ""}  # the thought belongs to the turn's first step
+            else:
+                output = await self._step(runtime, None, action.name, action.arguments, common, "json_text")
+                messages.append({"role": "user", "content": f"[{action.name} result]\n{output}"})
+            if self.finished:
+                return
+
+    def _wall_clock(self) -> _Stop:
+        return _Stop(FAILURE, f"wall-clock timeout ({self.timeout:g}s) reached without finish")
+
+    async def _call_model(self, remaining: float) -> Any:
+        config = self.config
+        try:
+            chat = await asyncio.wait_for(
+                self.llm.achat(
+                    _api_messages(self.result.messages),
+                    tools=self.result.tools if self.tool_mode == "native" else None,
+                    temperature=config.get("temperature"),
+                    top_p=config.get("top_p"),
+                    model=config.get("model") or None,
+                    cache_key_extra=self.cache_key_extra,
+                ),
+                remaining,
+            )
+        except TimeoutError:
+            raise self._wall_clock() from None
+        except LLMError as err:
+            await self.emit("error", f"LLM error: {err}", {
+                "error_kind": "llm", "type": type(err).__name__, "retryable": err.retryable,
+                "status_code": err.status_code, "attempts": err.attempts,
+            })
+            raise _Stop(ERROR, f"LLM error: {type(err).__name__}: {err}", kind="llm", retryable=err.retryable) from None
+        result = self.result
+        result.llm_calls += 1
+        result.cached_calls += int(chat.cached)
+        result.prompt_tokens += int(chat.usage.get("prompt_tokens", 0))
+        result.completion_tokens += int(chat.usage.get("completion_tokens", 0))
+        result.total_tokens += int(chat.usage.get("total_tokens", 0))
+        result.cost_usd += chat.cost_usd
+        result.model, result.provider = chat.model, chat.provider
+        return chat
+
+    def _parse_arguments(self, name: str, raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+        """(arguments, None) or (None, the error to tell the model)."""
+        if name not in self.validators:
+            return None, f"unknown tool {name!r}; available tools: {', '.join(self.validators)}"
+        if isinstance(raw, dict):
+            args = raw
+        elif raw is None or (isinstance(raw, str) and not raw.strip()):
+            args = {}
+        elif isinstance(raw, str):
+            try:
+                args = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                return None, f"the arguments of {name} are not valid JSON ({exc.msg} at character {exc.pos})"
+        else:
+            return None, f"the arguments of {name} must be a JSON object"
+        if not isinstance(args, dict):
+            return None, f"the arguments of {name} must be a JSON object, got {type(args).__name__}"
+        problems = sorted(self.validators[name].iter_errors(args), key=lambda e: list(e.absolute_path))
+        if problems:
+            where = "".join(f".{p}" for p in problems[0].absolute_path)
+            return None, f"invalid arguments for {name}{where}: {problems[0].message}"
+        return args, None
+
+    def _record_skipped(self, call: dict[str, Any], fn: dict[str, Any], common: dict[str, Any], output: str) -> None:
+        self.result.steps.append({
+            "index": len(self.result.steps), "turn": self.turns, "tool_call_id": call.get("id"),
+            "tool": fn.get("name") or "", "arguments": fn.get("arguments"), "format": "native",
+            **common, "thought": "", "output": output, "exit_code": None, "duration_ms": 0,
+            "truncated": False, "timed_out": False, "error": "skipped: finish was called earlier in the turn",
+        })
+
+    async def _step(
+        self, runtime: SceneRuntime, call_id: str | None, name: str, raw_args: Any, common: dict[str, Any], fmt: str
+    ) -> str:
+        """Execute one tool call, record its step, and return the text the model gets back."""
+        index = len(self.result.steps)
+        args, error = self._parse_arguments(name, raw_args)
+        step: dict[str, Any] = {
+            "index": index, "turn": self.turns, "tool_call_id": call_id, "tool": name,
+            "arguments": args if args is not None else raw_args, "format": fmt, **common,
+            "output": "", "exit_code": None, "duration_ms": 0, "truncated": False, "timed_out": False,
+        }
+        await self.emit("action", f"{name}({_short(json.dumps(step['arguments'], ensure_ascii=False), 160)})",
+                        {"index": index, "tool": name, "arguments": step["arguments"]})
+        result: ToolResult | None = None
+        if error is None and runtime.is_finish(name):
+            self.finished = True
+            self.result.final_answer = runtime.finish_answer(args or {})
+            result = ToolResult(output="finish accepted; the episode ends")
+        elif error is None:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                # Answered (so the turn stays well-formed); the loop stops before the next call.
+                error = "not executed: the episode's wall-clock limit was reached"
+        if error is None and result is None:
+            try:
+                result = await _in_thread(
+                    runtime.execute_tool, name, args, self.sandbox, self.config,
+                    timeout=min(self.step_timeout, remaining),
+                )
+            except ToolError as exc:
+                error = str(exc)
+            except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
+                raise await self._step_lost(step, exc) from None
+            except SandboxError as exc:
+                if self.sandbox is None or not await self._sandbox_alive():
+                    raise await self._step_lost(step, exc) from None
+                error = str(exc)  # the sandbox is fine: it refused what the agent asked
+        if error is not None:
+            step["error"] = error
+            output = f"error: {error}"
+        else:
+            assert result is not None
+            output = result.output
+            step.update(exit_code=result.exit_code, duration_ms=result.duration_ms,
+                        truncated=result.truncated, timed_out=result.timed_out, **result.extra)
+        output, cut = truncate_text(redact(output, labels=False))
+        step["output"] = output
+        step["truncated"] = bool(step["truncated"] or cut)
+        self.result.steps.append(step)
+        await self.emit("output", output.split("\n", 1)[0] if error is None else output, {
+            "index": index, "tool": name, "exit_code": step["exit_code"], "duration_ms": step["duration_ms"],
+            "truncated": step["truncated"], "timed_out": step["timed_out"], "error": step.get("error"),
+            "output": output[:EVENT_DATA_CHARS],
+        })
+        return output
+
+    async def _step_lost(self, step: dict[str, Any], exc: BaseException) -> _Stop:
+        """Record the step the sandbox died in (its tool call stays unanswered) and end."""
+        step.update(error=f"infrastructure: {exc}", error_kind="infrastructure")
+        self.result.steps.append(step)
+        await self.emit("error", f"sandbox lost: {exc}", {"error_kind": "infrastructure", "index": step["index"]})
+        return self._lost(exc, f"in step {step['index']} ({step['tool']})")
+
+    # -- after finish
+
+    async def _verify(self, runtime: SceneRuntime) -> None:
+        await self.emit("system", f"finish: {self.result.final_answer}", {
+            "final_answer": self.result.final_answer[:EVENT_DATA_CHARS]})
+        try:
+            reward, output = await _in_thread(runtime.verify, self.sandbox, self.config, self.result.final_answer)
+        except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
+            raise self._lost(exc, "during verification") from None
+        except (SetupError, SandboxError) as exc:
+            await self.emit("error", f"verifier could not run: {exc}", {"error_kind": "config"})
+            raise _Stop(ERROR, f"verifier could not run: {exc}", kind="config") from None
+        output = dict(output or {})
+        for key in ("stdout", "stderr"):
+            if isinstance(output.get(key), str):
+                output[key] = truncate_text(output[key], 20000)[0]
+        self.result.reward = reward
+        self.result.verifier_output = output
+        if reward is None:
+            self._end(SUCCESS, "finished (no verifier)")
+            return
+        await self.emit("system", f"verifier reward {reward:.2f}", {
+            k: output.get(k) for k in ("command", "exit_code", "passed", "failed", "total", "reward", "timed_out")})
+        counted = (f"{output.get('passed')}/{output.get('total')} tests passed"
+                   if output.get("total") else f"exit code {output.get('exit_code')}")
+        if output.get("timed_out"):
+            counted = "the check timed out"
+        if reward == 1.0:
+            self._end(SUCCESS, f"finished; verifier passed ({counted})")
+        else:
+            note = f"; {output['note']}" if output.get("note") else ""
+            self._end(FAILURE, f"finished; verifier reward {reward:.2f} ({counted}){note}")
+
+
+async def run_episode(
+    *,
+    config: dict[str, Any],
+    llm: LLMClient,
+    sandbox_backend: Any = None,
+    cache_key_extra: dict[str, Any] | None = None,
+    on_event: Callable[..., Any] | None = None,
+    should_cancel: Callable[[], Any] | None = None,
+    trajectory: Any = None,
+) -> EpisodeResult:
+    """Run one agent episode for a task config (Task.config_snapshot()); never raises for
+    LLM, sandbox or agent trouble: those are outcomes. `sandbox_backend` is a backend, a
+    backend name, or None for SANDBOX_BACKEND; `trajectory` owns the sandbox's record."""
+    episode = _Episode(
+        config=config, llm=llm, sandbox_backend=sandbox_backend, cache_key_extra=cache_key_extra,
+        on_event=on_event, should_cancel=should_cancel, trajectory=trajectory,
+    )
+    return await episode.run()

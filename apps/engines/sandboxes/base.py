@@ -1,0 +1,618 @@
+"""The sandbox interface both backends implement: spec, result, handle, backend, errors.
+
+Everything here is synchronous and backend-neutral. A backend subclasses `SandboxBackend`
+(`_create`, `_get`, `_list`, `_destroy`) and `Sandbox` (`_run`, `_write_file`,
+`_read_file`); the public methods here validate arguments, normalise paths and results and
+keep the `SandboxRecord` rows in step, so the two backends behave the same to callers.
+"""
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apps.engines.models import SandboxRecord
+
+logger = logging.getLogger("apps.engines.sandboxes")
+
+WORKDIR = "/workspace"
+DEFAULT_MAX_OUTPUT_BYTES = 1 << 20  # per stream
+DEFAULT_TTL = timedelta(hours=1)
+
+# Labels the platform puts on every sandbox it creates (OpenSandbox `metadata`).
+MANAGED_LABEL = "trajplatform.io/managed"
+RECORD_LABEL = "trajplatform.io/record"
+PLATFORM_LABEL_PREFIX = "trajplatform.io/"
+# OpenSandbox reserves this prefix for itself and rejects it in metadata.
+RESERVED_LABEL_PREFIX = "opensandbox.io/"
+
+OutputCallback = Callable[[str, str], None]
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+class SandboxError(Exception):
+    """A sandbox operation failed; the message says what and, where it can, why."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The backend cannot provide sandboxes here (missing tool, blocked namespaces, no server)."""
+
+
+class SandboxNotFound(SandboxError):
+    """No sandbox with this id exists (any more) on the backend."""
+
+
+class SandboxFileNotFound(SandboxError, FileNotFoundError):
+    """`read_file` of a path that does not exist inside the sandbox."""
+
+
+# --- labels ---------------------------------------------------------------------------
+
+# Kubernetes label syntax, which the OpenSandbox server enforces on metadata; the local
+# backend enforces the same so a spec that works on one backend works on the other.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN_RE = re.compile(rf"^(?:{_DNS_LABEL}\.)*{_DNS_LABEL}$")
+_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def validate_labels(labels: dict[str, str], *, allow_platform: bool = False) -> dict[str, str]:
+    """Return `labels` as a plain str->str dict or raise SandboxError naming the bad entry."""
+    if not isinstance(labels, dict):
+        raise SandboxError(f"labels must be a dict of str to str, got {type(labels).__name__}")
+    out: dict[str, str] = {}
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SandboxError(f"label {key!r}: keys and values must be strings")
+        prefix, _, name = key.rpartition("/")
+        if (
+            not name
+            or len(name) > 63
+            or not _LABEL_NAME_RE.match(name)
+            or ("/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix)))
+        ):
+            raise SandboxError(
+                f"label key {key!r} is not a valid label key ([prefix/]name, name <= 63 chars of "
+                "letters, digits, '-', '_', '.', starting and ending alphanumeric)"
+            )
+        if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
+            raise SandboxError(
+                f"label {key}={value!r}: values are <= 63 chars of letters, digits, '-', '_', '.', "
+                "starting and ending alphanumeric"
+            )
+        if key.startswith(RESERVED_LABEL_PREFIX):
+            raise SandboxError(f"label key {key!r} uses the prefix {RESERVED_LABEL_PREFIX!r}, reserved by OpenSandbox")
+        if key.startswith(PLATFORM_LABEL_PREFIX) and not allow_platform:
+            raise SandboxError(f"label key {key!r} uses the prefix {PLATFORM_LABEL_PREFIX!r}, reserved for the platform")
+        out[key] = value
+    return out
+
+
+def validate_env(env: dict[str, str] | None) -> dict[str, str]:
+    """Environment variables as a str->str dict with POSIX names; raise SandboxError otherwise."""
+    if not env:
+        return {}
+    if not isinstance(env, dict):
+        raise SandboxError(f"env must be a dict of str to str, got {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            raise SandboxError(f"env name {key!r} is not a valid variable name")
+        if not isinstance(value, str) or "\0" in value:
+            raise SandboxError(f"env {key}: value must be a string without NUL bytes")
+    return dict(env)
+
+
+# --- spec, results, info ------------------------------------------------------------------
+
+
+NETWORK_MODES = ("none", "open")
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox should be; both backends accept the same spec.
+
+    `image` is an OpenSandbox image (``python:3.11``) or, on the local backend, a named runtime
+    profile (``default``); see each backend for how it treats the other kind. `ttl` is the
+    lifetime after which the reconciler destroys the sandbox (None: only explicit destroy).
+    """
+
+    image: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cpu: float = 1.0
+    memory_mb: int = 1024
+    pids: int = 256
+    max_file_mb: int = 512
+    open_files: int = 1024
+    network: str = "none"
+    ttl: timedelta | None = DEFAULT_TTL
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ttl, (int, float)) and not isinstance(self.ttl, bool):
+            object.__setattr__(self, "ttl", timedelta(seconds=self.ttl))
+        if self.ttl is not None and (not isinstance(self.ttl, timedelta) or self.ttl.total_seconds() <= 0):
+            raise SandboxError(f"ttl must be a positive timedelta (or seconds) or None, got {self.ttl!r}")
+        if self.network not in NETWORK_MODES:
+            raise SandboxError(f"network must be one of {', '.join(NETWORK_MODES)}; got {self.network!r}")
+        if not (0 < float(self.cpu) <= 256):
+            raise SandboxError(f"cpu must be a positive number of cores, got {self.cpu!r}")
+        for name in ("memory_mb", "pids", "max_file_mb", "open_files"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SandboxError(f"{name} must be a positive integer, got {value!r}")
+        if self.pids < 8:
+            raise SandboxError(f"pids must be at least 8 (a shell and a few children), got {self.pids}")
+        if self.memory_mb < 32:
+            raise SandboxError(f"memory_mb must be at least 32, got {self.memory_mb}")
+        object.__setattr__(self, "env", validate_env(self.env))
+        object.__setattr__(self, "labels", validate_labels(self.labels))
+
+    def limits(self) -> dict[str, Any]:
+        """The resource part of the spec, JSON-friendly (stored on the SandboxRecord)."""
+        return {
+            "cpu": self.cpu,
+            "memory_mb": self.memory_mb,
+            "pids": self.pids,
+            "max_file_mb": self.max_file_mb,
+            "open_files": self.open_files,
+            "network": self.network,
+            "ttl_s": self.ttl.total_seconds() if self.ttl else None,
+        }
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one `Sandbox.run`.
+
+    `exit_code` is the command's status, 128+N when a signal N ended it (shell convention on
+    both backends), None when the platform killed it on its deadline (`timed_out`). `stdout`
+    and `stderr` keep at most `max_output_bytes` each (head and tail, with a marker line in
+    between); `truncated` says some was dropped. `killed_by` names what ended the command
+    when it was not its own doing: "timeout", "memory", "cpu", "destroyed".
+    """
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+    duration_ms: int = 0
+    killed_by: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """What `backend.list` reports about one sandbox (no connection is made to it)."""
+
+    id: str
+    backend: str
+    labels: dict[str, str]
+    state: str
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    image: str = ""
+
+    @property
+    def record_id(self) -> int | None:
+        raw = self.labels.get(RECORD_LABEL, "")
+        return int(raw) if raw.isdigit() else None
+
+
+# --- output capture ---------------------------------------------------------------------
+
+# A line longer than this is passed to on_output in pieces, so a program that writes
+# without newlines cannot make us buffer without bound.
+MAX_LINE_BYTES = 64 * 1024
+
+
+class _StreamCapture:
+    """One stream's bounded capture plus the live line callback."""
+
+    def __init__(self, name: str, cap: int, on_output: OutputCallback | None):
+        self.name = name
+        self.cap = cap
+        self.on_output = on_output
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.tail_trimmed = False
+        self.seen = 0
+        self.emitted = 0  # bytes already passed to on_output as lines
+        self.line = bytearray()
+        self.live = on_output is not None
+
+    @property
+    def tail_keep(self) -> int:
+        return self.cap // 2
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            return
+        self.seen += len(data)
+        room = self.cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data_rest = data[room:]
+        else:
+            data_rest = data
+        if data_rest:
+            self.tail += data_rest
+            if len(self.tail) > 2 * self.tail_keep + 4096:
+                del self.tail[: len(self.tail) - self.tail_keep]
+                self.tail_trimmed = True
+        if self.live:
+            self._lines(data)
+
+    def _lines(self, data: bytes) -> None:
+        self.line += data
+        while self.live:
+            nl = self.line.find(b"\n")
+            if nl < 0:
+                if len(self.line) >= MAX_LINE_BYTES:
+                    self._emit(bytes(self.line[:MAX_LINE_BYTES]), MAX_LINE_BYTES)
+                    del self.line[:MAX_LINE_BYTES]
+                    continue
+                return
+            self._emit(bytes(self.line[:nl]), nl + 1)
+            del self.line[: nl + 1]
+
+    def _emit(self, raw: bytes, consumed: int) -> None:
+        assert self.on_output is not None
+        if self.emitted + consumed > self.cap:
+            self.live = False
+            self.line.clear()
+            self.on_output(self.name, f"[output truncated: {self.name} exceeded {self.cap} bytes]")
+            return
+        self.emitted += consumed
+        self.on_output(self.name, raw.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        if self.live and self.line:
+            self._emit(bytes(self.line), len(self.line))
+            self.line.clear()
+        # Line-oriented on both backends: execd reports lines without their newline, so an
+        # unterminated last line cannot be told apart there; terminate it here too.
+        last = self.tail[-1:] if self.tail else self.head[-1:]
+        if self.seen and last != b"\n" and not self.truncated:
+            self.head += b"\n"
+
+    @property
+    def truncated(self) -> bool:
+        return self.seen > self.cap
+
+    def text(self) -> str:
+        if not self.truncated:
+            return bytes(self.head).decode("utf-8", "replace")
+        keep_tail = self.tail_keep
+        keep_head = self.cap - keep_tail
+        suffix = bytes(self.tail if self.tail_trimmed else self.head + self.tail)[-keep_tail:] if keep_tail else b""
+        omitted = self.seen - keep_head - len(suffix)
+        marker = f"\n[... {omitted} bytes of {self.name} omitted: output exceeded {self.cap} bytes ...]\n"
+        return bytes(self.head[:keep_head]).decode("utf-8", "replace") + marker + suffix.decode("utf-8", "replace")
+
+
+class OutputCollector:
+    """Bounded stdout/stderr capture shared by the backends, with the live `on_output` lines.
+
+    Output is treated as lines: `on_output` gets each line without its newline, and a last
+    line the program left unterminated is terminated, as execd (which reports lines) does.
+    """
+
+    def __init__(self, max_output_bytes: int, on_output: OutputCallback | None = None):
+        self.streams = {
+            "stdout": _StreamCapture("stdout", max_output_bytes, on_output),
+            "stderr": _StreamCapture("stderr", max_output_bytes, on_output),
+        }
+
+    def feed(self, stream: str, data: bytes) -> None:
+        self.streams[stream].feed(data)
+
+    def close(self) -> None:
+        for capture in self.streams.values():
+            capture.close()
+
+    def result(
+        self,
+        *,
+        exit_code: int | None,
+        timed_out: bool,
+        duration_ms: int,
+        killed_by: str | None = None,
+        extra_stderr: str = "",
+    ) -> ExecResult:
+        stderr = self.streams["stderr"].text()
+        if extra_stderr:
+            stderr = f"{stderr}{'' if not stderr or stderr.endswith(chr(10)) else chr(10)}{extra_stderr}\n"
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=self.streams["stdout"].text(),
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=any(c.truncated for c in self.streams.values()),
+            duration_ms=duration_ms,
+            killed_by=killed_by,
+        )
+
+
+# --- the handle and the backend --------------------------------------------------------------
+
+
+def sandbox_path(path: str) -> str:
+    """An absolute, normalised in-sandbox path; relative paths are under /workspace."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SandboxError(f"invalid sandbox path {path!r}")
+    if not path.startswith("/"):
+        path = f"{WORKDIR}/{path}"
+    return posixpath.normpath(path).replace("//", "/")
+
+
+def _command_list(cmd: str | list[str]) -> str | list[str]:
+    if isinstance(cmd, str):
+        if not cmd.strip():
+            raise SandboxError("command is empty")
+        if "\0" in cmd:
+            raise SandboxError("command contains a NUL byte")
+        return cmd
+    if isinstance(cmd, (list, tuple)):
+        argv = list(cmd)
+        if not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
+            raise SandboxError("argv must be a non-empty list of strings")
+        if any("\0" in a for a in argv):
+            raise SandboxError("argv contains a NUL byte")
+        return argv
+    raise SandboxError(f"command must be a string or a list of strings, got {type(cmd).__name__}")
+
+
+class Sandbox(ABC):
+    """A live sandbox. Use as a context manager to destroy it on exit."""
+
+    def __init__(
+        self,
+        backend: "SandboxBackend",
+        sandbox_id: str,
+        spec: SandboxSpec,
+        labels: dict[str, str],
+        *,
+        created_at: datetime | None = None,
+        expires_at: datetime | None = None,
+        downgrades: Iterable[str] = (),
+    ):
+        self.backend = backend
+        self.id = sandbox_id
+        self.spec = spec
+        self.labels = dict(labels)
+        self.created_at = created_at
+        self.expires_at = expires_at
+        self.downgrades: list[str] = list(downgrades)
+        self.record_id: int | None = None
+        self.destroyed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.backend.name}:{self.id}>"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def info(self) -> SandboxInfo:
+        return SandboxInfo(
+            id=self.id,
+            backend=self.backend.name,
+            labels=dict(self.labels),
+            state="destroyed" if self.destroyed else "running",
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            image=self.spec.image or "",
+        )
+
+    def run(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """Run a shell string (``sh -c``) or an argv list; returns when it exits or is killed.
+
+        `timeout` (seconds) is a hard wall-clock deadline; `on_output(stream, line)` is called
+        live from the calling thread for each output line, up to `max_output_bytes` per stream.
+        """
+        command = _command_list(cmd)
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise SandboxError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int) or max_output_bytes <= 0:
+            raise SandboxError(f"max_output_bytes must be a positive integer, got {max_output_bytes!r}")
+        if self.destroyed:
+            raise SandboxNotFound(f"sandbox {self.id} was destroyed")
+        run_env = {**self.spec.env, **validate_env(env)}
+        return self._run(
+            command,
+            timeout=float(timeout),
+            cwd=sandbox_path(cwd) if cwd else WORKDIR,
+            env=run_env,
+            on_output=on_output,
+            max_output_bytes=max_output_bytes,
+        )
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Create or replace a file (parents are created) with `data` and permission `mode`."""
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise SandboxError(f"data must be bytes, got {type(data).__name__}")
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise SandboxError(f"mode must be an int permission like 0o644, got {mode!r}")
+        if self.destroyed:
+            raise SandboxNotFound(f"sandbox {self.id} was destroyed")
+        self._write_file(sandbox_path(path), bytes(data), mode)
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The file's bytes (at most `max_bytes`); SandboxFileNotFound if it does not exist."""
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+            raise SandboxError(f"max_bytes must be a non-negative integer or None, got {max_bytes!r}")
+        if self.destroyed:
+            raise SandboxNotFound(f"sandbox {self.id} was destroyed")
+        if max_bytes == 0:
+            # Still tells a missing file from an empty one.
+            self._read_file(sandbox_path(path), 1)
+            return b""
+        return self._read_file(sandbox_path(path), max_bytes)
+
+    def destroy(self) -> None:
+        """Kill everything running in the sandbox and delete it; safe to call twice."""
+        if self.destroyed:
+            return
+        self.backend.destroy(self.id)
+        self.destroyed = True
+
+    @abstractmethod
+    def _run(
+        self,
+        command: str | list[str],
+        *,
+        timeout: float,
+        cwd: str,
+        env: dict[str, str],
+        on_output: OutputCallback | None,
+        max_output_bytes: int,
+    ) -> ExecResult: ...
+
+    @abstractmethod
+    def _write_file(self, path: str, data: bytes, mode: int) -> None: ...
+
+    @abstractmethod
+    def _read_file(self, path: str, max_bytes: int | None) -> bytes: ...
+
+    def _relabel(self, labels: dict[str, str], expires_at: datetime | None, env: dict[str, str]) -> None:
+        """Re-own a pooled sandbox: new labels, expiry and default env (backend hook)."""
+        self.labels = dict(labels)
+        self.expires_at = expires_at
+        own = {k: v for k, v in labels.items() if not k.startswith(PLATFORM_LABEL_PREFIX)}
+        self.spec = replace(self.spec, env=env, labels=own)
+
+
+class SandboxBackend(ABC):
+    """Creates, finds, lists and destroys sandboxes of one kind.
+
+    `records=False` skips the SandboxRecord rows (the benchmark and low-level tests);
+    everything the platform runs keeps them, so the reconciler can find leaked sandboxes.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, *, records: bool = True):
+        self.records = records
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    # -- public API -------------------------------------------------------------------------
+
+    def create(
+        self,
+        spec: SandboxSpec | None = None,
+        *,
+        trajectory: Any = None,
+        pool_key: str = "",
+    ) -> Sandbox:
+        """A new, ready sandbox; its SandboxRecord row is written before the backend is asked."""
+        spec = spec or SandboxSpec()
+        record: "SandboxRecord | None" = None
+        labels = {**spec.labels, MANAGED_LABEL: "true"}
+        if self.records:
+            from apps.engines.sandboxes import records
+
+            record = records.record_begin(backend=self.name, spec=spec, trajectory=trajectory, pool_key=pool_key)
+            labels[RECORD_LABEL] = str(record.pk)
+        try:
+            sandbox = self._create(spec, labels)
+        except Exception as exc:
+            if record is not None:
+                from apps.engines.sandboxes import records
+
+                records.record_failed(record_id=record.pk, error=str(exc) or type(exc).__name__)
+            raise
+        if sandbox.downgrades:
+            logger.warning(
+                "sandbox %s:%s runs with downgraded isolation: %s", self.name, sandbox.id, "; ".join(sandbox.downgrades)
+            )
+        if record is not None:
+            from apps.engines.sandboxes import records
+
+            try:
+                records.record_ready(record_id=record.pk, sandbox=sandbox, pooled=bool(pool_key))
+            except Exception:
+                # The row is the only thing that lets the reconciler tell this sandbox is owned.
+                self._destroy(sandbox.id)
+                raise
+            sandbox.record_id = record.pk
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        """Reconnect to a sandbox by id (e.g. after a worker restart); SandboxNotFound if gone."""
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise SandboxNotFound(f"no sandbox with id {sandbox_id!r}")
+        sandbox = self._get(sandbox_id)
+        raw = sandbox.labels.get(RECORD_LABEL, "")
+        sandbox.record_id = int(raw) if raw.isdigit() else None
+        return sandbox
+
+    def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        """Live sandboxes whose labels include every given key=value (all of them for None)."""
+        wanted = validate_labels(labels or {}, allow_platform=True)
+        return [info for info in self._list(wanted) if all(info.labels.get(k) == v for k, v in wanted.items())]
+
+    def destroy(self, sandbox_id: str, *, reason: str = "destroyed") -> bool:
+        """Destroy a sandbox; True if it existed. Unknown ids and repeats are fine."""
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            return False
+        existed = self._destroy(sandbox_id)
+        if self.records:
+            from apps.engines.sandboxes import records
+
+            records.record_destroyed(backend=self.name, external_id=sandbox_id, reason=reason)
+        return existed
+
+    def check(self) -> list[str]:
+        """Problems that would stop `create` here (empty list: ready), without creating anything."""
+        return []
+
+    # -- backend hooks --------------------------------------------------------------------
+
+    @abstractmethod
+    def _create(self, spec: SandboxSpec, labels: dict[str, str]) -> Sandbox: ...
+
+    @abstractmethod
+    def _get(self, sandbox_id: str) -> Sandbox: ...
+
+    @abstractmethod
+    def _list(self, labels: dict[str, str]) -> list[SandboxInfo]: ...
+
+    @abstractmethod
+    def _destroy(self, sandbox_id: str) -> bool: ...

@@ -1,0 +1,320 @@
+"""How the local backend starts one command: host probing, the argv, the process plumbing.
+
+One command is, from the outside in:
+
+    [cgroups] started from a worker thread parked in the sandbox's cgroups (cgroup v1,
+        `cgroups.CgroupThread`), so every process is born inside them; elsewhere a root
+        `/bin/sh -c 'echo $$ > .../cgroup.procs; exec "$@"'` joins them first
+    setpriv --reuid nobody --regid nogroup --clear-groups --no-new-privs   (when we are root)
+      bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session
+            --as-pid-1  (the monitor reaps pid 1 itself: no orphaned init, no zombie build-up)
+            minimal read-only root: /usr and /etc bound read-only, /bin /lib /lib64 /sbin
+            symlinks, fresh /proc, /dev, size-capped tmpfs /tmp and /dev/shm, the workspace
+            bound read-write at /workspace, `/` remounted read-only; --clearenv
+            --info-fd: tells us the sandbox's pid 1, which is what we kill on timeout
+        /bin/sh -c 'ulimit -t -v -f -n -p -c ...; <command>'   (pid 1 of the sandbox: sets
+            the rlimits with builtins inside the new user namespace, where RLIMIT_NPROC counts
+            this sandbox's processes only, then runs the command as its child and reaps)
+
+Privileges are dropped with `setpriv` rather than Popen(user=...): the latter forces a
+fork() of the whole worker (tens of ms for a worker holding a model), setpriv keeps the
+vfork/posix_spawn path. Commands run as `nobody`, so the sandbox can read only what is
+world-readable under /usr and /etc (not /etc/shadow, root's home or the project).
+
+When this module's probe finds no usable bubblewrap (or no setpriv while we are root), the
+local backend refuses to create sandboxes unless SANDBOX_ALLOW_UNISOLATED is set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.engines.sandboxes.base import WORKDIR, OutputCollector, logger
+
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT_TMPFS_BYTES = 4 << 20
+SHM_BYTES = 64 << 20
+
+
+# --- what this host can do -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostSupport:
+    """The result of probing bubblewrap once per process."""
+
+    isolated: bool
+    reason: str = ""  # why not isolated
+    bwrap: str = ""
+    setpriv: str = ""
+    uid: int = 65534
+    gid: int = 65534
+    drop_privileges: bool = False
+    bwrap_options: frozenset[str] = field(default_factory=frozenset)
+    has_lib64: bool = False
+
+
+_host: HostSupport | None = None
+_host_lock = threading.Lock()
+
+
+def _which(name: str) -> str:
+    return shutil.which(name, path=HOST_PATH) or ""
+
+
+def _sandbox_user() -> tuple[int, int, bool]:
+    """(uid, gid, drop?) the commands run as: nobody when we are root, else ourselves."""
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid(), False
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid, True
+    except KeyError:
+        return 65534, 65534, True
+
+
+def probe_host() -> HostSupport:
+    """Check bwrap, setpriv and user namespaces by starting one empty sandbox."""
+    uid, gid, drop = _sandbox_user()
+    bwrap, setpriv = _which("bwrap"), _which("setpriv")
+    base = dict(uid=uid, gid=gid, drop_privileges=drop, bwrap=bwrap, setpriv=setpriv,
+                has_lib64=os.path.isdir("/usr/lib64"))
+    if drop and not setpriv:
+        return HostSupport(isolated=False, reason="setpriv (util-linux) is not installed", **base)
+    if not bwrap:
+        return HostSupport(isolated=False, reason="bubblewrap is not installed (apt-get install bubblewrap)", **base)
+    try:
+        help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return HostSupport(isolated=False, reason=f"cannot run {bwrap}: {exc}", **base)
+    options = frozenset(re.findall(r"^\s+(--[a-z0-9-]+)", help_text, re.M))
+    missing = {"--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--info-fd"} - options
+    if missing:
+        return HostSupport(isolated=False, reason=f"{bwrap} is too old (lacks {', '.join(sorted(missing))})", **base)
+    host = HostSupport(isolated=True, bwrap_options=options, **base)
+    argv = wrap_argv(host, workspace=None, cwd="/", env={}) + ["/bin/true"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/", env={"PATH": HOST_PATH})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return HostSupport(isolated=False, reason=f"bubblewrap probe failed: {exc}", **base)
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
+        return HostSupport(
+            isolated=False,
+            reason=f"bubblewrap cannot create its namespaces here ({detail}); unprivileged user namespaces "
+            "may be disabled (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, AppArmor)",
+            **base,
+        )
+    return host
+
+
+def host_support() -> HostSupport:
+    """`probe_host()` once per process."""
+    global _host
+    with _host_lock:
+        if _host is None:
+            _host = probe_host()
+            if not _host.isolated:
+                logger.warning("local sandboxes: no isolation available: %s", _host.reason)
+        return _host
+
+
+def reset_host_support() -> None:
+    """Forget the probe results (tests, or after installing bubblewrap)."""
+    global _host
+    with _host_lock:
+        _host = None
+
+
+# --- argv --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """The rlimits of one command, applied by the sandbox's own shell (see `shell_argv`)."""
+
+    address_space: int
+    cpu_seconds: int
+    file_size: int
+    open_files: int
+    processes: int
+
+    def ulimit_commands(self) -> str:
+        """dash `ulimit` builtins (units: -v KiB, -f 512-byte blocks; no -H/-S sets both).
+
+        The soft CPU limit is a second below the hard one: SIGXCPU (exit 152) tells "cpu" apart
+        from the OOM killer's SIGKILL, and a process that ignores it dies a second later. Soft
+        before hard, since a new hard limit may not be below the current soft one.
+        """
+        return (
+            f"ulimit -S -t {self.cpu_seconds} && ulimit -H -t {self.cpu_seconds + 1} && "
+            f"ulimit -v {self.address_space // 1024} && ulimit -f {self.file_size // 512} && "
+            f"ulimit -n {self.open_files} && ulimit -p {self.processes} && ulimit -c 0"
+        )
+
+
+def wrap_argv(
+    host: HostSupport,
+    *,
+    workspace: str | None,
+    cwd: str,
+    env: dict[str, str],
+    info_fd: int | None = None,
+    cgroup_procs: list[str] | None = None,
+    tmp_bytes: int = 64 << 20,
+) -> list[str]:
+    """Everything before the sandbox's shell: cgroup join, privilege drop, bwrap (if isolated)."""
+    argv: list[str] = []
+    if cgroup_procs:
+        # Still root, before anything of the sandbox exists: move this process into the
+        # sandbox's cgroups, then exec the rest, which is born inside them.
+        argv += ["/bin/sh", "-c", _JOIN_SCRIPT, "join", str(len(cgroup_procs)), *cgroup_procs]
+    if host.drop_privileges:
+        argv += [host.setpriv, f"--reuid={host.uid}", f"--regid={host.gid}", "--clear-groups", "--no-new-privs", "--"]
+    if host.isolated:
+        argv += [host.bwrap, "--unshare-all", "--unshare-user"]
+        if "--disable-userns" in host.bwrap_options:
+            argv.append("--disable-userns")
+        argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
+        sized = "--size" in host.bwrap_options
+        argv += (["--size", str(ROOT_TMPFS_BYTES)] if sized else []) + ["--tmpfs", "/"]
+        argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        argv += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib"]
+        if host.has_lib64:
+            argv += ["--symlink", "usr/lib64", "/lib64"]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += (["--size", str(SHM_BYTES)] if sized else []) + ["--tmpfs", "/dev/shm"]
+        argv += (["--size", str(tmp_bytes)] if sized else []) + ["--tmpfs", "/tmp"]
+        if workspace is None:
+            argv += ["--tmpfs", WORKDIR]
+        else:
+            argv += ["--bind", workspace, WORKDIR]
+        argv += ["--remount-ro", "/", "--chdir", cwd, "--clearenv"]
+        for key, value in env.items():
+            argv += ["--setenv", key, value]
+        if info_fd is not None:
+            argv += ["--info-fd", str(info_fd)]
+        argv.append("--")
+    return argv
+
+
+JOIN_FAILED_EXIT = 125
+JOIN_FAILED_MARK = "trajplatform-sandbox: cannot join cgroup"
+_JOIN_SCRIPT = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do '
+    f'echo $$ 2>/dev/null > "$1" || {{ echo "{JOIN_FAILED_MARK} $1" >&2; exit {JOIN_FAILED_EXIT}; }}; '
+    'shift; n=$((n-1)); done; exec "$@"'
+)
+LIMITS_FAILED_MARK = "trajplatform-sandbox: cannot set limits"
+
+
+def shell_argv(command: str | list[str], limits: RunLimits | None) -> list[str]:
+    """The sandbox's pid 1: /bin/sh sets the rlimits with builtins, then runs the command.
+
+    Builtins cost no exec, and set inside the sandbox's user namespace RLIMIT_NPROC counts
+    this sandbox's processes only (the kernel charges rlimit counts per user namespace), not
+    every process the shared sandbox uid has on the host. The command is not exec'd: sh
+    stays pid 1, reaps orphans, and the program keeps normal signal semantics. A shell
+    string is appended to the script after a newline, so it runs exactly as `sh -c` would.
+    """
+    prefix = ""
+    if limits is not None:
+        prefix = f'{limits.ulimit_commands()} || {{ echo "{LIMITS_FAILED_MARK}" >&2; exit {JOIN_FAILED_EXIT}; }}\n'
+    if isinstance(command, str):
+        return ["/bin/sh", "-c", prefix + command]
+    return ["/bin/sh", "-c", prefix + '"$@"', "sh", *command]
+
+
+# --- process plumbing ----------------------------------------------------------------------
+
+
+class RawSink:
+    """Collects stdout bytes as-is (file reads) and stderr as text."""
+
+    def __init__(self) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    def feed(self, stream: str, data: bytes) -> None:
+        if stream == "stdout":
+            self.stdout += data
+        elif len(self.stderr) < 65536:
+            self.stderr += data[: 65536 - len(self.stderr)]
+
+
+def stderr_starts(sink: Any, mark: str) -> bool:
+    captured = sink.streams["stderr"].head if isinstance(sink, OutputCollector) else sink.stderr
+    return bytes(captured[: len(mark)]) == mark.encode()
+
+
+@dataclass
+class Outcome:
+    exit_code: int | None
+    timed_out: bool
+    duration_ms: int
+    oom_kills: int = 0
+    note: str = ""
+
+
+class Running:
+    """One started command: the Popen of bwrap's monitor and, once known, the sandbox's pid 1."""
+
+    def __init__(self, proc: subprocess.Popen, info_fd: int = -1):
+        self.proc = proc
+        self.info_fd = info_fd
+        self._info = b""
+        self.child_pid: int | None = None
+        self.killed_monitor = False
+
+    def take_info(self, data: bytes) -> bool:
+        """Feed bytes read from bwrap's --info-fd; False once there is nothing more to read."""
+        if not data:
+            return False
+        self._info += data
+        try:
+            info = json.loads(self._info)
+        except ValueError:
+            return True
+        pid = info.get("child-pid") if isinstance(info, dict) else None
+        self.child_pid = pid if isinstance(pid, int) else None
+        return False
+
+    def close_info(self) -> None:
+        if self.info_fd >= 0:
+            os.close(self.info_fd)
+            self.info_fd = -1
+
+    def kill(self) -> None:
+        """SIGKILL the sandbox.
+
+        Killing pid 1 of the sandbox's PID namespace makes the kernel kill everything else in
+        it, and bwrap's monitor (our child) reaps it and exits. Killing the monitor instead
+        would work too (--die-with-parent) but leaves pid 1 as an orphan zombie for the host's
+        init to reap, still counted in the sandbox's pids cgroup. The monitor is the fallback
+        while pid 1 is unknown (the first milliseconds) and in unisolated mode.
+        """
+        if self.proc.poll() is not None:
+            return
+        if self.child_pid is not None:
+            try:
+                # Safe from pid reuse: while the monitor lives it has not reaped pid 1.
+                os.kill(self.child_pid, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                pass
+        self.kill_monitor()
+
+    def kill_monitor(self) -> None:
+        self.killed_monitor = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,753 @@
+"""The local backend: bubblewrap sandboxes on this machine, the platform's default.
+
+A sandbox is a directory `SANDBOX_ROOT/<id>/` holding `meta.json` (root-only) and
+`workspace/` (owned by the sandbox user), plus, where the host allows it, a cgroup per
+controller. Nothing runs between commands: each `run` starts one fresh bubblewrap over the
+workspace and everything it started is gone when it returns.
+
+One command is started by `bwrap.py` (read its docstring for the exact chain): as `nobody`
+(setpriv), in a bubblewrap sandbox with every namespace unshared and a minimal read-only root,
+born inside the sandbox's cgroups, its rlimits set by the sandbox's own pid-1 shell.
+
+When bubblewrap or user namespaces are unavailable `create` refuses with
+SandboxUnavailable, unless SANDBOX_ALLOW_UNISOLATED is set: then commands run as plain
+processes (still as `nobody` with rlimits when we are root) and every sandbox records the
+downgrade.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import threading
+import time
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from apps.engines.sandboxes import bwrap, cgroups
+from apps.engines.sandboxes.base import (
+    WORKDIR,
+    ExecResult,
+    OutputCallback,
+    OutputCollector,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxFileNotFound,
+    SandboxInfo,
+    SandboxNotFound,
+    SandboxSpec,
+    SandboxUnavailable,
+    logger,
+)
+from apps.engines.sandboxes.bwrap import (
+    HOST_PATH,
+    JOIN_FAILED_EXIT,
+    LIMITS_FAILED_MARK,
+    HostSupport,
+    Outcome,
+    RawSink,
+    RunLimits,
+    Running,
+    shell_argv,
+    stderr_starts,
+    wrap_argv,
+)
+
+SANDBOX_ID_RE = re.compile(r"^lsb-[0-9a-f]{16}$")
+# Local "images": named runtime profiles. All use the host's Debian /usr (python3 3.11).
+PROFILES = ("default", "debian", "python", "python3")
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+FILE_OP_TIMEOUT = 120.0
+# After a kill, how long we keep reading for the pipes to close before giving up on them.
+DRAIN_AFTER_KILL = 5.0
+EXIT_NOT_FOUND = 44
+EXIT_IS_DIR = 45
+
+
+def _now() -> datetime:
+    return datetime.now(dt_timezone.utc)
+
+
+# --- the sandbox -------------------------------------------------------------------------------
+
+
+class LocalSandbox(Sandbox):
+    """A bubblewrap sandbox: a workspace directory on this host, plus its cgroups."""
+
+    backend: "LocalBackend"
+
+    def __init__(self, backend: "LocalBackend", sandbox_id: str, spec: SandboxSpec, labels: dict[str, str], *,
+                 meta: dict[str, Any]):
+        super().__init__(
+            backend, sandbox_id, spec, labels,
+            created_at=_parse_time(meta.get("created_at")),
+            expires_at=_parse_time(meta.get("expires_at")),
+            downgrades=meta.get("downgrades", []),
+        )
+        self.meta = meta
+        self.dir = backend.root / sandbox_id
+        self.workspace = self.dir / "workspace"
+        self.cgroup = cgroups.SandboxCgroup.from_json(meta.get("cgroup"))
+        self.isolated = bool(meta.get("isolated", True))
+        self._procs: set[Running] = set()
+        self._procs_lock = threading.Lock()
+        self._destroying = False
+        self._thread_failed = False
+        self._spawner: cgroups.CgroupThread | None = None
+
+    # -- limits and argv -----------------------------------------------------------------
+
+    def _limits(self, timeout: float) -> RunLimits:
+        spec = self.spec
+        memory = spec.memory_mb << 20
+        # With a memory cgroup the real limit is the cgroup's; the address-space rlimit is
+        # only a backstop, generous because runtimes (V8, the JVM, Go) reserve far more
+        # virtual memory than they use.
+        address_space = memory * 8 if "memory" in self.cgroup.paths else memory
+        cpu_seconds = int(math.ceil(timeout * max(1.0, spec.cpu))) + 1
+        return RunLimits(
+            address_space=address_space,
+            cpu_seconds=cpu_seconds,
+            file_size=spec.max_file_mb << 20,
+            open_files=spec.open_files,
+            processes=spec.pids,
+        )
+
+    def _env(self, env: dict[str, str]) -> dict[str, str]:
+        home = WORKDIR if self.isolated else str(self.workspace)
+        return {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": "/tmp", "USER": "sandbox", **env}
+
+    def _host_cwd(self, cwd: str) -> str:
+        """Unisolated mode only: the in-sandbox path /workspace/x is workspace/x on the host."""
+        if cwd == WORKDIR or cwd.startswith(WORKDIR + "/"):
+            return str(self.workspace) + cwd[len(WORKDIR):]
+        return cwd
+
+    def _gone(self) -> bool:
+        # destroy() renames meta.json away before it kills anything, so this is already true
+        # while the sandbox is being torn down.
+        return self.destroyed or self._destroying or not (self.dir / "meta.json").exists()
+
+    def _cgroup_thread(self) -> cgroups.CgroupThread:
+        if self._spawner is None:
+            self._spawner = cgroups.CgroupThread(self.cgroup, name=f"sandbox-cgroup-{self.id}")
+        return self._spawner
+
+    def _release_cgroups(self) -> None:
+        """Take our thread out of the sandbox's cgroups (they cannot be removed while it is in)."""
+        if self._spawner is not None:
+            self._spawner.stop()
+
+    def _check_alive(self) -> None:
+        if self._gone():
+            self._release_cgroups()
+            raise SandboxNotFound(f"local sandbox {self.id} does not exist (destroyed?)")
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _execute(
+        self,
+        command: str | list[str],
+        *,
+        timeout: float,
+        cwd: str,
+        env: dict[str, str],
+        sink: Any,
+        stdin_data: bytes | None = None,
+    ) -> Outcome:
+        """Start one command in the sandbox, pump its output into `sink`, enforce the deadline."""
+        self._check_alive()
+        host = self.backend.host()
+        limits = self._limits(timeout)
+        use_cgroup = self.isolated and bool(self.cgroup.paths)
+        info_r = info_w = -1
+        threaded = use_cgroup and self.cgroup.thread_capable and not self._thread_failed
+        if self.isolated:
+            info_r, info_w = os.pipe()
+
+            def isolated_argv(join: bool) -> list[str]:
+                procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if join else None
+                return wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
+                                  cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20) + shell_argv(command, limits)
+
+            argv = isolated_argv(join=use_cgroup and not threaded)
+            popen_env = {"PATH": HOST_PATH, "LANG": "C.UTF-8"}
+            popen_cwd = "/"
+        else:
+            argv = wrap_argv(host, workspace=None, cwd=cwd, env={}) + shell_argv(command, limits)
+            popen_env = {"PATH": SANDBOX_PATH, **self._env(env)}
+            popen_cwd = self._host_cwd(cwd)
+            if not os.path.isdir(popen_cwd):
+                return Outcome(exit_code=1, timed_out=False, duration_ms=0, note=f"cwd {cwd} does not exist")
+        oom_before = self.cgroup.oom_kills() if use_cgroup else 0
+
+        def start(args: list[str]) -> subprocess.Popen:
+            return subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=popen_cwd,
+                env=popen_env,
+                start_new_session=True,
+                pass_fds=(info_w,) if info_w >= 0 else (),
+            )
+
+        started = time.monotonic()
+        try:
+            if threaded:
+                try:
+                    proc = self._cgroup_thread().call(lambda: start(argv))
+                except cgroups.CgroupJoinError as exc:
+                    # The thread could not join the cgroups: join per command instead.
+                    logger.warning("sandbox %s: cgroup thread unavailable (%s); joining per command", self.id, exc)
+                    self._thread_failed = True
+                    threaded = False
+                    argv = isolated_argv(join=True)
+                    proc = start(argv)
+            else:
+                proc = start(argv)
+        except OSError as exc:
+            if info_r >= 0:
+                os.close(info_r)
+            raise SandboxError(f"could not start a command in sandbox {self.id}: {exc}") from exc
+        finally:
+            if info_w >= 0:
+                os.close(info_w)
+        running = Running(proc, info_r)
+        with self._procs_lock:
+            self._procs.add(running)
+        try:
+            timed_out = self._pump(running, sink, started + timeout, stdin_data)
+            exit_code = proc.wait()
+        finally:
+            running.close_info()
+            with self._procs_lock:
+                self._procs.discard(running)
+            if proc.poll() is None:
+                running.kill()
+                try:
+                    proc.wait(timeout=DRAIN_AFTER_KILL)
+                except subprocess.TimeoutExpired:
+                    running.kill_monitor()
+                    proc.wait()
+        duration_ms = int((time.monotonic() - started) * 1000)
+        oom = (self.cgroup.oom_kills() - oom_before) if use_cgroup else 0
+        if timed_out:
+            return Outcome(exit_code=None, timed_out=True, duration_ms=duration_ms, oom_kills=oom)
+        if exit_code == JOIN_FAILED_EXIT and (
+            (use_cgroup and not threaded and running.child_pid is None) or stderr_starts(sink, LIMITS_FAILED_MARK)
+        ):
+            # Never run a command without the limits the sandbox promises: it did not run.
+            self._check_alive()
+            raise SandboxError(
+                f"sandbox {self.id}: could not apply the sandbox's cgroups or rlimits; the command did not run"
+            )
+        # 128+N is how bwrap and sh report "killed by signal N"; keep that shape everywhere.
+        code = 128 - exit_code if exit_code < 0 else exit_code
+        return Outcome(exit_code=code, timed_out=False, duration_ms=duration_ms, oom_kills=oom)
+
+    def _pump(self, running: Running, sink: Any, deadline: float, stdin_data: bytes | None) -> bool:
+        """Read stdout/stderr until both close; kill at the deadline. True if it timed out."""
+        proc = running.proc
+        sel = selectors.DefaultSelector()
+        names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}  # type: ignore[union-attr]
+        for fd in names:
+            sel.register(fd, selectors.EVENT_READ)
+        if running.info_fd >= 0:
+            sel.register(running.info_fd, selectors.EVENT_READ)
+        pending = memoryview(stdin_data) if stdin_data is not None else None
+        stdin_fd = -1
+        if pending is not None:
+            assert proc.stdin is not None
+            if len(pending):
+                stdin_fd = proc.stdin.fileno()
+                os.set_blocking(stdin_fd, False)
+                sel.register(stdin_fd, selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+        timed_out = False
+        escalate_at: float | None = None
+        give_up_at: float | None = None
+        try:
+            while any(fd in sel.get_map() for fd in names):
+                now = time.monotonic()
+                if not timed_out and now >= deadline:
+                    timed_out = True
+                    running.kill()
+                    escalate_at, give_up_at = now + 1.0, now + DRAIN_AFTER_KILL
+                if escalate_at is not None and now >= escalate_at and not running.killed_monitor:
+                    running.kill_monitor()
+                if give_up_at is not None and now >= give_up_at:
+                    logger.warning(
+                        "sandbox %s: output pipes still open %.0fs after kill; abandoning them", self.id, DRAIN_AFTER_KILL
+                    )
+                    break
+                if not timed_out:
+                    next_event = deadline
+                elif not running.killed_monitor and escalate_at is not None:
+                    next_event = escalate_at
+                else:
+                    next_event = give_up_at or now
+                for key, _ in sel.select(max(0.0, min(next_event - now, 1.0))):
+                    fd = key.fd
+                    if fd == stdin_fd:
+                        assert pending is not None and proc.stdin is not None
+                        try:
+                            written = os.write(fd, pending[:65536])
+                        except BrokenPipeError:
+                            written = len(pending)
+                        pending = pending[written:]
+                        if not len(pending):
+                            sel.unregister(fd)
+                            stdin_fd = -1
+                            proc.stdin.close()
+                        continue
+                    data = os.read(fd, 65536)
+                    if fd == running.info_fd:
+                        if not running.take_info(data):
+                            sel.unregister(fd)  # EOF (or bwrap failed before the sandbox existed)
+                        continue
+                    if not data:
+                        sel.unregister(fd)
+                        continue
+                    sink.feed(names[fd], data)
+        except BaseException:
+            running.kill()
+            raise
+        finally:
+            sel.close()
+            if running.child_pid is None and running.info_fd >= 0:
+                # Written right after the clone, so it is there by now if the sandbox ever existed.
+                os.set_blocking(running.info_fd, False)
+                try:
+                    running.take_info(os.read(running.info_fd, 4096))
+                except BlockingIOError:
+                    pass
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+        return timed_out
+
+    def destroy(self) -> None:
+        if not self.destroyed:
+            self._destroying = True
+            self.kill_running()
+            self._release_cgroups()
+        super().destroy()
+
+    def kill_running(self) -> None:
+        """Kill the commands this handle has running (used by destroy)."""
+        with self._procs_lock:
+            running = list(self._procs)
+        for item in running:
+            item.kill()
+
+    def _run(
+        self,
+        command: str | list[str],
+        *,
+        timeout: float,
+        cwd: str,
+        env: dict[str, str],
+        on_output: OutputCallback | None,
+        max_output_bytes: int,
+    ) -> ExecResult:
+        collector = OutputCollector(max_output_bytes, on_output)
+        outcome = self._execute(command, timeout=timeout, cwd=cwd, env=env, sink=collector)
+        collector.close()
+        killed_by: str | None = None
+        note = outcome.note
+        if outcome.timed_out:
+            killed_by = "timeout"
+            note = f"[sandbox] killed: wall-clock timeout of {timeout:g}s"
+        elif outcome.oom_kills:
+            killed_by = "memory"
+            note = f"[sandbox] out of memory: the kernel killed a process at the {self.spec.memory_mb} MiB limit"
+        elif outcome.exit_code == 128 + signal.SIGXCPU:
+            killed_by = "cpu"
+            note = "[sandbox] killed: CPU time limit reached"
+        elif outcome.exit_code == 128 + signal.SIGKILL and self._gone():
+            killed_by = "destroyed"
+            note = "[sandbox] killed: the sandbox was destroyed"
+        return collector.result(
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            duration_ms=outcome.duration_ms,
+            killed_by=killed_by,
+            extra_stderr=note,
+        )
+
+    # -- files -------------------------------------------------------------------------------------
+
+    def _file_op(self, script: str, args: list[str], stdin_data: bytes | None = None) -> tuple[int | None, RawSink]:
+        sink = RawSink()
+        outcome = self._execute(["/bin/sh", "-c", script, "sh", *args], timeout=FILE_OP_TIMEOUT, cwd=WORKDIR,
+                                env={}, sink=sink, stdin_data=stdin_data)
+        if outcome.timed_out:
+            raise SandboxError(f"file operation in sandbox {self.id} timed out after {FILE_OP_TIMEOUT:g}s")
+        return outcome.exit_code, sink
+
+    def _in_sandbox(self, path: str) -> str:
+        return path if self.isolated else self._host_cwd(path)
+
+    def _write_file(self, path: str, data: bytes, mode: int) -> None:
+        # Written by a process inside the sandbox, as the sandbox user: a symlink the sandboxed
+        # code planted resolves inside the sandbox's view, never to a host file.
+        if not (path == WORKDIR or path.startswith(WORKDIR + "/")):
+            raise SandboxError(
+                f"cannot write {path}: local sandboxes keep files only under {WORKDIR} "
+                "(the rest of the file system is read-only or fresh on every command)"
+            )
+        code, sink = self._file_op(
+            'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" -- "$1"',
+            [self._in_sandbox(path), format(mode, "o")],
+            stdin_data=data,
+        )
+        if code != 0:
+            raise SandboxError(f"writing {path} failed: {sink.stderr.decode(errors='replace').strip() or f'exit {code}'}")
+
+    def _read_file(self, path: str, max_bytes: int | None) -> bytes:
+        reader = 'exec cat -- "$1"' if max_bytes is None else f'exec head -c {int(max_bytes)} -- "$1"'
+        code, sink = self._file_op(
+            f'[ -e "$1" ] || exit {EXIT_NOT_FOUND}; [ -d "$1" ] && exit {EXIT_IS_DIR}; {reader}',
+            [self._in_sandbox(path)],
+        )
+        if code == EXIT_NOT_FOUND:
+            raise SandboxFileNotFound(f"{path}: no such file in sandbox {self.id}")
+        if code == EXIT_IS_DIR:
+            raise SandboxError(f"{path} is a directory")
+        if code != 0:
+            raise SandboxError(f"reading {path} failed: {sink.stderr.decode(errors='replace').strip() or f'exit {code}'}")
+        return bytes(sink.stdout)
+
+    def _relabel(self, labels: dict[str, str], expires_at: datetime | None, env: dict[str, str]) -> None:
+        super()._relabel(labels, expires_at, env)
+        self.meta.update(labels=dict(labels), env=dict(env), expires_at=_format_time(expires_at))
+        self.backend._write_meta(self.dir, self.meta)
+
+
+# --- the backend ---------------------------------------------------------------------------------
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _format_time(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+class LocalBackend(SandboxBackend):
+    """Bubblewrap sandboxes under SANDBOX_ROOT on this machine."""
+
+    name = "local"
+
+    def __init__(self, *, records: bool = True, root: str | os.PathLike | None = None,
+                 allow_unisolated: bool | None = None):
+        super().__init__(records=records)
+        self._root = Path(root) if root is not None else None
+        self._allow_unisolated = allow_unisolated
+
+    @property
+    def root(self) -> Path:
+        return self._root if self._root is not None else Path(settings.SANDBOX_ROOT)
+
+    @property
+    def allow_unisolated(self) -> bool:
+        if self._allow_unisolated is not None:
+            return self._allow_unisolated
+        return bool(getattr(settings, "SANDBOX_ALLOW_UNISOLATED", False))
+
+    def host(self) -> HostSupport:
+        return bwrap.host_support()
+
+    def check(self) -> list[str]:
+        problems = []
+        host = self.host()
+        if not host.isolated:
+            problems.append(f"no isolation: {host.reason}" + ("" if self.allow_unisolated else " (create will refuse)"))
+        cg = cgroups.support()
+        problems += [f"{c}: {why}" for c, why in cg.problems.items()]
+        try:
+            self._ensure_root(host)
+        except SandboxError as exc:
+            problems.append(str(exc))
+        return problems
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _ensure_root(self, host: HostSupport) -> Path:
+        root = self.root
+        try:
+            root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot create SANDBOX_ROOT {root}: {exc.strerror or exc}") from exc
+        if host.drop_privileges:
+            # bwrap runs as the sandbox user and must be able to reach the workspace.
+            for part in [root, *root.parents]:
+                st = part.stat()
+                if st.st_uid == host.uid:
+                    ok = st.st_mode & stat.S_IXUSR
+                elif st.st_gid == host.gid:
+                    ok = st.st_mode & stat.S_IXGRP
+                else:
+                    ok = st.st_mode & stat.S_IXOTH
+                if not ok:
+                    raise SandboxUnavailable(
+                        f"SANDBOX_ROOT {root}: the sandbox user (uid {host.uid}) cannot enter {part} "
+                        f"(mode {stat.S_IMODE(st.st_mode):o}); use a path whose parents are world-searchable, "
+                        "e.g. /var/tmp/trajplatform-sandboxes"
+                    )
+        return root
+
+    def _write_meta(self, directory: Path, meta: dict[str, Any]) -> None:
+        tmp = directory / f".meta.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(meta, fh)
+        os.replace(tmp, directory / "meta.json")
+
+    def _read_meta(self, sandbox_id: str) -> dict[str, Any]:
+        if not SANDBOX_ID_RE.match(sandbox_id):
+            raise SandboxNotFound(f"no local sandbox {sandbox_id!r} (not a local sandbox id)")
+        try:
+            return json.loads((self.root / sandbox_id / "meta.json").read_text())
+        except FileNotFoundError:
+            raise SandboxNotFound(f"no local sandbox {sandbox_id} under {self.root}") from None
+        except (OSError, ValueError) as exc:
+            raise SandboxNotFound(f"local sandbox {sandbox_id} is unreadable: {exc}") from None
+
+    def _sandbox_from_meta(self, meta: dict[str, Any]) -> LocalSandbox:
+        spec_data = meta.get("spec", {})
+        spec = SandboxSpec(
+            image=meta.get("image") or None,
+            env=meta.get("env", {}),
+            cpu=spec_data.get("cpu", 1.0),
+            memory_mb=spec_data.get("memory_mb", 1024),
+            pids=spec_data.get("pids", 256),
+            max_file_mb=spec_data.get("max_file_mb", 512),
+            open_files=spec_data.get("open_files", 1024),
+            network="none",
+            ttl=timedelta(seconds=spec_data["ttl_s"]) if spec_data.get("ttl_s") else None,
+            labels={k: v for k, v in meta.get("labels", {}).items() if not k.startswith("trajplatform.io/")},
+        )
+        return LocalSandbox(self, meta["id"], spec, meta.get("labels", {}), meta=meta)
+
+    # -- hooks -------------------------------------------------------------------------------------
+
+    def _create(self, spec: SandboxSpec, labels: dict[str, str]) -> LocalSandbox:
+        if spec.network != "none":
+            raise SandboxError(
+                f"the local backend supports only network='none' (got {spec.network!r}): sharing the host "
+                "network would expose every service on its loopback; use the opensandbox backend for egress"
+            )
+        host = self.host()
+        downgrades: list[str] = []
+        if not host.isolated:
+            if host.drop_privileges and not host.setpriv:
+                raise SandboxUnavailable(
+                    f"local sandboxes are unavailable: {host.reason}; without setpriv commands would run as root, "
+                    "which is refused even with SANDBOX_ALLOW_UNISOLATED"
+                )
+            if not self.allow_unisolated:
+                raise SandboxUnavailable(
+                    f"local sandboxes need bubblewrap and user namespaces: {host.reason}. Install bubblewrap "
+                    "(apt-get install bubblewrap) and allow unprivileged user namespaces, or set "
+                    "SANDBOX_ALLOW_UNISOLATED=1 to run agent commands WITHOUT isolation (development only)."
+                )
+            downgrades.append(
+                f"UNISOLATED: {host.reason}; commands run as plain host processes"
+                + (f" (uid {host.uid}, rlimits only)" if host.drop_privileges else " as the worker's own user")
+            )
+        if not host.drop_privileges:
+            downgrades.append(f"not started as root: commands run as the worker's uid {host.uid}, not a dedicated user")
+        image = spec.image or "default"
+        if image not in PROFILES:
+            downgrades.append(
+                f"image {image!r} is not available locally; using the host's /usr (profile 'default', "
+                f"profiles: {', '.join(PROFILES)})"
+            )
+        root = self._ensure_root(host)
+        sandbox_id = f"lsb-{secrets.token_hex(8)}"
+        directory = root / sandbox_id
+        directory.mkdir(mode=0o711)
+        cgroup = cgroups.SandboxCgroup({}, {})
+        try:
+            workspace = directory / "workspace"
+            workspace.mkdir(mode=0o700)
+            os.chown(workspace, host.uid, host.gid)
+            if host.isolated:
+                cg = cgroups.support()
+                if cg.enforced:
+                    cgroup = cgroups.SandboxCgroup.create(
+                        cg, sandbox_id, memory_bytes=spec.memory_mb << 20, pids=spec.pids, cpu=spec.cpu
+                    )
+                for controller, why in cg.problems.items():
+                    fallback = {
+                        "memory": f"per-process address-space rlimit of {spec.memory_mb} MiB and a /tmp of the same size",
+                        "pids": f"RLIMIT_NPROC={spec.pids}, counted per sandbox (user namespace)",
+                        "cpu": "no CPU share limit; CPU time is capped per command (RLIMIT_CPU)",
+                    }[controller]
+                    downgrades.append(f"no {controller} cgroup ({why}); fallback: {fallback}")
+            else:
+                downgrades.append(f"no cgroups: RLIMIT_NPROC={spec.pids} is shared by every process of uid {host.uid}")
+            now = _now()
+            meta = {
+                "id": sandbox_id,
+                "created_at": now.isoformat(),
+                "expires_at": _format_time(now + spec.ttl) if spec.ttl else None,
+                "labels": labels,
+                "env": spec.env,
+                "image": spec.image or "",
+                "spec": spec.limits(),
+                "uid": host.uid,
+                "gid": host.gid,
+                "isolated": host.isolated,
+                "cgroup": cgroup.to_json(),
+                "downgrades": downgrades,
+                "host": socket.gethostname(),
+            }
+            self._write_meta(directory, meta)
+        except BaseException:
+            cgroup.remove(timeout=0.5)
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        return self._sandbox_from_meta(meta)
+
+    def _get(self, sandbox_id: str) -> LocalSandbox:
+        return self._sandbox_from_meta(self._read_meta(sandbox_id))
+
+    def _list(self, labels: dict[str, str]) -> list[SandboxInfo]:
+        infos = []
+        try:
+            entries = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+        for name in entries:
+            if not SANDBOX_ID_RE.match(name):
+                continue
+            try:
+                meta = self._read_meta(name)
+            except SandboxNotFound:
+                continue
+            infos.append(
+                SandboxInfo(
+                    id=name,
+                    backend=self.name,
+                    labels=meta.get("labels", {}),
+                    state="running",
+                    created_at=_parse_time(meta.get("created_at")),
+                    expires_at=_parse_time(meta.get("expires_at")),
+                    image=meta.get("image", ""),
+                )
+            )
+        return infos
+
+    def _destroy(self, sandbox_id: str) -> bool:
+        if not SANDBOX_ID_RE.match(sandbox_id):
+            return False
+        directory = self.root / sandbox_id
+        if not directory.exists():
+            return False
+        # First make it invisible to get/list/run (and say why commands die), then kill.
+        try:
+            os.replace(directory / "meta.json", directory / "meta.destroying")
+        except FileNotFoundError:
+            pass  # a destroy that crashed half-way; finish it
+        try:
+            meta = json.loads((directory / "meta.destroying").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        workspace = directory / "workspace"
+        cgroup = cgroups.SandboxCgroup.from_json(meta.get("cgroup"))
+        # Only the sandbox user's processes: a worker's cgroup thread shows up here too.
+        uid = meta.get("uid") if isinstance(meta.get("uid"), int) else None
+        if cgroup.paths:
+            cgroup.kill(uid)
+        if not cgroup.thread_capable:
+            # Without cgroups, or when a root shell joins them per command (which the uid
+            # filter spares for its first milliseconds), find the sandbox's bwrap by its bind.
+            _kill_processes_using(str(workspace))
+        left = cgroup.remove(uid=uid)
+        if left:
+            logger.warning("sandbox %s: cgroups left behind: %s", sandbox_id, "; ".join(left))
+        for attempt in range(3):
+            try:
+                shutil.rmtree(directory)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                # Something was still writing; kill again and retry.
+                cgroup.kill(uid)
+                if not cgroup.thread_capable:
+                    _kill_processes_using(str(workspace))
+                time.sleep(0.05)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+        return True
+
+
+def _kill_processes_using(workspace: str) -> int:
+    """SIGKILL every bwrap whose command line binds `workspace`, and every process whose cwd is
+    inside it (unisolated mode). Returns how many were signalled.
+
+    Killing a sandbox's bwrap monitor ends the sandbox (--die-with-parent + PID namespace);
+    this is how a sandbox without cgroups is emptied from another process or after a crash.
+    """
+    killed = 0
+    needle = workspace.encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().split(b"\0")
+        except OSError:
+            continue
+        hit = bool(args) and os.path.basename(args[0]) == b"bwrap" and needle in args
+        if not hit:
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+                hit = cwd == workspace or cwd.startswith(workspace + "/")
+            except OSError:
+                pass
+        if not hit:
+            continue
+        # Kill the sandbox's pid 1 (the monitor's child) so the monitor reaps it; the monitor
+        # itself only when it has no child yet (see Running.kill).
+        targets = [pid]
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children and os.path.basename(args[0]) == b"bwrap":
+                targets = [int(c) for c in children]
+        except (OSError, ValueError):
+            pass
+        for target in targets:
+            try:
+                os.kill(target, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed

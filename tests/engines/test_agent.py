@@ -1,0 +1,617 @@
+"""The shared agent loop, driven end to end: the offline scripted model over loopback HTTP, the
+real local sandbox backend, the code_exec scene. Faults come from the offline model's fault
+injection (model name "scripted-reference+fault=..."); retry waits are injected, not slept.
+A small canned endpoint stands in where a reply the scripted model never gives is needed
+(text JSON actions, reasoning_content, a tool the scene does not have).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from apps.engines.agent import EpisodeResult, parse_json_action, run_episode, truncate_text
+from apps.engines.llm import LLMClient, Provider, reset_limiters
+from apps.engines.models import SandboxRecord
+from apps.engines.offline_model import MODEL_NAME, running_offline_model
+from apps.engines.sandboxes import SandboxUnavailable, get_backend
+from apps.engines.sandboxes.local import LocalBackend
+from apps.tasks.models import Task
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
+
+PROVIDER_ENV_VARS = [f"{p}_{v}" for p in ("GEMINI", "DEEPSEEK", "OPENAI", "VLLM") for v in ("API_KEY", "BASE_URL", "MODEL")]
+
+
+# --- shared helpers (test_code_exec imports them) ----------------------------------------------
+
+
+@pytest.fixture
+def llm_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No provider from the environment, a private LLM cache, fast retries."""
+    for name in PROVIDER_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    cache = {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+             "LOCATION": str(tmp_path / "llm-cache"), "TIMEOUT": None}
+    with override_settings(LLM_BASE_URL="", LLM_API_KEY="", LLM_MODEL="", LLM_PROVIDERS="", LLM_TIMEOUT_S=10.0,
+                           LLM_MAX_RETRIES=2, CACHES={**settings.CACHES, "llm": cache}):
+        reset_limiters()
+        yield
+    reset_limiters()
+
+
+@pytest.fixture
+def local() -> LocalBackend:
+    return get_backend("local")
+
+
+class Waits:
+    """Records the retry waits the client asks for instead of waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def asleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def client(url: str, waits: Waits | None = None, api_key: str = "") -> LLMClient:
+    waits = waits or Waits()
+    return LLMClient([Provider("offline", url, MODEL_NAME, api_key)], asleep=waits.asleep, rand=lambda: 0.5,
+                     limiters={})
+
+
+def call(name: str, thought: str | None = None, **arguments: Any) -> dict[str, Any]:
+    step: dict[str, Any] = {"tool_calls": [{"name": name, "arguments": arguments}]}
+    if thought is not None:
+        step["thought"] = thought
+    return step
+
+
+def config_for(prompt: str, scene_config: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    """A real Task.config_snapshot() (unsaved task), plus loop-level extras like tool_mode."""
+    extras = {k: fields.pop(k) for k in list(fields) if k in ("tool_mode",)}
+    fields.setdefault("max_steps", 10)
+    fields.setdefault("step_timeout_s", 10.0)
+    fields.setdefault("timeout_s", 60.0)
+    fields.setdefault("temperature", 0.0)
+    task = Task(scene=fields.pop("scene", "code_exec"), prompt=prompt, scene_config=scene_config or {}, **fields)
+    return {**task.config_snapshot(), **extras}
+
+
+_samples = itertools.count()
+
+
+def run(config: dict[str, Any], llm: LLMClient, **kw: Any) -> EpisodeResult:
+    kw.setdefault("sandbox_backend", get_backend("local"))
+    # A fresh sample identity per run: the LLM cache would otherwise replay an earlier run's
+    # answers to the same prompt (which is what it is for).
+    kw.setdefault("cache_key_extra", {"task": 1, "iteration": 1, "sample": next(_samples)})
+    return asyncio.run(run_episode(config=config, llm=llm, **kw))
+
+
+@contextmanager
+def scripted(prompt: str, *steps: dict[str, Any], waits: Waits | None = None, api_key: str = "") -> Iterator[tuple[Any, LLMClient]]:
+    with running_offline_model(scripts=[{"id": "s", "prompt": prompt, "reference_solution": list(steps)}]) as server:
+        yield server, client(server.url, waits, api_key)
+
+
+def assert_no_sandbox_left(backend: Any) -> None:
+    assert backend.list() == []
+    assert not SandboxRecord.objects.filter(state__in=SandboxRecord.LIVE).exists()
+
+
+def roles(result: EpisodeResult) -> list[str]:
+    return [m["role"] for m in result.messages]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        self.items.append((kind, message, data))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _, _ in self.items]
+
+
+# --- canned model: replies the scripted one never gives ---------------------------------------------
+
+
+class Canned(ThreadingHTTPServer):
+    """Answers chat completions with the given assistant messages in order; keeps the requests."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, messages: list[dict[str, Any]]):
+        self.messages = messages
+        self.requests: list[dict[str, Any]] = []
+        super().__init__(("127.0.0.1", 0), _CannedHandler)
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _CannedHandler(BaseHTTPRequestHandler):
+    server: Canned
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        self.server.requests.append(body)
+        message = self.server.messages[min(len(self.server.requests), len(self.server.messages)) - 1]
+        payload = json.dumps({
+            "id": "chatcmpl-canned", "object": "chat.completion", "created": 0, "model": "canned-model",
+            "choices": [{"index": 0, "message": {"role": "assistant", **message},
+                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def canned(*messages: dict[str, Any]) -> Iterator[tuple[Canned, LLMClient]]:
+    server = Canned(list(messages))
+    try:
+        yield server, LLMClient([Provider("canned", server.url, "canned-model", "")], limiters={})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def native_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+HELLO = "Create hello.txt containing hello."
+HELLO_STEPS = (
+    call("write_file", "Write it.", path="hello.txt", content="hello\n"),
+    call("run_shell", command="cat hello.txt"),
+    call("finish", "Done.", answer="hello.txt written"),
+)
+
+
+# --- the JSON-action parser ---------------------------------------------------------------------
+
+
+def test_parse_json_action_reads_a_fenced_block_and_leaves_the_thought_around_it() -> None:
+    text = 'I will list the files.\n```json\n{"tool": "run_shell", "arguments": {"command": "ls"}}\n```\n'
+    action = parse_json_action(text)
+    assert action is not None
+    assert (action.name, action.arguments) == ("run_shell", {"command": "ls"})
+    assert (text[: action.span[0]] + text[action.span[1]:]).strip() == "I will list the files."
+
+
+def test_parse_json_action_accepts_bare_objects_and_the_usual_key_spellings() -> None:
+    assert parse_json_action('ok {"name": "finish", "arguments": "{\\"answer\\": \\"42\\"}"}').arguments == {"answer": "42"}
+    assert parse_json_action('{"action": "read_file", "action_input": {"path": "a"}}').name == "read_file"
+    assert parse_json_action('{"function": {"name": "finish", "arguments": {"answer": "x"}}}').name == "finish"
+    # A first object that is not an action is skipped.
+    assert parse_json_action('data {"a": 1} then {"tool": "finish", "args": {"answer": "y"}}').arguments == {"answer": "y"}
+
+
+def test_parse_json_action_finds_nothing_in_plain_text_or_broken_json() -> None:
+    assert parse_json_action("I think the answer is 42.") is None
+    assert parse_json_action('{"tool": "run_shell", "arguments": {"command": "ls"') is None
+    assert parse_json_action('{"answer": 42}') is None
+    assert parse_json_action(None) is None
+
+
+def test_truncate_text_keeps_head_and_tail_around_a_marker() -> None:
+    text = "H" * 5000 + "M" * 10000 + "T" * 5000
+    cut, truncated = truncate_text(text, 8000)
+    assert truncated and cut.startswith("H" * 100) and cut.endswith("T" * 100)
+    assert "characters omitted" in cut and len(cut) < 8100
+    assert truncate_text("short", 8000) == ("short", False)
+
+
+# --- a normal run, as the worker sees it --------------------------------------------------------
+
+
+def test_a_scripted_run_records_messages_steps_tokens_and_live_events_in_order(local: Any) -> None:
+    events = Events()
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config_for(HELLO, system_prompt_extra="Prefer short files."), llm, on_event=events,
+                     sandbox_backend=local)
+
+    assert (result.outcome, result.reward, result.final_answer) == ("success", None, "hello.txt written")
+    assert result.outcome_reason == "finished (no verifier)"
+    assert roles(result) == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant", "tool"]
+    system = result.messages[0]["content"]
+    assert "/workspace" in system and "no network" in system and "finish(answer)" in system
+    assert system.rstrip().endswith("## Hints\nPrefer short files.")
+    assert result.messages[1] == {"role": "user", "content": HELLO}
+    first_call = result.messages[2]["tool_calls"][0]
+    assert json.loads(first_call["function"]["arguments"]) == {"path": "hello.txt", "content": "hello\n"}
+    assert result.messages[3]["tool_call_id"] == first_call["id"] and result.messages[3]["name"] == "write_file"
+    assert [t["function"]["name"] for t in result.tools] == ["run_shell", "write_file", "read_file", "finish"]
+
+    shell = result.steps[1]
+    assert shell["tool"] == "run_shell" and shell["exit_code"] == 0 and shell["duration_ms"] > 0
+    assert "hello" in shell["output"] and shell["truncated"] is False and shell["timed_out"] is False
+    assert shell["observation"].startswith("wrote 6 bytes")  # what the model saw before acting
+    assert result.steps[0]["thought"] == "Write it." and result.steps[0]["exit_code"] is None  # no process ran
+    assert result.steps[0]["llm"]["model"] == MODEL_NAME and result.steps[0]["llm"]["attempts"] == 1
+    assert [s["index"] for s in result.steps] == [0, 1, 2]
+
+    assert result.model == MODEL_NAME and result.provider == "offline" and result.llm_calls == 3
+    assert result.total_tokens == result.prompt_tokens + result.completion_tokens > 0
+    assert server.model.chat_requests == 3
+    assert result.sandbox["destroyed"] is True and result.sandbox["backend"] == "local"
+    assert_no_sandbox_left(local)
+
+    kinds = events.kinds()
+    assert kinds[0] == "system" and kinds[-1] == "result"
+    assert kinds.index("action") < kinds.index("output")
+    assert [k for k in kinds if k in ("thought", "action", "output")][:3] == ["thought", "action", "output"]
+    assert events.items[-1][2]["outcome"] == "success"
+    assert all(len(message) <= 200 for _, message, _ in events.items)
+
+
+def test_an_async_on_event_and_the_default_backend_work(local: Any) -> None:
+    seen: list[str] = []
+
+    async def on_event(kind: str, message: str, data: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        seen.append(kind)
+
+    with scripted(HELLO, *HELLO_STEPS) as (_, llm):
+        result = run(config_for(HELLO), llm, on_event=on_event, sandbox_backend=None)  # SANDBOX_BACKEND=local
+    assert result.outcome == "success" and seen[-1] == "result" and "action" in seen
+    assert_no_sandbox_left(local)
+
+
+def test_a_failing_on_event_does_not_lose_the_episode(local: Any) -> None:
+    def on_event(kind: str, message: str, data: dict[str, Any]) -> None:
+        raise RuntimeError("log table is gone")
+
+    with scripted(HELLO, *HELLO_STEPS) as (_, llm):
+        result = run(config_for(HELLO), llm, on_event=on_event)
+    assert result.outcome == "success"
+    assert_no_sandbox_left(local)
+
+
+def test_parallel_tool_calls_are_one_turn_and_calls_after_finish_are_not_executed(local: Any) -> None:
+    prompt = "Make two files."
+    both = {"tool_calls": [{"name": "write_file", "arguments": {"path": "a", "content": "1"}},
+                           {"name": "write_file", "arguments": {"path": "b", "content": "2"}}]}
+    end = {"tool_calls": [{"name": "finish", "arguments": {"answer": "done"}},
+                          {"name": "run_shell", "arguments": {"command": "touch after-finish"}}]}
+    with scripted(prompt, both, end) as (_, llm):
+        result = run(config_for(prompt, max_steps=2), llm)
+    assert result.outcome == "success" and result.llm_calls == 2
+    assert [(s["tool"], s["turn"]) for s in result.steps] == [
+        ("write_file", 1), ("write_file", 1), ("finish", 2), ("run_shell", 2)]
+    assert result.steps[3]["error"].startswith("skipped") and result.steps[3]["exit_code"] is None
+    assert roles(result)[-2:] == ["tool", "tool"]  # every tool call is answered
+    assert_no_sandbox_left(local)
+
+
+def test_the_same_sample_identity_replays_from_the_llm_cache(local: Any) -> None:
+    identity = {"task": 7, "iteration": 1, "sample": 0}
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        first = run(config_for(HELLO), llm, cache_key_extra=identity)
+        again = run(config_for(HELLO), llm, cache_key_extra=identity)
+        other = run(config_for(HELLO), llm, cache_key_extra={**identity, "sample": 1})
+    assert first.cached_calls == 0 and again.cached_calls == again.llm_calls == 3 and other.cached_calls == 0
+    assert server.model.chat_requests == 6  # the replay asked nothing
+    assert again.messages == first.messages and again.outcome == "success"
+    assert again.steps[0]["llm"]["cached"] is True and again.steps[0]["llm"]["attempts"] == 0
+    assert_no_sandbox_left(local)
+
+
+def test_episodes_run_concurrently_on_one_event_loop(local: Any) -> None:
+    """A's command waits for a file that only B's end creates: if sandbox calls blocked the
+    event loop, B could never finish and A's command would time out."""
+    waiting, quick = "Wait for the go signal.", "Do something quick."
+    a_steps = (call("run_shell", command="while [ ! -e go ]; do sleep 0.02; done; echo released"),
+               call("finish", answer="released"))
+    a_sandbox: dict[str, str] = {}
+
+    def a_events(kind: str, message: str, data: dict[str, Any]) -> None:
+        if "record_id" in data:
+            a_sandbox["id"] = data["id"]
+
+    def b_events(kind: str, message: str, data: dict[str, Any]) -> None:
+        if kind == "result":
+            local.get(a_sandbox["id"]).write_file("go", b"")
+
+    async def both(llm_a: LLMClient, llm_b: LLMClient) -> list[EpisodeResult]:
+        return await asyncio.gather(
+            run_episode(config=config_for(waiting, step_timeout_s=20.0), llm=llm_a, sandbox_backend=local,
+                        on_event=a_events),
+            run_episode(config=config_for(quick), llm=llm_b, sandbox_backend=local, on_event=b_events),
+        )
+
+    with scripted(waiting, *a_steps) as (_, llm_a), scripted(quick, *HELLO_STEPS) as (_, llm_b):
+        a, b = asyncio.run(both(llm_a, llm_b))
+    assert b.outcome == "success"
+    assert a.outcome == "success" and a.steps[0]["exit_code"] == 0 and "released" in a.steps[0]["output"]
+    assert a.sandbox["id"] != b.sandbox["id"]
+    assert_no_sandbox_left(local)
+
+
+# --- LLM faults: errors, never thoughts -----------------------------------------------------------
+
+
+def test_a_429_with_retry_after_is_waited_for_then_the_run_succeeds(local: Any) -> None:
+    waits = Waits()
+    with scripted(HELLO, *HELLO_STEPS, waits=waits) as (server, llm):
+        result = run(config_for(HELLO, model=f"{MODEL_NAME}+fault=429;retry_after=3;times=1"), llm)
+    assert result.outcome == "success"
+    assert waits.delays == [3.0]
+    assert result.steps[0]["llm"]["attempts"] == 2 and server.model.chat_requests == 4
+    assert result.model == MODEL_NAME  # the model that answered, not the fault-laden name asked for
+    assert result.requested_model.startswith(f"{MODEL_NAME}+fault=")
+    assert_no_sandbox_left(local)
+
+
+def test_a_persistent_500_ends_as_an_llm_error_and_is_not_recorded_as_a_thought(local: Any) -> None:
+    waits, events = Waits(), Events()
+    with scripted(HELLO, *HELLO_STEPS, waits=waits) as (server, llm):
+        result = run(config_for(HELLO, model=f"{MODEL_NAME}+fault=500"), llm, on_event=events)
+    assert result.outcome == "error" and result.error_kind == "llm" and result.retryable is True
+    assert "LLM error" in result.outcome_reason and "HTTP 500" in result.outcome_reason
+    assert "after 3 attempts" in result.outcome_reason and len(waits.delays) == 2
+    assert roles(result) == ["system", "user"] and result.steps == [] and result.cancelled is False
+    assert "thought" not in events.kinds() and "error" in events.kinds()
+    assert result.model == "" and result.sandbox["destroyed"] is True
+    assert server.model.chat_requests == 3
+    assert_no_sandbox_left(local)
+
+
+def test_a_model_slower_than_the_llm_timeout_is_an_error(local: Any) -> None:
+    with override_settings(LLM_TIMEOUT_S=0.3, LLM_MAX_RETRIES=0):
+        with scripted(HELLO, *HELLO_STEPS) as (_, llm):
+            result = run(config_for(HELLO, model=f"{MODEL_NAME}+fault=slow;seconds=5"), llm)
+    assert result.outcome == "error" and result.error_kind == "llm"
+    assert "LLMTimeout" in result.outcome_reason and "timed out" in result.outcome_reason
+    assert result.steps == []
+    assert_no_sandbox_left(local)
+
+
+# --- what the model does wrong: fed back, or a failure ----------------------------------------------
+
+
+def test_malformed_tool_arguments_are_fed_back_and_the_agent_recovers(local: Any) -> None:
+    prompt = "Say hi in a file."
+    steps = (call("run_shell", command="echo probe"),
+             call("write_file", path="hi.txt", content="hi"),
+             call("finish", answer="ok"))
+    with scripted(prompt, *steps) as (_, llm):
+        result = run(config_for(prompt, model=f"{MODEL_NAME}+fault=malformed;times=1"), llm)
+    assert result.outcome == "success"
+    bad = result.steps[0]
+    assert "not valid JSON" in bad["error"] and bad["output"].startswith("error: ")
+    assert bad["exit_code"] is None and isinstance(bad["arguments"], str)  # the raw text the model sent
+    assert result.messages[3]["role"] == "tool" and result.messages[3]["content"] == bad["output"]
+    assert "error" not in result.steps[1] and result.steps[1]["output"].startswith("wrote 2 bytes")
+    assert_no_sandbox_left(local)
+
+
+def test_malformed_arguments_every_time_end_as_a_failure_at_max_steps(local: Any) -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (_, llm):
+        result = run(config_for(HELLO, max_steps=3, model=f"{MODEL_NAME}+fault=malformed"), llm)
+    assert result.outcome == "failure" and result.outcome_reason == "max_steps (3) reached without finish"
+    assert len(result.steps) == 3 and all("not valid JSON" in s["error"] for s in result.steps)
+    assert result.final_answer == ""
+    assert_no_sandbox_left(local)
+
+
+def test_invalid_arguments_and_unknown_tools_are_tool_errors(local: Any) -> None:
+    replies = (
+        {"content": None, "tool_calls": [native_call("c1", "write_file", {"path": "a.txt"})]},
+        {"content": None, "tool_calls": [native_call("c2", "browse", {"url": "http://x"})]},
+        {"content": None, "tool_calls": [native_call("c3", "run_shell", [1, 2])]},
+        {"content": None, "tool_calls": [native_call("c4", "finish", {"answer": "gave up"})]},
+    )
+    with canned(*replies) as (_, llm):
+        result = run(config_for("Anything."), llm)
+    assert result.outcome == "success" and result.model == "canned-model"
+    errors = [s.get("error", "") for s in result.steps[:3]]
+    assert "'content' is a required property" in errors[0]
+    assert "unknown tool 'browse'" in errors[1] and "run_shell" in errors[1]
+    assert "must be a JSON object" in errors[2]
+    assert_no_sandbox_left(local)
+
+
+def test_never_finishing_is_a_failure_naming_max_steps(local: Any) -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (_, llm):
+        result = run(config_for(HELLO, max_steps=4, model=f"{MODEL_NAME}+fault=never_finish"), llm)
+    assert result.outcome == "failure" and "max_steps (4)" in result.outcome_reason
+    assert roles(result).count("assistant") == 4 and all(s["tool"] != "finish" for s in result.steps)
+    assert result.reward is None and result.verifier_output == {}
+    assert_no_sandbox_left(local)
+
+
+def test_text_without_a_tool_call_gets_one_corrective_turn_then_is_an_error(local: Any) -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config_for(HELLO, model=f"{MODEL_NAME}+fault=text_only"), llm)
+    assert result.outcome == "error" and result.error_kind == "model_output"
+    assert "no tool call" in result.outcome_reason and "corrective" in result.outcome_reason
+    assert roles(result) == ["system", "user", "assistant", "user", "assistant"]
+    assert "did not call a tool" in result.messages[3]["content"]
+    assert server.model.chat_requests == 2 and result.steps == []
+    assert_no_sandbox_left(local)
+
+
+def test_one_text_reply_is_corrected_and_the_run_goes_on(local: Any) -> None:
+    prompt = "Write a file after looking around."
+    steps = (call("run_shell", "Looking around first.", command="ls"),
+             call("write_file", path="x.txt", content="x"),
+             call("finish", answer="x written"))
+    with scripted(prompt, *steps) as (_, llm):
+        result = run(config_for(prompt, model=f"{MODEL_NAME}+fault=text_only;times=1"), llm)
+    assert result.outcome == "success"
+    assert roles(result)[2:5] == ["assistant", "user", "assistant"]
+    assert result.messages[2]["content"] == "Looking around first." and "tool_calls" not in result.messages[2]
+    assert [s["tool"] for s in result.steps] == ["write_file", "finish"]
+    assert_no_sandbox_left(local)
+
+
+def test_a_json_action_in_text_is_executed_on_the_same_loop(local: Any) -> None:
+    prompt = "Answer in a file, then finish in text."
+    steps = (call("write_file", path="answer.txt", content="42"),
+             {"content": 'All set.\n```json\n{"tool": "finish", "arguments": {"answer": "42"}}\n```'})
+    with scripted(prompt, *steps) as (_, llm):
+        result = run(config_for(prompt), llm)
+    assert result.outcome == "success" and result.final_answer == "42"
+    finish = result.steps[1]
+    assert finish["format"] == "json_text" and finish["thought"] == "All set." and finish["tool_call_id"] is None
+    # The assistant's text is recorded as it was said; the result goes back as a user message.
+    assert "tool_calls" not in result.messages[4] and result.messages[5]["role"] == "user"
+    assert_no_sandbox_left(local)
+
+
+def test_tool_mode_json_sends_no_tools_and_runs_text_actions(local: Any) -> None:
+    replies = (
+        {"content": 'Writing.\n```json\n{"tool": "write_file", "arguments": {"path": "n.txt", "content": "7"}}\n```'},
+        {"content": '{"tool": "run_shell", "arguments": {"command": "cat n.txt; exit 4"}}'},
+        {"content": "I am done."},  # no action: corrected
+        {"content": '{"tool": "finish", "arguments": {"answer": "7"}}'},
+    )
+    with canned(*replies) as (server, llm):
+        result = run(config_for("Write 7 to n.txt.", tool_mode="json"), llm)
+    assert result.outcome == "success" and result.final_answer == "7"
+    assert all("tools" not in body for body in server.requests)
+    assert '"tool": "<tool name>"' in result.messages[0]["content"]
+    shell = result.steps[1]
+    assert shell["exit_code"] == 4 and "7" in shell["output"]  # the real status of `exit 4`
+    assert roles(result) == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user",
+                             "assistant", "user"]
+    assert "JSON action" in result.messages[7]["content"]  # the corrective turn, in JSON terms
+    assert_no_sandbox_left(local)
+
+
+def test_reasoning_content_is_recorded_as_the_thought_but_not_sent_back(local: Any) -> None:
+    replies = (
+        {"content": None, "reasoning_content": "The file must exist first.",
+         "tool_calls": [native_call("c1", "write_file", {"path": "r.txt", "content": "r"})]},
+        {"content": "Finishing.", "tool_calls": [native_call("c2", "finish", {"answer": "r"})]},
+    )
+    with canned(*replies) as (server, llm):
+        result = run(config_for("Write r.txt."), llm)
+    assert result.outcome == "success"
+    assert result.steps[0]["thought"] == "The file must exist first."
+    assert result.steps[0]["reasoning_content"] == "The file must exist first."
+    assert result.messages[2]["reasoning_content"] == "The file must exist first."
+    assert all("reasoning_content" not in m for m in server.requests[1]["messages"])
+    assert_no_sandbox_left(local)
+
+
+# --- limits and cancel ------------------------------------------------------------------------------
+
+
+def test_cancel_is_honoured_between_steps(local: Any) -> None:
+    asked = {"n": 0}
+
+    def should_cancel() -> bool:
+        asked["n"] += 1
+        return asked["n"] >= 3  # before set-up, before turn 1: no; before turn 2: yes
+
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config_for(HELLO), llm, should_cancel=should_cancel)
+    assert result.cancelled is True and result.outcome == "error" and result.outcome_reason == "cancelled"
+    assert result.error_kind == "cancelled" and len(result.steps) == 1 and server.model.chat_requests == 1
+    assert result.sandbox["destroyed"] is True
+    assert_no_sandbox_left(local)
+
+
+def test_an_async_should_cancel_before_the_start_creates_no_sandbox(local: Any) -> None:
+    async def should_cancel() -> bool:
+        return True
+
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config_for(HELLO), llm, should_cancel=should_cancel)
+    assert result.cancelled and result.outcome_reason == "cancelled" and server.model.chat_requests == 0
+    assert result.sandbox == {} and not SandboxRecord.objects.exists()
+
+
+def test_the_token_budget_stops_the_run_as_a_failure(local: Any) -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config_for(HELLO, max_tokens=50), llm)
+    assert result.outcome == "failure" and result.outcome_reason.startswith("token budget (50) exhausted")
+    assert result.total_tokens >= 50 and server.model.chat_requests == 1 and len(result.steps) == 1
+    assert_no_sandbox_left(local)
+
+
+def test_the_wall_clock_limit_clips_a_command_and_fails_the_run(local: Any) -> None:
+    prompt = "Wait a long time."
+    with scripted(prompt, call("run_shell", command="sleep 30"), call("finish", answer="waited")) as (server, llm):
+        result = run(config_for(prompt, timeout_s=0.5, step_timeout_s=20.0), llm)
+    assert result.outcome == "failure" and result.outcome_reason == "wall-clock timeout (0.5s) reached without finish"
+    step = result.steps[0]
+    assert step["timed_out"] is True and step["exit_code"] is None
+    killed_after = float(re.match(r"timed out: killed after ([\d.]+)s", step["output"]).group(1))
+    assert killed_after <= 0.5  # clipped to the episode's clock, not the 20 s step limit
+    assert server.model.chat_requests == 1
+    assert_no_sandbox_left(local)
+
+
+# --- scenes and infrastructure --------------------------------------------------------------------
+
+
+def test_a_scene_without_an_engine_is_an_honest_error() -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        gui = run(config_for(HELLO, scene="gui"), llm)
+        bogus = run({**config_for(HELLO), "scene": "teleport"}, llm)
+    assert (gui.outcome, gui.outcome_reason, gui.error_kind) == ("error", "scene gui has no engine yet", "config")
+    assert bogus.outcome == "error" and "unknown scene 'teleport'" in bogus.outcome_reason
+    assert gui.messages == [] and gui.steps == [] and server.model.chat_requests == 0
+    assert not SandboxRecord.objects.exists()
+
+
+class _BrokenBackend(LocalBackend):
+    def _create(self, spec: Any, labels: dict[str, str]) -> Any:
+        raise SandboxUnavailable("no bubblewrap on this host")
+
+
+def test_a_sandbox_that_cannot_be_created_is_an_infrastructure_error() -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config_for(HELLO), llm, sandbox_backend=_BrokenBackend())
+    assert result.outcome == "error" and result.error_kind == "infrastructure" and result.retryable
+    assert result.outcome_reason.startswith("infrastructure: sandbox creation failed")
+    assert "no bubblewrap" in result.outcome_reason and server.model.chat_requests == 0
+    assert SandboxRecord.objects.get().state == SandboxRecord.State.FAILED
+
+
+def test_a_configured_api_key_never_appears_in_the_result(local: Any) -> None:
+    key = "zq-live-8Hc2Lm4Qx7Vt1Rb9Pn3Kd6Wf"
+    prompt = "Show the key."
+    # The command assembles the secrets, so only the sandbox's output carries them whole.
+    steps = (call("run_shell", f"The key is {key}.",
+                  command=f"echo {key[:10]}''{key[10:]}; echo sk-abcdefghij''klmnopqrstuvwx >&2"),
+             call("finish", answer=f"key {key}"))
+    with override_settings(LLM_API_KEY=key):
+        with scripted(prompt, *steps, api_key=key) as (server, llm):
+            result = run(config_for(prompt), llm)
+            sent = json.dumps(list(server.model.requests))
+        dumped = json.dumps([result.messages, result.steps, result.final_answer, result.outcome_reason,
+                             result.verifier_output], default=str)
+    assert result.outcome == "success"
+    assert key not in dumped and "sk-abcdefghijklmnopqrstuvwx" not in dumped
+    assert key not in sent and "sk-abcdefghijklmnopqrstuvwx" not in sent  # nor sent on to the provider
+    assert "[REDACTED]" in result.steps[0]["output"] and "[REDACTED]" in result.final_answer
+    assert_no_sandbox_left(local)

@@ -1,0 +1,226 @@
+"""Local backend specifics: refusing without isolation, recorded downgrades, cgroups, cleanup."""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from apps.engines.models import SandboxRecord
+from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxSpec, SandboxUnavailable, get_backend
+from apps.engines.sandboxes import cgroups as sandbox_cgroups
+from apps.engines.sandboxes import bwrap, local
+from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
+
+pytestmark = pytest.mark.usefixtures("sandbox_settings")
+
+
+@pytest.fixture
+def no_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process sees a host without bwrap (the real probe runs against a PATH lacking it)."""
+    real_which = bwrap._which
+    monkeypatch.setattr(bwrap, "_which", lambda name: "" if name == "bwrap" else real_which(name))
+    bwrap.reset_host_support()
+    yield
+    bwrap.reset_host_support()
+
+
+def test_it_refuses_without_bubblewrap_and_says_how_to_fix_it(db: Any, no_bubblewrap: Any) -> None:
+    with pytest.raises(SandboxUnavailable) as excinfo:
+        get_backend("local").create(SandboxSpec())
+    message = str(excinfo.value)
+    assert "bubblewrap is not installed" in message
+    assert "apt-get install bubblewrap" in message and "SANDBOX_ALLOW_UNISOLATED=1" in message
+    record = SandboxRecord.objects.get()
+    assert record.state == SandboxRecord.State.FAILED and "bubblewrap" in record.last_error
+
+
+def test_unisolated_mode_must_be_asked_for_and_is_recorded(db: Any, no_bubblewrap: Any, settings: Any) -> None:
+    settings.SANDBOX_ALLOW_UNISOLATED = True
+    with get_backend("local").create(SandboxSpec(memory_mb=256)) as sandbox:
+        assert sandbox.downgrades[0].startswith("UNISOLATED: bubblewrap is not installed")
+        record = SandboxRecord.objects.get(external_id=sandbox.id)
+        assert record.downgrades == sandbox.downgrades
+        sandbox.write_file("sub/hello.txt", b"hi")
+        result = sandbox.run(
+            "id -u; cat hello.txt; echo; grep 'Max processes' /proc/self/limits | tr -s ' ' | cut -d' ' -f3",
+            timeout=30, cwd="sub",
+        )
+        assert sandbox.read_file("sub/hello.txt") == b"hi"
+    # Still not root and still limited, but with no namespaces at all.
+    assert result.stdout.split() == ["65534", "hi", str(SandboxSpec().pids)]
+
+
+@pytest.mark.parametrize("placement", ["cgroup thread", "join per command"])
+def test_processes_land_in_the_sandbox_cgroups_or_the_downgrade_is_recorded(
+    local_backend: Any, placement: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cgroup v1: a worker thread parked in the cgroups starts the commands (born inside);
+    # otherwise (v2, or the thread cannot move) a root shell joins them before exec'ing bwrap.
+    if placement == "join per command":
+        monkeypatch.setattr(sandbox_cgroups.SandboxCgroup, "thread_capable", property(lambda self: False))
+    support = sandbox_cgroups.support()
+    with local_backend.create(SandboxSpec(memory_mb=200, pids=40)) as sandbox:
+        members: dict[str, set[int]] = {}
+
+        def on_output(stream: str, line: str) -> None:
+            # The command waits here; from the host, its processes must be in every cgroup.
+            for controller, path in sandbox.cgroup.paths.items():
+                members[controller] = {int(pid) for pid in (Path(path) / "cgroup.procs").read_text().split()}
+            sandbox.write_file("gate", b"")
+
+        result = sandbox.run("echo ready; while [ ! -e gate ]; do sleep 0.05; done", timeout=30, on_output=on_output)
+        assert result.ok
+        record = SandboxRecord.objects.get(external_id=sandbox.id)
+        for controller in sandbox_cgroups.CONTROLLERS:
+            if controller in support.enforced:
+                path = Path(sandbox.cgroup.paths[controller])
+                assert path.name == sandbox.id
+                limit_file = {
+                    ("memory", 1): "memory.limit_in_bytes", ("memory", 2): "memory.max",
+                    ("pids", 1): "pids.max", ("pids", 2): "pids.max",
+                    ("cpu", 1): "cpu.cfs_quota_us", ("cpu", 2): "cpu.max",
+                }[(controller, support.versions[controller])]
+                expected = {"memory": str(200 << 20), "pids": "40", "cpu": "100000"}[controller]
+                assert (path / limit_file).read_text().split()[0] == expected
+                assert len(members[controller]) >= 2, members  # the shell and its sleep, at least
+            else:
+                assert any(d.startswith(f"no {controller} cgroup") for d in record.downgrades), record.downgrades
+        paths = dict(sandbox.cgroup.paths)
+    assert not any(Path(p).exists() for p in paths.values())
+
+
+def test_cgroup_detection_reports_instead_of_failing() -> None:
+    support = sandbox_cgroups.detect(
+        mountinfo=(
+            "40 31 0:36 / /nonexistent/pids rw,relatime - cgroup cgroup rw,pids\n"
+            "41 31 0:38 / /nonexistent/unified rw,relatime - cgroup2 cgroup2 rw\n"
+        ),
+        proc_cgroup="8:pids:/some/where\n0::/worker.service\n",
+    )
+    assert support.enforced == ()
+    assert set(support.problems) == {"memory", "pids", "cpu"}
+    assert "cgroup v1 /nonexistent/pids/some/where/trajplatform-sandboxes" in support.problems["pids"]
+    assert "/nonexistent/unified/worker.service" in support.problems["memory"]
+
+
+def test_network_other_than_none_is_refused_locally(local_backend: Any) -> None:
+    with pytest.raises(SandboxError, match="only network='none'"):
+        local_backend.create(SandboxSpec(network="open"))
+
+
+def test_an_opensandbox_image_name_is_recorded_as_a_downgrade(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec(image="python:3.12-slim")) as sandbox:
+        assert any("image 'python:3.12-slim' is not available locally" in d for d in sandbox.downgrades)
+        assert sandbox.run("python3 -c 'import sys; print(sys.version_info[0])'", timeout=30).stdout == "3\n"
+    with local_backend.create(SandboxSpec(image="python")) as sandbox:
+        assert not any("image" in d for d in sandbox.downgrades)
+
+
+def test_a_sandbox_root_the_sandbox_user_cannot_enter_is_a_clear_error(db: Any) -> None:
+    parent = Path(tempfile.mkdtemp(prefix="trajplatform-private-"))  # mode 0700
+    try:
+        backend = local.LocalBackend(root=parent / "sandboxes")
+        with pytest.raises(SandboxUnavailable, match=r"cannot enter .*mode 700"):
+            backend.create(SandboxSpec())
+    finally:
+        shutil.rmtree(parent)
+
+
+def test_destroy_from_another_handle_kills_a_running_command(local_backend: Any) -> None:
+    sandbox = local_backend.create(SandboxSpec())
+    cgroup_dirs = [Path(p) for p in sandbox.cgroup.paths.values()]
+    results: list[Any] = []
+    started = threading.Event()
+    thread = threading.Thread(target=lambda: results.append(
+        sandbox.run("echo up; sleep 300", timeout=600, on_output=lambda s, l: started.set())))
+    thread.start()
+    assert started.wait(30)
+    assert local.LocalBackend().destroy(sandbox.id) is True  # a different backend object and handle
+    thread.join(30)
+    assert not thread.is_alive(), "the command outlived its sandbox"
+    assert results[0].exit_code == 137 and results[0].killed_by == "destroyed"
+    assert not (Path(settings.SANDBOX_ROOT) / sandbox.id).exists()
+    # Removed although this handle's cgroup thread was still parked in them.
+    assert not any(d.exists() for d in cgroup_dirs)
+    with pytest.raises(SandboxNotFound):
+        sandbox.run("true", timeout=5)
+    assert wait_for_no_sandbox_processes() == []
+
+
+def test_a_cgroup_thread_evicted_from_its_cgroups_refuses_to_start_commands(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec()) as sandbox:
+        if not sandbox.cgroup.thread_capable:
+            # No cgroup v1 here: commands join per command, and what is missing is recorded.
+            assert sandbox.downgrades or sandbox.cgroup.paths
+            return
+        assert sandbox.run("true", timeout=30).ok  # parks the thread in the cgroups
+        assert sandbox.cgroup.evict_threads(uid=SANDBOX_UID) >= 1
+        with pytest.raises(sandbox_cgroups.CgroupJoinError, match="no longer in"):
+            sandbox._cgroup_thread().call(lambda: "would start a command outside the limits")
+        # The handle falls back to joining per command, still inside the limits.
+        assert sandbox.run("true", timeout=30).ok
+
+
+def test_a_crashed_worker_leaves_no_sandbox_process_running(local_backend: Any) -> None:
+    # A worker process dies (SIGKILL, OOM, deploy) mid-command: --die-with-parent takes the
+    # sandbox's processes with it; the workspace stays for the reconciler.
+    root = Path(settings.SANDBOX_ROOT)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(settings.BASE_DIR)!r})
+        from apps.engines.sandboxes.local import LocalBackend
+        from apps.engines.sandboxes.base import SandboxSpec
+        sandbox = LocalBackend(records=False, root={str(root)!r}, allow_unisolated=False).create(SandboxSpec())
+        print(sandbox.id, flush=True)
+        sandbox.run("sleep 300 & setsid sleep 301 & echo running; wait", timeout=600,
+                    on_output=lambda s, l: print(l, flush=True))
+    """)
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        sandbox_id = worker.stdout.readline().strip()
+        assert worker.stdout.readline().strip() == "running"
+        assert any("sleep 30" in cmd for _, cmd in sandbox_user_processes())
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(30)
+        assert wait_for_no_sandbox_processes() == []
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.stdout.close()
+    assert (root / sandbox_id).exists()
+    assert local.LocalBackend(records=False).destroy(sandbox_id) is True
+
+
+def test_the_sandbox_sees_only_its_own_env(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec(env={"GREETING": "hi"})) as sandbox:
+        result = sandbox.run("env | sort", timeout=30)
+    names = {line.split("=", 1)[0] for line in result.stdout.splitlines()}
+    assert names <= {"PATH", "HOME", "LANG", "TMPDIR", "USER", "GREETING", "PWD", "SHLVL", "_"}
+    assert "GREETING=hi" in result.stdout
+
+
+def test_invalid_arguments_are_refused_before_anything_runs(local_backend: Any) -> None:
+    with pytest.raises(SandboxError, match="labels|label key"):
+        SandboxSpec(labels={"bad key!": "x"})
+    with pytest.raises(SandboxError, match="reserved"):
+        SandboxSpec(labels={"trajplatform.io/managed": "false"})
+    with pytest.raises(SandboxError, match="ttl"):
+        SandboxSpec(ttl=-5)
+    with local_backend.create(SandboxSpec()) as sandbox:
+        with pytest.raises(SandboxError, match="timeout"):
+            sandbox.run("true", timeout=0)
+        with pytest.raises(SandboxError, match="empty"):
+            sandbox.run("  ", timeout=5)
+        with pytest.raises(SandboxError, match="env name"):
+            sandbox.run("true", timeout=5, env={"1BAD": "x"})
+        with pytest.raises(SandboxError, match="only under /workspace"):
+            sandbox.write_file("/etc/passwd", b"root::0:0::/:/bin/sh")

@@ -1,0 +1,253 @@
+"""Hostile programs on the local backend: each is contained, reported in its ExecResult, and
+leaves the host as it was (no process of the sandbox user survives, host files untouched)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from django.conf import settings
+
+from apps.engines.sandboxes import SandboxError, SandboxSpec
+from apps.engines.sandboxes import cgroups as sandbox_cgroups
+from apps.engines.sandboxes.local import LocalBackend
+from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
+
+pytestmark = pytest.mark.usefixtures("sandbox_settings")
+
+
+@pytest.fixture
+def hostile(sandbox_root_dir: Path) -> Iterator[Any]:
+    """A small local sandbox (no DB rows needed here); afterwards the host must be clean."""
+    assert sandbox_user_processes(sandbox_root_dir) == [], "an earlier sandbox test leaked processes"
+    backend = LocalBackend(records=False)
+    sandbox = backend.create(SandboxSpec(memory_mb=128, pids=48, max_file_mb=16, cpu=1))
+    yield sandbox
+    sandbox.destroy()
+    assert wait_for_no_sandbox_processes() == []
+    assert not (Path(settings.SANDBOX_ROOT) / sandbox.id).exists()
+
+
+def test_network_is_unreachable_including_host_loopback(hostile: Any) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    try:
+        result = hostile.run(
+            ["python3", "-c", f"""
+import socket
+for host, port in (("127.0.0.1", {port}), ("1.1.1.1", 53), ("8.8.8.8", 443)):
+    try:
+        socket.create_connection((host, port), timeout=2)
+        print("CONNECTED", host)
+    except OSError as exc:
+        print("blocked", host, exc.errno)
+try:
+    socket.getaddrinfo("pypi.org", 443)
+    print("RESOLVED")
+except OSError:
+    print("no dns")
+"""],
+            timeout=30,
+        )
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+    assert result.exit_code == 0
+    assert "CONNECTED" not in result.stdout and "RESOLVED" not in result.stdout
+    assert result.stdout.count("blocked") == 3 and "no dns" in result.stdout
+
+
+def test_secrets_and_project_files_are_out_of_reach(hostile: Any) -> None:
+    project_file = Path(settings.BASE_DIR) / "manage.py"
+    database = Path(settings.DATABASES["default"]["NAME"])
+    os.environ["TRAJ_TEST_HOST_SECRET"] = "leak-me"
+    try:
+        result = hostile.run(
+            f"cat /etc/shadow; cat {project_file}; ls {settings.BASE_DIR}; ls /root; cat {database}; "
+            "env; id -u; grep -c . /proc/self/status >/dev/null && grep CapEff /proc/self/status",
+            timeout=30,
+        )
+    finally:
+        del os.environ["TRAJ_TEST_HOST_SECRET"]
+    assert "cat: /etc/shadow: Permission denied" in result.stderr
+    assert f"{database}: No such file or directory" in result.stderr
+    assert f"{project_file}: No such file or directory" in result.stderr
+    assert "/root': No such file or directory" in result.stderr
+    assert "leak-me" not in result.stdout and "DJANGO" not in result.stdout and "OPENSANDBOX" not in result.stdout
+    assert f"\n{SANDBOX_UID}\n" in result.stdout
+    assert "CapEff:\t0000000000000000" in result.stdout
+
+
+def test_writes_outside_the_workspace_fail_and_tmp_is_fresh_per_command(hostile: Any) -> None:
+    marker = f"escape-{uuid.uuid4().hex}"
+    result = hostile.run(
+        f"for p in /{marker} /usr/{marker} /etc/{marker} /proc/sys/kernel/hostname /workspace/../{marker}; do "
+        f"  (echo x > $p) 2>/dev/null && echo WROTE $p || echo refused $p; done; echo tmp > /tmp/{marker} && echo tmp ok",
+        timeout=30,
+    )
+    second = hostile.run(f"cat /tmp/{marker}", timeout=30)
+    assert "WROTE" not in result.stdout, result.stdout
+    assert result.stdout.count("refused") == 5 and "tmp ok" in result.stdout
+    assert second.exit_code != 0  # /tmp does not survive the command
+    for base in ("/", "/usr", "/etc", "/tmp", str(settings.SANDBOX_ROOT)):
+        assert not (Path(base) / marker).exists()
+
+
+def test_symlinks_planted_in_the_workspace_do_not_reach_host_files(hostile: Any) -> None:
+    planted = hostile.run("ln -s /etc/shadow shadow; ln -s /etc/hostname-sbx-target host-target", timeout=30)
+    assert planted.ok
+    before = Path("/etc/hostname").read_bytes()
+    with pytest.raises(SandboxError, match="Permission denied"):
+        hostile.read_file("shadow")
+    with pytest.raises(SandboxError):
+        hostile.write_file("host-target", b"overwritten")
+    assert not Path("/etc/hostname-sbx-target").exists()
+    assert Path("/etc/hostname").read_bytes() == before
+
+
+def test_fork_bomb_is_capped_and_reported(hostile: Any) -> None:
+    result = hostile.run(
+        ["python3", "-c", """
+import os, time
+n = 0
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+    except OSError as exc:
+        print("fork failed after", n, exc.strerror)
+        break
+"""],
+        timeout=30,
+    )
+    assert result.exit_code == 0
+    assert "fork failed after" in result.stdout and "Resource temporarily unavailable" in result.stdout
+    assert int(result.stdout.split()[3]) < 48
+    assert subprocess.run(["true"]).returncode == 0  # the host can still fork
+
+
+def test_fork_bomb_without_cgroups_does_not_starve_other_sandboxes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fallback when the host has no pids cgroup: RLIMIT_NPROC, set inside the sandbox's
+    # user namespace, counts that sandbox's processes only, although every sandbox runs as
+    # the same host uid. A bomb in one sandbox must leave another able to fork.
+    monkeypatch.setattr(sandbox_cgroups, "support", lambda: sandbox_cgroups.CgroupSupport(
+        problems={c: "disabled by the test" for c in sandbox_cgroups.CONTROLLERS}))
+    backend = LocalBackend(records=False)
+    bomb = backend.create(SandboxSpec(pids=24))
+    other = backend.create(SandboxSpec(pids=24))
+    try:
+        assert any("no pids cgroup" in d and "RLIMIT_NPROC=24" in d for d in bomb.downgrades)
+        results: dict[str, Any] = {}
+        gate = bomb.workspace / "release"
+
+        def run_bomb() -> None:
+            results["bomb"] = bomb.run(["python3", "-c", f"""
+import os, time
+n = 0
+while True:
+    try:
+        if os.fork() == 0:
+            while not os.path.exists({str(gate)!r}.replace({str(bomb.workspace)!r}, "/workspace")):
+                time.sleep(0.05)
+            os._exit(0)
+        n += 1
+    except OSError:
+        print("bomb stopped at", n, flush=True)
+        break
+while not os.path.exists("/workspace/release"):
+    time.sleep(0.05)
+"""], timeout=60, on_output=lambda stream, line: results.setdefault("capped", threading.Event()).set())
+
+        thread = threading.Thread(target=run_bomb)
+        results["capped"] = threading.Event()
+        thread.start()
+        assert results["capped"].wait(30), "the bomb never hit its limit"
+        # The bomb's processes are all alive now; another sandbox of the same uid still forks.
+        meanwhile = other.run("for i in 1 2 3 4 5 6 7 8; do sleep 0.1 & done; wait; echo forked fine", timeout=30)
+        gate.write_text("go")
+        thread.join(60)
+    finally:
+        gate_path = bomb.workspace / "release"
+        if bomb.workspace.exists():
+            gate_path.write_text("go")
+        bomb.destroy()
+        other.destroy()
+    assert meanwhile.ok and meanwhile.stdout == "forked fine\n"
+    assert "bomb stopped at" in results["bomb"].stdout
+    assert int(results["bomb"].stdout.split()[3]) < 24
+    assert wait_for_no_sandbox_processes() == []
+
+
+def test_memory_bomb_is_killed_and_reported(hostile: Any) -> None:
+    result = hostile.run(
+        ["python3", "-c", "chunks = []\nwhile True: chunks.append(bytearray(8 << 20))"], timeout=60
+    )
+    assert result.exit_code != 0 and not result.timed_out
+    # With a memory cgroup the kernel OOM-kills it; without one the address-space limit
+    # turns the allocation into MemoryError. Either way it is named in the result.
+    assert result.killed_by == "memory" or "MemoryError" in result.stderr, result
+    if result.killed_by == "memory":
+        assert result.exit_code == 137 and "out of memory" in result.stderr
+
+
+def test_infinite_cpu_loop_is_killed_at_the_deadline(hostile: Any) -> None:
+    result = hostile.run(["python3", "-c", "while True: pass"], timeout=2)
+    assert result.timed_out and result.killed_by == "timeout" and result.exit_code is None
+    assert "wall-clock timeout of 2s" in result.stderr
+
+
+def test_a_gigabyte_on_stdout_is_drained_and_capped(hostile: Any) -> None:
+    calls = []
+    result = hostile.run(
+        "yes | head -c 1000000000; echo finished >&2",
+        timeout=120,
+        max_output_bytes=65536,
+        on_output=lambda stream, line: calls.append(stream),
+    )
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.truncated
+    assert len(result.stdout) < 65536 + 200
+    assert "bytes of stdout omitted" in result.stdout
+    assert result.stderr == "finished\n"
+    assert calls.count("stdout") <= 65536 // 2 + 1  # live lines stop at the cap too
+
+
+def test_daemons_die_with_the_command(hostile: Any) -> None:
+    result = hostile.run(
+        "(setsid sleep 301 &); nohup sleep 302 >/dev/null 2>&1 & sleep 303 </dev/null >/dev/null 2>&1 & echo started",
+        timeout=20,
+    )
+    # If a daemon kept the sandbox alive, the run would wait for it and time out.
+    assert result.ok and not result.timed_out and result.stdout == "started\n"
+    assert wait_for_no_sandbox_processes() == []
+    assert hostile.run("ps -e -o comm= | grep -c sleep || true", timeout=30).stdout == "0\n"
+
+
+def test_proc_shows_only_the_sandbox(hostile: Any) -> None:
+    host_pid = os.getpid()
+    result = hostile.run(
+        f"ls /proc | grep -E '^[0-9]+$' | wc -l; cat /proc/1/cmdline | tr '\\0' ' '; echo; "
+        f"test -e /proc/{host_pid} && echo SEES-HOST-PID-$((40+2)); ls /proc/1/root/; cat /proc/1/root/etc/shadow; "
+        "echo 1 > /proc/sysrq-trigger; echo 0 > /proc/sys/kernel/randomize_va_space; "
+        "cat /proc/self/mountinfo | grep -c ' /workspace '",
+        timeout=30,
+    )
+    lines = result.stdout.splitlines()
+    assert int(lines[0]) < 10  # only the sandbox's own few processes
+    assert lines[1].startswith("/bin/sh -c")  # pid 1 is the sandbox's shell, not the host's init
+    assert "SEES-HOST-PID-42" not in result.stdout
+    assert "workspace" in result.stdout and "work\n" not in result.stdout  # /proc/1/root is the sandbox root
+    assert "shadow: Permission denied" in result.stderr
+    assert "sysrq-trigger" in result.stderr and "randomize_va_space" in result.stderr
+    assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
