@@ -35,6 +35,19 @@ def pretty_json(value: Any) -> SafeString:
     return format_html('<pre class="json" style="white-space: pre-wrap; margin: 0">{}</pre>', text)
 
 
+class ViewOnlyMixin:
+    """Rows that nobody edits in the console (not even superusers): no add, change or delete."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class IndentedJSONFormField(forms.JSONField):
     """An editable JSON field whose textarea starts indented."""
 
@@ -173,7 +186,7 @@ class ActionFilter(admin.SimpleListFilter):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(ReadableJSONMixin, admin.ModelAdmin):
+class AuditEventAdmin(ViewOnlyMixin, ReadableJSONMixin, admin.ModelAdmin):
     """View-only for everyone, superusers included: history is append-only."""
 
     list_display = ("created_at", "actor_repr", "action", "target_link", "target_type")
@@ -199,14 +212,6 @@ class AuditEventAdmin(ReadableJSONMixin, admin.ModelAdmin):
             return obj.target_repr or "-"
         return format_html('<a href="{}">{}</a>', url, obj.target_repr or f"{obj.target_type} {obj.target_id}")
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 # --- users and roles -------------------------------------------------------------------

@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion
-from trajplatform.admin import AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
+from trajplatform.admin import ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
 
 
 class DatasetVersionInline(admin.TabularInline):
@@ -121,7 +121,7 @@ class DatasetVersionAdmin(AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
 
 
 @admin.register(DatasetMember)
-class DatasetMemberAdmin(IdSearchMixin, admin.ModelAdmin):
+class DatasetMemberAdmin(ViewOnlyMixin, IdSearchMixin, admin.ModelAdmin):
     """Members are written by the version builder; read-only here."""
 
     list_display = ("version", "position", "trajectory_link", "split", "content_sha256")
@@ -136,11 +136,3 @@ class DatasetMemberAdmin(IdSearchMixin, admin.ModelAdmin):
     def trajectory_link(self, obj: DatasetMember) -> SafeString | str:
         return change_link("tasks.trajectory", obj.trajectory_id, f"trajectory #{obj.trajectory_id}")
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
 from apps.reviews.models import Proposal, Review
-from trajplatform.admin import AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
+from trajplatform.admin import ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
 
 
 @admin.register(Review)
@@ -50,7 +50,7 @@ class ReviewAdmin(IdSearchMixin, ReadableJSONMixin, admin.ModelAdmin):
 
 
 @admin.register(Proposal)
-class ProposalAdmin(IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
+class ProposalAdmin(ViewOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
     list_display = (
         "id", "task", "field", "tier", "status", "iteration", "proposer", "decided_by", "decided_at", "created_at",
     )
@@ -70,11 +70,3 @@ class ProposalAdmin(IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.Mod
     ]
     readonly_fields = ("created_at", "recent_audit_events")
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
