@@ -25,7 +25,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 help:
 	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks"
-	@echo "make serve   run the web server (daphne) on http://$(HOST):$(PORT)/"
+	@echo "make serve   run the web server (daphne) on http://$(HOST):$(PORT)/ and a worker"
 	@echo "make worker  run the django-q2 worker cluster"
 	@echo "make offline-model  run the offline scripted-reference model on 127.0.0.1:8765"
 	@echo "make test    set up and run the whole suite on SQLite, then on a throwaway PostgreSQL"
@@ -65,12 +65,23 @@ migrate: install
 demo: migrate
 	DEMO_ADMIN_PASSWORD='$(DEMO_ADMIN_PASSWORD)' $(PY) manage.py bootstrap_admin $(DEMO_ADMIN) --password-env DEMO_ADMIN_PASSWORD
 	$(PY) manage.py import_tasks examples/tasks/demo.jsonl --batch demo --once
+	$(PY) manage.py synthesize --tasks examples/tasks/code_exec.jsonl --batch demo-rollouts --once --wait --start-offline-model
 	@echo
 	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
-	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. The imported tasks are under Tasks > Batches > demo."
+	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. Under Tasks > Batches: 'demo' (the example"
+	@echo "tasks, imported and queued) and 'demo-rollouts' (24 code tasks run by the offline scripted-reference"
+	@echo "model in the local sandbox); every trajectory is at http://$(HOST):$(PORT)/trajectories/"
 
+# The web server (daphne) in the foreground and one django-q2 worker cluster beside it;
+# Ctrl-C stops both.
+# With no LLM configured it also serves the offline scripted model (a labelled stand-in).
 serve: migrate
 	$(PY) manage.py collectstatic --no-input -v0
+	@set -m; pids=""; \
+	if [ -z "$$LLM_BASE_URL$$LLM_API_KEY$$LLM_PROVIDERS" ]; then \
+	  $(PY) manage.py offline_model & pids="$$pids $$!"; fi; \
+	$(PY) manage.py qcluster & pids="$$pids $$!"; \
+	trap 'kill -TERM $$pids 2>/dev/null; wait $$pids 2>/dev/null' EXIT INT TERM; \
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) trajplatform.asgi:application
 
 worker: migrate

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import transaction
 
 from apps.engines.sandboxes import pool, records
+from trajplatform.schedules import ensure_schedule
 
 logger = logging.getLogger("apps.engines.jobs")
 
@@ -47,33 +47,6 @@ def fill_sandbox_pool() -> dict[str, int]:
     return pool.fill_pool()
 
 
-def ensure_sandbox_schedules(*, minutes: int = RECONCILE_EVERY_MINUTES) -> Any:
-    """Create the reconciler's django-q2 Schedule, or bring an existing one in line; idempotent.
-
-    Returns the Schedule. Its next run is kept if it exists, so re-registering on every
-    deploy does not postpone the reconciler; duplicates (two processes racing) are removed.
-    """
-    from django_q.models import Schedule
-
-    with transaction.atomic():
-        existing = list(Schedule.objects.select_for_update().filter(name=RECONCILE_SCHEDULE_NAME).order_by("pk"))
-        if existing:
-            schedule, extras = existing[0], existing[1:]
-            for extra in extras:
-                extra.delete()
-            changed = []
-            for field, value in (("func", RECONCILE_FUNC), ("schedule_type", Schedule.MINUTES), ("minutes", minutes),
-                                 ("repeats", -1)):
-                if getattr(schedule, field) != value:
-                    setattr(schedule, field, value)
-                    changed.append(field)
-            if changed:
-                schedule.save(update_fields=changed)
-            return schedule
-        return Schedule.objects.create(
-            name=RECONCILE_SCHEDULE_NAME,
-            func=RECONCILE_FUNC,
-            schedule_type=Schedule.MINUTES,
-            minutes=minutes,
-            repeats=-1,
-        )
+def ensure_sandbox_schedules(*, minutes: int = RECONCILE_EVERY_MINUTES, using: str = "default") -> Any:
+    """Register the sandbox reconciler's django-q2 Schedule (idempotent); returns it."""
+    return ensure_schedule(name=RECONCILE_SCHEDULE_NAME, func=RECONCILE_FUNC, minutes=minutes, using=using)

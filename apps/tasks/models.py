@@ -197,6 +197,13 @@ class Trajectory(models.Model):
     content_sha256 = models.CharField(max_length=64, blank=True, db_index=True)
 
     worker = models.CharField(max_length=200, blank=True)
+    # Set by the claiming job (a fresh random token per claim) and cleared on re-queue: only
+    # the holder of the current token may heartbeat or finish the trajectory, so a worker the
+    # reaper gave up on cannot overwrite the attempt that replaced it.
+    claim_token = models.CharField(max_length=64, blank=True, editable=False)
+    attempts = models.PositiveSmallIntegerField(
+        default=0, help_text="times a worker has claimed it (the reaper re-queues up to ROLLOUT_MAX_ATTEMPTS)"
+    )
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -1,0 +1,658 @@
+"""Rollout jobs (django-q2): run queued trajectories, many at once per worker; reap stale ones.
+
+    run_rollouts(limit=None)    claim queued trajectories (task priority first, then oldest) and
+                                run up to ROLLOUT_CONCURRENCY of them at once in one asyncio
+                                loop, claiming more as slots free, until nothing claimable is left
+                                (or `limit` claims, or half the django-q2 timeout has passed)
+    run_rollout(trajectory_id)  the same for one trajectory; a no-op unless it is still queued
+    reap_stale_rollouts()       scheduled every minute: running trajectories whose heartbeat is
+                                older than ROLLOUT_STALE_S are re-queued (fewer than
+                                ROLLOUT_MAX_ATTEMPTS claims so far) or finished as an error
+    ensure_schedules()          register the reaper's and the sandbox reconciler's Schedules (idempotent); called from
+                                post_migrate (apps.tasks.apps), so `make worker` and every deploy
+                                that migrates has it, and again by `manage.py synthesize`
+
+Delivery may be doubled and workers may die, so:
+
+* A claim is a compare-and-swap queued -> running that stamps a fresh `claim_token`; a second
+  delivery of the same job finds nothing queued and returns. On PostgreSQL the candidate query
+  also skips rows another worker has locked (SKIP LOCKED), so parallel jobs rarely collide.
+* While a trajectory runs, the job's bookkeeping task bumps `heartbeat_at` every
+  ROLLOUT_HEARTBEAT_S for every claim it still holds (one UPDATE for all of them), and every
+  CLAIM_POLL_S reads their tasks' `cancel_requested` and whether each claim is still held (one
+  query). A claim the reaper took away makes `should_cancel` true, the episode stops, and its
+  result is dropped (`trajectory_finish` refuses a stale token).
+* Cancel is cooperative: `should_cancel` (asked by the agent loop between steps) answers from
+  that poll, without I/O, so a cancel is honoured within CLAIM_POLL_S plus one step.
+* Live-log lines are buffered in memory and written for all trajectories at once every
+  LOG_FLUSH_S, and for one trajectory right before its result is stored.
+* Whatever run_episode raises, the trajectory is finished as an error with the (redacted)
+  message; a hung episode is stopped after the task's timeout_s plus a grace period.
+
+The model call is I/O bound, so one process drives many rollouts: the episodes are coroutines
+in one event loop; the ORM (synchronous) runs in one thread of its own, the agent's sandbox
+calls in the loop's default executor. Both pools close their threads' database connections
+before the job returns. Per step an episode touches the database not at all; per job there
+are a few transactions a second (logs, polls, heartbeats) plus one claim and one finish per
+trajectory.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import reduce
+from operator import or_
+from typing import Any, Callable
+
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from apps.tasks.models import Task, Trajectory, TrajectoryLog
+from trajplatform.schedules import ensure_schedule
+from apps.tasks.services import (
+    dispatch_rollouts,
+    trajectory_finish,
+    trajectory_log_append,
+    trajectory_logs_append,
+    trajectory_reap,
+    trajectory_retry,
+)
+from trajplatform.redaction import install_log_filter, redact
+
+logger = logging.getLogger("apps.tasks.jobs")
+install_log_filter("apps.tasks.jobs")
+
+REAP_SCHEDULE_NAME = "tasks.reap_stale_rollouts"
+REAP_FUNC = "apps.tasks.jobs.reap_stale_rollouts"
+REAP_EVERY_MINUTES = 1
+
+# ORM threads per job (see RolloutRunner.__init__).
+DB_THREADS = 1
+# Threads for the agent's synchronous sandbox calls; each blocks on a subprocess or HTTP call.
+MAX_SANDBOX_THREADS = 64
+# Live-log lines of all the job's trajectories are written together every LOG_FLUSH_S (sooner
+# when one trajectory has LOG_FLUSH_LINES waiting), and a trajectory's own lines right before
+# its result is stored.
+LOG_FLUSH_S = 0.25
+LOG_FLUSH_LINES = 200
+# How often the job reads the cancel flags (and claim ownership) of its running trajectories:
+# the most a cancel waits before should_cancel() says so.
+CLAIM_POLL_S = 1.0
+LOG_MESSAGE_MAX_CHARS = 16_000
+LOG_KEEP_ON_FAILURE = 1_000
+# A hung episode is stopped after timeout_s + max(EPISODE_GRACE_S, 25 % of timeout_s).
+EPISODE_GRACE_S = 60.0
+# An episode that ends in a retryable error (the agent's `retryable`: LLM 5xx/429 after the
+# client's own retries, a lost sandbox) is queued again while attempts remain, claimable after
+# RETRY_BASE_S * 2**(attempt-1) seconds, at most RETRY_MAX_S.
+RETRY_BASE_S = 30.0
+RETRY_MAX_S = 600.0
+
+# The agent loop, looked up at call time: tests replace this attribute with a fake; None means
+# apps.engines.agent.run_episode.
+run_episode: Callable[..., Any] | None = None
+
+
+def _episode_runner() -> Callable[..., Any]:
+    if run_episode is not None:
+        return run_episode
+    from apps.engines.agent import run_episode as real
+
+    return real
+
+
+# -- the LLM client: one per process (per provider configuration) ---------------------------
+
+_llm_clients: dict[tuple[Any, ...], Any] = {}
+_llm_lock = threading.Lock()
+
+
+def get_llm_client() -> Any:
+    """The process's LLMClient for the configured providers (its async clients are per loop)."""
+    from apps.engines.llm import LLMClient, resolve_providers
+
+    providers = tuple(resolve_providers())
+    with _llm_lock:
+        client = _llm_clients.get(providers)
+        if client is None:
+            client = _llm_clients[providers] = LLMClient(list(providers))
+        return client
+
+
+# -- claims, heartbeats, housekeeping (synchronous; run in the ORM threads) --------------------
+
+
+@dataclass
+class Claim:
+    """A trajectory this job holds; `cancel` / `lost` are refreshed by the job's bookkeeping."""
+
+    trajectory: Trajectory
+    token: str
+    lost: bool = False
+    cancel: bool = False
+
+    @property
+    def pk(self) -> int:
+        return self.trajectory.pk
+
+    async def should_stop(self) -> bool:
+        """The agent's should_cancel: the task has a cancel request, or the claim was taken away.
+        Async (and free of I/O) on purpose: the agent runs sync callbacks in a thread."""
+        return self.cancel or self.lost
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claimable() -> Any:
+    """Queued trajectories a worker may start now: their task is running, not being cancelled,
+    they belong to its current iteration, and they are due (a retry waits out its backoff)."""
+    return Trajectory.objects.filter(
+        Q(queued_at__isnull=True) | Q(queued_at__lte=timezone.now()),
+        status=Trajectory.Status.QUEUED,
+        task__status=Task.Status.RUNNING,
+        task__cancel_requested=False,
+        iteration=F("task__current_iteration"),
+    )
+
+
+CLAIM_ORDER = ("-task__priority", "created_at", "id")
+
+
+def claim_trajectories(n: int, *, worker: str, only: list[int] | None = None,
+                       batch_id: int | None = None) -> list[Claim]:
+    """Claim up to n claimable trajectories, highest task priority first, by compare-and-swap
+    (only those with these pks / of this batch, when given)."""
+    if n <= 0:
+        return []
+    candidates = claimable()
+    if only is not None:
+        candidates = candidates.filter(pk__in=only)
+    if batch_id is not None:
+        candidates = candidates.filter(task__batch_id=batch_id)
+    now = timezone.now()
+    claimed: list[tuple[int, str]] = []
+    with transaction.atomic():
+        if connection.features.has_select_for_update_skip_locked:
+            candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+        pks = list(candidates.order_by(*CLAIM_ORDER).values_list("pk", flat=True)[:n])
+        for pk in pks:
+            token = secrets.token_hex(16)
+            # The compare-and-swap is what makes the claim exclusive; the lock above only
+            # keeps parallel jobs from wasting their candidates on each other.
+            won = Trajectory.objects.filter(pk=pk, status=Trajectory.Status.QUEUED).update(
+                status=Trajectory.Status.RUNNING, worker=worker[:200], claim_token=token, started_at=now,
+                heartbeat_at=now, attempts=F("attempts") + 1,
+            )
+            if won:
+                claimed.append((pk, token))
+    rows = Trajectory.objects.select_related("task").in_bulk([pk for pk, _ in claimed])
+    return [Claim(rows[pk], token) for pk, token in claimed]
+
+
+def _claims_q(claims: list[Claim]) -> Q:
+    return reduce(or_, (Q(pk=c.pk, claim_token=c.token) for c in claims))
+
+
+HEARTBEAT_CHUNK = 100  # (pk, token) pairs per statement; SQLite limits expression depth
+
+
+def heartbeat(claims: list[Claim]) -> set[int]:
+    """Bump heartbeat_at of every claim still held; return the pks still held."""
+    now = timezone.now()
+    held: set[int] = set()
+    for i in range(0, len(claims), HEARTBEAT_CHUNK):
+        mine = Trajectory.objects.filter(_claims_q(claims[i:i + HEARTBEAT_CHUNK]), status=Trajectory.Status.RUNNING)
+        mine.update(heartbeat_at=now)
+        held.update(mine.values_list("pk", flat=True))
+    return held
+
+
+def retire_unrunnable() -> int:
+    """Cancel queued trajectories that can never run (task cancelled or final, or an old
+    iteration); returns how many."""
+    now = timezone.now()
+    return Trajectory.objects.filter(status=Trajectory.Status.QUEUED).filter(
+        Q(task__cancel_requested=True)
+        | Q(task__status__in=Task.FINAL)
+        | ~Q(iteration=F("task__current_iteration"))
+    ).update(
+        status=Trajectory.Status.CANCELLED,
+        finished_at=now,
+        outcome_reason="not run: its task was cancelled or had finished, or had moved to another iteration",
+    )
+
+
+# -- the asyncio side ---------------------------------------------------------------------------
+
+
+class _ThreadPool(ThreadPoolExecutor):
+    """A thread pool whose threads' Django DB connections can be closed before it goes away."""
+
+    def close_connections(self, timeout: float = 30.0) -> None:
+        threads = len(self._threads)
+        if not threads:
+            return
+        # One closing job per thread: each waits at the barrier, so no thread takes two.
+        barrier = threading.Barrier(threads)
+
+        def close() -> None:
+            try:
+                connections.close_all()
+            finally:
+                try:
+                    barrier.wait(timeout)
+                except threading.BrokenBarrierError:  # a thread still busy (a hung sandbox call)
+                    pass
+
+        futures = [self.submit(close) for _ in range(threads)]
+        _, not_done = wait_futures(futures, timeout=timeout * 2)
+        if not_done:
+            logger.warning("%d worker thread(s) were busy; their database connections stay open", len(not_done))
+
+
+def _json_safe(data: Any) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        data = {"value": data}
+    try:
+        return json.loads(json.dumps(data, default=str))
+    except (TypeError, ValueError):
+        return {"repr": repr(data)[:LOG_MESSAGE_MAX_CHARS]}
+
+
+LogLine = tuple[str, str, dict[str, Any]]
+
+
+def append_log_lines(batches: dict[int, list[LogLine]]) -> dict[int, list[LogLine]]:
+    """Append many trajectories' live-log lines in one go; returns the batches that failed, to
+    be tried again. If the bulk write fails, each trajectory is tried on its own, so one bad
+    line cannot hold back the others."""
+    try:
+        trajectory_logs_append(batches=batches)
+        return {}
+    except Exception:
+        logger.exception("writing live-log lines of %d trajectories failed; trying them one by one", len(batches))
+    failed: dict[int, list[LogLine]] = {}
+    for trajectory_id, lines in batches.items():
+        try:
+            trajectory_log_append(trajectory_id=trajectory_id, lines=lines)
+        except Trajectory.DoesNotExist:
+            pass  # deleted meanwhile: nothing to keep the lines for
+        except Exception:
+            logger.exception("trajectory %s: writing %d live-log line(s) failed", trajectory_id, len(lines))
+            failed[trajectory_id] = lines
+    return failed
+
+
+class LiveLogs:
+    """The job's live-log buffer: `on_event(trajectory_id)` callbacks only append in memory;
+    `flush` writes every trajectory's pending lines in one transaction. The bookkeeping task
+    flushes every LOG_FLUSH_S, so an episode never waits on the database for its log, and the
+    log costs a few transactions per second per job, not one per event."""
+
+    KINDS = frozenset(TrajectoryLog.Kind.values)
+
+    def __init__(self, run_db: Callable[..., Any]):
+        self.run_db = run_db
+        self.pending: dict[int, list[LogLine]] = {}
+        self.lock = asyncio.Lock()
+        self.wake = asyncio.Event()
+
+    def on_event_for(self, trajectory_id: int) -> Callable[..., Any]:
+        # Async on purpose: the agent runs sync callbacks in a thread, this needs none.
+        async def on_event(kind: str, message: Any = "", data: Any = None) -> None:
+            self.add(trajectory_id, kind, message, data)
+
+        return on_event
+
+    def add(self, trajectory_id: int, kind: str, message: Any = "", data: Any = None) -> None:
+        kind = kind if kind in self.KINDS else "system"
+        text = "" if message is None else str(message)
+        if len(text) > LOG_MESSAGE_MAX_CHARS:
+            text = (f"{text[:LOG_MESSAGE_MAX_CHARS]}\n[… {len(text) - LOG_MESSAGE_MAX_CHARS} more characters; "
+                    "the whole text is in the trajectory]")
+        lines = self.pending.setdefault(trajectory_id, [])
+        lines.append((kind, text, _json_safe(data)))
+        if len(lines) >= LOG_FLUSH_LINES:
+            self.wake.set()
+
+    async def flush(self, trajectory_id: int | None = None) -> None:
+        """Write the pending lines (of one trajectory, or of all)."""
+        async with self.lock:
+            if trajectory_id is None:
+                batches, self.pending = self.pending, {}
+            else:
+                lines = self.pending.pop(trajectory_id, None)
+                batches = {trajectory_id: lines} if lines else {}
+            if not batches:
+                return
+            try:
+                failed = await self.run_db(append_log_lines, batches)
+            except Exception:
+                logger.exception("writing live-log lines failed")
+                failed = batches
+            for pk, lines in failed.items():
+                # The episode matters more than its live log: keep (the last of) them for the next try.
+                self.pending[pk] = (lines + self.pending.get(pk, []))[-LOG_KEEP_ON_FAILURE:]
+
+
+def claim_states(claims: list[Claim]) -> dict[int, str]:
+    """'held', 'cancel' (its task has a cancel request) or 'lost' (no longer ours) per claim."""
+    states = {c.pk: "lost" for c in claims}
+    for i in range(0, len(claims), HEARTBEAT_CHUNK):
+        rows = Trajectory.objects.filter(
+            _claims_q(claims[i:i + HEARTBEAT_CHUNK]), status=Trajectory.Status.RUNNING
+        ).values_list("pk", "task__cancel_requested")
+        for pk, cancel in rows:
+            states[pk] = "cancel" if cancel else "held"
+    return states
+
+
+def _episode_limit_s(config: dict[str, Any]) -> float:
+    try:
+        timeout = float(config.get("timeout_s") or 600.0)
+    except (TypeError, ValueError):
+        timeout = 600.0
+    return timeout + max(EPISODE_GRACE_S, 0.25 * timeout)
+
+
+def _job_budget_s() -> float:
+    # Stop claiming after half the django-q2 timeout so the running episodes can end before
+    # the cluster kills the job; a follow-up job carries on.
+    return 0.5 * float(settings.Q_CLUSTER.get("timeout") or 3600)
+
+
+class RolloutRunner:
+    """One job's worth of rollouts in one event loop (see the module docstring)."""
+
+    def __init__(self, *, concurrency: int | None = None, limit: int | None = None,
+                 trajectory_ids: list[int] | None = None, batch_id: int | None = None,
+                 stop: threading.Event | None = None):
+        self.concurrency = max(1, concurrency or settings.ROLLOUT_CONCURRENCY)
+        self.limit = limit
+        self.only = trajectory_ids
+        self.batch_id = batch_id
+        self.stop = stop
+        self.worker = f"{worker_name()}:{secrets.token_hex(3)}"
+        self.counts: Counter[str] = Counter()
+        self.claimed = 0
+        self.running: dict[asyncio.Task[str], Claim] = {}
+        # One ORM thread: SQLite has a single writer anyway, and one thread never waits on its
+        # own locks (concurrent writers sleep in SQLite's busy handler); one connection per job.
+        self.db_pool = _ThreadPool(max_workers=DB_THREADS, thread_name_prefix="rollout-db")
+        self.sandbox_pool = _ThreadPool(
+            max_workers=min(self.concurrency, MAX_SANDBOX_THREADS) + 4, thread_name_prefix="rollout-io"
+        )
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            with asyncio.Runner() as runner:
+                runner.get_loop().set_default_executor(self.sandbox_pool)
+                try:
+                    runner.run(self._main())
+                finally:
+                    self.db_pool.close_connections()
+                    self.sandbox_pool.close_connections()
+        finally:
+            self.db_pool.shutdown(wait=False, cancel_futures=True)
+            self.sandbox_pool.shutdown(wait=False, cancel_futures=True)
+        return {"worker": self.worker, "claimed": self.claimed, "wall_s": round(time.monotonic() - started, 3),
+                **dict(self.counts)}
+
+    def _scoped(self, queryset: Any) -> Any:
+        if self.only is not None:
+            queryset = queryset.filter(pk__in=self.only)
+        if self.batch_id is not None:
+            queryset = queryset.filter(task__batch_id=self.batch_id)
+        return queryset
+
+    async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.db_pool, functools.partial(fn, *args, **kwargs))
+
+    async def _main(self) -> None:
+        llm = get_llm_client()
+        self.logs = LiveLogs(self.db)
+        budget_end = time.monotonic() + _job_budget_s()
+        await self.db(retire_unrunnable)
+        running = self.running
+        keeper = asyncio.create_task(self._bookkeeping())
+        exhausted = False
+        try:
+            while True:
+                room = self.concurrency - len(running)
+                if self.limit is not None:
+                    room = min(room, self.limit - self.claimed)
+                if self.stop is not None and self.stop.is_set():
+                    exhausted = True
+                if not exhausted and room > 0:
+                    if time.monotonic() >= budget_end:
+                        exhausted = True
+                        if await self.db(self._scoped(claimable()).exists):
+                            logger.info("%s: job budget used; handing the queue to a follow-up job", self.worker)
+                            await self.db(dispatch_rollouts)
+                    else:
+                        try:
+                            claims = await self.db(claim_trajectories, room, worker=self.worker, only=self.only,
+                                                   batch_id=self.batch_id)
+                        except Exception:
+                            # E.g. the database stayed locked: finish what runs; a later job claims.
+                            logger.exception("%s: claiming failed; not claiming more in this job", self.worker)
+                            claims = []
+                        self.claimed += len(claims)
+                        exhausted = not claims
+                        for claim in claims:
+                            running[asyncio.create_task(self._run_one(claim, llm))] = claim
+                if not running:
+                    break
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    claim = running.pop(finished)
+                    try:
+                        outcome = finished.result()
+                    except Exception:
+                        # A bug between the episode and its storage; the reaper retires the row.
+                        logger.exception("trajectory %s: the worker failed around the episode", claim.pk)
+                        outcome = "worker_error"
+                    self.counts[outcome] += 1
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            await self.logs.flush()
+            try:
+                await llm.aclose()
+            except Exception:  # closing HTTP pools must not hide the job's own outcome
+                logger.exception("closing the LLM client's connections failed")
+
+    async def _bookkeeping(self) -> None:
+        """Every LOG_FLUSH_S: write pending log lines; every CLAIM_POLL_S: read the cancel flags
+        and claim ownership of every running trajectory (one query); every ROLLOUT_HEARTBEAT_S:
+        bump their heartbeats (one UPDATE)."""
+        heartbeat_s = max(0.01, float(settings.ROLLOUT_HEARTBEAT_S))
+        tick = min(LOG_FLUSH_S, CLAIM_POLL_S, heartbeat_s)
+        last_beat = last_poll = time.monotonic()
+        while True:
+            try:
+                await asyncio.wait_for(self.logs.wake.wait(), tick)
+            except TimeoutError:
+                pass
+            self.logs.wake.clear()
+            await self.logs.flush()
+            now = time.monotonic()
+            claims = [c for c in self.running.values() if not c.lost]
+            if claims and now - last_poll >= CLAIM_POLL_S:
+                last_poll = now
+                try:
+                    states = await self.db(claim_states, claims)
+                except Exception:
+                    logger.exception("%s: reading cancel flags failed", self.worker)
+                else:
+                    for claim in claims:
+                        claim.cancel = states[claim.pk] == "cancel"
+                        claim.lost = states[claim.pk] == "lost"
+            if claims and now - last_beat >= heartbeat_s:
+                last_beat = now
+                try:
+                    held = await self.db(heartbeat, claims)
+                except Exception:
+                    logger.exception("%s: heartbeat failed", self.worker)
+                else:
+                    for claim in claims:
+                        if claim.pk not in held:
+                            claim.lost = True
+
+    async def _run_one(self, claim: Claim, llm: Any) -> str:
+        """Run one claimed trajectory to a stored end; returns its outcome (or 'cancelled'/'lost')."""
+        trajectory = claim.trajectory
+        on_event = self.logs.on_event_for(trajectory.pk)
+        self.logs.add(
+            trajectory.pk, "system",
+            f"claimed by worker {self.worker} (attempt {trajectory.attempts} of {settings.ROLLOUT_MAX_ATTEMPTS})",
+            {"worker": self.worker, "attempt": trajectory.attempts},
+        )
+        config = trajectory.config_snapshot or trajectory.task.config_snapshot()
+        limit_s = _episode_limit_s(config)
+        result, error = None, ""
+        try:
+            async with asyncio.timeout(limit_s) as deadline:
+                result = await _episode_runner()(
+                    config=config,
+                    llm=llm,
+                    sandbox_backend=None,
+                    cache_key_extra={"task": trajectory.task_id, "iteration": trajectory.iteration,
+                                     "sample": trajectory.sample_index},
+                    on_event=on_event,
+                    should_cancel=claim.should_stop,
+                    trajectory=trajectory,
+                )
+        except TimeoutError as exc:
+            if deadline.expired():
+                error = f"the episode did not end within {limit_s:.0f}s (timeout_s plus grace); the worker stopped it"
+            else:
+                error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            logger.exception("trajectory %s: the episode raised", trajectory.pk)
+            error = f"{type(exc).__name__}: {exc}"
+        if error:
+            error = redact(error)
+            self.logs.add(trajectory.pk, "error", f"worker: {error}")
+        # Its log lines go in before its final state, so a reader never sees a finished
+        # trajectory whose last lines are still missing.
+        await self.logs.flush(trajectory.pk)
+        if _retryable(result) and trajectory.attempts < settings.ROLLOUT_MAX_ATTEMPTS:
+            delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (trajectory.attempts - 1))
+            try:
+                retried = await self.db(trajectory_retry, trajectory_id=trajectory.pk, claim_token=claim.token,
+                                        reason=result.outcome_reason or "retryable error", delay_s=delay)
+            except Exception:
+                logger.exception("trajectory %s: queueing the retry failed; storing the error instead", trajectory.pk)
+            else:
+                return "retried" if retried is not None else "lost"
+        try:
+            stored = await self.db(
+                trajectory_finish, trajectory_id=trajectory.pk, claim_token=claim.token, result=result, error=error
+            )
+        except Exception as exc:
+            if result is None:
+                logger.exception("trajectory %s: storing the error failed; the reaper will retire it", trajectory.pk)
+                return "unstored"
+            # E.g. a result the database cannot store: record that rather than leave it running.
+            logger.exception("trajectory %s: storing the episode failed", trajectory.pk)
+            reason = redact(f"the episode's result could not be stored: {type(exc).__name__}: {exc}")
+            self.logs.add(trajectory.pk, "error", f"worker: {reason}")
+            await self.logs.flush(trajectory.pk)
+            stored = await self.db(
+                trajectory_finish, trajectory_id=trajectory.pk, claim_token=claim.token, result=None, error=reason
+            )
+        if stored is None:
+            logger.warning("trajectory %s: claim lost (re-queued or finished elsewhere); result dropped", trajectory.pk)
+            return "lost"
+        return stored.outcome or stored.status
+
+
+def _retryable(result: Any) -> bool:
+    return (
+        result is not None
+        and not result.cancelled
+        and result.outcome == Trajectory.Outcome.ERROR
+        and bool(getattr(result, "retryable", False))
+    )
+
+
+# -- the jobs ----------------------------------------------------------------------------------
+
+
+def run_rollouts(limit: int | None = None, *, concurrency: int | None = None,
+                 trajectory_ids: list[int] | None = None, batch_id: int | None = None,
+                 stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run queued trajectories, ROLLOUT_CONCURRENCY (or `concurrency`) at a time, until none is
+    claimable, `limit` were claimed or `stop` is set; returns counts by outcome. Safe to
+    deliver twice. `trajectory_ids` / `batch_id` restrict what it claims (in-process runs)."""
+    report = RolloutRunner(concurrency=concurrency, limit=limit, trajectory_ids=trajectory_ids, batch_id=batch_id,
+                           stop=stop).run()
+    if report["claimed"]:
+        logger.info("rollouts: %s", report)
+    return report
+
+
+def run_rollout(trajectory_id: int) -> dict[str, Any]:
+    """Run one trajectory if it is still queued and claimable; otherwise a no-op."""
+    return run_rollouts(limit=1, concurrency=1, trajectory_ids=[trajectory_id])
+
+
+def reap_stale_rollouts(dispatch: bool = True) -> dict[str, int]:
+    """Re-queue or fail running trajectories without a heartbeat for ROLLOUT_STALE_S; retire
+    queued ones that can never run; re-dispatch a queue that no job seems to be serving
+    (unless dispatch=False: a caller that runs the rollouts itself)."""
+    stale_before = timezone.now() - timedelta(seconds=settings.ROLLOUT_STALE_S)
+    stale = Trajectory.objects.filter(status=Trajectory.Status.RUNNING).filter(
+        Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True, started_at__lt=stale_before)
+        | Q(heartbeat_at__isnull=True, started_at__isnull=True)
+    )
+    report: Counter[str] = Counter()
+    for pk in list(stale.values_list("pk", flat=True)):
+        try:
+            done = trajectory_reap(trajectory_id=pk, stale_before=stale_before,
+                                   max_attempts=settings.ROLLOUT_MAX_ATTEMPTS)
+        except Exception:
+            logger.exception("reaping trajectory %s failed", pk)
+            report["errors"] += 1
+            continue
+        if done:
+            report[done] += 1
+    report["retired"] = retire_unrunnable()
+    # A claimable trajectory queued for longer than the stale limit has no job serving it (a
+    # lost broker message, or a `synthesize --wait` that was interrupted): dispatch one.
+    if dispatch and claimable().filter(queued_at__lt=stale_before).exists():
+        transaction.on_commit(dispatch_rollouts)
+        report["dispatched"] = 1
+    result = {k: report.get(k, 0) for k in ("requeued", "abandoned", "retired", "dispatched", "errors")}
+    if any(result.values()):
+        logger.info("rollout reaper: %s", result)
+    return result
+
+
+def ensure_schedules(*, minutes: int = REAP_EVERY_MINUTES, using: str = "default") -> Any:
+    """Register the rollout reaper's and the sandbox reconciler's Schedules (idempotent); returns the reaper's."""
+    from apps.engines.jobs import ensure_sandbox_schedules
+
+    ensure_sandbox_schedules(using=using)
+    return ensure_schedule(name=REAP_SCHEDULE_NAME, func=REAP_FUNC, minutes=minutes, using=using)

@@ -1,0 +1,306 @@
+#!/usr/bin/env python
+"""Benchmark what the platform adds around an agent's steps (issue: rollouts, benchmark a).
+
+    .venv/bin/python bench/rollout_overhead.py [--episodes 8] [--steps 20] [--database-url URL]
+
+With an instant model (the offline scripted model, no latency, in its own process) and a trivial
+tool (`run_shell("true")`), compares steps/s through the full platform path
+
+    task rows -> tasks_enqueue -> run_rollouts (claim, heartbeat, live-log rows, cancel checks)
+    -> agent loop (LLM client over HTTP, tool dispatch) -> local sandbox -> trajectory_finish
+
+with a bare loop running the same sandbox commands (create a sandbox, run `true` --steps
+times, destroy it; no model, no database). Both run the episodes one after another; a step is
+one sandbox command. Target: ratio >= 0.5. Also printed, to show where the time goes: the
+platform path with the agent loop and the model replaced by the same sandbox commands (what
+the worker itself adds: claims, live-log rows, polls, heartbeats, sandbox records, storage),
+and the full path at ROLLOUT_CONCURRENCY.
+
+A benchmark, not a test: it prints numbers and a verdict and exits 0 either way (1 only if it
+cannot run). It uses a throwaway SQLite database and LLM cache in a temporary TRAJ_VAR_DIR
+unless --database-url is given; never the project's var/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_RATIO = 0.5
+BENCH_PROMPT = "Benchmark episode: run the trivial command {n} times, then finish."
+
+
+# -- shared with bench/rollout_concurrency.py -------------------------------------------------
+
+
+def setup_django(tmp: Path, *, database_url: str | None, env: dict[str, str] | None = None) -> None:
+    """Point settings at a throwaway var dir (database, LLM cache), then django.setup() + migrate."""
+    os.environ["TRAJ_VAR_DIR"] = str(tmp / "var")
+    os.environ["DATABASE_URL"] = database_url or f"sqlite:///{tmp / 'var' / 'bench.sqlite3'}"
+    os.environ["SANDBOX_ROOT"] = str(tmp / "sandboxes")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    for name in ("LLM_BASE_URL", "LLM_API_KEY", "LLM_MODEL", "LLM_PROVIDERS"):
+        os.environ.pop(name, None)  # the offline model, nothing else
+    os.environ.update(env or {})
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trajplatform.settings")
+    (tmp / "sandboxes").mkdir(mode=0o711, parents=True, exist_ok=True)
+    tmp.chmod(0o711)  # the sandbox user must be able to enter the parents
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_script(path: Path, steps: int) -> str:
+    """A reference solution of `steps` run_shell("true") calls and a finish; returns its prompt."""
+    prompt = BENCH_PROMPT.format(n=steps)
+    solution = [{"tool_calls": [{"name": "run_shell", "arguments": {"command": "true"}}]} for _ in range(steps)]
+    solution.append({"tool_calls": [{"name": "finish", "arguments": {"answer": "done"}}]})
+    path.write_text(json.dumps({"id": "bench", "prompt": prompt, "reference_solution": solution}))
+    return prompt
+
+
+# The offline scripted model's own server (http.server, a thread per connection, HTTP/1.0, a
+# listen backlog of 5) is made for demos and tests: under 128 simultaneous requests it adds
+# hundreds of milliseconds of its own and resets connections. A hosted model API does not, so
+# the benchmark serves the same ScriptedModel (same replies, same fault specs: "slow;seconds=1"
+# is the latency) from an asyncio server (uvicorn + starlette, HTTP/1.1 keep-alive), in a
+# child process so that it does not share the worker's CPU core or GIL.
+SERVER_SCRIPT = """
+import asyncio, json, sys
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from apps.engines.offline_model import ScriptedModel, load_scripts
+
+port, solutions, fault = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+model = ScriptedModel(load_scripts([solutions]), faults=fault)
+
+async def chat(request: Request):
+    headers = {k.lower(): v for k, v in request.headers.items() if k.lower() != "authorization"}
+    reply = model.chat(json.loads(await request.body() or b"null"), headers)
+    if reply.delay_s:
+        await asyncio.sleep(reply.delay_s)
+    return JSONResponse(reply.body, status_code=reply.status, headers=dict(reply.headers))
+
+async def models(request: Request):
+    reply = model.models()
+    return JSONResponse(reply.body, status_code=reply.status)
+
+app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models)])
+uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=2048, timeout_keep_alive=300)
+"""
+
+
+class ModelServer:
+    """The offline scripted model in a child process (so it does not share the worker's GIL)."""
+
+    def __init__(self, solutions: Path, *, fault: str = ""):
+        self.port = free_port()
+        args = [sys.executable, "-c", SERVER_SCRIPT, str(self.port), str(solutions), fault]
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        import httpx
+
+        for _ in range(300):
+            try:
+                if httpx.get(self.url + "/models", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError("the offline model server exited")
+            time.sleep(0.05)
+        raise RuntimeError("the offline model server did not answer")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def make_batch(prompt: str, episodes: int, steps: int, name: str) -> Any:
+    """A batch of identical code_exec tasks (no verifier), started: their trajectories are queued."""
+    from apps.tasks.services import batch_import, tasks_enqueue
+
+    rows = [{"scene": "code_exec", "prompt": prompt, "max_steps": steps + 5, "step_timeout_s": 30.0,
+             "timeout_s": 3600.0, "temperature": 0.0, "external_id": f"{name}-{i}"} for i in range(episodes)]
+    batch = batch_import(rows=rows, name=name, source_name="bench", source_sha256="", source_format="bench",
+                         actor=None)
+    tasks_enqueue(batch=batch)
+    return batch
+
+
+def run_platform(batch: Any, concurrency: int) -> tuple[float, dict[str, Any]]:
+    """run_rollouts for this batch until done; (wall seconds, outcome counts)."""
+    from apps.tasks.jobs import run_rollouts
+
+    started = time.perf_counter()
+    report = run_rollouts(concurrency=concurrency, batch_id=batch.pk)
+    return time.perf_counter() - started, report
+
+
+def sandbox_steps(batch: Any) -> int:
+    """Sandbox commands the platform ran: run_shell steps over all trajectories of the batch."""
+    from apps.tasks.models import Trajectory
+
+    total = 0
+    for steps in Trajectory.objects.filter(task__batch=batch).values_list("steps", flat=True):
+        total += sum(1 for s in steps if (s.get("tool") or s.get("name")) == "run_shell")
+    return total
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+
+
+def bare_loop(episodes: int, steps: int) -> float:
+    """Seconds for `episodes` x (create sandbox, run `true` `steps` times, destroy)."""
+    from apps.engines.sandboxes import SandboxSpec, get_backend
+
+    backend = get_backend("local", records=False)
+    started = time.perf_counter()
+    for _ in range(episodes):
+        with backend.create(SandboxSpec()) as box:
+            for _ in range(steps):
+                result = box.run("true", timeout=30)
+                assert result.exit_code == 0, result
+    return time.perf_counter() - started
+
+
+class SandboxOnlyAgent:
+    """Stands in for run_episode with the same sandbox commands and live-log events but no model
+    and no agent loop: the platform path minus the agent isolates the worker's own overhead."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    async def __call__(self, *, on_event, should_cancel, trajectory, **kwargs):
+        import asyncio
+
+        from apps.engines.agent import EpisodeResult
+        from apps.engines.sandboxes import SandboxSpec, acquire
+
+        box = await asyncio.to_thread(acquire, SandboxSpec(), trajectory=trajectory)
+        steps = []
+        try:
+            for _ in range(self.steps):
+                if await should_cancel():
+                    break
+                await on_event("action", "run_shell(true)", {})
+                result = await asyncio.to_thread(box.run, "true", timeout=30)
+                await on_event("output", f"exit {result.exit_code}", {})
+                steps.append({"tool": "run_shell", "exit_code": result.exit_code})
+        finally:
+            await asyncio.to_thread(box.destroy)
+        await on_event("result", "success", {})
+        return EpisodeResult(steps=steps, outcome="success", outcome_reason="sandbox-only", model="none")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20, help="run_shell steps per episode (plus a finish)")
+    parser.add_argument("--database-url", help="use this (empty, migratable) database instead of a temporary SQLite")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()[0]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-overhead-", dir="/var/tmp"))
+    try:
+        setup_django(tmp, database_url=args.database_url)
+        from django.conf import settings
+
+        prompt = write_script(tmp / "script.json", args.steps)
+        server = ModelServer(tmp / "script.json")
+        try:
+            from django.test.utils import override_settings
+
+            with override_settings(OFFLINE_MODEL_URL=server.url):
+                bare_loop(1, 3)  # warm-up: bwrap, page cache
+                warm = make_batch(prompt, 1, 3, "warm-up")
+                run_platform(warm, 1)
+
+                bare_s = bare_loop(args.episodes, args.steps)
+                bare_steps = args.episodes * args.steps
+
+                batch = make_batch(prompt, args.episodes, args.steps, "sequential")
+                platform_s, report = run_platform(batch, 1)
+                platform_steps = sandbox_steps(batch)
+
+                from apps.tasks import jobs
+
+                jobs.run_episode = SandboxOnlyAgent(args.steps)
+                try:
+                    worker_only = make_batch(prompt, args.episodes, args.steps, "worker-only")
+                    worker_s, _ = run_platform(worker_only, 1)
+                    worker_steps = sandbox_steps(worker_only)
+                finally:
+                    jobs.run_episode = None
+
+                concurrency = settings.ROLLOUT_CONCURRENCY
+                wide = make_batch(prompt, args.episodes, args.steps, "concurrent")
+                wide_s, wide_report = run_platform(wide, concurrency)
+                wide_steps = sandbox_steps(wide)
+        finally:
+            server.stop()
+    except Exception as exc:
+        print(f"cannot run the benchmark: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    bare_sps = bare_steps / bare_s
+    platform_sps = platform_steps / platform_s
+    wide_sps = wide_steps / wide_s
+    ratio = platform_sps / bare_sps
+    print(f"episodes {args.episodes} x {args.steps} run_shell('true') steps (+ finish), instant offline model, "
+          f"local sandbox, {os.cpu_count()} CPUs")
+    print(f"bare loop (sandbox only):        {bare_steps} steps in {bare_s:6.2f}s = {bare_sps:7.1f} steps/s")
+    print(f"platform, concurrency 1:         {platform_steps} steps in {platform_s:6.2f}s = {platform_sps:7.1f} steps/s"
+          f"  outcomes {_outcomes(report)}")
+    worker_sps = worker_steps / worker_s
+    print(f"  the same minus agent loop + LLM: {worker_steps} steps in {worker_s:6.2f}s = {worker_sps:7.1f} steps/s"
+          f"  (ratio {worker_sps / bare_sps:.2f}: the worker's own share)")
+    print(f"platform, concurrency {concurrency:<3}:       {wide_steps} steps in {wide_s:6.2f}s = {wide_sps:7.1f} steps/s"
+          f"  outcomes {_outcomes(wide_report)}")
+    print(f"ratio platform/bare (sequential): {ratio:.2f}  (target >= {TARGET_RATIO}) -> "
+          f"{'MET' if ratio >= TARGET_RATIO else 'MISSED'}")
+    print(f"ratio platform/bare (platform at concurrency {concurrency}): {wide_sps / bare_sps:.2f}")
+    print(f"peak RSS of this process: {peak_rss_mb():.0f} MB; load average before the run {load_before:.1f} "
+          "(other work on the machine skews both sides)")
+    if platform_steps != bare_steps:
+        print(f"warning: the platform ran {platform_steps} sandbox steps, expected {bare_steps}")
+    return 0
+
+
+def _outcomes(report: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in report.items() if k not in ("worker", "claimed", "wall_s"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,687 @@
+"""Rollout services and jobs: iterations, compare-and-swap claims, heartbeats, the reaper, cancel,
+errors, redaction. The agent loop is a fake injected through `apps.tasks.jobs.run_episode`; the
+end-to-end run with the real loop is in test_synthesize.py."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+from django_q.models import OrmQ, Schedule
+
+from apps.tasks import jobs
+from apps.tasks.models import Task, Trajectory, TrajectoryLog
+from apps.tasks.services import (
+    ROLLOUT_JOB,
+    TransitionError,
+    task_cancel,
+    task_start_iteration,
+    tasks_enqueue,
+    trajectory_finish,
+)
+from trajplatform.audit import AuditEvent, audit_events_for
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+@dataclass
+class FakeResult:
+    """The shape of apps.engines.agent.EpisodeResult."""
+
+    messages: list[dict] = field(default_factory=lambda: [
+        {"role": "user", "content": "task"}, {"role": "assistant", "content": "done"}])
+    tools: list[dict] = field(default_factory=lambda: [{"type": "function", "function": {"name": "finish"}}])
+    steps: list[dict] = field(default_factory=lambda: [{"step": 1, "duration_ms": 3}])
+    final_answer: str = "done"
+    outcome: str = "success"
+    outcome_reason: str = "verifier passed"
+    reward: float | None = 1.0
+    verifier_output: dict = field(default_factory=lambda: {"exit_code": 0})
+    prompt_tokens: int = 10
+    completion_tokens: int = 5
+    total_tokens: int = 15
+    cost_usd: Decimal = Decimal("0.000123")
+    model: str = "fake-model"
+    provider: str = "fake"
+    cancelled: bool = False
+    retryable: bool = False
+
+
+class FakeAgent:
+    """Stands in for run_episode: records calls, emits one step of events, runs `body` if given."""
+
+    def __init__(self, body: Callable[..., Any] | None = None):
+        self.calls: list[dict[str, Any]] = []
+        self.body = body
+        self.lock = threading.Lock()
+
+    async def __call__(self, *, config, llm, sandbox_backend=None, cache_key_extra=None, on_event=None,
+                       should_cancel=None, trajectory=None):
+        with self.lock:
+            self.calls.append({"config": config, "cache_key_extra": cache_key_extra, "trajectory": trajectory.pk})
+        await on_event("thought", "I will finish", {"step": 1})
+        await on_event("action", "finish()", {"step": 1})
+        await on_event("result", "success", {})
+        if self.body is not None:
+            return await self.body(config=config, on_event=on_event, should_cancel=should_cancel,
+                                   trajectory=trajectory)
+        return FakeResult()
+
+
+@pytest.fixture
+def fake_agent(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeAgent]:
+    def install(body: Callable[..., Any] | None = None) -> FakeAgent:
+        agent = FakeAgent(body)
+        monkeypatch.setattr(jobs, "run_episode", agent)
+        return agent
+
+    return install
+
+
+def started(make_task: Callable[..., Task], **fields: Any) -> Task:
+    task = make_task(**fields)
+    task_start_iteration(task=task)
+    task.refresh_from_db()
+    return task
+
+
+def log_lines(trajectory: Trajectory) -> list[tuple[str, str]]:
+    return list(TrajectoryLog.objects.filter(trajectory=trajectory).order_by("seq").values_list("kind", "message"))
+
+
+# -- starting iterations ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_start_iteration_queues_samples_with_frozen_config_and_enqueues_a_job_on_commit(
+        make_task, django_capture_on_commit_callbacks):
+    task = make_task(samples_per_iteration=3, temperature=0.3, priority=8)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        trajectories = task_start_iteration(task=task)
+    task.refresh_from_db()
+    assert task.status == Task.Status.RUNNING and task.current_iteration == 1 and task.started_at is not None
+    assert [(t.iteration, t.sample_index, t.status) for t in Trajectory.objects.filter(task=task).order_by("sample_index")] == [
+        (1, 0, "queued"), (1, 1, "queued"), (1, 2, "queued")]
+    assert all(t.config_snapshot == task.config_snapshot() and t.queued_at for t in trajectories)
+    assert len(callbacks) == 1
+    assert [row.task["func"] for row in OrmQ.objects.all()] == [ROLLOUT_JOB]
+    event = audit_events_for(task).get()
+    assert event.action == "tasks.iteration_start"
+    assert event.data == {"from": "queued", "iteration": 1, "samples": 3}
+    # Changing the task afterwards does not change what the queued trajectories run with.
+    Task.objects.filter(pk=task.pk).update(temperature=1.5)
+    assert Trajectory.objects.filter(task=task).first().config_snapshot["temperature"] == 0.3
+
+
+@pytest.mark.django_db
+def test_start_iteration_twice_is_a_no_op_and_cancelled_tasks_refuse(make_task, django_capture_on_commit_callbacks):
+    task = started(make_task)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        assert task_start_iteration(task=task) == []
+    assert callbacks == [] and Trajectory.objects.filter(task=task).count() == 1
+    assert audit_events_for(task).filter(action="tasks.iteration_start").count() == 1
+    other = make_task()
+    Task.objects.filter(pk=other.pk).update(cancel_requested=True)
+    with pytest.raises(TransitionError):
+        task_start_iteration(task=other)
+
+
+@pytest.mark.django_db
+def test_tasks_enqueue_starts_the_queued_tasks_of_a_batch_once(make_task, django_capture_on_commit_callbacks):
+    first = make_task(samples_per_iteration=2)
+    batch = first.batch
+    second = make_task(batch=batch)
+    done = make_task(batch=batch)
+    Task.objects.filter(pk=done.pk).update(status=Task.Status.COMPLETED)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tasks_enqueue(batch=batch) == 2
+    assert tasks_enqueue(batch=batch) == 0
+    assert Trajectory.objects.filter(task__batch=batch).count() == 3
+    assert set(Task.objects.filter(batch=batch).values_list("status", flat=True)) == {"running", "completed"}
+    event = AuditEvent.objects.get(action="tasks.tasks_enqueue")
+    assert event.data == {"tasks": 2, "trajectories": 3}
+    assert event.target_id == str(batch.pk)
+    assert OrmQ.objects.count() >= 1
+    del second
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(LLM_API_KEY="sk-live-bulk-log-secret-0123456789")
+def test_log_lines_of_many_trajectories_are_appended_together_each_with_its_own_sequence(make_task):
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from apps.tasks.services import trajectory_group_name, trajectory_log_append, trajectory_logs_append
+
+    task = started(make_task, samples_per_iteration=2)
+    a, b = task.trajectories.order_by("sample_index")
+    trajectory_log_append(trajectory_id=a.pk, lines=[("system", "first", {})])
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(trajectory_group_name(b.pk), channel)
+    created = trajectory_logs_append(batches={
+        a.pk: [("thought", "a2", {}), ("output", "key sk-live-bulk-log-secret-0123456789", {})],
+        b.pk: [("action", "b1", {"token": "sk-live-bulk-log-secret-0123456789"})],
+        999999: [("system", "gone", {})],  # a deleted trajectory is skipped
+    })
+    assert sorted(created) == [a.pk, b.pk]
+    assert [(k, m) for k, m in log_lines(a)] == [("system", "first"), ("thought", "a2"), ("output", "key [REDACTED]")]
+    assert list(TrajectoryLog.objects.filter(trajectory=b).values_list("seq", "kind", "data")) == [
+        (1, "action", {"token": "[REDACTED]"})]
+    message = async_to_sync(layer.receive)(channel)
+    assert (message["trajectory"], [line["seq"] for line in message["lines"]]) == (b.pk, [1])
+
+
+# -- claims and double delivery ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trajectory_delivered_twice_runs_once(make_task, fake_agent):
+    agent = fake_agent()
+    task = started(make_task)
+    trajectory = task.trajectories.get()
+    first = jobs.run_rollout(trajectory.pk)
+    second = jobs.run_rollout(trajectory.pk)
+    assert first["claimed"] == 1 and first["success"] == 1
+    assert second["claimed"] == 0
+    assert len(agent.calls) == 1
+    trajectory.refresh_from_db()
+    assert trajectory.status == "finished" and trajectory.outcome == "success" and trajectory.attempts == 1
+    kinds = [kind for kind, _ in log_lines(trajectory)]
+    assert kinds == ["system", "thought", "action", "result"]  # one set of lines
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_for_the_same_trajectory_run_it_once(make_task, fake_agent):
+    async def slow(**kwargs):
+        await asyncio.sleep(0.05)
+        return FakeResult()
+
+    agent = fake_agent(slow)
+    task = started(make_task)
+    trajectory = task.trajectories.get()
+    reports: list[dict] = []
+    threads = [threading.Thread(target=lambda: reports.append(jobs.run_rollout(trajectory.pk))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(r["claimed"] for r in reports) == [0, 1]
+    assert len(agent.calls) == 1
+    assert [k for k, _ in log_lines(trajectory)].count("system") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_follow_task_priority_then_age(make_task, fake_agent):
+    agent = fake_agent()
+    low = started(make_task, prompt="low", priority=2)
+    high = started(make_task, prompt="high", priority=9)
+    mid_old = started(make_task, prompt="mid old", priority=5)
+    mid_new = started(make_task, prompt="mid new", priority=5)
+    report = jobs.run_rollouts(concurrency=1)
+    assert report["claimed"] == 4
+    assert [c["config"]["prompt"] for c in agent.calls] == ["high", "mid old", "mid new", "low"]
+    del low, high, mid_old, mid_new
+
+
+@pytest.mark.django_db(transaction=True)
+def test_limit_caps_how_many_one_job_claims(make_task, fake_agent):
+    fake_agent()
+    task = started(make_task, samples_per_iteration=3)
+    assert jobs.run_rollouts(limit=2)["claimed"] == 2
+    assert task.trajectories.filter(status="queued").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_job_runs_up_to_concurrency_episodes_at_once(make_task, fake_agent):
+    state = {"in_flight": 0, "peak": 0}
+
+    async def overlapping(**kwargs):
+        state["in_flight"] += 1
+        state["peak"] = max(state["peak"], state["in_flight"])
+        # Wait (bounded) until four episodes are in flight together: proves they overlap.
+        for _ in range(500):
+            if state["peak"] >= 4:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        state["in_flight"] -= 1
+        return FakeResult()
+
+    agent = fake_agent(overlapping)
+    started(make_task, samples_per_iteration=6)
+    report = jobs.run_rollouts(concurrency=4)
+    assert report["claimed"] == 6 and report["success"] == 6
+    assert state["peak"] == 4  # never more than the concurrency, and really concurrent
+    assert len(agent.calls) == 6
+    assert {c["cache_key_extra"]["sample"] for c in agent.calls} == set(range(6))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_advances_while_the_episode_runs(make_task, fake_agent, settings):
+    settings.ROLLOUT_HEARTBEAT_S = 0.02
+
+    def heartbeat_of(pk: int):
+        from django.db import connection as conn
+
+        try:
+            return Trajectory.objects.values_list("heartbeat_at", flat=True).get(pk=pk)
+        finally:
+            conn.close()
+
+    async def watch(trajectory, **kwargs):
+        first = await asyncio.to_thread(heartbeat_of, trajectory.pk)
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if await asyncio.to_thread(heartbeat_of, trajectory.pk) > first:
+                return FakeResult()
+        return FakeResult(outcome="failure", outcome_reason="heartbeat never advanced", reward=0.0)
+
+    fake_agent(watch)
+    task = started(make_task)
+    jobs.run_rollouts()
+    trajectory = task.trajectories.get()
+    assert (trajectory.outcome, trajectory.outcome_reason) == ("success", "verifier passed")
+
+
+# -- outcomes move the task on -------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_completes_when_every_sample_succeeds_and_fails_otherwise(make_task, fake_agent):
+    async def by_sample(trajectory, **kwargs):
+        if trajectory.task.prompt == "mixed" and trajectory.sample_index == 1:
+            return FakeResult(outcome="failure", outcome_reason="2 tests failed", reward=0.0)
+        return FakeResult()
+
+    fake_agent(by_sample)
+    good = started(make_task, prompt="good", samples_per_iteration=2)
+    mixed = started(make_task, prompt="mixed", samples_per_iteration=2)
+    jobs.run_rollouts()
+    good.refresh_from_db()
+    mixed.refresh_from_db()
+    assert good.status == Task.Status.COMPLETED and good.finished_at is not None and good.error == ""
+    assert mixed.status == Task.Status.FAILED
+    assert mixed.error == "iteration 1: 1 of 2 trajectories succeeded (1 failure, 1 success)"
+    event = audit_events_for(mixed).get(action="tasks.iteration_finish")
+    assert event.data == {"iteration": 1, "outcomes": {"failure": 1, "success": 1}, "status": "failed"}
+    stored = good.trajectories.first()
+    assert stored.messages == FakeResult().messages and stored.final_answer == "done" and stored.reward == 1.0
+    assert (stored.prompt_tokens, stored.completion_tokens, stored.total_tokens) == (10, 5, 15)
+    assert stored.cost_usd == Decimal("0.000123") and stored.model == "fake-model"
+    assert stored.verifier_output == {"exit_code": 0} and stored.steps == [{"step": 1, "duration_ms": 3}]
+    assert stored.content_sha256 == stored.compute_content_sha256()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_exception_from_the_episode_finishes_it_as_an_error(make_task, fake_agent):
+    async def boom(**kwargs):
+        raise RuntimeError("sandbox vanished")
+
+    fake_agent(boom)
+    task = started(make_task)
+    report = jobs.run_rollouts()
+    assert report["error"] == 1
+    trajectory = task.trajectories.get()
+    assert trajectory.status == "finished" and trajectory.outcome == "error"
+    assert trajectory.outcome_reason == trajectory.error == "RuntimeError: sandbox vanished"
+    assert ("error", "worker: RuntimeError: sandbox vanished") in log_lines(trajectory)
+    task.refresh_from_db()
+    assert task.status == Task.Status.FAILED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retryable_error_is_queued_again_with_backoff_and_then_succeeds(make_task, fake_agent, monkeypatch):
+    monkeypatch.setattr(jobs, "RETRY_BASE_S", 0)
+    attempts = []
+
+    async def flaky(trajectory, **kwargs):
+        attempts.append(trajectory.attempts)
+        if trajectory.attempts == 1:
+            return FakeResult(outcome="error", outcome_reason="offline/m: HTTP 503: overloaded", retryable=True)
+        return FakeResult()
+
+    fake_agent(flaky)
+    task = started(make_task)
+    report = jobs.run_rollouts()
+    assert (report["claimed"], report["retried"], report["success"]) == (2, 1, 1)
+    assert attempts == [1, 2]
+    trajectory = task.trajectories.get()
+    assert (trajectory.status, trajectory.outcome, trajectory.attempts) == ("finished", "success", 2)
+    assert any("retryable error (offline/m: HTTP 503: overloaded)" in m for _, m in log_lines(trajectory))
+    assert AuditEvent.objects.filter(action="tasks.rollout_retry", target_id=str(trajectory.pk)).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_waits_out_its_backoff_and_the_last_attempt_stores_the_error(make_task, fake_agent, settings):
+    settings.ROLLOUT_MAX_ATTEMPTS = 2
+
+    async def down(**kwargs):
+        return FakeResult(outcome="error", outcome_reason="sandbox lost", retryable=True)
+
+    fake_agent(down)
+    task = started(make_task)
+    assert jobs.run_rollouts()["retried"] == 1
+    trajectory = task.trajectories.get()
+    assert trajectory.status == "queued" and trajectory.queued_at > timezone.now()  # backing off
+    assert Schedule.objects.filter(func=ROLLOUT_JOB, schedule_type=Schedule.ONCE).exists()
+    assert jobs.run_rollouts()["claimed"] == 0
+    Trajectory.objects.filter(pk=trajectory.pk).update(queued_at=timezone.now())
+    assert jobs.run_rollouts()["error"] == 1
+    trajectory.refresh_from_db()
+    assert (trajectory.status, trajectory.outcome, trajectory.outcome_reason) == ("finished", "error", "sandbox lost")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hung_episode_is_stopped_after_its_time_limit(make_task, fake_agent, monkeypatch):
+    monkeypatch.setattr(jobs, "EPISODE_GRACE_S", 0.05)
+
+    async def hang(**kwargs):
+        await asyncio.sleep(3600)
+
+    fake_agent(hang)
+    task = started(make_task, timeout_s=0.05)
+    jobs.run_rollouts()
+    trajectory = task.trajectories.get()
+    assert trajectory.outcome == "error"
+    assert "did not end within" in trajectory.outcome_reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unstorable_result_is_recorded_as_an_error_not_left_running(make_task, fake_agent):
+    async def odd(**kwargs):
+        return FakeResult(messages=[{"role": "assistant", "content": object()}])
+
+    fake_agent(odd)
+    task = started(make_task)
+    jobs.run_rollouts()
+    trajectory = task.trajectories.get()
+    assert trajectory.status == "finished" and trajectory.outcome == "error"
+    assert trajectory.outcome_reason.startswith("the episode's result could not be stored: TypeError")
+
+
+# -- cancel ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_requested_mid_episode_cancels_the_trajectory_and_the_task(make_task, fake_agent, monkeypatch):
+    monkeypatch.setattr(jobs, "CLAIM_POLL_S", 0.01)
+
+    async def cancellable(should_cancel, trajectory, on_event, **kwargs):
+        for step in range(1000):  # steps until the cancel is seen (bounded)
+            if await should_cancel():
+                await on_event("system", f"cancelled before step {step}", {})
+                return FakeResult(cancelled=True, outcome="failure", outcome_reason="cancelled by request",
+                                  reward=None, messages=[{"role": "user", "content": "task"}])
+            if step == 1:
+                await asyncio.to_thread(_cancel, trajectory.task_id)
+            await asyncio.sleep(0.01)
+        return FakeResult()
+
+    fake_agent(cancellable)
+    task = started(make_task, samples_per_iteration=2)
+    report = jobs.run_rollouts()
+    assert report["cancelled"] == 2
+    task.refresh_from_db()
+    assert task.status == Task.Status.CANCELLED
+    for trajectory in task.trajectories.all():
+        assert trajectory.status == "cancelled" and trajectory.outcome == "" and trajectory.reward is None
+        assert trajectory.outcome_reason == "cancelled by request"
+        assert trajectory.messages == [{"role": "user", "content": "task"}]
+        assert any(m.startswith("cancelled before step") for _, m in log_lines(trajectory))
+
+
+def _cancel(task_id: int) -> None:
+    from django.db import connection as conn
+
+    try:
+        task_cancel(task=Task.objects.get(pk=task_id), actor=None, reason="test")
+    finally:
+        conn.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queued_trajectories_of_a_cancelled_task_never_run(make_task, fake_agent):
+    agent = fake_agent()
+    task = started(make_task, samples_per_iteration=2)
+    task_cancel(task=task, actor=None)
+    report = jobs.run_rollouts()
+    assert report["claimed"] == 0 and agent.calls == []
+    assert set(task.trajectories.values_list("status", flat=True)) == {"cancelled"}
+
+
+# -- losing a claim; the reaper --------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_lost_its_claim_stops_and_stores_nothing(make_task, fake_agent, monkeypatch):
+    monkeypatch.setattr(jobs, "CLAIM_POLL_S", 0.01)
+
+    def requeue(pk: int) -> None:
+        from django.db import connection as conn
+
+        try:  # what the reaper does to a trajectory it believes abandoned
+            Trajectory.objects.filter(pk=pk).update(status="queued", claim_token="", worker="")
+        finally:
+            conn.close()
+
+    async def long_episode(should_cancel, trajectory, **kwargs):
+        await asyncio.to_thread(requeue, trajectory.pk)
+        for _ in range(1000):
+            if await should_cancel():
+                return FakeResult(cancelled=True, final_answer="partial")
+            await asyncio.sleep(0.01)
+        return FakeResult()
+
+    fake_agent(long_episode)
+    task = started(make_task)
+    trajectory = task.trajectories.get()
+    report = jobs.run_rollout(trajectory.pk)
+    assert report["lost"] == 1
+    trajectory.refresh_from_db()
+    assert trajectory.status == "queued" and trajectory.final_answer == ""
+    assert trajectory_finish(trajectory_id=trajectory.pk, claim_token="not-the-token", result=FakeResult()) is None
+
+
+def _make_stale(trajectory: Trajectory, seconds: float = 3600) -> None:
+    Trajectory.objects.filter(pk=trajectory.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reaper_requeues_a_stale_trajectory_then_gives_up_with_a_readable_reason(make_task, settings):
+    settings.ROLLOUT_MAX_ATTEMPTS = 3
+    task = started(make_task)
+    trajectory = task.trajectories.get()
+    for attempt in (1, 2):
+        [claim] = jobs.claim_trajectories(1, worker="ghost-host:4242")
+        assert claim.trajectory.attempts == attempt
+        _make_stale(trajectory)
+        assert jobs.reap_stale_rollouts()["requeued"] == 1
+        trajectory.refresh_from_db()
+        assert (trajectory.status, trajectory.worker, trajectory.claim_token) == ("queued", "", "")
+    requeues = AuditEvent.objects.filter(action="tasks.rollout_requeue", target_id=str(trajectory.pk))
+    assert requeues.count() == 2
+    assert requeues.first().data["worker"] == "ghost-host:4242"
+    assert any("worker lost: ghost-host:4242 sent no heartbeat since" in m for _, m in log_lines(trajectory))
+
+    [claim] = jobs.claim_trajectories(1, worker="ghost-host:4242")
+    _make_stale(trajectory)
+    heartbeat = Trajectory.objects.get(pk=trajectory.pk).heartbeat_at
+    assert jobs.reap_stale_rollouts()["abandoned"] == 1
+    trajectory.refresh_from_db()
+    assert trajectory.status == "finished" and trajectory.outcome == "error"
+    assert trajectory.outcome_reason == (
+        f"worker lost: no heartbeat since {heartbeat:%Y-%m-%d %H:%M:%S %Z} (last worker ghost-host:4242), "
+        "gave up after 3 attempts")
+    task.refresh_from_db()
+    assert task.status == Task.Status.FAILED
+    assert AuditEvent.objects.filter(action="tasks.rollout_abandon", target_id=str(trajectory.pk)).count() == 1
+    # A late result from the lost worker changes nothing.
+    assert trajectory_finish(trajectory_id=trajectory.pk, claim_token=claim.token, result=FakeResult()) is None
+    assert jobs.reap_stale_rollouts()["abandoned"] == 0  # idempotent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reaper_leaves_live_trajectories_alone(make_task, settings):
+    settings.ROLLOUT_STALE_S = 120
+    task = started(make_task)
+    jobs.claim_trajectories(1, worker="alive")
+    assert jobs.reap_stale_rollouts() == {"requeued": 0, "abandoned": 0, "retired": 0, "dispatched": 0, "errors": 0}
+    assert task.trajectories.get().status == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reaper_dispatches_a_job_for_a_queue_nobody_serves(make_task, settings):
+    settings.ROLLOUT_STALE_S = 60
+    task = started(make_task)
+    OrmQ.objects.all().delete()
+    task.trajectories.update(queued_at=timezone.now() - timedelta(minutes=5))
+    assert jobs.reap_stale_rollouts()["dispatched"] == 1
+    assert [row.task["func"] for row in OrmQ.objects.all()] == [ROLLOUT_JOB]
+
+
+def _database_url() -> str:
+    sd = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{sd['NAME']}"
+    from urllib.parse import quote
+
+    auth = quote(sd["USER"] or "", safe="") + (":" + quote(sd["PASSWORD"], safe="") if sd.get("PASSWORD") else "")
+    return f"postgres://{auth}@{sd['HOST'] or '127.0.0.1'}:{sd['PORT'] or 5432}/{sd['NAME']}"
+
+
+WORKER_SCRIPT = textwrap.dedent("""
+    import asyncio, django
+    django.setup()
+    from apps.tasks import jobs
+
+    async def hang(*, on_event, **kwargs):
+        await on_event("output", "worker is in the episode", {})
+        await asyncio.sleep(3600)
+
+    jobs.run_episode = hang
+    jobs.run_rollouts()
+""")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_workers_trajectory_is_picked_up_by_the_reaper_and_finished(make_task, fake_agent, settings):
+    task = started(make_task)
+    trajectory = task.trajectories.get()
+    env = {**os.environ, "DATABASE_URL": _database_url(), "DJANGO_SETTINGS_MODULE": "trajplatform.settings",
+           "ROLLOUT_HEARTBEAT_S": "3600"}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(1200):  # the worker claimed it and is inside the episode
+            if TrajectoryLog.objects.filter(trajectory=trajectory, kind="output").exists():
+                break
+            assert worker.poll() is None, worker.stdout.read().decode()
+            time.sleep(0.05)
+        else:
+            pytest.fail("the worker never started the episode")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    trajectory.refresh_from_db()
+    assert trajectory.status == "running" and trajectory.attempts == 1  # left behind by the dead worker
+
+    settings.ROLLOUT_STALE_S = 0  # every heartbeat is already too old
+    assert jobs.reap_stale_rollouts()["requeued"] == 1
+    agent = fake_agent()
+    assert jobs.run_rollouts()["success"] == 1
+    trajectory.refresh_from_db()
+    assert (trajectory.status, trajectory.outcome, trajectory.attempts) == ("finished", "success", 2)
+    assert len(agent.calls) == 1
+    task.refresh_from_db()
+    assert task.status == Task.Status.COMPLETED
+
+
+# -- secrets -----------------------------------------------------------------------------------------
+
+SECRET = "sk-live-rollout-secret-0123456789abcdef"
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(LLM_API_KEY=SECRET)
+def test_a_configured_api_key_appears_in_no_row_log_line_or_page(make_task, fake_agent, client, django_user_model,
+                                                                 caplog):
+    async def leaky(on_event, trajectory, **kwargs):
+        await on_event("output", f"env: LLM_API_KEY={SECRET}", {"env": {"LLM_API_KEY": SECRET}, "raw": SECRET})
+        if trajectory.sample_index == 1:
+            raise RuntimeError(f"provider said: bad key {SECRET}")
+        return FakeResult(
+            messages=[{"role": "user", "content": "task"},
+                      {"role": "tool", "tool_call_id": "1", "content": f"printenv -> {SECRET}"}],
+            steps=[{"stdout": SECRET}],
+            final_answer=f"the key is {SECRET}",
+            outcome="failure",
+            outcome_reason=f"verifier saw {SECRET}",
+            verifier_output={"stdout": SECRET},
+            model=f"model-{SECRET}",
+        )
+
+    fake_agent(leaky)
+    task = started(make_task, samples_per_iteration=2, prompt="print the environment")
+    caplog.set_level("DEBUG")
+    jobs.run_rollouts()
+    assert set(task.trajectories.values_list("outcome", flat=True)) == {"failure", "error"}
+
+    rows = [*Trajectory.objects.values(), *TrajectoryLog.objects.values(), *AuditEvent.objects.values(),
+            *Task.objects.values()]
+    assert rows and not [row for row in rows if SECRET in str(row)]
+    assert TrajectoryLog.objects.filter(message__contains="[REDACTED]").exists()
+    assert SECRET not in caplog.text
+    assert "RuntimeError" in caplog.text  # the exception was logged, redacted
+
+    admin = django_user_model.objects.create_superuser("root", "root@example.test", "pw-123456789")
+    client.force_login(admin)
+    pages = [f"/admin/tasks/trajectory/{t.pk}/change/" for t in task.trajectories.all()]
+    pages += ["/admin/tasks/trajectory/", f"/admin/tasks/task/{task.pk}/change/", "/admin/trajplatform/auditevent/"]
+    for page in pages:
+        response = client.get(page)
+        assert response.status_code == 200, page
+        assert SECRET not in response.content.decode(), page
+
+
+# -- schedules -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_ensure_schedules_registers_the_reaper_once():
+    Schedule.objects.filter(name=jobs.REAP_SCHEDULE_NAME).delete()
+    first = jobs.ensure_schedules()
+    Schedule.objects.filter(pk=first.pk).update(minutes=30, func="somewhere.else")
+    Schedule.objects.create(name=jobs.REAP_SCHEDULE_NAME, func="dup", schedule_type=Schedule.MINUTES, minutes=1)
+    second = jobs.ensure_schedules()
+    assert second.pk == first.pk
+    schedules = Schedule.objects.filter(name=jobs.REAP_SCHEDULE_NAME)
+    assert list(schedules.values_list("func", "schedule_type", "minutes", "repeats")) == [
+        ("apps.tasks.jobs.reap_stale_rollouts", Schedule.MINUTES, jobs.REAP_EVERY_MINUTES, -1)]
+
+
+@pytest.mark.django_db
+def test_migrate_registers_the_reaper_schedule():
+    # pytest-django built the test database with `migrate`; the post_migrate hook ran then.
+    assert Schedule.objects.filter(name=jobs.REAP_SCHEDULE_NAME, func=jobs.REAP_FUNC).exists()
+
+
+@pytest.mark.django_db
+def test_migrate_registers_the_sandbox_reconciler_too():
+    from apps.engines import jobs as engine_jobs
+
+    assert Schedule.objects.filter(name=engine_jobs.RECONCILE_SCHEDULE_NAME, func=engine_jobs.RECONCILE_FUNC).exists()

@@ -1,0 +1,32 @@
+"""Idempotent registration of the platform's periodic django-q2 jobs."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+
+def ensure_schedule(*, name: str, func: str, minutes: int, using: str = "default") -> Any:
+    """Create the named every-N-minutes Schedule, or bring an existing one in line.
+
+    An existing schedule keeps its next run, so registering again on every deploy never
+    postpones the job; duplicates left by two processes racing are removed.
+    """
+    from django_q.models import Schedule
+
+    with transaction.atomic(using=using):
+        existing = list(Schedule.objects.using(using).select_for_update().filter(name=name).order_by("pk"))
+        if not existing:
+            return Schedule.objects.using(using).create(
+                name=name, func=func, schedule_type=Schedule.MINUTES, minutes=minutes, repeats=-1
+            )
+        schedule, extras = existing[0], existing[1:]
+        for extra in extras:
+            extra.delete()
+        wanted = {"func": func, "schedule_type": Schedule.MINUTES, "minutes": minutes, "repeats": -1}
+        changed = [field for field, value in wanted.items() if getattr(schedule, field) != value]
+        for field in changed:
+            setattr(schedule, field, wanted[field])
+        if changed:
+            schedule.save(update_fields=changed)
+        return schedule
