@@ -285,3 +285,15 @@ def test_log_lines_are_json_encoded_not_html(client, viewer, trajectory):
     response = client.get(log_url(trajectory.pk))
     assert response["Content-Type"] == "application/json"
     assert response.json()["lines"][0]["message"] == "<img src=x onerror=alert(1)>"
+
+
+def test_a_scripted_reference_trajectory_is_labelled_as_the_offline_stand_in(client, make_user, make_task):
+    from apps.tasks.models import Trajectory
+
+    trajectory = Trajectory.objects.create(task=make_task(), iteration=1, model="scripted-reference")
+    client.force_login(make_user("viewer"))
+    body = client.get(f"/trajectories/{trajectory.pk}/").content.decode()
+    assert "offline scripted stand-in" in body
+    trajectory.model = "deepseek-chat"
+    trajectory.save(update_fields=["model"])
+    assert "offline scripted stand-in" not in client.get(f"/trajectories/{trajectory.pk}/").content.decode()
