@@ -79,37 +79,15 @@ def write_script(path: Path, steps: int) -> str:
     return prompt
 
 
-# The offline scripted model's own server (http.server, a thread per connection, HTTP/1.0, a
-# listen backlog of 5) is made for demos and tests: under 128 simultaneous requests it adds
-# hundreds of milliseconds of its own and resets connections. A hosted model API does not, so
-# the benchmark serves the same ScriptedModel (same replies, same fault specs: "slow;seconds=1"
-# is the latency) from an asyncio server (uvicorn + starlette, HTTP/1.1 keep-alive), in a
-# child process so that it does not share the worker's CPU core or GIL.
+# The offline scripted model's own server (apps/engines/offline_model.py: HTTP/1.1 keep-alive, a
+# thread per connection, a listen backlog of 1024), in a child process so that it does not
+# share the worker's GIL. The fault spec "slow;seconds=S" is the model's latency.
 SERVER_SCRIPT = """
-import asyncio, json, sys
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
-from apps.engines.offline_model import ScriptedModel, load_scripts
+import sys
+from apps.engines.offline_model import OfflineModelServer, ScriptedModel, load_scripts
 
 port, solutions, fault = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-model = ScriptedModel(load_scripts([solutions]), faults=fault)
-
-async def chat(request: Request):
-    headers = {k.lower(): v for k, v in request.headers.items() if k.lower() != "authorization"}
-    reply = model.chat(json.loads(await request.body() or b"null"), headers)
-    if reply.delay_s:
-        await asyncio.sleep(reply.delay_s)
-    return JSONResponse(reply.body, status_code=reply.status, headers=dict(reply.headers))
-
-async def models(request: Request):
-    reply = model.models()
-    return JSONResponse(reply.body, status_code=reply.status)
-
-app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models)])
-uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=2048, timeout_keep_alive=300)
+OfflineModelServer(ScriptedModel(load_scripts([solutions]), faults=fault), "127.0.0.1", port).serve_forever()
 """
 
 

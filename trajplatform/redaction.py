@@ -63,16 +63,70 @@ _LABELLED: list[tuple[re.Pattern[str], str]] = [
 _registered: set[str] = set()
 _registered_lock = threading.Lock()
 
+# secret_values() is asked several times per agent turn and scanning the environment and every
+# setting costs ~0.5 ms, so the answer is cached. It is rebuilt when a secret is registered,
+# when a setting changes (override_settings sends setting_changed), when settings become
+# configured, and when the environment changes (os.environ.__setitem__/__delitem__ keep
+# `_data` current, so comparing it catches monkeypatch.setenv and plain assignments alike).
+_cache_lock = threading.Lock()
+_cached: tuple[Any, list[str]] | None = None
+_generation = 0  # bumped by register_secret and setting_changed
+
 
 def register_secret(value: str | None) -> None:
     """Redact this exact value from now on (e.g. an API key passed to a client in code)."""
+    global _generation
     if value and len(value) >= MIN_SECRET_LENGTH:
         with _registered_lock:
-            _registered.add(value)
+            if value not in _registered:
+                _registered.add(value)
+                _generation += 1
+
+
+def forget_cached_secrets(**kwargs: Any) -> None:
+    """Drop the cached secret_values() (a setting_changed receiver; callable by hand)."""
+    global _generation, _cached
+    with _registered_lock:
+        _generation += 1
+        _cached = None
+
+
+def _environ_snapshot() -> dict[Any, Any]:
+    data = getattr(os.environ, "_data", None)  # the raw (bytes) mapping behind os.environ on POSIX
+    return dict(data) if isinstance(data, dict) else dict(os.environ)
+
+
+def _environ_unchanged(snapshot: dict[Any, Any]) -> bool:
+    data = getattr(os.environ, "_data", None)
+    return (data == snapshot) if isinstance(data, dict) else dict(os.environ) == snapshot
+
+
+def _settings_configured() -> bool:
+    try:
+        from django.conf import settings
+
+        return bool(settings.configured)
+    except Exception:
+        return False
 
 
 def secret_values() -> list[str]:
     """Every secret value currently known, longest first (so a key containing another wins)."""
+    global _cached
+    cached = _cached
+    configured = _settings_configured()
+    if cached is not None:
+        (generation, was_configured, environ), values = cached
+        if generation == _generation and was_configured == configured and _environ_unchanged(environ):
+            return list(values)
+    with _cache_lock:
+        key = (_generation, configured, _environ_snapshot())
+        values = _collect_secret_values()
+        _cached = (key, values)
+    return list(values)
+
+
+def _collect_secret_values() -> list[str]:
     values: set[str] = set()
     with _registered_lock:
         values |= _registered
@@ -91,6 +145,14 @@ def secret_values() -> list[str]:
     except Exception:  # redaction must work even while settings are broken or loading
         pass
     return sorted((v for v in values if v and len(v) >= MIN_SECRET_LENGTH), key=len, reverse=True)
+
+
+try:  # django.test.signals.setting_changed is this same signal, without importing django.test
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(forget_cached_secrets, dispatch_uid="trajplatform.redaction.forget_cached_secrets")
+except ImportError:  # redaction works without Django too; then nothing can change settings
+    pass
 
 
 def redact_text(text: str, secrets: list[str] | None = None, *, labels: bool = True) -> str:

@@ -256,9 +256,9 @@ CACHES = {
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "TIMEOUT": None,
          "KEY_PREFIX": "llm"}
         if REDIS_URL
-        else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
-              "LOCATION": str(VAR_DIR / "llm-cache"), "TIMEOUT": None,
-              "OPTIONS": {"MAX_ENTRIES": 10**9, "CULL_FREQUENCY": 100}}
+        # Django's file cache without its per-write directory scan (apps.engines.llm).
+        else {"BACKEND": "apps.engines.llm.LLMResponseCache", "LOCATION": str(VAR_DIR / "llm-cache"),
+              "TIMEOUT": None}
     ),
 }
 

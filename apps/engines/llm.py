@@ -47,10 +47,12 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import hashlib
+import itertools
 import json
 import logging
 import os
 import random
+import tempfile
 import threading
 import time
 import weakref
@@ -65,6 +67,8 @@ from urllib.parse import urlparse
 import openai
 from django.conf import settings
 from django.core.cache import caches
+from django.core.cache.backends.base import DEFAULT_TIMEOUT
+from django.core.cache.backends.filebased import FileBasedCache
 from django.core.exceptions import ImproperlyConfigured
 
 from trajplatform.redaction import install_log_filter, redact, register_secret
@@ -498,6 +502,62 @@ def reset_limiters() -> None:
         _limiters.clear()
 
 
+# -- the response cache ---------------------------------------------------------------------
+
+
+class LLMResponseCache(FileBasedCache):
+    """CACHES["llm"] without Redis: Django's file cache (one file per reply, the same file names
+    and format, so existing entries still hit) minus the parts that cost per write.
+
+    FileBasedCache.set() lists the whole directory to decide whether to cull, which grows with
+    every cached reply; these entries are never culled or expired, so there is nothing to
+    decide. The directory is created once (and again only if it disappears), and the async
+    methods run in the calling thread: a miss is one failed open() and a write is a small file
+    renamed into place, cheaper than the hop to asgiref's single sync thread that all workers'
+    rollouts would queue on.
+    """
+
+    # Directories known to exist, per process: Django makes a cache instance per thread and
+    # asyncio task (so per LLM call), and each would otherwise create its directory again.
+    _ready_dirs: set[str] = set()
+
+    def _cull(self) -> None:
+        pass
+
+    def _createdir(self) -> None:
+        if self._dir not in self._ready_dirs:
+            super()._createdir()
+            self._ready_dirs.add(self._dir)
+
+    def set(self, key: str, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
+        fname = self._key_to_file(key, version)
+        for _ in range(2):
+            self._createdir()
+            try:
+                fd, tmp_path = tempfile.mkstemp(dir=self._dir)
+            except FileNotFoundError:  # the directory was removed under us
+                self._ready_dirs.discard(self._dir)
+                continue
+            try:
+                with open(fd, "wb") as f:
+                    self._write_content(f, timeout, value)
+                os.replace(tmp_path, fname)  # atomic: a reader sees the old file or the new one
+            except BaseException:
+                try:
+                    os.remove(tmp_path)
+                except OSError:
+                    pass
+                raise
+            return
+        raise FileNotFoundError(f"the LLM cache directory {self._dir} cannot be created")
+
+    async def aget(self, key: str, default: Any = None, version: int | None = None) -> Any:
+        return self.get(key, default, version)
+
+    async def aset(self, key: str, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
+        self.set(key, value, timeout, version)
+
+
 # -- the client -----------------------------------------------------------------------------
 
 
@@ -528,6 +588,21 @@ class _Call:
     @property
     def label(self) -> str:
         return f"{self.provider.name}/{self.request['model']}"
+
+
+# Sent as they are, past the SDK's request transform: it walks every message and tool schema
+# against its TypedDicts (a few ms per turn on a long conversation, the largest CPU cost of a
+# turn) only to rename aliased keys and encode files, neither of which plain chat messages and
+# JSON-schema tools have. `extra_body` is merged into the body after that transform.
+_UNTRANSFORMED = ("messages", "tools")
+
+
+def _create_kwargs(call: _Call, timeout: float | None) -> dict[str, Any]:
+    request = call.request
+    kwargs = {k: v for k, v in request.items() if k not in _UNTRANSFORMED}
+    kwargs.update(messages=[], timeout=timeout, extra_headers=call.extra_headers,
+                  extra_body={k: request[k] for k in _UNTRANSFORMED if k in request})
+    return kwargs
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -562,6 +637,23 @@ def _error_detail(exc: openai.APIStatusError) -> str:
     return (exc.message or "")[:500]
 
 
+# The async SDK clients of a provider are several, each with its own connection pool, taken in
+# turn. httpcore checks every idle connection of a pool (a getpeername and a poll each) whenever
+# a request enters or leaves it, so one pool of 128 keep-alive connections costs milliseconds
+# per request; pools of up to CONNECTIONS_PER_SHARD keep that negligible.
+CONNECTIONS_PER_SHARD = 8
+MAX_POOL_SHARDS = 32
+
+
+class _Shards:
+    def __init__(self, clients: list[openai.AsyncOpenAI]):
+        self.clients = clients
+        self._turn = itertools.count()
+
+    def next(self) -> openai.AsyncOpenAI:
+        return self.clients[next(self._turn) % len(self.clients)]
+
+
 class LLMClient:
     """Chat completions with retries, fallback, adaptive concurrency, caching and costing.
 
@@ -587,7 +679,7 @@ class LLMClient:
         self._sleep, self._asleep, self._rand = sleep, asleep, rand
         self._limiters = limiters
         self._sync_clients: dict[str, openai.OpenAI] = {}
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, openai.AsyncOpenAI]] = (
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Shards]] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
@@ -655,12 +747,14 @@ class LLMClient:
         loop = asyncio.get_running_loop()
         with self._lock:
             per_loop = self._async_clients.setdefault(loop, {})
-            client = per_loop.get(provider.name)
-            if client is None:
-                client = per_loop[provider.name] = openai.AsyncOpenAI(
-                    api_key=provider.api_key or "EMPTY", base_url=provider.base_url, max_retries=0
-                )
-            return client
+            shards = per_loop.get(provider.name)
+            if shards is None:
+                count = max(1, min(MAX_POOL_SHARDS, -(-settings.LLM_MAX_CONCURRENCY // CONNECTIONS_PER_SHARD)))
+                shards = per_loop[provider.name] = _Shards([
+                    openai.AsyncOpenAI(api_key=provider.api_key or "EMPTY", base_url=provider.base_url, max_retries=0)
+                    for _ in range(count)
+                ])
+            return shards.next()
 
     # -- interpreting answers and failures
 
@@ -904,9 +998,7 @@ class LLMClient:
             ticket = limiter.acquire()
             outcome, started = "error", time.monotonic()
             try:
-                completion = client.chat.completions.create(
-                    **call.request, timeout=timeout, extra_headers=call.extra_headers
-                )
+                completion = client.chat.completions.create(**_create_kwargs(call, timeout))
                 outcome = "ok"
             except openai.OpenAIError as exc:
                 err = self._translate(exc, call)
@@ -930,9 +1022,7 @@ class LLMClient:
             ticket = await limiter.aacquire()
             outcome, started = "error", time.monotonic()
             try:
-                completion = await client.chat.completions.create(
-                    **call.request, timeout=timeout, extra_headers=call.extra_headers
-                )
+                completion = await client.chat.completions.create(**_create_kwargs(call, timeout))
                 outcome = "ok"
             except openai.OpenAIError as exc:
                 err = self._translate(exc, call)
@@ -956,6 +1046,6 @@ class LLMClient:
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
-            clients = list(self._async_clients.pop(loop, {}).values())
+            clients = [c for shards in self._async_clients.pop(loop, {}).values() for c in shards.clients]
         for client in clients:
             await client.close()

@@ -10,7 +10,8 @@ plain text and calls no tool; it never invents a call.
     with running_offline_model(["examples/reference_solutions"]) as server:   # tests
         ... LLMClient([Provider("offline", server.url, "scripted-reference")]) ...
 
-Endpoints: POST /v1/chat/completions (non-streaming), GET /v1/models, GET /healthz.
+Endpoints: POST /v1/chat/completions (non-streaming), GET /v1/models, GET /healthz; HTTP/1.1 with
+keep-alive, a thread per connection and a listen backlog for a few hundred clients at once.
 
 Reference solutions (files passed with --solutions; a directory means every *.json and
 *.jsonl file in it, recursively, in name order):
@@ -78,6 +79,7 @@ MODEL_NAME = "scripted-reference"
 FAULT_HEADER = "X-Scripted-Fault"
 MODEL_FAULT_PREFIX = MODEL_NAME + "+fault="
 STATUS_FAULTS = {"429", "500", "502", "503", "504"}
+KEEPALIVE_IDLE_S = 120.0
 FAULT_KINDS = STATUS_FAULTS | {"slow", "malformed", "never_finish", "text_only"}
 _MARKER = re.compile(r"\[script:([A-Za-z0-9_.:\-]+)\]")
 
@@ -492,9 +494,17 @@ class ScriptedModel:
 class _Handler(BaseHTTPRequestHandler):
     server: OfflineModelServer
     server_version = "scripted-reference/1"
+    # Keep-alive, as hosted APIs do: a client with a connection pool (the openai SDK) reuses
+    # its connections instead of opening one per request. Every reply has a Content-Length.
+    protocol_version = "HTTP/1.1"
+    timeout = KEEPALIVE_IDLE_S  # an idle keep-alive connection's thread ends after this
+    # Headers and body go out in two writes; with Nagle on, the second waits for the client's
+    # delayed ACK of the first (~40 ms) on a kept-alive connection.
+    disable_nagle_algorithm = True
 
     def _send(self, reply: Reply) -> None:
         if reply.delay_s and self.server.stopping.wait(reply.delay_s):
+            self.close_connection = True  # stopping: no reply, and no further request on it
             return
         payload = json.dumps(reply.body).encode("utf-8")
         try:
@@ -541,6 +551,9 @@ class OfflineModelServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    # The listen backlog: a worker opening a connection per rollout at once (128 and more)
+    # must not find it full; the kernel caps it at net.core.somaxconn.
+    request_queue_size = 1024
 
     def __init__(self, model: ScriptedModel, host: str = "127.0.0.1", port: int = 0):
         self.model = model

@@ -641,3 +641,65 @@ def test_redact_covers_common_key_shapes_and_leaves_counts_alone() -> None:
                    "nested": [f"token {SK_KEY}"]})
     assert data == {"api_key": REDACTED, "prompt_tokens": 12, "max_tokens": 5, "headers": {"Authorization": REDACTED},
                     "nested": [f"token {REDACTED}"]}
+
+
+def test_secret_values_follow_the_environment_settings_and_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajplatform.redaction import register_secret, secret_values
+
+    before = secret_values()
+    assert secret_values() == before  # cached, and a copy each time
+    secret_values().append("mutated-by-a-caller")
+    assert "mutated-by-a-caller" not in secret_values()
+    monkeypatch.setenv("SOME_VENDOR_API_KEY", "env-secret-1234567")
+    assert "env-secret-1234567" in secret_values() and "env-secret-1234567" not in redact("x env-secret-1234567")
+    monkeypatch.delenv("SOME_VENDOR_API_KEY")
+    assert "env-secret-1234567" not in secret_values()
+    with override_settings(SOME_SERVICE_TOKEN="setting-secret-1234567"):
+        assert "setting-secret-1234567" in secret_values()
+    assert "setting-secret-1234567" not in secret_values()
+    register_secret("registered-secret-1234567")
+    assert "registered-secret-1234567" in secret_values()
+
+
+def test_the_llm_response_cache_stores_without_listing_its_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.engines.llm import LLMResponseCache
+
+    def listing(self: Any) -> list[str]:
+        raise AssertionError("set() must not list the cache directory")
+
+    monkeypatch.setattr(LLMResponseCache, "_list_cache_files", listing)
+    location = tmp_path / "llm-cache"
+    cache = LLMResponseCache(str(location), {"TIMEOUT": None})
+    assert cache.get("chat:a") is None
+    cache.set("chat:a", {"message": {"content": "hi"}}, None)
+    assert cache.get("chat:a") == {"message": {"content": "hi"}}
+    cache.set("chat:a", {"message": {"content": "again"}}, None)  # replaced atomically
+    assert cache.get("chat:a") == {"message": {"content": "again"}}
+    for leftover in location.iterdir():
+        leftover.unlink()
+    location.rmdir()  # removed under a running worker: the next write recreates it
+    asyncio.run(cache.aset("chat:b", {"n": 2}, None))
+    assert asyncio.run(cache.aget("chat:b")) == {"n": 2}
+    assert [p.suffix for p in location.iterdir()] == [".djcache"]  # no temporary file left behind
+
+
+def test_the_request_body_is_sent_as_given(server: Any, waits: Waits) -> None:
+    client = client_for(waits, Provider("offline", server.url, MODEL_NAME))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PRIMES}]
+    client.chat(messages, tools=TOOLS, temperature=0.0, use_cache=False)
+    body = server.model.requests[-1]["body"]
+    assert body == {"model": MODEL_NAME, "messages": messages, "tools": TOOLS, "temperature": 0.0}
+
+
+def test_async_calls_spread_over_several_connection_pools(server: Any) -> None:
+    async def run() -> set[int]:
+        client = LLMClient([Provider("offline", server.url, MODEL_NAME)], limiters={})
+        try:
+            return {id(client._async_client(client.primary)) for _ in range(10)}
+        finally:
+            await client.aclose()
+
+    from apps.engines.llm import CONNECTIONS_PER_SHARD
+
+    with override_settings(LLM_MAX_CONCURRENCY=2 * CONNECTIONS_PER_SHARD):
+        assert len(asyncio.run(run())) == 2

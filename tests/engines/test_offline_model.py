@@ -256,3 +256,33 @@ def test_the_management_command_rejects_a_missing_solutions_path(tmp_path: Path)
 
     with pytest.raises(CommandError, match="no such file"):
         call_command("offline_model", "--port", "0", "--solutions", str(tmp_path / "missing"))
+
+
+def test_it_keeps_connections_alive_between_requests(server: Any) -> None:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        first = client.get("/models")
+        second = client.post("/chat/completions", json={"model": MODEL_NAME, "messages": [
+            {"role": "user", "content": PRIMES}], "tools": CODE_TOOLS})
+        assert first.http_version == second.http_version == "HTTP/1.1"
+        assert first.status_code == second.status_code == 200
+        assert "close" not in first.headers.get("connection", "").lower()
+        # One pooled connection served both requests.
+        assert client._transport._pool.connections and len(client._transport._pool.connections) == 1
+
+
+def test_it_serves_128_simultaneous_slow_requests_without_resetting_any() -> None:
+    import asyncio
+
+    with running_offline_model([EXAMPLES], faults="slow;seconds=1") as srv:
+        async def one(client: httpx.AsyncClient) -> int:
+            reply = await client.post("/chat/completions", json={"model": MODEL_NAME, "messages": [
+                {"role": "user", "content": PRIMES}], "tools": CODE_TOOLS})
+            return reply.status_code
+
+        async def all_at_once() -> list[int]:
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+            async with httpx.AsyncClient(base_url=srv.url, timeout=30, limits=limits) as client:
+                return await asyncio.gather(*(one(client) for _ in range(128)))
+
+        statuses = asyncio.run(all_at_once())
+    assert statuses == [200] * 128
