@@ -119,37 +119,16 @@ def trajectory_log_append(
     """Append (kind, message, data) lines with the next sequence numbers; broadcast after commit.
 
     The websocket message is {"type": "log.lines", "trajectory": id, "lines": [line.as_message()]}.
+    Raises Trajectory.DoesNotExist for an unknown trajectory.
     """
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    from apps.tasks.models import Trajectory, TrajectoryLog
-    from trajplatform.redaction import redact, secret_values
+    from apps.tasks.models import Trajectory
 
     if not lines:
         return []
-    secrets = secret_values()  # once per call, not twice per line: it scans settings and the environment
-    with transaction.atomic():
-        # Lock the trajectory row: the per-trajectory sequence must not fork under two writers.
-        Trajectory.objects.select_for_update().only("id").get(pk=trajectory_id)
-        last = TrajectoryLog.objects.filter(trajectory_id=trajectory_id).order_by("-seq").values_list("seq", flat=True).first() or 0
-        rows = [
-            TrajectoryLog(
-                trajectory_id=trajectory_id, seq=last + i, kind=kind,
-                message=redact(message, _secrets=secrets), data=redact(data, _secrets=secrets),
-            )
-            for i, (kind, message, data) in enumerate(lines, start=1)
-        ]
-        created = TrajectoryLog.objects.bulk_create(rows)
-        payload = {"type": "log.lines", "trajectory": trajectory_id, "lines": [r.as_message() for r in created]}
-
-        def broadcast() -> None:
-            layer = get_channel_layer()
-            if layer is not None:
-                async_to_sync(layer.group_send)(trajectory_group_name(trajectory_id), payload)
-
-        transaction.on_commit(broadcast)
-    return created
+    created = trajectory_logs_append(batches={trajectory_id: lines})
+    if trajectory_id not in created:
+        raise Trajectory.DoesNotExist(f"trajectory {trajectory_id} does not exist")
+    return created[trajectory_id]
 
 
 # --- rollouts: iterations, finishing, reaping ----------------------------------------------
@@ -510,11 +489,12 @@ def trajectory_retry(*, trajectory_id: int, claim_token: str, reason: str, delay
 def trajectory_logs_append(
     *, batches: dict[int, list[tuple[str, str, dict[str, Any]]]]
 ) -> dict[int, list["TrajectoryLog"]]:
-    """`trajectory_log_append` for many trajectories at once: one transaction, three queries.
+    """Append live-log lines of many trajectories: one transaction, three queries.
 
-    Same guarantees: the trajectory rows are locked (in pk order), each trajectory's lines get
-    its next sequence numbers, messages and data are redacted, and each trajectory's group gets
-    its own "log.lines" message after commit. Trajectories that no longer exist are skipped.
+    The trajectory rows are locked (in pk order) so a per-trajectory sequence never forks
+    under two writers; each trajectory's lines get its next sequence numbers; messages and
+    data are redacted; each trajectory's group gets its own "log.lines" message after commit.
+    Trajectories that no longer exist are skipped.
     """
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer

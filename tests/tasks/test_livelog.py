@@ -47,3 +47,9 @@ def test_lines_are_broadcast_to_the_trajectory_group_after_commit(make_task):
     assert message["type"] == "log.lines"
     assert message["trajectory"] == trajectory.pk
     assert [(line["seq"], line["kind"], line["message"]) for line in message["lines"]] == [(1, "thought", "plan")]
+
+
+def test_appending_to_an_unknown_trajectory_raises_and_writes_nothing():
+    with pytest.raises(Trajectory.DoesNotExist):
+        trajectory_log_append(trajectory_id=987654, lines=[("system", "start", {})])
+    assert not TrajectoryLog.objects.exists()
