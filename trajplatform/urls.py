@@ -16,4 +16,6 @@ urlpatterns = [
     path("", home, name="home"),
     path("admin/", admin.site.urls),
     path("", include("apps.tasks.urls")),
+    path("review/", include("apps.reviews.urls")),
+    path("datasets/", include("apps.datasets.urls")),
 ]
