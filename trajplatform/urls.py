@@ -18,4 +18,5 @@ urlpatterns = [
     path("", include("apps.tasks.urls")),
     path("review/", include("apps.reviews.urls")),
     path("datasets/", include("apps.datasets.urls")),
+    path("engines/", include("apps.engines.urls")),
 ]
