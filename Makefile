@@ -66,11 +66,19 @@ demo: migrate
 	DEMO_ADMIN_PASSWORD='$(DEMO_ADMIN_PASSWORD)' $(PY) manage.py bootstrap_admin $(DEMO_ADMIN) --password-env DEMO_ADMIN_PASSWORD
 	$(PY) manage.py import_tasks examples/tasks/demo.jsonl --batch demo --once
 	$(PY) manage.py synthesize --tasks examples/tasks/code_exec.jsonl --batch demo-rollouts --once --wait --start-offline-model
+	$(PY) manage.py import_envscaler --metadata examples/envscaler/metadata.json --scenarios examples/envscaler/scenarios.json --batch demo-envscaler --once --wait --start-offline-model
+	@# a published dataset version from the code rollouts, and one export of it (once)
+	$(PY) manage.py dataset_stats demo-code >/dev/null 2>&1 || \
+	  $(PY) manage.py dataset_create demo-code --batch demo-rollouts --min-score 80 --success-only --publish --no-progress
+	@mkdir -p var/exports
+	$(PY) manage.py dataset_export demo-code --version 1 --format sft-trl --out var/exports/demo-code-v1.sft-trl.jsonl --force --no-progress
 	@echo
 	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
 	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. Under Tasks > Batches: 'demo' (the example"
-	@echo "tasks, imported and queued) and 'demo-rollouts' (24 code tasks run by the offline scripted-reference"
-	@echo "model in the local sandbox); every trajectory is at http://$(HOST):$(PORT)/trajectories/"
+	@echo "tasks, imported and queued), 'demo-rollouts' (24 code tasks run by the offline scripted-reference"
+	@echo "model in the local sandbox, then reviewed) and 'demo-envscaler' (15 MCP environment tasks)."
+	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
+	@echo "Dataset 'demo-code' v1: http://$(HOST):$(PORT)/datasets/ (export in var/exports/)"
 
 # The web server (daphne) in the foreground and one django-q2 worker cluster beside it;
 # Ctrl-C stops both.

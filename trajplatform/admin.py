@@ -252,3 +252,6 @@ class RoleUserAdmin(UserAdmin):
     def roles(self, obj: Any) -> str:
         names = {g.name for g in obj.groups.all()}
         return ", ".join(r for r in ROLES if r in names) or "-"
+
+
+from trajplatform import api_admin  # noqa: E402,F401  (API tokens, webhooks)

@@ -5,13 +5,26 @@ from django.db.models.signals import post_migrate
 
 
 def _sync_roles_after_migrate(sender: AppConfig, **kwargs: Any) -> None:
-    # post_migrate fires once per app, after auth has created that app's permissions;
-    # syncing after the last app covers every model, including ones added later.
-    if sender.label != list(apps.get_app_configs())[-1].label:
+    # post_migrate fires once per app that has a models module, after auth has created that
+    # app's permissions; syncing after the last such app covers every model, including ones
+    # added later (apps without models, e.g. static-file packages, get no signal).
+    with_models = [config for config in apps.get_app_configs() if config.models_module is not None]
+    if sender.label != with_models[-1].label:
         return
     from trajplatform.permissions import sync_role_groups
 
     sync_role_groups()
+
+
+def _register_webhook_sweep(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
+    from django.db import connections
+    from django_q.models import Schedule
+
+    if Schedule._meta.db_table not in connections[using].introspection.table_names():
+        return
+    from trajplatform.webhooks import ensure_webhook_schedule
+
+    ensure_webhook_schedule(using=using)
 
 
 class TrajplatformConfig(AppConfig):
@@ -22,3 +35,11 @@ class TrajplatformConfig(AppConfig):
 
     def ready(self) -> None:
         post_migrate.connect(_sync_roles_after_migrate, dispatch_uid="trajplatform.sync_roles")
+        post_migrate.connect(_register_webhook_sweep, sender=self, dispatch_uid="trajplatform.webhook_sweep")
+        from django.conf import settings
+
+        if settings.PLATFORM_SKILLS_URL:
+            # VibeDataBot's skill manifest decides the enabled scenes; unreachable: refuse to start.
+            from trajplatform.skills import load_skills
+
+            load_skills()

@@ -1,4 +1,6 @@
 """Models of the shared infrastructure (the app label is `trajplatform`)."""
+from trajplatform.api_models import ApiToken, IdempotencyRecord
 from trajplatform.audit import AuditEvent
+from trajplatform.webhooks import WebhookDelivery, WebhookEndpoint
 
-__all__ = ["AuditEvent"]
+__all__ = ["ApiToken", "AuditEvent", "IdempotencyRecord", "WebhookDelivery", "WebhookEndpoint"]

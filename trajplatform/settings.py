@@ -111,6 +111,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "channels",
     "trajplatform",
@@ -279,6 +282,113 @@ LOGGING = {
         # Client libraries log every HTTP request at INFO.
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
+        "httpcore2": {"level": "WARNING"},
         "opensandbox": {"level": "WARNING"},
     },
 }
+
+# --- datasets -----------------------------------------------------------------------------
+# Export files (server-side exports, downloadable from the version page) live under
+# DATASET_EXPORT_DIR/<dataset>/v<N>/. Near-duplicate dedup compares sentence embeddings of the
+# task prompt and of the action sequence; both cosines at or above the threshold = duplicate.
+DATASET_EXPORT_DIR = Path(env_str("DATASET_EXPORT_DIR", str(VAR_DIR / "exports")))
+DATASET_DEDUP_THRESHOLD = env_float("DATASET_DEDUP_THRESHOLD", 0.92)
+DATASET_VALIDATION_FRACTION = env_float("DATASET_VALIDATION_FRACTION", 0.1)
+DATASET_EXPORT_CHUNK = env_int("DATASET_EXPORT_CHUNK", 2000)
+DATASET_EMBED_BATCH = env_int("DATASET_EMBED_BATCH", 64)
+
+# --- REST API, webhooks, health, skills (trajplatform/api.py, webhooks.py, health.py, skills.py)
+API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "600/min")  # per API token (or per user for sessions)
+# Throttle counters: shared by every server process through Redis when REDIS_URL is set.
+CACHES["api"] = (
+    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "api"}
+    if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api"}
+)
+API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50)
+API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 500)
+API_MAX_TASKS_PER_REQUEST = env_int("API_MAX_TASKS_PER_REQUEST", 1000)
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "trajplatform.api.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["trajplatform.api.RolePermission"],
+    "DEFAULT_THROTTLE_CLASSES": ["trajplatform.api.TokenRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"token": API_THROTTLE_RATE},
+    "DEFAULT_PAGINATION_CLASS": "trajplatform.api.IdCursorPagination",
+    "PAGE_SIZE": API_PAGE_SIZE,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "trajplatform.api.error_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+        "rest_framework.parsers.FormParser",
+    ],
+    "NON_FIELD_ERRORS_KEY": "non_field_errors",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "trajplatform API",
+    "DESCRIPTION": "Submit and track trajectory synthesis, review proposals, export datasets.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "trajplatform.api.add_error_responses",
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStatusEnum": "apps.tasks.models.TaskStatus",
+        "TrajectoryStatusEnum": "apps.tasks.models.TrajectoryStatus",
+        "ProposalStatusEnum": "apps.reviews.models.Proposal.Status",
+        "ReviewStatusEnum": "apps.reviews.models.Review.Status",
+        "VersionStatusEnum": "apps.datasets.models.DatasetVersion.Status",
+        "ExportStatusEnum": "apps.datasets.models.ExportJob.Status",
+    },
+}
+# Swagger UI served from this server (drf-spectacular-sidecar, in INSTALLED_APPS), never from a CDN.
+SPECTACULAR_SETTINGS.update(SWAGGER_UI_DIST="SIDECAR", SWAGGER_UI_FAVICON_HREF="SIDECAR", REDOC_DIST="SIDECAR")
+WEBHOOK_URL = env_str("WEBHOOK_URL")  # the global endpoint (review notifications); empty: none
+WEBHOOK_SECRET = env_str("WEBHOOK_SECRET")  # its HMAC-SHA256 signing key (required with WEBHOOK_URL)
+WEBHOOK_EVENTS = env_list("WEBHOOK_EVENTS", "proposal.created,proposal.decided")
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0)
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 6)
+WEBHOOK_BACKOFF_S = env_float("WEBHOOK_BACKOFF_S", 10.0)
+WEBHOOK_BACKOFF_MAX_S = env_float("WEBHOOK_BACKOFF_MAX_S", 3600.0)
+if WEBHOOK_URL and not WEBHOOK_SECRET:
+    raise ImproperlyConfigured("WEBHOOK_URL is set but WEBHOOK_SECRET is empty: deliveries must be signed")
+HEALTH_LLM_TIMEOUT_S = env_float("HEALTH_LLM_TIMEOUT_S", 2.0)
+HEALTH_QUEUE_STALE_S = env_float("HEALTH_QUEUE_STALE_S", 120.0)
+PLATFORM_SKILLS_URL = env_str("PLATFORM_SKILLS_URL")  # VibeDataBot; set: only its active skills' scenes
+PLATFORM_SKILLS_TIMEOUT_S = env_float("PLATFORM_SKILLS_TIMEOUT_S", 5.0)
+# EnvScaler scene (apps/engines/envscaler): the sandbox image/profile whose python3 has fastmcp
+# (local: the profile binding SANDBOX_PYTHON_PACKAGES read-only; empty = this interpreter's
+# site-packages), how long the in-sandbox MCP server may take to start, and import validation.
+ENVSCALER_SANDBOX_IMAGE = env_str("ENVSCALER_SANDBOX_IMAGE", "trajplatform-python")
+SANDBOX_PYTHON_PACKAGES = env_str("SANDBOX_PYTHON_PACKAGES", "")
+ENVSCALER_START_TIMEOUT_S = env_float("ENVSCALER_START_TIMEOUT_S", 60.0)
+ENVSCALER_VALIDATE_TIMEOUT_S = env_float("ENVSCALER_VALIDATE_TIMEOUT_S", 120.0)
+ENVSCALER_MCP_PORT = env_int("ENVSCALER_MCP_PORT", 8000)  # OpenSandbox: the port the environment serves MCP on
+ENVSCALER_MCP_HOST = env_str("ENVSCALER_MCP_HOST", "0.0.0.0")
+
+# --- reviews (apps/reviews) ---------------------------------------------------------------
+# The judge is the configured LLM (LLM_* / LLM_PROVIDERS above); REVIEW_JUDGE_MODEL asks the
+# primary provider for another model. A judge that fails is retried every
+# REVIEW_JUDGE_RETRY_MINUTES, at most REVIEW_JUDGE_MAX_ATTEMPTS calls per review; its review
+# stays `judge_failed` (no score) until one succeeds.
+REVIEW_QUALITY_THRESHOLD = env_int("REVIEW_QUALITY_THRESHOLD", 80)
+REVIEW_STALE_PROPOSAL_HOURS = env_float("REVIEW_STALE_PROPOSAL_HOURS", 24.0)
+REVIEW_JUDGE_MODEL = env_str("REVIEW_JUDGE_MODEL")
+REVIEW_JUDGE_MAX_TOKENS = env_int("REVIEW_JUDGE_MAX_TOKENS", 2000)
+REVIEW_JUDGE_RETRY_MINUTES = env_int("REVIEW_JUDGE_RETRY_MINUTES", 5)
+REVIEW_JUDGE_MAX_ATTEMPTS = env_int("REVIEW_JUDGE_MAX_ATTEMPTS", 5)
+
+# --- dataset exports ---------------------------------------------------------------------
+# Exports always redact configured secrets, API-key shapes, bearer tokens and private keys;
+# with EXPORT_REDACT_PII they also replace e-mail addresses and phone numbers.
+EXPORT_REDACT_PII = env_bool("EXPORT_REDACT_PII", False)

@@ -4,14 +4,16 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Q, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from apps.datasets.models import Dataset, DatasetMember, DatasetVersion
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
+from apps.datasets.services import PUBLISH_PERMISSION, dataset_version_publish
 from trajplatform.admin import ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
 
 
@@ -108,11 +110,34 @@ class DatasetVersionAdmin(AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
+    actions = ["publish_versions"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        readonly = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None:
+            # The members were frozen from these: editing them would make the record lie.
+            readonly += ("dataset", "number", "parent", "filter_spec", "split_seed")
+        return readonly
+
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         # A bulk delete could include published versions, which the model refuses mid-way.
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
+        if not request.user.has_perm(PUBLISH_PERMISSION):
+            actions.pop("publish_versions", None)
         return actions
+
+    @admin.action(description="Publish selected draft versions (they can never change afterwards)")
+    def publish_versions(self, request: HttpRequest, queryset: QuerySet) -> None:
+        n = 0
+        for version in queryset.filter(status=DatasetVersion.Status.DRAFT):
+            try:
+                dataset_version_publish(version=version, actor=request.user)
+            except PermissionDenied as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return
+            n += 1
+        self.message_user(request, f"Published {n}")
 
     def save_model(self, request: HttpRequest, obj: DatasetVersion, form: Any, change: bool) -> None:
         if not change and obj.created_by_id is None:
@@ -136,3 +161,24 @@ class DatasetMemberAdmin(ViewOnlyMixin, IdSearchMixin, admin.ModelAdmin):
     def trajectory_link(self, obj: DatasetMember) -> SafeString | str:
         return change_link("tasks.trajectory", obj.trajectory_id, f"trajectory #{obj.trajectory_id}")
 
+
+
+@admin.register(ExportJob)
+class ExportJobAdmin(ViewOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
+    """Exports are started from the version page, the API or `dataset_export`; read-only here."""
+
+    list_display = ("__str__", "version", "format", "split", "status", "lines", "n_excluded", "sha256",
+                    "requested_by", "created_at", "finished_at")
+    list_filter = ("status", "format", "split", "version__dataset")
+    list_select_related = ("version__dataset", "requested_by")
+    search_fields = ("sha256", "path")
+    show_full_result_count = False
+    json_fields = ("excluded",)
+    fields = ("version", "format", "format_version", "split", "status", "path", "in_export_dir", "sha256", "lines",
+              "bytes", "members", "resumed_chunks", "excluded", "error", "requested_by", "worker", "created_at",
+              "started_at", "finished_at", "recent_audit_events")
+    readonly_fields = ("recent_audit_events",)
+
+    @admin.display(description="excluded")
+    def n_excluded(self, obj: ExportJob) -> int:
+        return len(obj.excluded or [])

@@ -151,3 +151,75 @@ class DatasetMember(models.Model):
         if DatasetVersion.objects.filter(pk=self.version_id, status=DatasetVersion.Status.PUBLISHED).exists():
             raise ImmutableVersionError("members of a published dataset version cannot be deleted")
         return super().delete(*args, **kwargs)
+
+
+class ExportJob(models.Model):
+    """One export of a version's split in one format: queued -> running -> done | failed.
+
+    The file is written to `<path>.tmp` (and, for resumption, `<path>.parts/`) and renamed to
+    `path` only when complete, so `path` never holds a half-written file. A done job is never
+    changed again: its SHA-256, line count and exclusions are part of the version's data card.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"
+        RUNNING = "running", "running"
+        DONE = "done", "done"
+        FAILED = "failed", "failed"
+
+    class Split(models.TextChoices):
+        ALL = "all", "all"
+        TRAIN = "train", "train"
+        VALIDATION = "validation", "validation"
+
+    FINAL = frozenset({Status.DONE, Status.FAILED})
+    ACTIVE = frozenset({Status.QUEUED, Status.RUNNING})
+
+    version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="exports")
+    format = models.CharField(max_length=40)
+    format_version = models.CharField(max_length=40, blank=True)
+    split = models.CharField(max_length=12, choices=Split.choices, default=Split.ALL)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    path = models.CharField(max_length=1000, help_text="where the finished file is (renamed there when complete)")
+    in_export_dir = models.BooleanField(
+        default=True, help_text="written under DATASET_EXPORT_DIR (downloadable); false for a command's --out path"
+    )
+    sha256 = models.CharField(max_length=64, blank=True)
+    lines = models.PositiveIntegerField(null=True, blank=True)
+    bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    members = models.PositiveIntegerField(null=True, blank=True, help_text="trajectories fed to the exporter")
+    excluded = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
+    resumed_chunks = models.PositiveIntegerField(default=0, help_text="chunks reused from an interrupted run")
+    error = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="dataset_exports"
+    )
+    worker = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["queued", "running", "done", "failed"]), name="exportjob_status_valid"
+            ),
+            models.CheckConstraint(condition=Q(split__in=["all", "train", "validation"]), name="exportjob_split_valid"),
+            # Refuse to queue the same file twice: one active job per destination.
+            models.UniqueConstraint(
+                fields=["path"], condition=Q(status__in=["queued", "running"]), name="exportjob_one_active_per_path"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="done") | (Q(finished_at__isnull=False) & ~Q(sha256="")),
+                name="exportjob_done_has_checksum",
+            ),
+        ]
+        indexes = [models.Index(fields=["version", "format", "split", "status"], name="exportjob_lookup_idx")]
+
+    def __str__(self) -> str:
+        return f"export #{self.pk} {self.format}/{self.split}"
+
+    @property
+    def file_name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]

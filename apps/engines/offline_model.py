@@ -38,6 +38,15 @@ script by id. The step is the number of assistant messages already in `messages`
 scripted tool name must be among the request's `tools`; if not, the reply is HTTP 400 rather
 than a call the agent cannot execute.
 
+Judge mode: a request whose system message carries the marker `[trajplatform-judge]` (the
+review agent's judge prompt, apps.reviews.review_agent) is not looked up among the scripts.
+The stand-in answers it deterministically from the `<evidence>{...}</evidence>` JSON the prompt
+carries (facts computed in code: outcome, reward, checks that fired, the rubric's dimensions):
+every dimension gets base - 10 per fired check (base = 100 x reward, else 90 for a success, 40
+for a failure, 10 for an error), clamped to 0-100, and each rationale and the summary say
+plainly that this is the offline stand-in, not a language model. No evidence, no scores: it
+then answers in plain text, which the review agent records as a judge failure.
+
 Token usage is approximate: ceil(characters / 4) of the request's messages and tools
 (prompt_tokens) and of the reply's content and arguments (completion_tokens). It costs nothing.
 
@@ -82,6 +91,12 @@ STATUS_FAULTS = {"429", "500", "502", "503", "504"}
 KEEPALIVE_IDLE_S = 120.0
 FAULT_KINDS = STATUS_FAULTS | {"slow", "malformed", "never_finish", "text_only"}
 _MARKER = re.compile(r"\[script:([A-Za-z0-9_.:\-]+)\]")
+# Must equal apps.reviews.review_agent.JUDGE_MARKER / EVIDENCE_OPEN / EVIDENCE_CLOSE (a test checks).
+JUDGE_MARKER = "[trajplatform-judge]"
+_EVIDENCE = re.compile(r"<evidence>(.*?)</evidence>", re.DOTALL)
+JUDGE_LABEL = f"{MODEL_NAME} judge (offline stand-in, not a language model)"
+JUDGE_BASE = {"success": 90.0, "failure": 40.0, "error": 10.0}
+JUDGE_PENALTY_PER_CHECK = 10.0
 
 
 class ReferenceSolutionError(ValueError):
@@ -408,6 +423,9 @@ class ScriptedModel:
             return _error(int(kind), f"injected HTTP {kind}", type_="server_error")
 
         messages = body["messages"]
+        system = next((m for m in messages if isinstance(m, dict) and m.get("role") == "system"), None)
+        if system is not None and JUDGE_MARKER in _text_of(system.get("content")):
+            return self._judge(body, messages)
         first_user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
         script = self.registry.match(_text_of(first_user.get("content"))) if first_user else None
         step_index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
@@ -454,6 +472,39 @@ class ScriptedModel:
                           "function": {"name": call.name, "arguments": arguments}})
         self.stats["scripted_step"] += 1
         return self._completion(body, step.thought, calls, "tool_calls", script.id)
+
+    def _judge(self, body: dict[str, Any], messages: list[Any]) -> Reply:
+        """A judge verdict derived only from the evidence the prompt carries (see the docstring)."""
+        self.stats["judge"] += 1
+        text = "\n".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
+        match = _EVIDENCE.search(text)
+        try:
+            evidence = json.loads(match.group(1)) if match else None
+        except json.JSONDecodeError:
+            evidence = None
+        if not isinstance(evidence, dict) or not isinstance(evidence.get("dimensions"), list):
+            return self._completion(body, (
+                f"I am {JUDGE_LABEL}: I can only score from an <evidence> block with `dimensions`, and this "
+                "request has none, so I give no scores."
+            ), [], "stop", "judge")
+        reward = evidence.get("reward")
+        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            base = 100.0 * float(reward)
+            basis = f"reward {float(reward):.2f}"
+        else:
+            base = JUDGE_BASE.get(str(evidence.get("outcome")), 10.0)
+            basis = f"outcome {evidence.get('outcome')!r} without a reward"
+        checks = evidence.get("checks") if isinstance(evidence.get("checks"), dict) else {}
+        fired = sorted(name for name, check in checks.items()
+                       if name != "verifier" and isinstance(check, dict) and check.get("fired"))
+        score = max(0.0, min(100.0, base - JUDGE_PENALTY_PER_CHECK * len(fired)))
+        why = f"{JUDGE_LABEL}: {basis}; checks fired: {', '.join(fired) or 'none'}"
+        verdict = {
+            "scores": {str(d): {"score": score, "rationale": why} for d in evidence["dimensions"]},
+            "suggestions": [],
+            "summary": f"{why}. Scores derived from the deterministic evidence only.",
+        }
+        return self._completion(body, json.dumps(verdict, sort_keys=True), [], "stop", "judge")
 
     @staticmethod
     def _never_finish_step(script: Script, offered: list[str]) -> Step:

@@ -99,6 +99,7 @@ class SceneRuntime:
 # scene id -> "module:Class"; imported on first use so the registry costs nothing to load.
 RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
+    "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
 }
 _instances: dict[str, SceneRuntime] = {}
 

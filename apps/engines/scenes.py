@@ -61,8 +61,21 @@ SCENES: dict[str, Scene] = {
             _obj(
                 {
                     "env_name": _STR,
+                    "class_name": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                    "env_description": _STR,
+                    "code": _STR,
+                    "operations": {
+                        "type": "array",
+                        "items": _obj(
+                            {"name": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                             "description": _STR, "parameters": {"type": "object"}},
+                            required=("name", "parameters"),
+                        ),
+                    },
                     "init_config": {"type": "object"},
                     "check_func": _STR,
+                    "task_id": _STR,
+                    "image": _STR,
                 },
                 required=("env_name",),
             ),

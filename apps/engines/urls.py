@@ -1,5 +1,9 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from apps.engines import views
 
 app_name = "engines"
 
-urlpatterns: list = []
+urlpatterns: list = [
+    path("envscaler/import/", views.envscaler_upload, name="envscaler_upload"),
+]

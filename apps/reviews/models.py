@@ -23,7 +23,7 @@ class Review(models.Model):
     class Verdict(models.TextChoices):
         ACCEPT = "accept", "accept"
         REJECT = "reject", "reject"
-        REVISE = "revise", "revise"
+        NEEDS_FIX = "needs_fix", "needs fix"
 
     trajectory = models.ForeignKey("tasks.Trajectory", on_delete=models.CASCADE, related_name="reviews")
     kind = models.CharField(max_length=10, choices=Kind.choices, db_index=True)
@@ -40,6 +40,15 @@ class Review(models.Model):
     judge_prompt = models.TextField(blank=True)
     judge_raw = models.TextField(blank=True)
     error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0, help_text="judge calls made for this review")
+    suggestions = models.JSONField(
+        default=list, blank=True, encoder=DjangoJSONEncoder,
+        help_text="the judge's suggested changes, as given; the server-side policy decides their tier",
+    )
+    step_flags = models.JSONField(
+        default=list, blank=True, encoder=DjangoJSONEncoder,
+        help_text="human verdicts: [{step: index, note: text}] for the steps the reviewer flagged",
+    )
     reviewer = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="reviews"
     )
@@ -59,8 +68,13 @@ class Review(models.Model):
             models.CheckConstraint(
                 condition=~Q(status="judge_failed") | Q(overall__isnull=True), name="review_judge_failed_no_score"
             ),
+            # One automatic review per trajectory: a judge retry updates it, a second job finds it.
+            models.UniqueConstraint(fields=["trajectory"], condition=Q(kind="auto"), name="review_one_auto_per_trajectory"),
         ]
-        indexes = [models.Index(fields=["trajectory", "-created_at"], name="review_trajectory_idx")]
+        indexes = [
+            models.Index(fields=["trajectory", "-created_at"], name="review_trajectory_idx"),
+            models.Index(fields=["kind", "status", "created_at"], name="review_kind_status_idx"),
+        ]
 
     def __str__(self) -> str:
         score = "-" if self.overall is None else f"{self.overall:.0f}"
@@ -96,6 +110,10 @@ class Proposal(models.Model):
     rationale = models.TextField(blank=True)
     impact_note = models.TextField(blank=True, help_text="red: what signing off changes")
     proposer = models.CharField(max_length=100, help_text="e.g. review-agent, rule:max_steps, or a username")
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="proposals",
+        help_text="the person who proposed it (empty: the review agent)",
+    )
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="decided_proposals"
     )
@@ -126,3 +144,46 @@ class Proposal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tier} proposal #{self.pk}: {self.field} on task {self.task_id}"
+
+
+class PolicyRule(models.Model):
+    """The risk tier of a change to one task config field: the server's policy, not the judge's.
+
+    A change whose new value lies within [min_value, max_value] (numbers) and, when
+    `allowed_values` is set, among them, gets `tier`; outside the bounds it gets
+    `out_of_bounds_tier` ("refuse" drops it). A field without an enabled rule is never changed.
+    """
+
+    class Tier(models.TextChoices):
+        GREEN = "green", "green (applied automatically)"
+        YELLOW = "yellow", "yellow (a reviewer picks an option)"
+        RED = "red", "red (an approver signs off)"
+        REFUSE = "refuse", "refuse (never proposed)"
+
+    field = models.CharField(
+        max_length=100, unique=True,
+        help_text="task field (temperature, max_steps, prompt, ...) or scene_config.KEY",
+    )
+    tier = models.CharField(max_length=10, choices=Tier.choices)
+    min_value = models.FloatField(null=True, blank=True)
+    max_value = models.FloatField(null=True, blank=True)
+    allowed_values = models.JSONField(
+        default=list, blank=True, encoder=DjangoJSONEncoder, help_text="when set, the only values allowed"
+    )
+    out_of_bounds_tier = models.CharField(max_length=10, choices=Tier.choices, default=Tier.REFUSE)
+    impact_note = models.TextField(blank=True, help_text="shown to whoever decides (red: what signing off changes)")
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["field"]
+        constraints = [
+            models.CheckConstraint(condition=Q(tier__in=["green", "yellow", "red", "refuse"]), name="policyrule_tier_valid"),
+            models.CheckConstraint(
+                condition=Q(min_value__isnull=True) | Q(max_value__isnull=True) | Q(min_value__lte=models.F("max_value")),
+                name="policyrule_bounds_ordered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.tier}"

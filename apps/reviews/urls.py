@@ -1,5 +1,19 @@
-from django.urls import path  # noqa: F401
+"""The review console (included at /review/)."""
+from django.urls import path
+
+from apps.reviews import views
 
 app_name = "reviews"
 
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.queue, name="queue"),
+    path("proposals/<int:proposal_id>/decide", views.decide, name="decide"),
+    path("trajectories/<int:trajectory_id>/", views.trajectory, name="trajectory"),
+    path("trajectories/<int:trajectory_id>/verdict", views.verdict, name="verdict"),
+    path("tasks/<int:task_id>/", views.task_history, name="task"),
+    path("tasks/<int:task_id>/end", views.task_end, name="task_end"),
+    path("tasks/<int:task_id>/force", views.task_force, name="task_force"),
+    path("batches/", views.batches, name="batches"),
+    path("batches/<int:batch_id>/", views.batch_detail, name="batch"),
+    path("agreement/", views.agreement, name="agreement"),
+]

@@ -374,35 +374,29 @@ def _maybe_finish_iteration(task_id: int, iteration: int) -> None:
 
 
 def on_iteration_finished(task: Task) -> Task:
-    """Stand-in for the review step: the task completes if every trajectory succeeded, else fails.
+    """Hand a finished iteration to the review agent: the task moves to "reviewing".
 
     Called (inside the finishing transaction, with the task row locked and running) when the
-    last trajectory of the current iteration reaches a final state. The design moves the task
-    to "reviewing" here and lets the review agent decide between completing it and starting
-    another iteration with a changed config; that is a later issue, which replaces this
-    function. Until then there is no second iteration: one iteration decides the task.
+    last trajectory of the current iteration reaches a final state. The review job
+    (apps.reviews.jobs.review_iteration, enqueued on commit) scores the iteration's
+    trajectories and then completes the task, fails it, or proposes changes and starts the
+    next iteration (see apps.reviews.services.iteration_conclude).
     """
+    from apps.reviews.jobs import enqueue_review
     from apps.tasks.models import Trajectory
 
     rows = Trajectory.objects.filter(task=task, iteration=task.current_iteration).values_list("status", "outcome")
     outcomes: Counter[str] = Counter(outcome or status for status, outcome in rows)
-    total = sum(outcomes.values())
-    succeeded = outcomes.get(Trajectory.Outcome.SUCCESS, 0)
-    now = timezone.now()
-    if total and succeeded == total:
-        task.status = Task.Status.COMPLETED
-        task.error = ""
-    else:
-        task.status = Task.Status.FAILED
-        summary = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
-        task.error = f"iteration {task.current_iteration}: {succeeded} of {total} trajectories succeeded ({summary})"
-    task.finished_at = now
-    task.save(update_fields=["status", "error", "finished_at", "updated_at"])
+    task.status = Task.Status.REVIEWING
+    task.error = ""
+    task.save(update_fields=["status", "error", "updated_at"])
     audit_record(
         "tasks.iteration_finish",
         target=task,
         data={"iteration": task.current_iteration, "outcomes": dict(sorted(outcomes.items())), "status": task.status},
     )
+    task_id, iteration = task.pk, task.current_iteration
+    transaction.on_commit(lambda: enqueue_review(task_id, iteration))
     return task
 
 
@@ -540,3 +534,113 @@ def trajectory_logs_append(
 
         transaction.on_commit(broadcast)
     return created
+
+
+# --- creating tasks (the API) -----------------------------------------------------------------
+
+
+class TaskCreateError(ValueError):
+    """Items that failed validation; `errors` is a list of (field path, reason), e.g. ("tasks[2].prompt", ...)."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__(f"{len(errors)} invalid field(s): " + "; ".join(f"{f}: {r}" for f, r in errors[:5]))
+
+
+class TaskCreateResult:
+    """What tasks_create did: the batch, and per item the task and whether it was new."""
+
+    def __init__(self, batch: Batch, tasks: list[Task], created: list[bool]):
+        self.batch, self.tasks, self.created = batch, tasks, created
+
+
+def _validated_items(items: list[Any], allowed_scenes: Any) -> list[dict[str, Any]]:
+    from apps.tasks.importers import validate_task
+
+    errors: list[tuple[str, str]] = []
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        _shape, fields, problems = validate_task(item)
+        errors.extend((f"tasks[{i}].{f}", r) for f, r in problems)
+        if fields is None:
+            continue
+        if allowed_scenes is not None and fields["scene"] not in allowed_scenes:
+            errors.append((f"tasks[{i}].scene", f"scene {fields['scene']!r} is not enabled on this platform; "
+                           f"enabled: {', '.join(sorted(allowed_scenes)) or 'none'}"))
+        external_id = fields.get("external_id", "")
+        if external_id:
+            if external_id in seen:
+                errors.append((f"tasks[{i}].external_id", f"duplicate external id {external_id!r} (also tasks[{seen[external_id]}])"))
+            seen.setdefault(external_id, i)
+        rows.append(fields)
+    if errors:
+        raise TaskCreateError(errors)
+    return rows
+
+
+def tasks_create(
+    *, items: list[Any], actor: Any, batch_name: str = "", notes: str = "", allowed_scenes: Any = None
+) -> TaskCreateResult:
+    """Validate and create tasks (the importers' rules, both item shapes) and start them after commit.
+
+    All or nothing: any invalid item raises TaskCreateError listing every problem and writes
+    nothing. With `batch_name`, the actor's latest batch of that name is reused (created if
+    missing) and an item whose external id already exists in it returns that task instead of
+    a duplicate. Without it, a new batch is created. One "tasks.task_create" audit row per new
+    task; the new tasks' first iterations are queued by `tasks_enqueue` (rollout jobs on commit).
+    """
+    if not isinstance(items, list) or not items:
+        raise TaskCreateError([("tasks", "must be a non-empty list of task objects")])
+    rows = _validated_items(items, allowed_scenes)
+    user = actor if getattr(actor, "is_authenticated", False) else None
+    batch_name = (batch_name or "").strip()[:200]
+    with transaction.atomic():
+        batch = None
+        if batch_name:
+            batch = (
+                Batch.objects.select_for_update().filter(name=batch_name, created_by=user, source_format="api")
+                .order_by("-id").first()
+            )
+        if batch is None:
+            name = batch_name or f"api {getattr(user, 'username', 'system')} {timezone.now():%Y-%m-%d %H:%M:%S}"
+            batch = Batch.objects.create(name=name, created_by=user, source_name="api", source_format="api", notes=notes)
+        external_ids = [r["external_id"] for r in rows if r.get("external_id")]
+        existing = {t.external_id: t for t in Task.objects.filter(batch=batch, external_id__in=external_ids)}
+        now = timezone.now()
+        new = [
+            Task(batch=batch, created_by=user, status=Task.Status.QUEUED, queued_at=now, **fields)
+            for fields in rows
+            if not fields.get("external_id") or fields["external_id"] not in existing
+        ]
+        created_tasks = iter(Task.objects.bulk_create(new))
+        tasks: list[Task] = []
+        created: list[bool] = []
+        for fields in rows:
+            ext = fields.get("external_id")
+            if ext and ext in existing:
+                tasks.append(existing[ext])
+                created.append(False)
+            else:
+                tasks.append(next(created_tasks))
+                created.append(True)
+        if new:
+            batch.task_count = Task.objects.filter(batch=batch).count()
+            batch.save(update_fields=["task_count"])
+            for task in new:
+                audit_record(
+                    "tasks.task_create", actor=actor, target=task,
+                    data={"batch": batch.pk, "scene": task.scene, "external_id": task.external_id},
+                )
+            tasks_enqueue(tasks=Task.objects.filter(pk__in=[t.pk for t in new]), actor=actor)
+    fresh = Task.objects.in_bulk([t.pk for t in tasks])  # statuses after tasks_enqueue
+    return TaskCreateResult(batch, [fresh[t.pk] for t in tasks], created)
+
+
+def task_retry(*, task: Task, actor: Any, reason: str = "") -> Task:
+    """Re-queue a failed or cancelled task and start its next iteration at once (jobs on commit)."""
+    with transaction.atomic():
+        task = task_requeue(task=task, actor=actor, reason=reason)
+        task_start_iteration(task=task, actor=actor)
+        task.refresh_from_db()
+    return task

@@ -20,12 +20,26 @@ What it implements, and how faithfully:
   DELETE /command?id= (interrupt), POST /files/upload (multipart metadata+file pairs,
   chunked bodies, parent directories created, octal-digit mode), GET /files/download
   (Range -> 206, missing -> 404 FILE_NOT_FOUND).
+- background commands (`background: true`): init then an immediate execution_complete while
+  the process keeps running (its `timeout` still applies); GET /command/status/{id}
+  ({id, content, running, exit_code, error, started_at, finished_at}; absent fields omitted)
+  and GET /command/{id}/logs?cursor=N (stdout and stderr interleaved as text/plain from line N,
+  the next line cursor in EXECD-COMMANDS-TAIL-CURSOR). The output goes to a log file outside
+  the sandbox's own directories, as execd keeps it.
+- ports: any other port's endpoint resolves as the Docker runtime's bridge mode does, to
+  execd's reverse proxy `{host}:{execd port}/proxy/{port}` (here `/execd/{id}/44772/proxy/{port}`),
+  or to the server's `/v1/sandboxes/{id}/proxy/{port}` with use_server_proxy (API key
+  required). Both forward HTTP, streamed (SSE passes through), to 127.0.0.1:{port}; with
+  nothing listening they answer 502 like Go's reverse proxy. Every sandbox shares the host's
+  loopback here (no network namespace per sandbox), so tests pick a free port.
+- images: `trajplatform-python` is the platform's Python image: its python3 imports the
+  platform's packages (fastmcp), bound read-only at PLATFORM_PYTHON_PATH as on the local backend.
 - commands really run: `bash -c` (or the argv) inside a bubblewrap mount namespace with the
   host /usr and /etc read-only, the sandbox's own /workspace and /tmp read-write.
 
-What it does not do: images (every sandbox is the host's /usr), resource limits, network
+What it does not do: other images (every sandbox is the host's /usr), resource limits, network
 policy, expiry, pause/resume, snapshots, sessions, code contexts, the real execd's
-3-second ping frames and log files, uid/gid switching. Switches for failure injection:
+3-second ping frames, uid/gid switching. Switches for failure injection:
 `ignore_timeouts` (never apply the command timeout, like a hung execd) and
 `ignore_interrupts` (DELETE /command does nothing).
 """
@@ -46,14 +60,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from apps.engines.sandboxes.base import PLATFORM_PYTHON_PATH, PLATFORM_PYTHON_PROFILE
+
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 EXECD_PORT = 44772
+EGRESS_PORT = 18080
+TAIL_CURSOR_HEADER = "EXECD-COMMANDS-TAIL-CURSOR"
+# Not forwarded by a reverse proxy (hop-by-hop, or recomputed for the new message).
+HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade",
+               "proxy-connection", API_KEY_HEADER.lower()}
 GO_SIGNAL_NAMES = {1: "hangup", 2: "interrupt", 6: "aborted", 9: "killed", 11: "segmentation fault", 13: "broken pipe",
                    15: "terminated", 24: "CPU time limit exceeded", 25: "file size limit exceeded"}
 LABEL_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -89,6 +111,7 @@ class FakeSandbox:
     expires_at: datetime | None
     state: str = "Running"
     running: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    background: dict[str, "BackgroundCommand"] = field(default_factory=dict)
 
     @property
     def workspace(self) -> Path:
@@ -121,6 +144,27 @@ class FakeSandbox:
         return body
 
 
+@dataclass
+class BackgroundCommand:
+    id: str
+    content: str
+    proc: asyncio.subprocess.Process
+    log: Path
+    started_at: datetime
+    finished_at: datetime | None = None
+
+    def status(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.id, "content": self.content, "running": self.finished_at is None,
+                                "started_at": _rfc3339(self.started_at)}
+        if self.finished_at is not None:
+            code = self.proc.returncode
+            body["finished_at"] = _rfc3339(self.finished_at)
+            body["exit_code"] = code if code is not None and code >= 0 else -1
+            if code:
+                body["error"] = f"exit status {code}" if code > 0 else f"signal: {GO_SIGNAL_NAMES.get(-code, -code)}"
+        return body
+
+
 class FakeOpenSandbox:
     """Start with `start()` (returns the base URL), stop with `stop()`."""
 
@@ -132,6 +176,8 @@ class FakeOpenSandbox:
         self.create_bodies: list[dict[str, Any]] = []
         self.execd_key_leaks: list[str] = []  # execd requests (direct mode) that carried the API key
         self.interrupts: list[str] = []
+        self.forwarded: list[tuple[str, str, int, str]] = []  # (sandbox id, method, port, path) through a proxy
+        self._forward_client: httpx.AsyncClient | None = None
         self.ignore_timeouts = False
         self.ignore_interrupts = False
         self.port = 0
@@ -143,6 +189,8 @@ class FakeOpenSandbox:
             Route("/command", self.command, methods=["POST", "DELETE"]),
             Route("/files/upload", self.upload, methods=["POST"]),
             Route("/files/download", self.download, methods=["GET"]),
+            Route("/command/status/{cid}", self.command_status, methods=["GET"]),
+            Route("/command/{cid}/logs", self.command_logs, methods=["GET"]),
         ]
         routes = [
             Route("/health", lambda request: JSONResponse({"status": "healthy"}), methods=["GET"]),
@@ -157,6 +205,12 @@ class FakeOpenSandbox:
             for route in execd_routes:
                 handler = self._execd(route.endpoint, proxied)
                 routes.append(Route(prefix + route.path, handler, methods=list(route.methods or [])))
+        methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+        # execd's own reverse proxy into the sandbox (direct mode), and the server's (proxy mode).
+        routes.append(Route("/execd/{sid}/{port:int}/proxy/{target:int}/{path:path}",
+                            self._execd(self.forward, False), methods=methods))
+        routes.append(Route("/v1/sandboxes/{sid}/proxy/{target:int}/{path:path}",
+                            self._execd(self.forward, True), methods=methods))
         self.app = Starlette(routes=routes)
 
     # -- server ---------------------------------------------------------------------------
@@ -284,7 +338,13 @@ class FakeOpenSandbox:
             return _error(404, "SANDBOX::NOT_FOUND", f"sandbox {request.path_params['sid']} not found")
         if request.method == "GET":
             return JSONResponse(sandbox.as_json())
+        procs = list(sandbox.running.values())
         self._kill_all(sandbox)
+        for proc in procs:  # gone when the 204 comes back, as with a removed container
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except asyncio.TimeoutError:
+                pass
         sandbox.state = "Terminated"
         shutil.rmtree(sandbox.root, ignore_errors=True)
         return Response(status_code=204)
@@ -296,9 +356,14 @@ class FakeOpenSandbox:
         sid, port = request.path_params["sid"], request.path_params["port"]
         if self._sandbox(sid) is None:
             return _error(404, "SANDBOX::NOT_FOUND", f"sandbox {sid} not found")
+        if not 0 < port < 65536:
+            return _error(400, "SANDBOX::INVALID_PARAMETER", f"port {port} is out of range")
         if request.query_params.get("use_server_proxy") == "true":
             return JSONResponse({"endpoint": f"127.0.0.1:{self.port}/v1/sandboxes/{sid}/proxy/{port}"})
-        return JSONResponse({"endpoint": f"127.0.0.1:{self.port}/execd/{sid}/{port}"})
+        if port in (EXECD_PORT, EGRESS_PORT):
+            return JSONResponse({"endpoint": f"127.0.0.1:{self.port}/execd/{sid}/{port}"})
+        # Docker bridge mode: any other port is reached through execd's own /proxy/{port}.
+        return JSONResponse({"endpoint": f"127.0.0.1:{self.port}/execd/{sid}/{EXECD_PORT}/proxy/{port}"})
 
     async def patch_metadata(self, request: Request) -> Response:
         self.requests.append((request.method, request.url.path))
@@ -340,7 +405,13 @@ class FakeOpenSandbox:
                 argv += ["--symlink", target, link]
         argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(sandbox.workspace), "/workspace",
                  "--bind", str(sandbox.tmp), "/tmp", "--chdir", cwd, "--clearenv"]
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **sandbox.env, **(body.get("envs") or {})}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root"}
+        if sandbox.image == PLATFORM_PYTHON_PROFILE:
+            from apps.engines.sandboxes.local import platform_python_packages
+
+            argv += ["--ro-bind", platform_python_packages(), PLATFORM_PYTHON_PATH]
+            env["PYTHONPATH"] = PLATFORM_PYTHON_PATH
+        env.update({**sandbox.env, **(body.get("envs") or {})})
         for key, value in env.items():
             argv += ["--setenv", key, value]
         return argv + ["--", *program]
@@ -361,6 +432,8 @@ class FakeOpenSandbox:
             return _error(400, "INVALID_REQUEST", "command or argv is required")
         exec_id = uuid.uuid4().hex
         timeout_ms = body.get("timeout")
+        if body.get("background"):
+            return await self._background(sandbox, body, exec_id, timeout_ms)
         proc = await asyncio.create_subprocess_exec(
             *self._argv(sandbox, body), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 20,
@@ -370,9 +443,7 @@ class FakeOpenSandbox:
         async def stream():
             started = time.monotonic()
             events: asyncio.Queue = asyncio.Queue()
-
-            def frame(event: dict[str, Any]) -> bytes:
-                return (json.dumps({**event, "timestamp": int(time.time() * 1000)}) + "\n\n").encode()
+            frame = self._frame
 
             async def pump(reader: asyncio.StreamReader, kind: str) -> None:
                 while True:
@@ -388,14 +459,7 @@ class FakeOpenSandbox:
 
             async def waiter() -> None:
                 readers = asyncio.gather(pump(proc.stdout, "stdout"), pump(proc.stderr, "stderr"))
-                try:
-                    if timeout_ms and not self.ignore_timeouts:
-                        await asyncio.wait_for(asyncio.shield(proc.wait()), timeout_ms / 1000)
-                    else:
-                        await proc.wait()
-                except asyncio.TimeoutError:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    await proc.wait()
+                await self._wait(proc, timeout_ms)
                 await readers
                 code = proc.returncode
                 if code == 0:
@@ -428,6 +492,93 @@ class FakeOpenSandbox:
                 task.cancel()
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def _wait(self, proc: asyncio.subprocess.Process, timeout_ms: Any) -> None:
+        """Until the process exits; its group is killed once the command's `timeout` (ms) passes."""
+        try:
+            if timeout_ms and not self.ignore_timeouts:
+                await asyncio.wait_for(asyncio.shield(proc.wait()), timeout_ms / 1000)
+            else:
+                await proc.wait()
+        except asyncio.TimeoutError:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    @staticmethod
+    def _frame(event: dict[str, Any]) -> bytes:
+        return (json.dumps({**event, "timestamp": int(time.time() * 1000)}) + "\n\n").encode()
+
+    async def _background(self, sandbox: FakeSandbox, body: dict[str, Any], exec_id: str, timeout_ms: Any) -> Response:
+        log = sandbox.root / "execd-logs" / exec_id
+        log.parent.mkdir(exist_ok=True)
+        with open(log, "wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(sandbox, body), stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            )
+        command = BackgroundCommand(id=exec_id, content=body.get("command") or " ".join(body.get("argv") or []),
+                                    proc=proc, log=log, started_at=datetime.now(timezone.utc))
+        sandbox.running[exec_id] = proc
+        sandbox.background[exec_id] = command
+
+        async def watch() -> None:
+            await self._wait(proc, timeout_ms)
+            command.finished_at = datetime.now(timezone.utc)
+            sandbox.running.pop(exec_id, None)
+
+        asyncio.ensure_future(watch())
+
+        async def stream():
+            # execution_complete right away: it says the command was started, not that it ended.
+            yield self._frame({"type": "init", "text": exec_id})
+            yield self._frame({"type": "execution_complete", "execution_time": 0})
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def command_status(self, request: Request, sandbox: FakeSandbox) -> Response:
+        command = sandbox.background.get(request.path_params["cid"])
+        if command is None:
+            return _error(404, "COMMAND_NOT_FOUND", "no such command")
+        return JSONResponse(command.status())
+
+    async def command_logs(self, request: Request, sandbox: FakeSandbox) -> Response:
+        command = sandbox.background.get(request.path_params["cid"])
+        if command is None:
+            return _error(404, "COMMAND_NOT_FOUND", "no such command")
+        try:
+            cursor = max(0, int(request.query_params.get("cursor", 0)))
+        except ValueError:
+            return _error(400, "INVALID_REQUEST", "cursor must be an integer")
+        lines = command.log.read_bytes().decode("utf-8", "replace").splitlines(keepends=True)
+        return Response("".join(lines[cursor:]), media_type="text/plain",
+                        headers={TAIL_CURSOR_HEADER: str(len(lines))})
+
+    async def forward(self, request: Request, sandbox: FakeSandbox) -> Response:
+        """A reverse proxy to 127.0.0.1:{target}: the sandbox's port, streamed both ways."""
+        target, path = request.path_params["target"], request.path_params["path"]
+        self.forwarded.append((sandbox.id, request.method, target, "/" + path))
+        if self._forward_client is None:
+            # Created on the server's loop; never proxies through the environment's settings.
+            self._forward_client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(60, read=None))
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
+        upstream = self._forward_client.build_request(
+            request.method, f"http://127.0.0.1:{target}/{path}", params=request.query_params.multi_items(),
+            headers=headers, content=await request.body(),
+        )
+        try:
+            answer = await self._forward_client.send(upstream, stream=True)
+        except httpx.TransportError as exc:
+            return _error(502, "PROXY_ERROR", f"port {target} in sandbox {sandbox.id}: {type(exc).__name__}")
+
+        async def relay():
+            try:
+                async for chunk in answer.aiter_raw():
+                    yield chunk
+            finally:
+                await answer.aclose()
+
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS}
+        return StreamingResponse(relay(), status_code=answer.status_code, headers=kept)
 
     async def upload(self, request: Request, sandbox: FakeSandbox) -> Response:
         content_type = request.headers.get("content-type", "")

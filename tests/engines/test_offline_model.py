@@ -240,7 +240,7 @@ def test_the_management_command_serves_the_bundled_solutions() -> None:
     )
     try:
         banner = proc.stdout.readline()
-        assert "offline stand-in" in banner and "4 reference solution(s)" in banner, proc.stderr.read() if not banner else banner
+        assert "offline stand-in" in banner and "19 reference solution(s)" in banner, proc.stderr.read() if not banner else banner
         url = banner.rsplit(" at ", 1)[1].split()[0]
         assert url.startswith("http://127.0.0.1:")
         assert httpx.get(f"{url}/models").json()["data"][0]["id"] == MODEL_NAME
@@ -286,3 +286,42 @@ def test_it_serves_128_simultaneous_slow_requests_without_resetting_any() -> Non
 
         statuses = asyncio.run(all_at_once())
     assert statuses == [200] * 128
+
+
+# -- judge mode ----------------------------------------------------------------------------------
+
+JUDGE_SYSTEM = "[trajplatform-judge] rubric=code_exec@1\nScore the trajectory."
+
+
+def _judge_request(evidence: Any) -> list[dict[str, Any]]:
+    block = f"<evidence>{json.dumps(evidence)}</evidence>" if evidence is not None else "no evidence here"
+    return [{"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": f"## Task\n{PRIMES}\n\n## Evidence\n{block}"}]
+
+
+def test_judge_mode_scores_from_the_evidence_and_says_it_is_the_stand_in(server: Any) -> None:
+    evidence = {"dimensions": ["tool_usage", "completeness"], "outcome": "failure", "reward": None,
+                "checks": {"limit_exhausted": {"fired": True}, "verifier": {"fired": True},
+                           "sensitive_data": {"fired": False}}}
+    reply = ask(sdk(server), _judge_request(evidence), tools=None)
+    assert reply.model == MODEL_NAME and not reply.choices[0].message.tool_calls
+    verdict = json.loads(reply.choices[0].message.content)
+    assert set(verdict["scores"]) == {"tool_usage", "completeness"}
+    assert {v["score"] for v in verdict["scores"].values()} == {30.0}  # failure 40, one check (not the verifier) -10
+    assert "offline stand-in, not a language model" in verdict["summary"]
+    assert "limit_exhausted" in verdict["scores"]["completeness"]["rationale"]
+    # A reward sets the base; the same request gets the same answer (deterministic).
+    evidence.update(reward=1.0, checks={})
+    first = ask(sdk(server), _judge_request(evidence), tools=None).choices[0].message.content
+    assert first == ask(sdk(server), _judge_request(evidence), tools=None).choices[0].message.content
+    assert {v["score"] for v in json.loads(first)["scores"].values()} == {100.0}
+
+
+def test_judge_mode_without_evidence_gives_no_scores(server: Any) -> None:
+    content = ask(sdk(server), _judge_request(None), tools=None).choices[0].message.content
+    assert "no scores" in content and "{" not in content
+
+
+def test_judge_mode_obeys_injected_faults(server: Any) -> None:
+    with pytest.raises(openai.InternalServerError):
+        ask(sdk(server), _judge_request({"dimensions": ["a"]}), model=f"{MODEL_NAME}+fault=500", tools=None)

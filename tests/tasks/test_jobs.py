@@ -23,6 +23,7 @@ from django.test import override_settings
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
+from apps.reviews.jobs import REVIEW_JOB
 from apps.tasks import jobs
 from apps.tasks.models import Task, Trajectory, TrajectoryLog
 from apps.tasks.services import (
@@ -302,7 +303,7 @@ def test_heartbeat_advances_while_the_episode_runs(make_task, fake_agent, settin
 
 
 @pytest.mark.django_db(transaction=True)
-def test_task_completes_when_every_sample_succeeds_and_fails_otherwise(make_task, fake_agent):
+def test_a_finished_iteration_goes_to_review_with_its_outcomes_and_a_review_job(make_task, fake_agent):
     async def by_sample(trajectory, **kwargs):
         if trajectory.task.prompt == "mixed" and trajectory.sample_index == 1:
             return FakeResult(outcome="failure", outcome_reason="2 tests failed", reward=0.0)
@@ -314,11 +315,12 @@ def test_task_completes_when_every_sample_succeeds_and_fails_otherwise(make_task
     jobs.run_rollouts()
     good.refresh_from_db()
     mixed.refresh_from_db()
-    assert good.status == Task.Status.COMPLETED and good.finished_at is not None and good.error == ""
-    assert mixed.status == Task.Status.FAILED
-    assert mixed.error == "iteration 1: 1 of 2 trajectories succeeded (1 failure, 1 success)"
+    # The review agent decides what happens next (tests/reviews); here: the hand-over.
+    assert good.status == mixed.status == Task.Status.REVIEWING and good.finished_at is None
     event = audit_events_for(mixed).get(action="tasks.iteration_finish")
-    assert event.data == {"iteration": 1, "outcomes": {"failure": 1, "success": 1}, "status": "failed"}
+    assert event.data == {"iteration": 1, "outcomes": {"failure": 1, "success": 1}, "status": "reviewing"}
+    review_jobs = sorted(row.task["args"] for row in OrmQ.objects.all() if row.task["func"] == REVIEW_JOB)
+    assert review_jobs == sorted([(good.pk, 1), (mixed.pk, 1)])
     stored = good.trajectories.first()
     assert stored.messages == FakeResult().messages and stored.final_answer == "done" and stored.reward == 1.0
     assert (stored.prompt_tokens, stored.completion_tokens, stored.total_tokens) == (10, 5, 15)
@@ -341,7 +343,7 @@ def test_an_exception_from_the_episode_finishes_it_as_an_error(make_task, fake_a
     assert trajectory.outcome_reason == trajectory.error == "RuntimeError: sandbox vanished"
     assert ("error", "worker: RuntimeError: sandbox vanished") in log_lines(trajectory)
     task.refresh_from_db()
-    assert task.status == Task.Status.FAILED
+    assert task.status == Task.Status.REVIEWING
 
 
 @pytest.mark.django_db(transaction=True)
@@ -528,7 +530,7 @@ def test_the_reaper_requeues_a_stale_trajectory_then_gives_up_with_a_readable_re
         f"worker lost: no heartbeat since {heartbeat:%Y-%m-%d %H:%M:%S %Z} (last worker ghost-host:4242), "
         "gave up after 3 attempts")
     task.refresh_from_db()
-    assert task.status == Task.Status.FAILED
+    assert task.status == Task.Status.REVIEWING  # the review agent weighs the error
     assert AuditEvent.objects.filter(action="tasks.rollout_abandon", target_id=str(trajectory.pk)).count() == 1
     # A late result from the lost worker changes nothing.
     assert trajectory_finish(trajectory_id=trajectory.pk, claim_token=claim.token, result=FakeResult()) is None
@@ -608,7 +610,7 @@ def test_a_killed_workers_trajectory_is_picked_up_by_the_reaper_and_finished(mak
     assert (trajectory.status, trajectory.outcome, trajectory.attempts) == ("finished", "success", 2)
     assert len(agent.calls) == 1
     task.refresh_from_db()
-    assert task.status == Task.Status.COMPLETED
+    assert task.status == Task.Status.REVIEWING
 
 
 # -- secrets -----------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from django_q.models import OrmQ
 from apps.engines.llm import reset_limiters
 from apps.engines.models import SandboxRecord
 from apps.engines.offline_model import running_offline_model
+from apps.reviews.models import Review
 from apps.tasks.models import Batch, Task, Trajectory, TrajectoryLog
 from apps.tasks.services import ROLLOUT_JOB
 from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
@@ -89,6 +90,10 @@ def test_wait_runs_every_task_to_a_successful_trajectory_with_the_real_loop(offl
     assert f"Batch #{batch.pk} 'e2e': 2 task(s): 2 done, 0 failed" in output
     assert "trajectories: 2 (2 success, 0 failure, 0 error, 0 cancelled)" in output
     assert "mean reward:  1.000 (over 2 trajectories with a reward)" in output
+    # Each iteration was reviewed in-process; the offline judge is labelled as the stand-in.
+    assert "reviews:      2 scored, mean overall 100.0" in output and "proposals:    none" in output
+    assert set(Review.objects.filter(trajectory__task__batch=batch).values_list("judge_model", flat=True)) == {
+        "scripted-reference"}
     assert re.search(r"tokens: +[\d,]+ \(prompt [\d,]+, completion [\d,]+\)", output)
     assert re.search(r"wall time: +\d+\.\ds", output)
     assert f"/admin/tasks/batch/{batch.pk}/change/" in output

@@ -28,6 +28,8 @@ from django.conf import settings
 from apps.engines.sandboxes.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
     MANAGED_LABEL,
+    PLATFORM_PYTHON_PATH,
+    PLATFORM_PYTHON_PROFILE,
     RECORD_LABEL,
     WORKDIR,
     ExecResult,
@@ -40,6 +42,7 @@ from apps.engines.sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
     SandboxUnavailable,
+    StdioCommand,
 )
 
 BACKENDS = ("local", "opensandbox")
@@ -48,6 +51,8 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "MANAGED_LABEL",
+    "PLATFORM_PYTHON_PATH",
+    "PLATFORM_PYTHON_PROFILE",
     "RECORD_LABEL",
     "WORKDIR",
     "ExecResult",
@@ -60,6 +65,7 @@ __all__ = [
     "SandboxNotFound",
     "SandboxSpec",
     "SandboxUnavailable",
+    "StdioCommand",
     "acquire",
     "get_backend",
 ]

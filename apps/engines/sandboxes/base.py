@@ -33,6 +33,13 @@ RESERVED_LABEL_PREFIX = "opensandbox.io/"
 
 OutputCallback = Callable[[str, str], None]
 
+# The runtime profile (local backend) / image name (OpenSandbox) whose python3 can import the
+# platform's own Python packages (fastmcp for MCP servers): locally the platform's
+# site-packages are bound read-only at PLATFORM_PYTHON_PATH and put on PYTHONPATH; an
+# OpenSandbox image of this name must ship python3 with those packages installed.
+PLATFORM_PYTHON_PROFILE = "trajplatform-python"
+PLATFORM_PYTHON_PATH = "/opt/trajplatform/site-packages"
+
 
 # --- errors ---------------------------------------------------------------------------
 
@@ -51,6 +58,10 @@ class SandboxNotFound(SandboxError):
 
 class SandboxFileNotFound(SandboxError, FileNotFoundError):
     """`read_file` of a path that does not exist inside the sandbox."""
+
+
+class ServiceFailed(SandboxError):
+    """`start_service`: the process exited, or never answered on its port, in time (its own doing)."""
 
 
 # --- labels ---------------------------------------------------------------------------
@@ -194,6 +205,39 @@ class ExecResult:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class StdioCommand:
+    """A host command line whose stdin/stdout are a process running inside a sandbox.
+
+    Spawn it with any process API (fastmcp's StdioTransport, asyncio, subprocess): the process
+    runs under the sandbox's isolation and limits, and dies with the sandbox.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+# How a long-lived process inside a sandbox is reached from the platform (Sandbox.service_transport).
+SERVICE_STDIO = "stdio"  # its stdin/stdout, through `stdio_command` (local backend)
+SERVICE_HTTP = "http"  # a port it listens on, through `start_service` (OpenSandbox: execd has no stdin)
+
+
+@dataclass(frozen=True)
+class ServiceEndpoint:
+    """A background process inside a sandbox that answers HTTP on `port`, reachable at `url`.
+
+    `url` is the base URL the backend resolved for the port (no trailing slash); `headers` must be
+    sent on every request to it (routing or auth headers of the backend's proxy). `process_id`
+    names the background command (for `service_output`).
+    """
+
+    url: str
+    headers: dict[str, str]
+    port: int
+    process_id: str
 
 
 @dataclass(frozen=True)
@@ -401,6 +445,7 @@ class Sandbox(ABC):
         self.downgrades: list[str] = list(downgrades)
         self.record_id: int | None = None
         self.destroyed = False
+        self._cleanups: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.backend.name}:{self.id}>"
@@ -484,8 +529,82 @@ class Sandbox(ABC):
             return b""
         return self._read_file(sandbox_path(path), max_bytes)
 
+    def stdio_command(
+        self, argv: list[str], *, lifetime: float, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> StdioCommand:
+        """A host command that runs `argv` inside this sandbox with its stdin/stdout attached.
+
+        For long-lived processes spoken to over pipes (an MCP server over stdio). `lifetime`
+        (seconds) bounds its CPU time like `run`'s timeout; destroying the sandbox kills it.
+        SandboxUnavailable on a backend that cannot attach to a process's pipes.
+        """
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            raise SandboxError("argv must be a non-empty list of strings without NUL bytes")
+        if isinstance(lifetime, bool) or not isinstance(lifetime, (int, float)) or lifetime <= 0:
+            raise SandboxError(f"lifetime must be a positive number of seconds, got {lifetime!r}")
+        if self.destroyed:
+            raise SandboxNotFound(f"sandbox {self.id} was destroyed")
+        return self._stdio_command(
+            list(argv), lifetime=float(lifetime), cwd=sandbox_path(cwd) if cwd else WORKDIR,
+            env={**self.spec.env, **validate_env(env)},
+        )
+
+    def _stdio_command(self, argv: list[str], *, lifetime: float, cwd: str, env: dict[str, str]) -> StdioCommand:
+        raise SandboxUnavailable(
+            f"the {self.backend.name} backend cannot attach to a process's stdin/stdout inside a sandbox"
+        )
+
+    # Which way this backend reaches a long-lived process inside the sandbox: SERVICE_STDIO
+    # (`stdio_command`) or SERVICE_HTTP (`start_service`). Callers choose by this, not by type.
+    service_transport: ClassVar[str] = SERVICE_STDIO
+
+    def start_service(
+        self, argv: list[str], *, port: int, lifetime: float, ready_timeout: float,
+        cwd: str | None = None, env: dict[str, str] | None = None,
+    ) -> ServiceEndpoint:
+        """Start `argv` in the background, listening on `port` inside the sandbox, and return
+        once it answers HTTP there (SandboxError naming the cause and its output otherwise,
+        after at most `ready_timeout` seconds). `lifetime` bounds how long it may run;
+        destroying the sandbox kills it. SandboxUnavailable on a backend without ports.
+        """
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            raise SandboxError("argv must be a non-empty list of strings without NUL bytes")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise SandboxError(f"port must be an integer in 1..65535, got {port!r}")
+        for name, value in (("lifetime", lifetime), ("ready_timeout", ready_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise SandboxError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.destroyed:
+            raise SandboxNotFound(f"sandbox {self.id} was destroyed")
+        return self._start_service(
+            list(argv), port=port, lifetime=float(lifetime), ready_timeout=float(ready_timeout),
+            cwd=sandbox_path(cwd) if cwd else WORKDIR, env={**self.spec.env, **validate_env(env)},
+        )
+
+    def service_output(self, service: ServiceEndpoint, max_chars: int = 4000) -> str:
+        """The tail of what the service wrote (stdout and stderr); "" when unavailable."""
+        return ""
+
+    def _start_service(
+        self, argv: list[str], *, port: int, lifetime: float, ready_timeout: float, cwd: str, env: dict[str, str]
+    ) -> ServiceEndpoint:
+        raise SandboxUnavailable(f"the {self.backend.name} backend cannot serve a port from inside a sandbox")
+
+    def add_cleanup(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (once) when the sandbox is destroyed, before anything in it is killed."""
+        self._cleanups.append(callback)
+
+    def _run_cleanups(self) -> None:
+        while self._cleanups:
+            callback = self._cleanups.pop()
+            try:
+                callback()
+            except Exception:
+                logger.exception("sandbox %s: a cleanup callback failed", self.id)
+
     def destroy(self) -> None:
         """Kill everything running in the sandbox and delete it; safe to call twice."""
+        self._run_cleanups()
         if self.destroyed:
             return
         self.backend.destroy(self.id)

@@ -170,8 +170,13 @@ def wrap_argv(
     info_fd: int | None = None,
     cgroup_procs: list[str] | None = None,
     tmp_bytes: int = 64 << 20,
+    ro_binds: tuple[tuple[str, str], ...] = (),
 ) -> list[str]:
-    """Everything before the sandbox's shell: cgroup join, privilege drop, bwrap (if isolated)."""
+    """Everything before the sandbox's shell: cgroup join, privilege drop, bwrap (if isolated).
+
+    `ro_binds` are (host path, sandbox path) pairs bound read-only (a runtime profile's extras,
+    such as the platform's Python packages).
+    """
     argv: list[str] = []
     if cgroup_procs:
         # Still root, before anything of the sandbox exists: move this process into the
@@ -187,6 +192,8 @@ def wrap_argv(
         sized = "--size" in host.bwrap_options
         argv += (["--size", str(ROOT_TMPFS_BYTES)] if sized else []) + ["--tmpfs", "/"]
         argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for source, target in ro_binds:
+            argv += ["--ro-bind", source, target]
         argv += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib"]
         if host.has_lib64:
             argv += ["--symlink", "usr/lib64", "/lib64"]

@@ -27,6 +27,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sysconfig
 import threading
 import time
 from datetime import datetime, timedelta
@@ -38,6 +39,8 @@ from django.conf import settings
 
 from apps.engines.sandboxes import bwrap, cgroups
 from apps.engines.sandboxes.base import (
+    PLATFORM_PYTHON_PATH,
+    PLATFORM_PYTHON_PROFILE,
     WORKDIR,
     ExecResult,
     OutputCallback,
@@ -50,6 +53,7 @@ from apps.engines.sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
     SandboxUnavailable,
+    StdioCommand,
     logger,
 )
 from apps.engines.sandboxes.bwrap import (
@@ -68,7 +72,8 @@ from apps.engines.sandboxes.bwrap import (
 
 SANDBOX_ID_RE = re.compile(r"^lsb-[0-9a-f]{16}$")
 # Local "images": named runtime profiles. All use the host's Debian /usr (python3 3.11).
-PROFILES = ("default", "debian", "python", "python3")
+# PLATFORM_PYTHON_PROFILE adds the platform's Python packages (read-only, on PYTHONPATH).
+PROFILES = ("default", "debian", "python", "python3", PLATFORM_PYTHON_PROFILE)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 FILE_OP_TIMEOUT = 120.0
 # After a kill, how long we keep reading for the pipes to close before giving up on them.
@@ -128,7 +133,15 @@ class LocalSandbox(Sandbox):
 
     def _env(self, env: dict[str, str]) -> dict[str, str]:
         home = WORKDIR if self.isolated else str(self.workspace)
-        return {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": "/tmp", "USER": "sandbox", **env}
+        base = {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": "/tmp", "USER": "sandbox"}
+        if self.spec.image == PLATFORM_PYTHON_PROFILE:
+            base["PYTHONPATH"] = PLATFORM_PYTHON_PATH if self.isolated else platform_python_packages()
+        return {**base, **env}
+
+    def _ro_binds(self) -> tuple[tuple[str, str], ...]:
+        if self.spec.image == PLATFORM_PYTHON_PROFILE:
+            return ((platform_python_packages(), PLATFORM_PYTHON_PATH),)
+        return ()
 
     def _host_cwd(self, cwd: str) -> str:
         """Unisolated mode only: the in-sandbox path /workspace/x is workspace/x on the host."""
@@ -181,7 +194,8 @@ class LocalSandbox(Sandbox):
             def isolated_argv(join: bool) -> list[str]:
                 procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if join else None
                 return wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
-                                  cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20) + shell_argv(command, limits)
+                                  cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20,
+                                  ro_binds=self._ro_binds()) + shell_argv(command, limits)
 
             argv = isolated_argv(join=use_cgroup and not threaded)
             popen_env = {"PATH": HOST_PATH, "LANG": "C.UTF-8"}
@@ -341,7 +355,25 @@ class LocalSandbox(Sandbox):
                 proc.stdin.close()
         return timed_out
 
+    def _stdio_command(self, argv: list[str], *, lifetime: float, cwd: str, env: dict[str, str]) -> StdioCommand:
+        # The same chain as `_execute` (cgroup join, nobody, bwrap, the limits shell), started by
+        # the caller's process API: the process joins the cgroups itself (no spawner thread),
+        # dies with its parent (--die-with-parent) and is killed by destroy (cgroup or workspace).
+        self._check_alive()
+        host = self.backend.host()
+        limits = self._limits(lifetime)
+        if self.isolated:
+            procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if self.cgroup.paths else None
+            head = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), cgroup_procs=procs,
+                             tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds())
+            return StdioCommand(argv=head + shell_argv(argv, limits), env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
+                                cwd="/")
+        head = wrap_argv(host, workspace=None, cwd=cwd, env={})
+        return StdioCommand(argv=head + shell_argv(argv, limits), env={"PATH": SANDBOX_PATH, **self._env(env)},
+                            cwd=self._host_cwd(cwd))
+
     def destroy(self) -> None:
+        self._run_cleanups()
         if not self.destroyed:
             self._destroying = True
             self.kill_running()
@@ -440,6 +472,11 @@ class LocalSandbox(Sandbox):
 
 
 # --- the backend ---------------------------------------------------------------------------------
+
+
+def platform_python_packages() -> str:
+    """The host directory of the platform's Python packages (SANDBOX_PYTHON_PACKAGES, else ours)."""
+    return getattr(settings, "SANDBOX_PYTHON_PACKAGES", "") or sysconfig.get_paths()["purelib"]
 
 
 def _parse_time(value: Any) -> datetime | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import queue
 import re
+import shlex
 import threading
 import time
 from datetime import datetime, timedelta
@@ -35,6 +36,8 @@ from django.conf import settings
 
 from apps.engines.sandboxes.base import (
     PLATFORM_LABEL_PREFIX,
+    SERVICE_HTTP,
+    ServiceEndpoint,
     ExecResult,
     OutputCallback,
     OutputCollector,
@@ -46,6 +49,7 @@ from apps.engines.sandboxes.base import (
     SandboxNotFound,
     SandboxSpec,
     SandboxUnavailable,
+    ServiceFailed,
     WORKDIR,
     logger,
 )
@@ -65,6 +69,11 @@ GO_SIGNALS = {
     "segmentation fault": 11, "user defined signal 2": 12, "broken pipe": 13, "alarm clock": 14,
     "terminated": 15, "CPU time limit exceeded": 24, "file size limit exceeded": 25,
 }
+# Waiting for a background service: how often to look, and how long one HTTP probe may take.
+SERVICE_POLL_S = 0.2
+SERVICE_PROBE_TIMEOUT_S = 2.0
+# A proxy in front of the port answers these while nothing listens behind it yet.
+_NOT_LISTENING = {502, 503, 504}
 _SIGNAL_RE = re.compile(r"signal: ([A-Za-z /-]+[a-z0-9])")
 _EXIT_RE = re.compile(r"exit status (-?\d+)")
 
@@ -283,6 +292,92 @@ class OpenSandbox(Sandbox):
                 from apps.engines.sandboxes import records
 
                 records.record_error(backend=self.backend.name, external_id=self.id, error=message)
+
+    # -- services: execd gives background commands no stdin, so a long-lived process is
+    # reached over HTTP on a port, through the endpoint the lifecycle API resolves for it.
+
+    service_transport = SERVICE_HTTP
+
+    def _start_service(
+        self, argv: list[str], *, port: int, lifetime: float, ready_timeout: float, cwd: str, env: dict[str, str]
+    ) -> ServiceEndpoint:
+        sdk = _sdk()
+        handle = self._sdk_handle()
+        opts = sdk["RunCommandOpts"](background=True, working_directory=cwd,
+                                     timeout=timedelta(seconds=lifetime), envs=env or None)
+        try:
+            # A shell string: execd 1.1.1 takes argv too, but older execd builds only `command`.
+            execution = handle.commands.run(shlex.join(argv), opts=opts)
+        except Exception as exc:
+            raise _map_error(exc, f"starting a background command in sandbox {self.id}") from exc
+        if not execution.id:
+            raise SandboxError(f"sandbox {self.id}: execd did not report an id for the background command")
+        try:
+            endpoint = handle.get_endpoint(port)
+            headers = dict(endpoint.build_request_headers(handle.connection_config))
+        except Exception as exc:
+            self._stop_service(handle, execution.id)
+            raise _map_error(exc, f"resolving the endpoint of port {port} in sandbox {self.id}") from exc
+        base = endpoint.endpoint.rstrip("/")
+        url = base if "://" in base else f"http://{base}"
+        service = ServiceEndpoint(url=url, headers=headers, port=port, process_id=execution.id)
+        try:
+            self._wait_for_service(handle, service, ready_timeout)
+        except ServiceFailed:
+            raise  # it exited, or was stopped when the wait gave up
+        except BaseException:
+            self._stop_service(handle, execution.id)
+            raise
+        return service
+
+    def _wait_for_service(self, handle: Any, service: ServiceEndpoint, ready_timeout: float) -> None:
+        """Until the port answers HTTP (any status but a proxy's 502-504); fail fast if it exited."""
+        import httpx
+
+        deadline = time.monotonic() + ready_timeout
+        last = "no answer yet"
+        with httpx.Client(headers=service.headers, timeout=SERVICE_PROBE_TIMEOUT_S, trust_env=False) as client:
+            while True:
+                try:
+                    status = handle.commands.get_command_status(service.process_id)
+                except Exception as exc:
+                    raise _map_error(exc, f"checking the background command in sandbox {self.id}") from exc
+                if status.running is False:
+                    raise ServiceFailed(
+                        f"the service for port {service.port} in sandbox {self.id} exited "
+                        f"(exit code {status.exit_code}) before it answered{self._output_note(service)}"
+                    )
+                try:
+                    answer = client.get(service.url + "/")
+                    if answer.status_code not in _NOT_LISTENING:
+                        return
+                    last = f"HTTP {answer.status_code} from the endpoint"
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                if time.monotonic() >= deadline:
+                    message = (f"the service for port {service.port} in sandbox {self.id} did not answer at "
+                               f"{service.url} within {ready_timeout:g}s ({last}){self._output_note(service)}")
+                    self._stop_service(handle, service.process_id)
+                    raise ServiceFailed(message)
+                time.sleep(SERVICE_POLL_S)
+
+    def _stop_service(self, handle: Any, process_id: str) -> None:
+        try:
+            handle.commands.interrupt(process_id)
+        except Exception as exc:  # it may have exited already; destroying the sandbox ends it anyway
+            logger.info("sandbox %s: stopping background command %s: %s", self.id, process_id, exc)
+
+    def service_output(self, service: ServiceEndpoint, max_chars: int = 4000) -> str:
+        try:
+            logs = self._sdk_handle().commands.get_background_command_logs(service.process_id)
+        except Exception as exc:
+            logger.info("sandbox %s: reading the output of %s: %s", self.id, service.process_id, exc)
+            return ""
+        return (logs.content or "")[-max_chars:].strip()
+
+    def _output_note(self, service: ServiceEndpoint) -> str:
+        output = self.service_output(service)
+        return f"\nits output:\n{output}" if output else ""
 
     def _write_file(self, path: str, data: bytes, mode: int) -> None:
         try:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import httpx
@@ -29,9 +30,13 @@ Import FILE as a batch (exactly as `manage.py import_tasks` does: every line che
 nothing written on an error), start an iteration of every queued task in it, and enqueue the
 rollout jobs for the worker cluster (`make worker`).
 
-With --wait the rollouts run in this process instead (no worker cluster needed): a progress
-line while they run, then a summary (tasks done/failed, mean reward, tokens, wall time, the
-batch's admin page).
+With --wait the rollouts and their reviews run in this process instead (no worker cluster
+needed): each finished iteration is reviewed (checks + judge), then the task completes, fails,
+starts its next iteration with green changes applied, or waits for a person to decide its
+yellow/red proposals. The command returns when every task is final or waiting for approval
+(or waiting for a failed judge to be retried), with a progress line while it runs and then a
+summary (tasks done/failed/waiting, mean reward, review scores, proposals, tokens, wall time,
+the batch's admin page).
 
 The model: with no LLM configured (no LLM_BASE_URL, LLM_API_KEY or LLM_PROVIDERS) the
 platform uses the offline scripted model at OFFLINE_MODEL_URL, a labelled stand-in that
@@ -46,6 +51,23 @@ REAP_EVERY_S = 30.0
 BAR_WIDTH = 24
 SERVE_URL = "http://127.0.0.1:8000"  # `make serve`'s default address
 QUIET_LOGGERS = ("httpx", "httpx2", "django-q", "apps.tasks.jobs", "apps.engines.sandboxes")
+
+
+@contextlib.contextmanager
+def quiet_loggers(verbosity: int) -> Iterator[None]:
+    """Below -v 2, WARNING and up only from the chatty loggers: an INFO line per model request
+    or job drowns the progress line."""
+    quieted = {}
+    if verbosity < 2:
+        for name in QUIET_LOGGERS:
+            logger = logging.getLogger(name)
+            quieted[logger] = logger.level
+            logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in quieted.items():
+            logger.setLevel(level)
 
 
 class _HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -77,7 +99,8 @@ class Command(BaseCommand):
                             help="if a batch of this name was already imported from identical content, resume "
                                  "that batch instead of importing again (used by `make demo`)")
         parser.add_argument("--wait", action="store_true",
-                            help="run the rollouts in this process until every task of the batch has finished")
+                            help="run the rollouts and reviews in this process until every task of the batch is final or "
+                                 "waiting for approval")
         parser.add_argument("--concurrency", type=int, metavar="N",
                             help="with --wait: trajectories run at once (default ROLLOUT_CONCURRENCY)")
         parser.add_argument("--start-offline-model", action="store_true",
@@ -100,28 +123,20 @@ class Command(BaseCommand):
             raise CommandError("--start-offline-model goes with --wait: the model would stop with this command, "
                                "before a worker picked the jobs up; run `make offline-model` instead")
 
-        quieted = {}
-        if options["verbosity"] < 2:
-            # An INFO line per model request or job drowns the progress line; -v 2 shows them.
-            for name in QUIET_LOGGERS:
-                logger = logging.getLogger(name)
-                quieted[logger] = logger.level
-                logger.setLevel(logging.WARNING)
-        server = None
-        try:
-            server = self._check_model(options, path)
-            batch = self._import(path, options)
-            self._start(batch)
-            if wait:
-                self._run_here(batch, concurrency or settings.ROLLOUT_CONCURRENCY)
-            else:
-                self.stdout.write("Rollout jobs enqueued; a worker cluster (`make worker`) runs them.")
-                self.stdout.write(f"Admin: {_batch_admin_path(batch.pk)}")
-        finally:
-            if server is not None:
-                server.stop()
-            for logger, level in quieted.items():
-                logger.setLevel(level)
+        with quiet_loggers(options["verbosity"]):
+            server = None
+            try:
+                server = self._check_model(options, path)
+                batch = self._import(path, options)
+                self._start(batch)
+                if wait:
+                    self._run_here(batch, concurrency or settings.ROLLOUT_CONCURRENCY)
+                else:
+                    self.stdout.write("Rollout jobs enqueued; a worker cluster (`make worker`) runs them.")
+                    self.stdout.write(f"Admin: {_batch_admin_path(batch.pk)}")
+            finally:
+                if server is not None:
+                    server.stop()
 
     # -- the model
 
@@ -287,10 +302,12 @@ class Command(BaseCommand):
             cost=Sum("cost_usd"),
         )
         total = sum(tasks.values())
+        unfinished = total - sum(tasks[s] for s in Task.FINAL) - tasks["waiting_approval"]
         self.stdout.write(self.style.SUCCESS(
             f"Batch #{batch.pk} {batch.name!r}: {total} task(s): {tasks['completed']} done, {tasks['failed']} failed"
             + (f", {tasks['cancelled']} cancelled" if tasks["cancelled"] else "")
-            + (f", {total - sum(tasks[s] for s in Task.FINAL)} not finished" if total > sum(tasks[s] for s in Task.FINAL) else "")
+            + (f", {tasks['waiting_approval']} waiting for approval" if tasks["waiting_approval"] else "")
+            + (f", {unfinished} not finished" if unfinished else "")
         ))
         self.stdout.write(
             f"  trajectories: {stats['n']} ({stats['success']} success, {stats['failure']} failure, "
@@ -305,15 +322,41 @@ class Command(BaseCommand):
             f"  tokens:       {stats['tokens'] or 0:,} (prompt {stats['prompt'] or 0:,}, completion "
             f"{stats['completion'] or 0:,}); cost ${stats['cost'] or 0:.4f}"
         )
+        for line in _review_lines(batch, tasks):
+            self.stdout.write(line)
         self.stdout.write(f"  wall time:    {wall_s:.1f}s")
         admin_path = _batch_admin_path(batch.pk)
         self.stdout.write(f"  admin:        {admin_path} (with `make serve`: {SERVE_URL}{admin_path}); its tasks: "
                           f"{reverse('admin:tasks_task_changelist')}?batch__id__exact={batch.pk}")
 
 
+def _review_lines(batch: Batch, tasks: dict[str, int]) -> list[str]:
+    """The review part of the summary: scores, judge failures, proposals by tier and status."""
+    from apps.reviews.models import Proposal, Review
+
+    reviews = Review.objects.filter(trajectory__task__batch=batch, kind=Review.Kind.AUTO).aggregate(
+        scored=Count("id", filter=Q(status=Review.Status.DONE)),
+        failed=Count("id", filter=Q(status=Review.Status.JUDGE_FAILED)),
+        mean=Avg("overall", filter=Q(status=Review.Status.DONE)),
+    )
+    proposals = Proposal.objects.filter(task__batch=batch).order_by().values_list("tier", "status").annotate(n=Count("id"))
+    mean = reviews["mean"]
+    lines = [
+        f"  reviews:      {reviews['scored']} scored" + (f", mean overall {mean:.1f}" if mean is not None else "")
+        + (f", {reviews['failed']} judge failed (retried by the worker's schedule)" if reviews["failed"] else ""),
+        "  proposals:    " + (", ".join(f"{n} {tier} {status}" for tier, status, n in sorted(proposals)) or "none"),
+    ]
+    if tasks[Task.Status.WAITING_APPROVAL]:
+        lines.append(f"  waiting:      {tasks[Task.Status.WAITING_APPROVAL]} task(s) wait for a decision at "
+                     f"{reverse('reviews:queue')}?batch={batch.pk}")
+    return lines
+
+
 def _drive(batch_id: int, concurrency: int, stop: threading.Event, done: threading.Event,
            failures: list[BaseException]) -> None:
-    """The rollout loop of `--wait`: run this batch's trajectories until none of its tasks is open."""
+    """The rollout loop of `--wait`: run this batch's trajectories and reviews until none of its
+    tasks is open (queued, running, or reviewing without a failed judge)."""
+    from apps.reviews.jobs import review_batch, tasks_awaiting_review
     from apps.tasks.jobs import reap_stale_rollouts, run_rollouts
 
     open_statuses = (Task.Status.QUEUED, Task.Status.RUNNING)
@@ -325,9 +368,11 @@ def _drive(batch_id: int, concurrency: int, stop: threading.Event, done: threadi
                 reap_stale_rollouts(dispatch=False)
                 last_reap = time.monotonic()
             report = run_rollouts(concurrency=concurrency, batch_id=batch_id, stop=stop)
-            if not Task.objects.filter(batch_id=batch_id, status__in=open_statuses).exists():
+            reviewed = review_batch(batch_id)
+            if not (Task.objects.filter(batch_id=batch_id, status__in=open_statuses).exists()
+                    or tasks_awaiting_review(batch_id).exists()):
                 return
-            if not report["claimed"]:
+            if not report["claimed"] and not reviewed["tasks"]:
                 # Retries waiting out their backoff, or trajectories another worker runs.
                 stop.wait(IDLE_POLL_S)
     except BaseException as exc:  # reported by the main thread

@@ -1,0 +1,1 @@
+"""The datasets REST API."""

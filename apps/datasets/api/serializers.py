@@ -1,0 +1,81 @@
+"""Datasets, versions and export jobs."""
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.datasets.models import Dataset, DatasetVersion, ExportJob
+from trajplatform.api import StrictSerializerMixin
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    n_versions = serializers.IntegerField(read_only=True)
+    latest_number = serializers.IntegerField(read_only=True, allow_null=True)
+    latest_published = serializers.IntegerField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "description", "created_at", "n_versions", "latest_number", "latest_published"]
+        read_only_fields = fields
+
+
+class VersionSerializer(serializers.ModelSerializer):
+    dataset = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    parent = serializers.SerializerMethodField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    filter_spec = serializers.JSONField(read_only=True)
+    counts = serializers.JSONField(read_only=True)
+
+    class Meta:
+        model = DatasetVersion
+        fields = ["id", "dataset", "number", "status", "parent", "filter_spec", "counts", "split_seed", "notes",
+                  "created_by", "created_at", "published_at"]
+        read_only_fields = fields
+
+    def get_parent(self, version: DatasetVersion) -> int | None:
+        return version.parent.number if version.parent_id else None
+
+
+class VersionDetailSerializer(VersionSerializer):
+    data_card = serializers.JSONField(read_only=True)
+    exporter_versions = serializers.JSONField(read_only=True)
+    exports = serializers.SerializerMethodField()
+
+    class Meta(VersionSerializer.Meta):
+        fields = [*VersionSerializer.Meta.fields, "data_card", "exporter_versions", "exports"]
+        read_only_fields = fields
+
+    def get_exports(self, version: DatasetVersion) -> list[dict[str, Any]]:
+        from apps.datasets.selectors import export_checksums
+
+        return export_checksums(version)
+
+
+class VersionCreateSerializer(StrictSerializerMixin, serializers.Serializer):
+    filter_spec = serializers.JSONField(help_text="the selection (see README 'Datasets'): scenes, outcome, min score, ...")
+    parent = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                      help_text="number of the version this one derives from")
+    notes = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
+
+
+class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
+    format = serializers.CharField(max_length=40, help_text="an exporter name, e.g. sft-openai")
+    split = serializers.ChoiceField(choices=ExportJob.Split.choices, default=ExportJob.Split.ALL)
+
+
+class ExportJobSerializer(serializers.ModelSerializer):
+    dataset = serializers.CharField(source="version.dataset.name", read_only=True)
+    version = serializers.IntegerField(source="version.number", read_only=True)
+    download_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ExportJob
+        fields = ["id", "dataset", "version", "format", "format_version", "split", "status", "sha256", "lines",
+                  "bytes", "members", "error", "created_at", "started_at", "finished_at", "download_url"]
+        read_only_fields = fields
+
+    def get_download_url(self, job: ExportJob) -> str | None:
+        if job.status != ExportJob.Status.DONE or not job.in_export_dir:
+            return None
+        return f"/api/v1/exports/{job.pk}/download"

@@ -1,0 +1,14 @@
+"""/api/v1/datasets/... and /api/v1/exports/..."""
+from django.urls import path
+
+from apps.datasets.api import views
+
+urlpatterns = [
+    path("datasets", views.DatasetListView.as_view(), name="dataset-list"),
+    path("datasets/<slug:name>/versions", views.VersionListView.as_view(), name="version-list"),
+    path("datasets/<slug:name>/versions/<int:number>", views.VersionDetailView.as_view(), name="version-detail"),
+    path("datasets/<slug:name>/versions/<int:number>/publish", views.VersionPublishView.as_view(), name="version-publish"),
+    path("datasets/<slug:name>/versions/<int:number>/exports", views.ExportStartView.as_view(), name="export-start"),
+    path("exports/<int:job_id>", views.ExportDetailView.as_view(), name="export-detail"),
+    path("exports/<int:job_id>/download", views.ExportDownloadView.as_view(), name="export-download"),
+]

@@ -1,0 +1,127 @@
+"""Dataset versions: list, create from a filter, publish; exports: start, poll, download with checksum."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.generics import GenericAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.datasets import selectors, services
+from apps.datasets.api import serializers as s
+from apps.datasets.models import ExportJob
+from apps.tasks.api.views import ERRORS
+from trajplatform.api import get_object_or_404
+
+VIEW = ("datasets.view_datasetversion",)
+
+
+class DatasetListView(GenericAPIView):
+    """Every dataset with its version count and latest (published) version."""
+
+    read_perms = ("datasets.view_dataset",)
+    serializer_class = s.DatasetSerializer
+
+    def get_queryset(self) -> Any:
+        return selectors.dataset_list()
+
+    @extend_schema(responses={200: s.DatasetSerializer(many=True), **ERRORS})
+    def get(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.DatasetSerializer(page, many=True).data)
+
+
+class VersionListView(GenericAPIView):
+    """A dataset's versions (GET) or a new draft version built from a filter spec (POST)."""
+
+    read_perms = VIEW
+    write_perms = ("datasets.add_datasetversion",)
+    serializer_class = s.VersionSerializer
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            from apps.datasets.models import DatasetVersion
+
+            return DatasetVersion.objects.none()
+        return selectors.versions_of(selectors.dataset_get(self.kwargs["name"]))
+
+    @extend_schema(responses={200: s.VersionSerializer(many=True), **ERRORS})
+    def get(self, request: Request, name: str) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.VersionSerializer(page, many=True).data)
+
+    @extend_schema(request=s.VersionCreateSerializer, responses={201: s.VersionDetailSerializer, **ERRORS},
+                   description="Select, dedup, split and freeze a new draft version (the dataset is created if new).")
+    def post(self, request: Request, name: str) -> Response:
+        body = s.VersionCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        parent_number = body.validated_data.get("parent")
+        parent = selectors.version_get(name, parent_number) if parent_number else None
+        version = services.dataset_version_create(
+            dataset_name=name, filter_spec=body.validated_data["filter_spec"], actor=request.user, parent=parent,
+            notes=body.validated_data["notes"],
+        )
+        return Response(s.VersionDetailSerializer(version).data, status=201)
+
+
+class VersionDetailView(APIView):
+    read_perms = VIEW
+
+    @extend_schema(responses={200: s.VersionDetailSerializer, **ERRORS})
+    def get(self, request: Request, name: str, number: int) -> Response:
+        return Response(s.VersionDetailSerializer(selectors.version_get(name, number)).data)
+
+
+class VersionPublishView(APIView):
+    """Publish a draft version: it never changes again (approver role)."""
+
+    write_perms = ("datasets.publish_datasetversion",)
+
+    @extend_schema(request=None, responses={200: s.VersionDetailSerializer, **ERRORS})
+    def post(self, request: Request, name: str, number: int) -> Response:
+        version = services.dataset_version_publish(version=selectors.version_get(name, number), actor=request.user)
+        return Response(s.VersionDetailSerializer(version).data)
+
+
+class ExportStartView(APIView):
+    """Start an export of one split in one format; poll /api/v1/exports/{id} until done."""
+
+    write_perms = ("datasets.add_datasetversion",)
+
+    @extend_schema(request=s.ExportStartSerializer, responses={202: s.ExportJobSerializer, **ERRORS})
+    def post(self, request: Request, name: str, number: int) -> Response:
+        body = s.ExportStartSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = services.export_start(
+            version=selectors.version_get(name, number), fmt=body.validated_data["format"],
+            split=body.validated_data["split"], actor=request.user,
+        )
+        return Response(s.ExportJobSerializer(job).data, status=202)
+
+
+class ExportDetailView(APIView):
+    read_perms = VIEW
+
+    @extend_schema(responses={200: s.ExportJobSerializer, **ERRORS})
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_object_or_404(ExportJob.objects.select_related("version__dataset"), pk=job_id)
+        return Response(s.ExportJobSerializer(job).data)
+
+
+class ExportDownloadView(APIView):
+    """The finished file; its SHA-256 is in the `X-Checksum-SHA256` header (and the job)."""
+
+    read_perms = VIEW
+
+    @extend_schema(responses={(200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.BINARY), **ERRORS})
+    def get(self, request: Request, job_id: int) -> FileResponse:
+        job, path = selectors.export_for_download(job_id)
+        response = FileResponse(open(path, "rb"), as_attachment=True, filename=path.name,
+                                content_type="application/x-ndjson")
+        response["X-Checksum-SHA256"] = job.sha256
+        response["ETag"] = f'"{job.sha256}"'
+        return response

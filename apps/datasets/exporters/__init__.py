@@ -1,0 +1,266 @@
+"""Exporters: trajectories as JSONL for trainers, streamed, validated line by line.
+
+    records = load_records(trajectory_ids)                 # canonical records, chunked
+    result = export_records("sft-trl", records, fp)        # -> ExportResult
+    validate_line("sharegpt", obj)                         # the consumer's rules, [] = valid
+
+Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
+sharegpt, alpaca, raw. Every line is redacted (configured secrets, API-key shapes, bearer
+tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
+that cannot be rendered or whose line fails its validator is not written and is listed in
+`ExportResult.excluded` with the reason, so a file is never half-valid. Lines are serialized
+with orjson, keys sorted, UTF-8, so exporting the same records again gives the same bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, BinaryIO
+
+import orjson
+from django.conf import settings
+
+from trajplatform.redaction import redact, secret_values
+
+from . import dpo, formats
+from .chat import RenderError
+from .records import RAW_SCHEMA_VERSION, load_records
+
+__all__ = [
+    "FORMATS", "RAW_SCHEMA_VERSION", "ExportResult", "Exporter", "export_records", "load_records", "validate_line",
+]
+
+DUMPS_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
+@dataclass(frozen=True)
+class Exporter:
+    name: str
+    version: str  # bump when the output for the same records changes
+    pairwise: bool
+    description: str
+    render: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None  # record, ctx -> line
+    validate: Callable[[Any], list[str]]
+    one_per_task: bool = False  # RL task shapes: the first renderable record of each task
+    # Pairwise formats: one task's records, ctx -> ([(line, [source records])], excluded).
+    render_group: Callable[[list[dict[str, Any]], dict[str, Any]], Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Exporter {self.name} v{self.version}>"
+
+
+_ALL = [
+    Exporter("sft-openai", "1", False, "OpenAI chat fine-tuning: messages with tool_calls (arguments as JSON "
+             "strings), role tool with tool_call_id, tools, parallel_tool_calls",
+             formats.render_sft_openai, formats.validate_sft_openai),
+    Exporter("sft-trl", "1", False, "TRL conversational SFT: messages + tools, tool-call arguments as objects, "
+             "reasoning_content kept", formats.render_sft_trl, formats.validate_sft_trl),
+    Exporter("dpo-openai", "1", True, "OpenAI preference fine-tuning: input (shared prompt, tools), one preferred "
+             "and one non-preferred assistant message; pairs within a task only", None, dpo.validate_dpo_openai,
+             render_group=partial(dpo.pair_group, style="openai")),
+    Exporter("dpo-trl", "1", True, "TRL DPO, conversational with explicit prompt: prompt (shared prefix), "
+             "chosen/rejected continuations, tools; pairs within a task only", None, dpo.validate_dpo_trl,
+             render_group=partial(dpo.pair_group, style="trl")),
+    Exporter("rl", "1", False, "platform RL record per trajectory: prompt, tools, full messages, final reward, "
+             "per-step tool success, verifier output, judge scores", formats.render_rl, formats.validate_rl),
+    Exporter("rl-verl", "1", False, "verl RL task per task: data_source, prompt, ability, "
+             "reward_model{style, ground_truth}, extra_info", formats.render_verl, formats.validate_verl,
+             one_per_task=True),
+    Exporter("rl-agentjet", "1", False, "AgentJet task per task: main_query, init_messages, task_id, env_type, "
+             "metadata{answer}", formats.render_agentjet, formats.validate_agentjet, one_per_task=True),
+    Exporter("sharegpt", "1", False, "LLaMA-Factory ShareGPT: conversations with human/gpt/function_call/"
+             "observation turns, system, tools as a JSON string", formats.render_sharegpt, formats.validate_sharegpt),
+    Exporter("alpaca", "1", False, "LLaMA-Factory Alpaca: instruction/input/output/system/history; tool calls "
+             "and results flattened into tagged text", formats.render_alpaca, formats.validate_alpaca),
+    Exporter("raw", "1", False, f"our canonical lossless record ({RAW_SCHEMA_VERSION}), read back by "
+             "import_trajectories", formats.render_raw, formats.validate_raw),
+]
+FORMATS: dict[str, Exporter] = {e.name: e for e in _ALL}
+
+
+@dataclass
+class ExportResult:
+    format: str
+    version: str
+    lines: int = 0
+    excluded: list[dict[str, Any]] = field(default_factory=list)
+    sha256: str = ""
+    bytes: int = 0
+
+
+def validate_line(fmt: str, obj: Any) -> list[str]:
+    """What is wrong with one line by the format's consumer's rules ([] = valid)."""
+    return _exporter(fmt).validate(obj)
+
+
+def _exporter(fmt: str) -> Exporter:
+    try:
+        return FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown export format {fmt!r}; one of: {', '.join(FORMATS)}") from None
+
+
+def _options(options: dict[str, Any] | None) -> dict[str, Any]:
+    resolved = {
+        "dpo_min_margin": 0.2,
+        "include_system": True,
+        "redact_pii": bool(getattr(settings, "EXPORT_REDACT_PII", False)),
+        "split": "train",
+        "start_index": 0,
+    }
+    unknown = set(options or {}) - set(resolved)
+    if unknown:
+        raise ValueError(f"unknown export option(s): {', '.join(sorted(unknown))}; known: {', '.join(resolved)}")
+    resolved.update(options or {})
+    m = resolved["dpo_min_margin"]
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1:
+        raise ValueError("dpo_min_margin: must be a number from 0 to 1")
+    for key in ("include_system", "redact_pii"):
+        if not isinstance(resolved[key], bool):
+            raise ValueError(f"{key}: must be true or false")
+    if not isinstance(resolved["split"], str) or not resolved["split"]:
+        raise ValueError("split: must be a non-empty string")
+    start = resolved["start_index"]
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError("start_index: must be a whole number >= 0")
+    return resolved
+
+
+# -- redaction ------------------------------------------------------------------------------
+
+REDACTED_EMAIL = "[REDACTED_EMAIL]"
+REDACTED_PHONE = "[REDACTED_PHONE]"
+_PRIVATE_KEY = re.compile(
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
+    r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+    re.S,
+)
+_EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
+_PHONE = re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}(?![\w])")
+# A superset of what redact() and the patterns above can change, looked for in the serialized
+# line with plain substring tests (much cheaper than one regex with alternatives): when none
+# occurs, redaction is a no-op and the line is written as serialized.
+_CASE_SENSITIVE_HINTS = (b"sk-", b"AIza", b"hf_", b"-----BEGIN ")
+_GITHUB_HINT = re.compile(rb"gh[pousr]_")
+
+
+class _Redactor:
+    def __init__(self, *, pii: bool) -> None:
+        self.pii = pii
+        self.secrets = secret_values()
+        # A secret appears in the line JSON-escaped, exactly as orjson escapes it alone.
+        self.hints = _CASE_SENSITIVE_HINTS + tuple(orjson.dumps(s)[1:-1] for s in self.secrets)
+
+    def _hinted(self, data: bytes) -> bool:
+        return (any(hint in data for hint in self.hints) or b"bearer" in data.lower()
+                or _GITHUB_HINT.search(data) is not None)
+
+    def _text(self, text: str) -> str:
+        text = _PRIVATE_KEY.sub("[REDACTED]", text)
+        if self.pii:
+            text = _PHONE.sub(REDACTED_PHONE, _EMAIL.sub(REDACTED_EMAIL, text))
+        return text
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._text(value)
+        if isinstance(value, dict):
+            return {k: self._walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._walk(v) for v in value]
+        return value
+
+    def apply(self, obj: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """(redacted line, its serialized bytes)."""
+        data = orjson.dumps(obj, option=DUMPS_OPTIONS)
+        if self.pii or self._hinted(data):
+            # Model output becomes training data: labels=False keeps `password = "..."` that
+            # an agent legitimately wrote, while configured secrets and key shapes still go.
+            obj = self._walk(redact(obj, labels=False, _secrets=self.secrets))
+            data = orjson.dumps(obj, option=DUMPS_OPTIONS)
+        return obj, data
+
+
+# -- export --------------------------------------------------------------------------------
+
+
+def _groups(records: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive records of one task; a task id seen again after its group is an error."""
+    done: set[int] = set()
+    group: list[dict[str, Any]] = []
+    for record in records:
+        task_id = record["task_id"]
+        if group and group[0]["task_id"] != task_id:
+            done.add(group[0]["task_id"])
+            yield group
+            group = []
+        if task_id in done:
+            raise ValueError(
+                f"records of task {task_id} are not consecutive: pairwise formats need them grouped by task")
+        group.append(record)
+    if group:
+        yield group
+
+
+def export_records(
+    fmt: str, records: Iterable[dict[str, Any]], out: BinaryIO, *, options: dict[str, Any] | None = None
+) -> ExportResult:
+    """Write one JSONL line per rendered record (per pair, for DPO) to `out`; see the module doc.
+
+    Options: dpo_min_margin (0.2), include_system (True), redact_pii (settings.EXPORT_REDACT_PII),
+    split (verl's extra_info.split, "train"), start_index (verl's extra_info.index of the first
+    line, 0: a file written in chunks continues the count).
+    """
+    exporter = _exporter(fmt)
+    ctx = _options(options)
+    ctx["index"] = ctx["start_index"]
+    redactor = _Redactor(pii=ctx["redact_pii"])
+    result = ExportResult(format=exporter.name, version=exporter.version)
+    digest = hashlib.sha256()
+    written_tasks: set[int] = set()
+
+    def write(obj: dict[str, Any], sources: list[dict[str, Any]]) -> bool:
+        obj, data = redactor.apply(obj)
+        problems = exporter.validate(obj)
+        if problems:
+            shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+            for rec in sources:
+                result.excluded.append({"trajectory_id": rec["trajectory_id"], "task_id": rec["task_id"],
+                                        "reason": f"invalid {exporter.name} line: {shown}"})
+            return False
+        out.write(data)
+        digest.update(data)
+        result.lines += 1
+        result.bytes += len(data)
+        ctx["index"] += 1
+        return True
+
+    if exporter.pairwise:
+        assert exporter.render_group is not None
+        for group in _groups(records):
+            pairs, excluded = exporter.render_group(group, ctx)
+            result.excluded += excluded
+            for obj, sources in pairs:
+                write(obj, sources)
+    else:
+        assert exporter.render is not None
+        for record in records:
+            if exporter.one_per_task and record["task_id"] in written_tasks:
+                result.excluded.append({"trajectory_id": record["trajectory_id"], "task_id": record["task_id"],
+                                        "reason": f"{exporter.name}: one line per task, task {record['task_id']} "
+                                        "is already written"})
+                continue
+            try:
+                obj = exporter.render(record, ctx)
+            except (RenderError, KeyError, TypeError, AttributeError) as exc:
+                reason = str(exc) if isinstance(exc, RenderError) else f"malformed record: {type(exc).__name__}: {exc}"
+                result.excluded.append({"trajectory_id": record.get("trajectory_id"), "task_id": record.get("task_id"),
+                                        "reason": f"{exporter.name}: {reason}"})
+                continue
+            if write(obj, [record]) and exporter.one_per_task:
+                written_tasks.add(record["task_id"])
+    result.sha256 = digest.hexdigest()
+    return result

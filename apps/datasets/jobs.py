@@ -1,0 +1,205 @@
+"""Export jobs: write a version's split in one format, resumably, and put it in place atomically.
+
+The members are exported in chunks cut at task boundaries (DPO exporters see every rollout of
+a task together). Each finished chunk is kept in `<path>.parts/` with its line count,
+exclusions and checksum; a run that was interrupted resumes from the first missing chunk.
+The chunks are then concatenated into `<path>.tmp`, fsynced, and renamed to `<path>`: the
+destination only ever holds a complete file. Every exporter renders each record on its own
+(or each task group, for DPO), so the concatenation is byte-identical to a single pass.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.datasets import services
+from apps.datasets.models import DatasetVersion, ExportJob
+from apps.datasets.selectors import member_rows
+from apps.datasets.spec import DatasetError
+from apps.tasks.models import Trajectory
+
+log = logging.getLogger(__name__)
+
+PARTS_SUFFIX = ".parts"
+MANIFEST = "manifest.json"
+COPY_BUFFER = 1 << 20
+
+# Formats whose lines carry their index in the file (verl's extra_info.index).
+POSITIONAL_FORMATS = frozenset({"rl-verl"})
+
+ExportProgress = Callable[[int, int], None]  # (members done, members total)
+
+
+def _chunks(rows: list[tuple[int, int, str]], size: int) -> list[list[tuple[int, int, str]]]:
+    """Consecutive runs of about `size` members, never splitting a task's rollouts."""
+    chunks: list[list[tuple[int, int, str]]] = []
+    current: list[tuple[int, int, str]] = []
+    for row in rows:
+        if len(current) >= size and row[1] != current[-1][1]:
+            chunks.append(current)
+            current = []
+        current.append(row)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+@functools.cache
+def _supports_start_index() -> bool:
+    """Whether export_records accepts options["start_index"] (the first line's index)."""
+    from apps.datasets.exporters import export_records
+
+    try:
+        export_records("raw", iter(()), io.BytesIO(), options={"start_index": 0})
+    except ValueError:
+        return False
+    return True
+
+
+def _check_hashes(chunk: list[tuple[int, int, str]]) -> None:
+    frozen = {pk: sha for pk, _, sha in chunk}
+    current = dict(Trajectory.objects.filter(pk__in=list(frozen)).values_list("pk", "content_sha256"))
+    for pk, sha in frozen.items():
+        if pk not in current:
+            raise DatasetError(f"trajectory #{pk} of the version no longer exists")
+        if current[pk] != sha:
+            raise DatasetError(
+                f"trajectory #{pk} changed since the version was frozen (content hash {current[pk][:12]}… "
+                f"!= {sha[:12]}…); its export would not match the version"
+            )
+
+
+def _write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _fsync_path(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def write_export(
+    *, version: DatasetVersion, fmt: str, split: str, path: Path, progress: ExportProgress | None = None,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the export file at `path` (resuming from `path.parts/`); returns its facts."""
+    from apps.datasets.exporters import export_records, load_records
+
+    exporter = services.check_exportable(version, fmt, split)
+    rows = member_rows(version, split)
+    options = dict(options or {})
+    if split != "all":
+        options.setdefault("split", split)
+    # Lines may carry their position in the file (verl's extra_info.index): chunks can only be
+    # exported separately when the exporter can start counting where the previous chunk ended.
+    chunked = fmt not in POSITIONAL_FORMATS or _supports_start_index()
+    chunks = _chunks(rows, max(1, settings.DATASET_EXPORT_CHUNK) if chunked else max(1, len(rows)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = path.with_name(path.name + PARTS_SUFFIX)
+    manifest = {
+        "version_id": version.pk, "format": fmt, "format_version": str(exporter.version), "split": split,
+        "options": options,
+        "chunks": [hashlib.sha256(",".join(str(r[0]) for r in c).encode()).hexdigest() for c in chunks],
+    }
+    existing = None
+    if (parts / MANIFEST).is_file():
+        try:
+            existing = json.loads((parts / MANIFEST).read_text(encoding="utf-8"))
+        except ValueError:
+            existing = None
+    if existing != manifest:
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir(parents=True)
+        _write_json_atomic(parts / MANIFEST, manifest)
+
+    done_members = resumed = 0
+    excluded: list[dict[str, Any]] = []
+    lines = 0
+    for i, chunk in enumerate(chunks):
+        data, meta = parts / f"{i:06d}.jsonl", parts / f"{i:06d}.json"
+        if meta.is_file() and data.is_file():
+            facts = json.loads(meta.read_text(encoding="utf-8"))
+            if data.stat().st_size == facts["bytes"]:
+                resumed += 1
+                lines += facts["lines"]
+                excluded.extend(facts["excluded"])
+                done_members += len(chunk)
+                if progress:
+                    progress(done_members, len(rows))
+                continue
+        _check_hashes(chunk)
+        tmp = data.with_name(data.name + ".tmp")
+        with open(tmp, "wb") as out:
+            chunk_options = {**options, "start_index": lines} if _supports_start_index() else options
+            result = export_records(fmt, load_records([r[0] for r in chunk]), out, options=chunk_options)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, data)
+        # The meta file marks the chunk complete; written after its data is on disk.
+        _write_json_atomic(meta, {"lines": result.lines, "excluded": list(result.excluded),
+                                  "bytes": data.stat().st_size})
+        lines += result.lines
+        excluded.extend(result.excluded)
+        done_members += len(chunk)
+        if progress:
+            progress(done_members, len(rows))
+
+    digest = hashlib.sha256()
+    size = 0
+    tmp_final = path.with_name(path.name + ".tmp")
+    with open(tmp_final, "wb") as out:
+        for i in range(len(chunks)):
+            with open(parts / f"{i:06d}.jsonl", "rb") as src:
+                while block := src.read(COPY_BUFFER):
+                    digest.update(block)
+                    size += len(block)
+                    out.write(block)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp_final, path)
+    shutil.rmtree(parts, ignore_errors=True)
+    return {"sha256": digest.hexdigest(), "lines": lines, "bytes": size, "members": len(rows),
+            "excluded": excluded, "resumed_chunks": resumed}
+
+
+def export_run(job_id: int, *, progress: ExportProgress | None = None) -> ExportJob | None:
+    """Run a queued export job; a no-op (None) if another worker already claimed it."""
+    claimed = ExportJob.objects.filter(pk=job_id, status=ExportJob.Status.QUEUED).update(
+        status=ExportJob.Status.RUNNING, started_at=timezone.now(), worker=f"{socket.gethostname()}:{os.getpid()}"
+    )
+    if not claimed:
+        return None
+    job = ExportJob.objects.select_related("version__dataset").get(pk=job_id)
+    try:
+        facts = write_export(version=job.version, fmt=job.format, split=job.split, path=Path(job.path),
+                             progress=progress)
+    except DatasetError as exc:
+        return services.export_fail(job=job, error=str(exc))
+    except KeyboardInterrupt:
+        services.export_fail(job=job, error="interrupted; finished chunks are kept and a re-run resumes from them")
+        raise
+    except Exception as exc:  # an unexpected failure still ends the job with a readable reason
+        log.exception("export #%s failed", job_id)
+        return services.export_fail(job=job, error=f"{type(exc).__name__}: {exc}")
+    return services.export_finish(job=job, **facts)
+
+
+def run_export(job_id: int) -> dict[str, Any]:
+    """django-q2 entry point: run one export job (expects to be delivered more than once)."""
+    job = export_run(job_id)
+    if job is None:
+        return {"job": job_id, "skipped": "already claimed"}
+    return {"job": job.pk, "status": job.status, "lines": job.lines, "sha256": job.sha256, "error": job.error}

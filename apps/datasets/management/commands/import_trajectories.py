@@ -1,0 +1,46 @@
+"""`manage.py import_trajectories FILE`: read a raw export back into the database."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.datasets.cli import resolve_user
+from apps.datasets.raw_import import RawImportError, trajectories_import
+
+MAX_ERRORS_SHOWN = 200
+
+
+class Command(BaseCommand):
+    help = (
+        "Import trajectories from FILE, a JSONL file in our raw export format "
+        "(dataset_export --format raw), with their tasks and latest reviews. The whole file is "
+        "checked first; every bad line is reported as FILE:LINE: reason and nothing is written. "
+        "Each source batch becomes a new batch of the same name unless --batch is given. "
+        "Human reviews need their reviewer's account to exist here."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("file", metavar="FILE", help="a raw export (.jsonl)")
+        parser.add_argument("--batch", metavar="NAME", help="put every imported task in one new batch of this name")
+        parser.add_argument("--user", metavar="USERNAME", help="record this user as the importer (default: system)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        actor = resolve_user(options["user"])
+        try:
+            result = trajectories_import(path_or_file=options["file"], actor=actor, batch_name=options["batch"])
+        except RawImportError as exc:
+            for line in exc.errors[:MAX_ERRORS_SHOWN]:
+                self.stderr.write(line)
+            more = len(exc.errors) - MAX_ERRORS_SHOWN
+            if more > 0:
+                self.stderr.write(f"... and {more} more")
+            raise CommandError(f"{options['file']}: {len(exc.errors)} problem(s); nothing was imported") from None
+        names = ", ".join(f"#{b.pk} {b.name!r}" for b in result.batches)
+        self.stdout.write(
+            f"imported {result.trajectory_count} trajectories, {result.task_count} tasks and "
+            f"{result.review_count} reviews into batch(es) {names}"
+        )
+        if result.rehashed:
+            self.stdout.write(f"{result.rehashed} trajectories no longer match their recorded content_sha256 "
+                              "(redacted on export, or edited) and were hashed again")

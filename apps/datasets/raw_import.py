@@ -1,0 +1,318 @@
+"""Read our `raw` export format back into Batch, Task, Trajectory and Review rows.
+
+`trajectories_import(path_or_file=..., actor=...)` checks the whole file first and reports
+every bad line as `FILE:LINE: reason`; only a clean file is written, in one transaction, with
+one audit row. Tasks are recreated once per source task id (the file's lines of one task must
+agree on its definition); each source batch name becomes a new batch of that name, unless
+`batch_name` puts everything in one batch. The latest automatic and human review of each
+trajectory come back too; a human review's reviewer must exist here (by username).
+Imported tasks are `completed`: they are data, not work for the queue.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from apps.datasets.exporters.formats import validate_raw
+from apps.datasets.exporters.records import TASK_FIELDS, TIMESTAMP_FIELDS, review_columns
+from trajplatform.audit import audit_record
+
+MAX_ERRORS = 1000
+CHUNK = 1000
+TRAJECTORY_COPY_FIELDS = (
+    "iteration", "sample_index", "status", "messages", "tools", "steps", "final_answer", "outcome",
+    "outcome_reason", "reward", "verifier_output", "model", "config_snapshot", "prompt_tokens",
+    "completion_tokens", "total_tokens", "error",
+)
+
+
+class RawImportError(ValueError):
+    """The file has problems; `errors` lists them as `FILE:LINE: reason`; nothing was written."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+@dataclass
+class RawImportResult:
+    batches: list[Any] = field(default_factory=list)
+    task_count: int = 0
+    trajectory_count: int = 0
+    review_count: int = 0
+    # Lines whose content no longer matches their recorded content_sha256 (e.g. redacted on export).
+    rehashed: int = 0
+    sha256: str = ""
+
+
+class _LineError(Exception):
+    pass
+
+
+def _open(path_or_file: Any) -> tuple[IO[bytes], str, bool]:
+    if isinstance(path_or_file, (str, Path)):
+        path = Path(path_or_file)
+        if not path.is_file():
+            raise RawImportError([f"{path}: no such file"])
+        return path.open("rb"), str(path), True
+    return path_or_file, str(getattr(path_or_file, "name", "") or "input"), False
+
+
+def _lines(fp: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    for number, line in enumerate(fp, start=1):
+        if line.strip():
+            yield number, line
+
+
+def _parse_time(value: Any, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise _LineError(f"{name}: not an ISO 8601 timestamp") from None
+    if parsed.tzinfo is None:
+        raise _LineError(f"{name}: timestamp without a time zone")
+    return parsed
+
+
+class _Checker:
+    """First pass: everything that could make the write fail, per line, without writing."""
+
+    def __init__(self, batch_name: str | None) -> None:
+        from apps.reviews.models import Review
+        from apps.tasks.models import Task, Trajectory
+
+        self.Task, self.Trajectory, self.Review = Task, Trajectory, Review
+        self.batch_name = batch_name
+        self.tasks: dict[int, tuple[int, dict[str, Any]]] = {}  # source task id -> (line, definition)
+        self.max_iteration: dict[int, int] = {}
+        self.samples: dict[tuple[int, int, int], int] = {}
+        self.external_ids: dict[tuple[str, str], tuple[int, int]] = {}  # (batch, external id) -> (task, line)
+        self.reviewers: dict[str, Any] = {}
+        self.auto_fields, self.human_fields = review_columns()
+        self.verdicts = {c[0] for c in Review._meta.get_field("verdict").choices}
+        self.review_statuses = {c[0] for c in Review._meta.get_field("status").choices}
+
+    def batch_for(self, task: dict[str, Any], default: str) -> str:
+        return self.batch_name or task.get("batch") or default
+
+    def check(self, number: int, line: bytes, default_batch: str) -> dict[str, Any]:
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise _LineError(f"not valid JSON ({exc})") from None
+        problems = validate_raw(record)
+        if problems:
+            raise _LineError("; ".join(p.removeprefix("line.") for p in problems[:5]))
+        task = record["task"]
+        source_task = record["task_id"]
+        definition = {f: task.get(f) for f in TASK_FIELDS}
+        definition["batch"] = self.batch_for(task, default_batch)
+        seen = self.tasks.get(source_task)
+        if seen is None:
+            self._check_task(definition, source_task, number)
+            self.tasks[source_task] = (number, definition)
+        elif seen[1] != definition:
+            raise _LineError(f"task: task {source_task} differs from its definition on line {seen[0]}")
+        key = (source_task, record["iteration"], record["sample_index"])
+        if key in self.samples:
+            raise _LineError(
+                f"task {source_task} iteration {key[1]} sample {key[2]} is already on line {self.samples[key]}")
+        self.samples[key] = number
+        self.max_iteration[source_task] = max(self.max_iteration.get(source_task, 0), record["iteration"])
+        self._check_trajectory(record)
+        self._check_reviews(record["reviews"])
+        return record
+
+    def _check_task(self, definition: dict[str, Any], source_task: int, number: int) -> None:
+        fields = {f: definition[f] for f in TASK_FIELDS}
+        try:
+            self.Task(**fields).clean_fields(exclude=["batch", "created_by"])
+        except ValidationError as exc:
+            raise _LineError("; ".join(f"task.{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
+        except (TypeError, ValueError) as exc:
+            raise _LineError(f"task: {exc}") from None
+        if definition["external_id"]:
+            key = (definition["batch"], definition["external_id"])
+            other = self.external_ids.get(key)
+            if other is not None:
+                raise _LineError(f"task.external_id: {key[1]!r} is also task {other[0]} (line {other[1]}) in batch "
+                                 f"{key[0]!r}; external ids must be unique within a batch")
+            self.external_ids[key] = (source_task, number)
+
+    def _check_trajectory(self, record: dict[str, Any]) -> None:
+        if record["status"] not in self.Trajectory.FINAL:
+            raise _LineError(f"status: {record['status']!r}; only finished or cancelled trajectories can be imported")
+        if (record["status"] == "finished") != (record["outcome"] in ("success", "failure", "error")):
+            raise _LineError("outcome: a finished trajectory needs success, failure or error; others none")
+        try:
+            Decimal(record["cost_usd"])
+        except InvalidOperation:
+            raise _LineError("cost_usd: not a decimal number") from None
+        for name in TIMESTAMP_FIELDS:
+            _parse_time(record.get(name), name)
+        values = {f: record[f] for f in TRAJECTORY_COPY_FIELDS}
+        try:
+            self.Trajectory(**values, cost_usd=Decimal(record["cost_usd"])).clean_fields(exclude=["task"])
+        except ValidationError as exc:
+            raise _LineError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
+
+    def _check_reviews(self, reviews: dict[str, Any]) -> None:
+        for kind in ("auto", "human"):
+            review = reviews.get(kind)
+            if review is None:
+                continue
+            if not isinstance(review, dict):
+                raise _LineError(f"reviews.{kind}: must be an object or null")
+            overall = review.get("overall")
+            if overall is not None and (isinstance(overall, bool) or not isinstance(overall, (int, float))
+                                        or not 0 <= overall <= 100):
+                raise _LineError(f"reviews.{kind}.overall: must be a number from 0 to 100 or null")
+            if review.get("status") == "judge_failed" and overall is not None:
+                raise _LineError(f"reviews.{kind}.overall: a failed judge carries no score")
+            if review.get("verdict") and review["verdict"] not in self.verdicts:
+                raise _LineError(f"reviews.{kind}.verdict: {review['verdict']!r} is not one of {sorted(self.verdicts)}")
+            if review.get("status", "done") not in self.review_statuses:
+                raise _LineError(f"reviews.{kind}.status: {review.get('status')!r} is unknown")
+            names = self.auto_fields if kind == "auto" else self.human_fields
+            try:
+                self.Review(kind=kind, **_review_values(review, names)).clean_fields(
+                    exclude=["trajectory", "reviewer"])
+            except ValidationError as exc:
+                raise _LineError("; ".join(f"reviews.{kind}.{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) \
+                    from None
+            if kind == "human":
+                self.reviewer(review.get("reviewer"))
+
+    def reviewer(self, username: Any) -> Any:
+        if not isinstance(username, str) or not username:
+            raise _LineError("reviews.human.reviewer: a human review needs the reviewer's username")
+        if username not in self.reviewers:
+            user = get_user_model().objects.filter(username=username).first()
+            if user is None:
+                raise _LineError(f"reviews.human.reviewer: no user named {username!r} here; create the account first")
+            self.reviewers[username] = user
+        return self.reviewers[username]
+
+
+def _check_file(fp: IO[bytes], label: str, checker: _Checker, default_batch: str) -> tuple[list[str], str, int]:
+    errors: list[str] = []
+    digest = hashlib.sha256()
+    count = 0
+    for number, line in _lines(_hashing(fp, digest)):
+        count += 1
+        try:
+            checker.check(number, line, default_batch)
+        except _LineError as exc:
+            errors.append(f"{label}:{number}: {exc}")
+            if len(errors) >= MAX_ERRORS:
+                errors.append(f"{label}: stopped after {MAX_ERRORS} errors")
+                break
+    if not errors and count == 0:
+        errors.append(f"{label}: no trajectories in the file")
+    return errors, digest.hexdigest(), count
+
+
+def _hashing(fp: IO[bytes], digest: Any) -> Iterator[bytes]:
+    for line in fp:
+        digest.update(line)
+        yield line
+
+
+def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None = None) -> RawImportResult:
+    """Import a raw export (JSONL) all or nothing; raises RawImportError listing every bad line."""
+    from apps.reviews.models import Review
+    from apps.tasks.models import Batch, Task, Trajectory
+
+    if batch_name is not None and (not batch_name.strip() or len(batch_name) > 200):
+        raise RawImportError(["batch name: must be 1-200 characters"])
+    fp, label, owned = _open(path_or_file)
+    try:
+        default_batch = Path(label).stem or "import"
+        checker = _Checker(batch_name)
+        errors, sha256, _ = _check_file(fp, label, checker, default_batch)
+        if errors:
+            raise RawImportError(errors)
+        fp.seek(0)
+        result = RawImportResult(sha256=sha256)
+        user = actor if getattr(actor, "is_authenticated", False) else None
+        with transaction.atomic():
+            batches: dict[str, Batch] = {}
+            tasks: dict[int, Task] = {}
+            for source_task, (_, definition) in checker.tasks.items():
+                name = definition["batch"]
+                if name not in batches:
+                    batches[name] = Batch.objects.create(
+                        name=name[:200], created_by=user, source_name=Path(label).name[:300],
+                        source_sha256=sha256, source_format="raw", notes="imported by import_trajectories")
+                fields = {f: definition[f] for f in TASK_FIELDS}
+                tasks[source_task] = Task(batch=batches[name], created_by=user, status=Task.Status.COMPLETED,
+                                          current_iteration=checker.max_iteration[source_task], **fields)
+            Task.objects.bulk_create(list(tasks.values()), batch_size=CHUNK)
+            for batch in batches.values():
+                batch.task_count = sum(1 for t in tasks.values() if t.batch_id == batch.pk)
+                batch.save(update_fields=["task_count"])
+            pending: list[tuple[Trajectory, dict[str, Any]]] = []
+            for _, line in _lines(fp):
+                record = orjson.loads(line)
+                trajectory = Trajectory(task=tasks[record["task_id"]], cost_usd=Decimal(record["cost_usd"]),
+                                        **{f: record[f] for f in TRAJECTORY_COPY_FIELDS},
+                                        **{f: _parse_time(record[f], f) for f in TIMESTAMP_FIELDS})
+                trajectory.content_sha256 = trajectory.compute_content_sha256()
+                result.rehashed += trajectory.content_sha256 != record["content_sha256"]
+                pending.append((trajectory, record["reviews"]))
+                if len(pending) >= CHUNK:
+                    result.review_count += _flush(pending, checker, Trajectory, Review)
+                    result.trajectory_count += len(pending)
+                    pending = []
+            result.review_count += _flush(pending, checker, Trajectory, Review)
+            result.trajectory_count += len(pending)
+            result.batches = list(batches.values())
+            result.task_count = len(tasks)
+            audit_record(
+                "datasets.trajectories_import", actor=actor, target=result.batches[0],
+                data={"source_name": Path(label).name, "source_sha256": sha256,
+                      "batches": [b.pk for b in result.batches], "tasks": result.task_count,
+                      "trajectories": result.trajectory_count, "reviews": result.review_count,
+                      "rehashed": result.rehashed},
+            )
+        return result
+    finally:
+        if owned:
+            fp.close()
+
+
+def _review_values(data: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """Model field values from an exported review (absent fields keep the model's defaults)."""
+    values = {f: data[f] for f in names if f in data and (data[f] is not None or f in ("overall", "finished_at"))}
+    if "finished_at" in values:
+        values["finished_at"] = _parse_time(values["finished_at"], "finished_at")
+    return values
+
+
+def _flush(pending: list[tuple[Any, dict[str, Any]]], checker: _Checker, Trajectory: Any, Review: Any) -> int:
+    if not pending:
+        return 0
+    Trajectory.objects.bulk_create([t for t, _ in pending], batch_size=CHUNK)
+    reviews = []
+    for trajectory, by_kind in pending:
+        for kind, names in (("auto", checker.auto_fields), ("human", checker.human_fields)):
+            data = by_kind.get(kind)
+            if not data:
+                continue
+            values = _review_values(data, names)
+            reviewer = checker.reviewer(data.get("reviewer")) if kind == "human" else None
+            reviews.append(Review(trajectory=trajectory, kind=kind, reviewer=reviewer, **values))
+    Review.objects.bulk_create(reviews, batch_size=CHUNK)
+    return len(reviews)

@@ -1,0 +1,524 @@
+"""Writes for datasets: build a version from a filter spec, publish it, start exports.
+
+Each service is one transaction writing its own audit row. Building a version reads and
+embeds outside the transaction (it can take a while) and writes the version, its members and
+its data card in one short transaction at the end: a failure leaves nothing behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_slug
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from apps.datasets import card as card_stats
+from apps.datasets import dedup as dedup_mod
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
+from apps.datasets.selectors import trajectories_with_reviews
+from apps.datasets.spec import DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
+from apps.tasks.models import Task, Trajectory
+from trajplatform.audit import audit_record
+
+__all__ = [
+    "DatasetError", "FilterSpecError", "ExportError", "dataset_version_create", "dataset_version_publish",
+    "export_start", "export_path", "exporter_formats",
+]
+
+log = logging.getLogger(__name__)
+
+CREATE_PERMISSION = "datasets.add_datasetversion"
+PUBLISH_PERMISSION = "datasets.publish_datasetversion"
+EXPORT_PERMISSION = "datasets.add_datasetversion"
+EXPORT_JOB = "apps.datasets.jobs.run_export"
+CARD_SCHEMA = 1
+READ_CHUNK = 500
+MEMBER_BULK = 2000
+SPLITS = ("all", "train", "validation")
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+class ExportError(DatasetError):
+    """An export that cannot start or cannot finish; nothing was put in place."""
+
+
+def _require(actor: Any, permission: str, what: str) -> None:
+    """Users need the permission; actor None is the operator's command line (trusted)."""
+    if actor is not None and not actor.has_perm(permission):
+        raise PermissionDenied(f"{what} needs the {permission} permission (approver role or above)")
+
+
+def exporter_formats() -> dict[str, Any]:
+    """The registered exporters (imported lazily: the module is large and optional at start-up)."""
+    from apps.datasets.exporters import FORMATS
+
+    return FORMATS
+
+
+# --- building a version -----------------------------------------------------------------------
+
+@dataclass
+class _Row:
+    trajectory_id: int
+    task_id: int
+    scene: str
+    batch_id: int | None
+    model: str
+    outcome: str
+    reward: float | None
+    score: float | None
+    verdict: str
+    usage_tokens: int
+    content_sha256: str
+    turns: int = 0
+    text_tokens: int = 0
+
+    def rank_key(self) -> tuple:
+        """Best first: automatic score, then reward, then a human accept, then the oldest id."""
+        return (
+            -(self.score if self.score is not None else -1.0),
+            -(self.reward if self.reward is not None else float("-inf")),
+            0 if self.verdict == "accept" else 1,
+            self.trajectory_id,
+        )
+
+
+def _scope(spec: dict[str, Any]) -> Any:
+    qs = Trajectory.objects.filter(status=Trajectory.Status.FINISHED)
+    if spec["scenes"]:
+        qs = qs.filter(task__scene__in=spec["scenes"])
+    if spec["batches"]:
+        qs = qs.filter(task__batch_id__in=spec["batches"])
+    if spec["models"]:
+        qs = qs.filter(model__in=spec["models"])
+    if spec["since"]:
+        qs = qs.filter(finished_at__gte=spec["since"])
+    if spec["until"]:
+        qs = qs.filter(finished_at__lt=spec["until"])
+    return qs
+
+
+def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
+    """(rows passing the quality rules, excluded with reasons, trajectories in scope)."""
+    fields = ("id", "task_id", "task__scene", "task__batch_id", "model", "outcome", "reward", "review_overall",
+              "human_verdict", "total_tokens", "content_sha256")
+    passing: list[_Row] = []
+    excluded: list[dict[str, Any]] = []
+    scanned = 0
+    qs = trajectories_with_reviews(_scope(spec)).order_by("task_id", "id").values(*fields)
+    for v in qs.iterator(chunk_size=2000):
+        scanned += 1
+        reasons = quality_reasons(v, spec)
+        if reasons:
+            excluded.append({"trajectory_id": v["id"], "task_id": v["task_id"], "stage": "filter",
+                             "reason": "; ".join(reasons)})
+            continue
+        passing.append(_Row(
+            trajectory_id=v["id"], task_id=v["task_id"], scene=v["task__scene"], batch_id=v["task__batch_id"],
+            model=v["model"], outcome=v["outcome"], reward=v["reward"], score=v["review_overall"],
+            verdict=v["human_verdict"] or "", usage_tokens=v["total_tokens"], content_sha256=v["content_sha256"],
+        ))
+    return passing, excluded, scanned
+
+
+def _dedup_inputs(ids: list[int], progress: Progress | None) -> dict[int, tuple[int, str, str, int, int, str]]:
+    """trajectory id -> (task id, normalized hash, action sequence, turns, text tokens, outcome), streamed."""
+    out: dict[int, tuple[int, str, str, int, int, str]] = {}
+    for start in range(0, len(ids), READ_CHUNK):
+        chunk = ids[start:start + READ_CHUNK]
+        for pk, task_id, messages, tools, outcome in Trajectory.objects.filter(pk__in=chunk).values_list(
+                "pk", "task_id", "messages", "tools", "outcome").iterator(chunk_size=READ_CHUNK):
+            turns, text_tokens = card_stats.message_stats(messages)
+            out[pk] = (task_id, dedup_mod.normalized_hash(messages, tools), dedup_mod.action_sequence(messages),
+                       turns, text_tokens, outcome)
+        if progress:
+            progress("reading", min(start + READ_CHUNK, len(ids)), len(ids))
+    return out
+
+
+def _prompts(task_ids: set[int]) -> dict[int, str]:
+    prompts: dict[int, str] = {}
+    ordered = sorted(task_ids)
+    for start in range(0, len(ordered), READ_CHUNK):
+        prompts.update(Task.objects.filter(pk__in=ordered[start:start + READ_CHUNK]).values_list("pk", "prompt"))
+    return prompts
+
+
+def _anchors(dataset: Dataset | None) -> dict[int, int]:
+    """Trajectory id -> first published version number, over the dataset's published versions."""
+    if dataset is None:
+        return {}
+    anchors: dict[int, int] = {}
+    rows = DatasetMember.objects.filter(
+        version__dataset=dataset, version__status=DatasetVersion.Status.PUBLISHED
+    ).order_by("version__number", "position").values_list("trajectory_id", "version__number")
+    for trajectory_id, number in rows.iterator(chunk_size=5000):
+        anchors.setdefault(trajectory_id, number)
+    return anchors
+
+
+def split_of(task_id: int, seed: int, validation_fraction: float) -> str:
+    """Deterministic per task (all rollouts of a task land in one split; DPO groups stay whole).
+
+    The same seed puts a task in the same split in every version, so versions never leak a
+    validation task into training.
+    """
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
+    point = int.from_bytes(digest[:8], "big") / 2**64
+    return DatasetMember.Split.VALIDATION if point < validation_fraction else DatasetMember.Split.TRAIN
+
+
+def _card(
+    *, dataset_name: str, number: int, parent: DatasetVersion | None, spec: dict[str, Any], members: list[_Row],
+    splits: dict[int, str], excluded: list[dict[str, Any]], scanned: int, dedup_result: dedup_mod.DedupResult,
+    exporter_versions: dict[str, str], diff: dict[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    n_val = sum(1 for r in members if splits[r.trajectory_id] == DatasetMember.Split.VALIDATION)
+    counts = {
+        "members": len(members),
+        "train": len(members) - n_val,
+        "validation": n_val,
+        "tasks": len({r.task_id for r in members}),
+        "in_scope": scanned,
+        "excluded": len(excluded),
+        "excluded_by_filter": sum(1 for e in excluded if e["stage"] == "filter"),
+        "excluded_as_duplicates": sum(1 for e in excluded if e["stage"] == "dedup"),
+    }
+    data_card = {
+        "schema": CARD_SCHEMA,
+        "dataset": dataset_name,
+        "version": number,
+        "parent": parent.number if parent else None,
+        "filter_spec": spec,
+        "counts": counts,
+        "by_scene": card_stats.counts_by(r.scene for r in members),
+        "by_model": card_stats.counts_by(r.model for r in members),
+        "by_outcome": card_stats.counts_by(r.outcome for r in members),
+        "by_split_and_outcome": {
+            split: card_stats.counts_by(r.outcome for r in members if splits[r.trajectory_id] == split)
+            for split in (DatasetMember.Split.TRAIN, DatasetMember.Split.VALIDATION)
+        },
+        "score_histogram": card_stats.histogram([r.score for r in members], lo=0.0, hi=100.0),
+        "reward_histogram": card_stats.histogram([r.reward for r in members]),
+        "turns": card_stats.quantiles([r.turns for r in members]),
+        "text_tokens": card_stats.quantiles([r.text_tokens for r in members]),
+        "usage_tokens": card_stats.quantiles([r.usage_tokens for r in members]),
+        "split": {"unit": "task", "seed": spec["split_seed"], "validation_fraction": spec["validation_fraction"]},
+        "dedup": {
+            **spec["dedup"],
+            "model": dedup_mod.EMBEDDING_MODEL_NAME if spec["dedup"]["near"] else None,
+            "compared": "task prompt and action sequence; both cosines >= threshold, same outcome",
+            "exact_removed": dedup_result.exact_removed,
+            "near_removed": dedup_result.near_removed,
+        },
+        "exporter_versions": exporter_versions,
+        "excluded": excluded,
+        "excluded_reasons": card_stats.counts_by(
+            kind for e in excluded for kind in card_stats.reason_kinds(e["reason"])),
+        "diff": diff,
+    }
+    return counts, data_card
+
+
+def _diff(parent: DatasetVersion | None, member_ids: list[int], excluded: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What changed against the parent: added and removed trajectories, each with why."""
+    if parent is None:
+        return None
+    parent_ids = list(parent.members.order_by("position").values_list("trajectory_id", flat=True))
+    parent_set, ours = set(parent_ids), set(member_ids)
+    parent_excluded = {e["trajectory_id"]: e["reason"] for e in (parent.data_card or {}).get("excluded", [])}
+    our_excluded = {e["trajectory_id"]: e["reason"] for e in excluded}
+    added = [
+        {"trajectory_id": t, "reason": (f"was excluded from v{parent.number}: {parent_excluded[t]}"
+                                        if t in parent_excluded else "new in the selection")}
+        for t in member_ids if t not in parent_set
+    ]
+    removed = [
+        {"trajectory_id": t, "reason": our_excluded.get(t, "outside this version's scope (scene, batch, model, "
+                                                              "dates) or no longer a finished trajectory")}
+        for t in parent_ids if t not in ours
+    ]
+    return {"parent": parent.number, "added": added, "removed": removed, "kept": len(parent_set & ours)}
+
+
+def _spec_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Filter spec keys whose value differs from the parent's: {key: {from, to}}."""
+    return {k: {"from": old.get(k), "to": new.get(k)} for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
+def dataset_version_create(
+    *,
+    dataset_name: str,
+    filter_spec: dict[str, Any] | None,
+    actor: Any,
+    parent: DatasetVersion | None = None,
+    notes: str = "",
+    embedder: dedup_mod.Embedder | None = None,
+    progress: Progress | None = None,
+) -> DatasetVersion:
+    """Select, dedup, split and freeze a new draft version of the dataset (created if new).
+
+    `parent`: the version this one derives from (same dataset); None means the dataset's
+    latest published version, if any. Raises FilterSpecError / DatasetError on bad input and
+    PermissionDenied without datasets.add_datasetversion; writes nothing in either case.
+    """
+    _require(actor, CREATE_PERMISSION, "creating a dataset version")
+    try:
+        validate_slug(dataset_name or "")
+    except ValidationError:
+        raise DatasetError(f"dataset name {dataset_name!r} must be a slug (letters, digits, - and _)") from None
+    if len(dataset_name) > Dataset._meta.get_field("name").max_length:
+        raise DatasetError("dataset name is longer than 100 characters")
+    dataset = Dataset.objects.filter(name=dataset_name).first()
+    if parent is not None:
+        if dataset is None or parent.dataset_id != dataset.pk:
+            raise DatasetError(f"parent {parent} is not a version of dataset {dataset_name!r}")
+    elif dataset is not None:
+        parent = dataset.versions.filter(status=DatasetVersion.Status.PUBLISHED).order_by("-number").first()
+    spec = validate_filter_spec(filter_spec, default_seed=parent.split_seed if parent else 0)
+    formats = exporter_formats()
+    exporter_versions = {name: str(exporter.version) for name, exporter in sorted(formats.items())}
+
+    rows, excluded, scanned = _scan(spec)
+    if progress:
+        progress("scanned", scanned, scanned)
+    anchors = _anchors(dataset)
+    by_id = {r.trajectory_id: r for r in rows}
+    needs_text = sorted(set(by_id) | (set(anchors) if spec["dedup"]["exact"] or spec["dedup"]["near"] else set()))
+    texts = _dedup_inputs(needs_text, progress)
+    for r in rows:
+        _, _, _, r.turns, r.text_tokens, _ = texts[r.trajectory_id]
+    prompts = _prompts({t[0] for t in texts.values()})
+
+    def candidate(trajectory_id: int, published_in: int | None) -> dedup_mod.Candidate:
+        task_id, norm_hash, actions, _, _, outcome = texts[trajectory_id]
+        return dedup_mod.Candidate(trajectory_id=trajectory_id, task_id=task_id, prompt=prompts.get(task_id, ""),
+                                   actions=actions, norm_hash=norm_hash, published_in=published_in, outcome=outcome)
+
+    ranked = [candidate(r.trajectory_id, None) for r in sorted(rows, key=_Row.rank_key)]
+    anchor_candidates = [candidate(t, n) for t, n in anchors.items() if t in texts]
+    result = dedup_mod.dedup(
+        ranked, anchors=anchor_candidates, exact=spec["dedup"]["exact"], near=spec["dedup"]["near"],
+        threshold=spec["dedup"]["threshold"], embedder=embedder,
+    )
+    if progress:
+        progress("dedup", len(ranked), len(ranked))
+    members = [r for r in rows if r.trajectory_id not in result.excluded]  # still in (task, id) order
+    excluded.extend(
+        {"trajectory_id": r.trajectory_id, "task_id": r.task_id, "stage": "dedup",
+         "reason": result.excluded[r.trajectory_id]}
+        for r in rows if r.trajectory_id in result.excluded
+    )
+    excluded.sort(key=lambda e: (e["task_id"], e["trajectory_id"]))
+    splits = {r.trajectory_id: split_of(r.task_id, spec["split_seed"], spec["validation_fraction"]) for r in members}
+    diff = _diff(parent, [r.trajectory_id for r in members], excluded)
+    if diff is not None:
+        diff["filter_spec_changed"] = _spec_changes(parent.filter_spec or {}, spec)
+
+    with transaction.atomic():
+        if dataset is None:
+            try:
+                with transaction.atomic():
+                    dataset = Dataset.objects.create(name=dataset_name, created_by=actor if _is_user(actor) else None)
+            except IntegrityError:
+                dataset = Dataset.objects.get(name=dataset_name)
+            else:
+                audit_record("datasets.dataset_create", actor=actor, target=dataset, data={"name": dataset_name},
+                             actor_repr=None if _is_user(actor) else "manage.py dataset_create")
+        # Lock the dataset row: version numbers are handed out one at a time.
+        dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
+        number = (dataset.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        counts, data_card = _card(
+            dataset_name=dataset.name, number=number, parent=parent, spec=spec, members=members, splits=splits,
+            excluded=excluded, scanned=scanned, dedup_result=result, exporter_versions=exporter_versions, diff=diff,
+        )
+        version = DatasetVersion.objects.create(
+            dataset=dataset, number=number, parent=parent, filter_spec=spec, counts=counts, data_card=data_card,
+            exporter_versions=exporter_versions, split_seed=spec["split_seed"], notes=notes,
+            created_by=actor if _is_user(actor) else None,
+        )
+        DatasetMember.objects.bulk_create(
+            (DatasetMember(version=version, position=i, trajectory_id=r.trajectory_id,
+                           content_sha256=r.content_sha256, split=splits[r.trajectory_id])
+             for i, r in enumerate(members)),
+            batch_size=MEMBER_BULK,
+        )
+        audit_record(
+            "datasets.version_create", actor=actor, target=version,
+            actor_repr=None if _is_user(actor) else "manage.py dataset_create",
+            data={"filter_spec": spec, "counts": counts, "parent": parent.number if parent else None,
+                  "added": len(diff["added"]) if diff else None, "removed": len(diff["removed"]) if diff else None},
+        )
+    return version
+
+
+def _is_user(actor: Any) -> bool:
+    return actor is not None and getattr(actor, "is_authenticated", False)
+
+
+# --- publishing ---------------------------------------------------------------------------------
+
+def dataset_version_publish(*, version: DatasetVersion, actor: Any) -> DatasetVersion:
+    """Publish a draft version: from now on it, its members and its card never change."""
+    _require(actor, PUBLISH_PERMISSION, "publishing a dataset version")
+    with transaction.atomic():
+        locked = DatasetVersion.objects.select_for_update().select_related("dataset").get(pk=version.pk)
+        if locked.is_published:
+            return locked  # repeat click: no-op, no audit row
+        locked.status = DatasetVersion.Status.PUBLISHED
+        locked.published_at = timezone.now()
+        locked.save(update_fields=["status", "published_at"])
+        audit_record("datasets.version_publish", actor=actor, target=locked,
+                     actor_repr=None if _is_user(actor) else "manage.py dataset_create",
+                     data={"members": locked.counts.get("members"), "counts": locked.counts})
+    return locked
+
+
+# --- exports ------------------------------------------------------------------------------------
+
+def export_path(version: DatasetVersion, fmt: str, split: str) -> Path:
+    """Where the server-side export of (version, format, split) lives."""
+    return Path(settings.DATASET_EXPORT_DIR) / version.dataset.name / f"v{version.number}" / f"{fmt}-{split}.jsonl"
+
+
+def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
+    """The exporter for fmt, or ExportError (unknown format or split, or a changed exporter)."""
+    formats = exporter_formats()
+    if fmt not in formats:
+        raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(sorted(formats))}")
+    if split not in SPLITS:
+        raise ExportError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+    exporter = formats[fmt]
+    frozen = (version.exporter_versions or {}).get(fmt)
+    if frozen is not None and frozen != str(exporter.version):
+        raise ExportError(
+            f"{version} was frozen with {fmt} exporter {frozen}, but {exporter.version} is installed; "
+            "its files would differ from the version's record. Create a new version to export with it."
+        )
+    if frozen is None:
+        raise ExportError(f"{version} was frozen before the {fmt} exporter existed; create a new version")
+    return exporter
+
+
+def export_start(
+    *, version: DatasetVersion, fmt: str, split: str = "all", actor: Any, out_path: str | Path | None = None,
+    force: bool = False, enqueue: bool = True,
+) -> ExportJob:
+    """Queue an export of one split of a version in one format; the job runs after commit.
+
+    Without out_path the file goes under DATASET_EXPORT_DIR; a finished export of the same
+    file (same exporter version) is returned instead of a new job unless force, and an export
+    already queued or running for it is returned as is. With out_path (the dataset_export
+    command), an existing file is refused unless force.
+    """
+    _require(actor, EXPORT_PERMISSION, "exporting a dataset version")
+    exporter = check_exportable(version, fmt, split)
+    in_export_dir = out_path is None
+    path = Path(out_path).expanduser().resolve() if out_path is not None else export_path(version, fmt, split)
+    if not in_export_dir:
+        if path.is_dir():
+            raise ExportError(f"{path} is a directory; give a file path")
+        if path.exists() and not force:
+            raise ExportError(f"{path} already exists; pass --force to overwrite it")
+        if not path.parent.is_dir():
+            raise ExportError(f"directory {path.parent} does not exist")
+    with transaction.atomic():
+        active = ExportJob.objects.select_for_update().filter(path=str(path), status__in=ExportJob.ACTIVE).first()
+        if active is not None and _lost(active):
+            ExportJob.objects.filter(pk=active.pk, status=ExportJob.Status.RUNNING).update(
+                status=ExportJob.Status.FAILED, finished_at=timezone.now(),
+                error=f"worker lost: running since {active.started_at:%Y-%m-%d %H:%M:%S} UTC, past the job timeout")
+            active = None
+        if active is not None:
+            if not (force and not in_export_dir):
+                if in_export_dir and active.version_id == version.pk and active.format == fmt:
+                    return active
+                raise ExportError(f"export #{active.pk} to {path} is already {active.status}")
+            # A forced re-run from the command line takes over from a run that was killed.
+            ExportJob.objects.filter(pk=active.pk, status__in=ExportJob.ACTIVE).update(
+                status=ExportJob.Status.FAILED, finished_at=timezone.now(), error="superseded by a forced re-run")
+        if in_export_dir and not force:
+            done = ExportJob.objects.filter(
+                version=version, format=fmt, split=split, format_version=str(exporter.version),
+                status=ExportJob.Status.DONE, path=str(path),
+            ).order_by("-finished_at").first()
+            if done is not None and path.is_file():
+                return done
+        job = ExportJob.objects.create(
+            version=version, format=fmt, format_version=str(exporter.version), split=split, path=str(path),
+            in_export_dir=in_export_dir, requested_by=actor if _is_user(actor) else None,
+        )
+        audit_record("datasets.export_start", actor=actor, target=job,
+                     actor_repr=None if _is_user(actor) else "manage.py dataset_export",
+                     data={"version": str(version), "format": fmt, "split": split, "path": str(path)})
+        if enqueue:
+            transaction.on_commit(lambda: _enqueue_export(job.pk))
+    return job
+
+
+def _lost(job: ExportJob) -> bool:
+    """A running export older than the worker's job timeout: django-q2 has given up on it."""
+    timeout = settings.Q_CLUSTER.get("timeout") or 3600
+    return (job.status == ExportJob.Status.RUNNING and job.started_at is not None
+            and job.started_at < timezone.now() - timedelta(seconds=timeout))
+
+
+def _enqueue_export(job_id: int) -> None:
+    from django_q.tasks import async_task
+
+    async_task(EXPORT_JOB, job_id, group="dataset-exports")
+
+
+def export_finish(*, job: ExportJob, sha256: str, lines: int, bytes: int, members: int,
+                  excluded: list[dict[str, Any]], resumed_chunks: int) -> ExportJob:
+    """Record a completed export (called by the job after the file is renamed into place)."""
+    with transaction.atomic():
+        updated = ExportJob.objects.filter(pk=job.pk, status=ExportJob.Status.RUNNING).update(
+            status=ExportJob.Status.DONE, sha256=sha256, lines=lines, bytes=bytes, members=members,
+            excluded=excluded, resumed_chunks=resumed_chunks, finished_at=timezone.now(), error="",
+        )
+        job.refresh_from_db()
+        if updated:
+            audit_record("datasets.export_finish", target=job, actor_repr=_job_actor(job),
+                         data={"sha256": sha256, "lines": lines, "bytes": bytes, "members": members,
+                               "excluded": len(excluded), "path": job.path})
+            _export_ready(job)
+    return job
+
+
+def export_fail(*, job: ExportJob, error: str) -> ExportJob:
+    """Record a failed export; the destination file was not touched."""
+    with transaction.atomic():
+        updated = ExportJob.objects.filter(pk=job.pk, status__in=ExportJob.ACTIVE).update(
+            status=ExportJob.Status.FAILED, error=error[:5000], finished_at=timezone.now())
+        job.refresh_from_db()
+        if updated:
+            audit_record("datasets.export_fail", target=job, actor_repr=_job_actor(job),
+                         data={"error": error[:1000], "path": job.path})
+            _export_ready(job)
+    return job
+
+
+def _export_ready(job: ExportJob) -> None:
+    """The export.ready webhook (delivered after commit) for a job that just finished or failed."""
+    from trajplatform.webhooks import webhook_emit
+
+    webhook_emit("export.ready", {
+        "export": job.pk, "dataset": job.version.dataset.name, "version": job.version.number, "format": job.format,
+        "split": job.split, "status": job.status, "sha256": job.sha256, "lines": job.lines, "bytes": job.bytes,
+        "error": job.error, "download_url": f"/api/v1/exports/{job.pk}/download" if job.status == "done"
+        and job.in_export_dir else None,
+    })
+
+
+def _job_actor(job: ExportJob) -> str:
+    return "export job" if job.in_export_dir else "manage.py dataset_export"

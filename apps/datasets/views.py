@@ -1,0 +1,174 @@
+"""Dataset pages for signed-in users with the viewer role or above: datasets, a version's data
+card (histograms as inline SVG), its members and exclusions, downloads with checksums, and a
+compare page. Approvers can publish and start exports from the version page (through the
+services, like everywhere else)."""
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.datasets import selectors, services
+from apps.datasets.models import DatasetVersion
+from apps.datasets.svg import histogram_svg
+
+VIEW_PERMISSION = "datasets.view_datasetversion"
+PAGE_SIZE = 50
+MAX_NUMBER = 2**31 - 1
+MAX_ID = 2**63 - 1
+
+
+def _version_or_404(name: str, number: int) -> DatasetVersion:
+    if number > MAX_NUMBER:
+        raise Http404("no such version")
+    try:
+        return selectors.version_get(name, number)
+    except selectors.NotFound as exc:
+        raise Http404(str(exc)) from None
+
+
+def _dataset_or_404(name: str) -> Any:
+    try:
+        return selectors.dataset_get(name)
+    except selectors.NotFound as exc:
+        raise Http404(str(exc)) from None
+
+
+def _page(request: HttpRequest, items: Any, param: str = "page") -> Any:
+    return Paginator(items, PAGE_SIZE).get_page(request.GET.get(param))
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+@require_GET
+def dataset_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "datasets/dataset_list.html",
+                  {"nav": "datasets", "page": _page(request, selectors.dataset_list())})
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+@require_GET
+def dataset_detail(request: HttpRequest, name: str) -> HttpResponse:
+    dataset = _dataset_or_404(name)
+    page = _page(request, selectors.versions_of(dataset))
+    return render(request, "datasets/dataset_detail.html",
+                  {"nav": "datasets", "dataset": dataset, "page": page, "compare_form": CompareForm()})
+
+
+class ExportForm(forms.Form):
+    format = forms.ChoiceField(choices=())
+    split = forms.ChoiceField(choices=[(s, s) for s in services.SPLITS])
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["format"].choices = [(f, f) for f in sorted(services.exporter_formats())]
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+@require_GET
+def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    version = _version_or_404(name, number)
+    card = version.data_card or {}
+    diff = card.get("diff") or {}
+    return render(request, "datasets/version_detail.html", {
+        "nav": "datasets",
+        "version": version,
+        "card": card,
+        "counts": version.counts or {},
+        "score_svg": histogram_svg(card.get("score_histogram"), title="automatic review score (0-100)"),
+        "reward_svg": histogram_svg(card.get("reward_histogram"), title="reward"),
+        "quantiles": [(k, card.get(k) or {}) for k in ("turns", "text_tokens", "usage_tokens")],
+        "members": _page(request, selectors.members_page_queryset(version), "members_page"),
+        "excluded": _page(request, card.get("excluded") or [], "excluded_page"),
+        "diff_added": _page(request, diff.get("added") or [], "added_page"),
+        "diff_removed": _page(request, diff.get("removed") or [], "removed_page"),
+        "exports": _page(request, selectors.exports_of(version), "exports_page"),
+        "can_publish": not version.is_published and request.user.has_perm(services.PUBLISH_PERMISSION),
+        "can_export": request.user.has_perm(services.EXPORT_PERMISSION),
+        "export_form": ExportForm(),
+    })
+
+
+@login_required
+@require_POST
+def version_publish(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    version = _version_or_404(name, number)
+    services.dataset_version_publish(version=version, actor=request.user)  # PermissionDenied -> 403
+    messages.success(request, f"Published {version}.")
+    return redirect("datasets:version_detail", name=name, number=number)
+
+
+@login_required
+@require_POST
+def version_export(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    version = _version_or_404(name, number)
+    if not request.user.has_perm(services.EXPORT_PERMISSION):
+        raise PermissionDenied("exporting needs the approver role")
+    form = ExportForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose a known format and split.")
+        return redirect("datasets:version_detail", name=name, number=number)
+    try:
+        job = services.export_start(version=version, fmt=form.cleaned_data["format"],
+                                    split=form.cleaned_data["split"], actor=request.user)
+    except services.DatasetError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Export #{job.pk} ({job.format}/{job.split}) is {job.status}.")
+    return redirect("datasets:version_detail", name=name, number=number)
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+@require_GET
+def export_download(request: HttpRequest, job_id: int) -> FileResponse:
+    if job_id > MAX_ID:
+        raise Http404("no such export")
+    try:
+        job, path = selectors.export_for_download(job_id)
+    except selectors.NotFound as exc:
+        raise Http404(str(exc)) from None
+    name = f"{job.version.dataset.name}-v{job.version.number}-{job.format}-{job.split}.jsonl"
+    response = FileResponse(open(path, "rb"), as_attachment=True, filename=name,
+                            content_type="application/jsonl; charset=utf-8")
+    response["X-Content-SHA256"] = job.sha256
+    return response
+
+
+class CompareForm(forms.Form):
+    a = forms.IntegerField(min_value=1, max_value=MAX_NUMBER, label="version A")
+    b = forms.IntegerField(min_value=1, max_value=MAX_NUMBER, label="version B")
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+@require_GET
+def version_compare(request: HttpRequest, name: str) -> HttpResponse:
+    dataset = _dataset_or_404(name)
+    form = CompareForm(request.GET or None)
+    comparison, error = None, ""
+    if form.is_bound and form.is_valid():
+        try:
+            a = selectors.version_get(name, form.cleaned_data["a"])
+            b = selectors.version_get(name, form.cleaned_data["b"])
+        except selectors.NotFound as exc:
+            error = str(exc)
+        else:
+            comparison = selectors.version_compare(a, b)
+            comparison["score_svgs"] = [histogram_svg(h, title=f"score v{v.number}")
+                                        for h, v in zip(comparison["score_histograms"], (a, b))]
+            comparison["reward_svgs"] = [histogram_svg(h, title=f"reward v{v.number}")
+                                         for h, v in zip(comparison["reward_histograms"], (a, b))]
+    status = 200 if not error else 404
+    return render(request, "datasets/compare.html",
+                  {"nav": "datasets", "dataset": dataset, "form": form, "cmp": comparison, "error": error},
+                  status=status)

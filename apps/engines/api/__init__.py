@@ -1,0 +1,1 @@
+"""The engines REST API: the scene catalog and EnvScaler uploads."""

@@ -1,0 +1,318 @@
+"""The envscaler scene runtime: a stateful environment served over MCP inside the task's sandbox.
+
+Per episode (one task sample): a fresh sandbox (the shared loop creates it), the server
+script and the task's environment spec written into it, and the server started there with
+the platform as a fastmcp Client (session.py). How depends on the backend's
+`service_transport`: locally `python3 server.py serve` over stdio; on OpenSandbox (execd gives
+background commands no stdin) a background command serving MCP over streamable HTTP on
+ENVSCALER_MCP_PORT inside the sandbox, reached through the endpoint OpenSandbox resolves for
+that port. The
+environment instance is created from *this task's* init_config in that process, so no task
+ever sees another's state. The agent gets the environment's operations as tools with their
+declared JSON schemas, plus get_current_time and finish. Arguments are validated by the loop
+against those schemas and sent as MCP data; nothing the agent chooses is spliced into code.
+
+After each call the runtime asks the server for the instance's state; the step keeps the
+state before and after (extra fields `state_before`, `state_after`). After finish the task's
+check function runs in the sandbox against the final state: True/False -> 1.0/0.0, a number
+-> clamped to [0, 1]; a check that raises scores 0.0 with the error kept. `verifier_output`
+holds the result, the initial and final state.
+
+scene_config: see apps/engines/scenes.py (env_name, class_name, env_description, code,
+operations, init_config, check_func, task_id, image); written by the importer (importer.py).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
+from apps.engines.envscaler.session import EnvCallTimeout, EnvSession, EnvSessionError, result_text
+from apps.engines.runtime import SceneRuntime, SetupError, ToolError, ToolResult
+from apps.engines.sandboxes import WORKDIR, Sandbox, SandboxSpec, SandboxUnavailable
+from apps.engines.sandboxes.base import SERVICE_HTTP, ServiceFailed
+
+SERVER_SOURCE = Path(__file__).with_name("server.py")
+SANDBOX_DIR = f"{WORKDIR}/.envscaler"
+SERVER_PATH = f"{SANDBOX_DIR}/server.py"
+SPEC_PATH = f"{SANDBOX_DIR}/spec.json"
+PYTHON = "python3"
+SERVER_ENV = {"FASTMCP_CHECK_FOR_UPDATES": "off", "FASTMCP_SHOW_SERVER_BANNER": "false", "FASTMCP_LOG_LEVEL": "WARNING",
+              "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+DEFAULT_STEP_TIMEOUT_S = 30.0
+CHECK_TIMEOUT_S = 60.0
+STATE_STEP_CHARS = 20_000
+TTL_MARGIN_S = 900
+# MCP over streamable HTTP (backends without stdio): the server listens inside the sandbox on
+# settings.ENVSCALER_MCP_HOST:ENVSCALER_MCP_PORT. Each sandbox has its own network, so one fixed
+# port serves every task; 0.0.0.0 so a runtime that maps the port from outside the sandbox's
+# loopback (Docker, Kubernetes) reaches it.
+
+# Serves server.py's MCP server over HTTP: argv is SERVER_PATH SPEC_PATH HOST PORT. Host/Origin
+# checks are off: the server is reached only through the sandbox's endpoint, under the proxy's
+# Host name, never from a browser on the sandbox's loopback.
+HTTP_LAUNCHER = (
+    "import importlib.util, json, sys\n"
+    "path, spec_path, host, port = sys.argv[1:5]\n"
+    "found = importlib.util.spec_from_file_location('envscaler_server', path)\n"
+    "server = importlib.util.module_from_spec(found)\n"
+    "found.loader.exec_module(server)\n"
+    "with open(spec_path, encoding='utf-8') as fh:\n"
+    "    spec = json.load(fh)\n"
+    "server.build_server(spec).run(transport='http', host=host, port=int(port), show_banner=False,\n"
+    "                              host_origin_protection=False)\n"
+)
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_current_time",
+        "description": "The current date and time (ISO 8601, date, time, weekday, Unix timestamp) in a timezone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "description": "IANA timezone name", "default": "UTC"}},
+        },
+    },
+}
+# The same finish tool as every sandbox scene (code_exec's), with this scene's wording.
+FINISH_TOOL = {"type": "function", "function": {
+    **next(t["function"] for t in CODE_EXEC_TOOLS if t["function"]["name"] == "finish"),
+    "description": "End the task. Call it once, when the task is done, with a short summary of what you did.",
+}}
+
+
+def scene_config(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("scene_config") or {}
+
+
+def server_spec(scene: dict[str, Any]) -> dict[str, Any]:
+    """What the in-sandbox server needs; the check function stays out until verification."""
+    return {
+        "env_name": scene.get("env_name", ""),
+        "class_name": scene.get("class_name") or scene.get("env_name", ""),
+        "code": scene.get("code", ""),
+        "operations": scene.get("operations") or [],
+        "init_config": scene.get("init_config") or {},
+    }
+
+
+def _capped(state: Any) -> Any:
+    text = json.dumps(state, ensure_ascii=False, sort_keys=True)
+    return state if len(text) <= STATE_STEP_CHARS else {"truncated": True, "head": text[:STATE_STEP_CHARS]}
+
+
+class _Live:
+    """One episode's environment: its MCP session and the last state seen."""
+
+    def __init__(self, session: EnvSession, state: Any):
+        self.session = session
+        self.initial_state = state
+        self.state = state
+        self.lock = threading.Lock()
+        self.wedged = ""  # why the environment no longer answers (a call timed out)
+
+
+class EnvScalerRuntime(SceneRuntime):
+    scene_id = "envscaler"
+
+    def __init__(self) -> None:
+        self._live: dict[str, _Live] = {}
+        self._lock = threading.Lock()
+
+    # -- what the agent sees
+
+    def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
+        tools = [
+            {"type": "function", "function": {
+                "name": op["name"],
+                "description": op.get("description") or op["name"],
+                "parameters": op.get("parameters") or {"type": "object", "properties": {}},
+            }}
+            for op in scene_config(config).get("operations") or []
+        ]
+        return tools + [json.loads(json.dumps(TIME_TOOL)), json.loads(json.dumps(FINISH_TOOL))]
+
+    def system_prompt(self, config: dict[str, Any]) -> str:
+        scene = scene_config(config)
+        lines = [
+            f"You are an agent operating the environment {scene.get('env_name', '')!r}.",
+        ]
+        if scene.get("env_description"):
+            lines.append(f"About it: {scene['env_description']}")
+        lines += [
+            "You can act on it only through the tools below; each call changes or reads its state, and the "
+            "result (or an error) comes back to you. Read the results, recover from errors, and check your work.",
+            "",
+            "Tools:",
+        ]
+        for op in scene.get("operations") or []:
+            props = (op.get("parameters") or {}).get("properties") or {}
+            required = set((op.get("parameters") or {}).get("required") or [])
+            args = ", ".join(f"{name}{'' if name in required else '?'}" for name in props)
+            lines.append(f"- {op['name']}({args}): {op.get('description') or ''}".rstrip(": "))
+        lines += [
+            "- get_current_time(timezone?): the current date and time.",
+            "- finish(answer): end the task with a short summary; after it, the environment's final state is checked.",
+            "",
+            "Use a tool in every reply. Call finish when the task is done.",
+        ]
+        if config.get("max_steps"):
+            lines.append(f"You have at most {int(config['max_steps'])} replies.")
+        return "\n".join(lines)
+
+    # -- the sandbox
+
+    def sandbox_spec(self, config: dict[str, Any]) -> SandboxSpec:
+        lifetime = float(config.get("timeout_s") or 600) + CHECK_TIMEOUT_S + TTL_MARGIN_S
+        image = scene_config(config).get("image") or settings.ENVSCALER_SANDBOX_IMAGE
+        return SandboxSpec(image=image, labels={"scene": "envscaler"}, ttl=lifetime)
+
+    def setup(self, sandbox: Sandbox, config: dict[str, Any]) -> None:
+        scene = scene_config(config)
+        if not scene.get("code") or not scene.get("env_name"):
+            raise SetupError(f"the task names the environment {scene.get('env_name')!r} but carries no code for it; "
+                             "import environments with `manage.py import_envscaler` or the console upload")
+        sandbox.write_file(SERVER_PATH, SERVER_SOURCE.read_bytes())
+        sandbox.write_file(SPEC_PATH, json.dumps(server_spec(scene)).encode("utf-8"))
+        lifetime = float(config.get("timeout_s") or 600) + CHECK_TIMEOUT_S
+        if sandbox.service_transport == SERVICE_HTTP:
+            session = self._start_http(sandbox, lifetime)
+        else:
+            session = self._start_stdio(sandbox, lifetime)
+        live = _Live(session, None)
+        with self._lock:
+            self._live[sandbox.id] = live
+        # Whatever happens from here on, destroying the sandbox closes the session.
+        sandbox.add_cleanup(lambda: self._close(sandbox.id))
+        missing = [op["name"] for op in scene.get("operations") or [] if op["name"] not in session.tool_names]
+        if missing:
+            raise SetupError(f"the environment's MCP server does not offer the operations {missing}")
+        live.initial_state = live.state = self._state(session)
+
+    @staticmethod
+    def _start_stdio(sandbox: Sandbox, lifetime: float) -> EnvSession:
+        try:
+            command = sandbox.stdio_command([PYTHON, SERVER_PATH, "serve", SPEC_PATH], lifetime=lifetime,
+                                            env=SERVER_ENV)
+        except SandboxUnavailable as exc:
+            # A capability the backend lacks, not a lost sandbox: retrying would not help.
+            raise SetupError(f"the envscaler scene needs an MCP server over stdio in the sandbox: {exc}") from None
+        try:
+            return EnvSession.start(command, start_timeout=settings.ENVSCALER_START_TIMEOUT_S)
+        except EnvSessionError as exc:
+            raise SetupError(f"the environment did not start: {exc}") from None
+
+    @staticmethod
+    def _start_http(sandbox: Sandbox, lifetime: float) -> EnvSession:
+        port, host = settings.ENVSCALER_MCP_PORT, settings.ENVSCALER_MCP_HOST
+        start_timeout = settings.ENVSCALER_START_TIMEOUT_S
+        try:
+            service = sandbox.start_service([PYTHON, "-c", HTTP_LAUNCHER, SERVER_PATH, SPEC_PATH, host, str(port)],
+                                            port=port, lifetime=lifetime, ready_timeout=start_timeout, env=SERVER_ENV)
+        except ServiceFailed as exc:
+            # The server itself exited or never listened (its code, or an image without fastmcp);
+            # anything else (the sandbox or the OpenSandbox server gone) stays an infrastructure error.
+            raise SetupError(f"the environment did not start: {exc}") from None
+        try:
+            return EnvSession.connect(service, start_timeout=start_timeout,
+                                      output=lambda: sandbox.service_output(service))
+        except EnvSessionError as exc:
+            raise SetupError(f"the environment did not start: {exc}") from None
+
+    def _close(self, sandbox_id: str) -> None:
+        with self._lock:
+            live = self._live.pop(sandbox_id, None)
+        if live is not None:
+            live.session.close()
+
+    def _get(self, sandbox: Sandbox) -> _Live:
+        with self._lock:
+            live = self._live.get(sandbox.id)
+        if live is None:
+            raise EnvSessionError(f"no environment is running in sandbox {sandbox.id}")
+        return live
+
+    @staticmethod
+    def _state(session: EnvSession) -> Any:
+        result = session.call("envscaler_state", {}, timeout=DEFAULT_STEP_TIMEOUT_S)
+        text = result_text(result)
+        if result.is_error:
+            return {"error": text}
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return {"unreadable": text[:2000]}
+
+    # -- tools
+
+    def execute_tool(
+        self, name: str, args: dict[str, Any], sandbox: Sandbox, config: dict[str, Any], *, timeout: float | None = None
+    ) -> ToolResult:
+        live = self._get(sandbox)
+        limit = float(timeout if timeout is not None else config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S)
+        with live.lock:
+            if live.wedged:
+                raise ToolError(f"the environment no longer responds ({live.wedged}); call finish")
+            started = time.monotonic()
+            try:
+                result = live.session.call(name, args, timeout=limit)
+            except EnvCallTimeout as exc:
+                # The operation is still running in the server: the environment is unusable now,
+                # which is the task's environment's doing, not the platform's (no retry).
+                live.wedged = str(exc)
+                return ToolResult(output=f"timed out: {exc}; the environment no longer responds",
+                                  duration_ms=int((time.monotonic() - started) * 1000), timed_out=True,
+                                  extra={"env_error": str(exc), "state_before": _capped(live.state)})
+            duration_ms = int((time.monotonic() - started) * 1000)
+            text = result_text(result)
+            before = live.state
+            live.state = self._state(live.session)
+        extra: dict[str, Any] = {"state_before": _capped(before), "state_after": _capped(live.state),
+                                 "state_changed": before != live.state}
+        if result.is_error:
+            extra["env_error"] = text
+            text = f"error: {text}"
+        return ToolResult(output=text if text else "(no output)", duration_ms=duration_ms, extra=extra)
+
+    # -- after finish
+
+    def verify(self, sandbox: Sandbox, config: dict[str, Any], final_answer: str) -> tuple[float | None, dict[str, Any]]:
+        scene = scene_config(config)
+        check = scene.get("check_func")
+        if not check:
+            return None, {}
+        live = self._get(sandbox)
+        with live.lock:
+            if live.wedged:
+                raise SetupError(f"the check cannot run: the environment no longer responds ({live.wedged})")
+            started = time.monotonic()
+            result = live.session.call("envscaler_check", {"source": check}, timeout=CHECK_TIMEOUT_S)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            final_state = self._state(live.session)
+        text = result_text(result)
+        try:
+            report = json.loads(text)
+        except json.JSONDecodeError:
+            report = {"reward": None, "error": f"unreadable check report: {text[:2000]}"}
+        reward = report.get("reward")
+        output: dict[str, Any] = {
+            "method": "check_func",
+            "check_result": report.get("result"),
+            "error": report.get("error"),
+            "duration_ms": duration_ms,
+            "initial_state": _capped(live.initial_state),
+            "final_state": _capped(final_state),
+        }
+        if reward is None:
+            reward = 0.0
+            output["note"] = f"the check function failed: {report.get('error')}"
+        elif report.get("note"):
+            output["note"] = report["note"]
+        # passed/total: how the shared loop words the outcome ("1/1 tests passed").
+        output.update(passed=1 if reward == 1.0 else 0, total=1, reward=float(reward))
+        return float(reward), output

@@ -1,0 +1,1 @@
+"""The reviews REST API."""

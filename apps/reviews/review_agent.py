@@ -1,0 +1,586 @@
+"""The review agent: deterministic checks, an LLM judge with a per-scene rubric, the overall
+score, and the changes it proposes for the next iteration.
+
+    checks = run_checks(trajectory)                     # computed in code, no model involved
+    verdict = judge(trajectory, checks, attempt=1)      # JudgeResult, or raises JudgeFailed
+    overall = overall_score(verdict.scores, checks, trajectory.reward)
+    drafts = draft_proposals(task, reviews)             # rule- and judge-derived, tiered by policy
+
+The overall score (0-100), documented in the README:
+
+    judge_mean = mean of the rubric dimensions' scores (each 0-100)
+    base       = judge_mean                              when the trajectory has no reward
+               = 0.5 * judge_mean + 0.5 * 100 * reward    when a verifier gave one
+    overall    = clamp(base - sum of the penalties of the checks that fired, 0, 100)
+
+Penalties (CHECK_PENALTIES): an episode error 30; a step/time/token limit exhausted 15;
+secrets or PII visible 20; repeated identical actions 10; an empty final answer 10; per
+occurrence 5 (at most 15 each) for unparseable calls, unknown tools, invalid arguments and
+errors left unhandled. A judge that cannot be reached or whose output cannot be parsed gives
+no score at all (JudgeFailed): the review is `judge_failed` and retried later.
+
+The judge never picks a tier: its suggestions ({field, to, options, rationale}) pass through
+`apps.reviews.policy.classify` like the rule-derived ones, and fields the policy does not
+cover, or values it refuses, are dropped.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from jsonschema import Draft202012Validator
+
+from apps.reviews import policy
+
+RUBRIC_VERSION = "1"
+# The offline stand-in (apps.engines.offline_model) recognises judge requests by this marker.
+JUDGE_MARKER = "[trajplatform-judge]"
+EVIDENCE_OPEN, EVIDENCE_CLOSE = "<evidence>", "</evidence>"
+
+GENERIC = {
+    "tool_usage": "chooses fitting tools and calls them with correct arguments",
+    "reasoning": "thoughts are relevant, correct and lead to the actions",
+    "error_handling": "notices failed commands or tool errors and recovers from them",
+    "completeness": "the task is fully solved and the final answer states the result",
+}
+_EFFICIENCY = {"efficiency": "reaches the goal without wasted or repeated steps"}
+_TOOL_SELECTION = {"tool_selection": "picks the right tool for each sub-goal"}
+RUBRICS: dict[str, dict[str, str]] = {
+    "code_exec": GENERIC,
+    "envscaler": {
+        **_TOOL_SELECTION,
+        "tool_execution": "calls succeed: valid arguments, correct order, state changes as intended",
+        "reasoning": GENERIC["reasoning"],
+        "completeness": "the environment ends in the state the task asks for",
+        **_EFFICIENCY,
+    },
+    "mobile_agent": {
+        "ui_understanding": "reads the screen / UI tree correctly (elements, state, navigation)",
+        "action_accuracy": "taps, swipes and text input hit the intended elements with correct values",
+        "reasoning": GENERIC["reasoning"],
+        "completeness": "the app ends in the state the task asks for",
+        **_EFFICIENCY,
+    },
+    "gui": {
+        "ui_understanding": "reads the page correctly (elements, state, navigation)",
+        "action_accuracy": "clicks and input hit the intended elements with correct values",
+        "reasoning": GENERIC["reasoning"],
+        "completeness": GENERIC["completeness"],
+    },
+    "toolace": {
+        **_TOOL_SELECTION,
+        "param_accuracy": "arguments are complete and correct; missing ones are asked for, not invented",
+        "reasoning": GENERIC["reasoning"],
+        "error_handling": GENERIC["error_handling"],
+        "completeness": GENERIC["completeness"],
+    },
+    "toucan": {
+        **_TOOL_SELECTION,
+        "tool_execution": "MCP tool calls succeed and their results are used",
+        "reasoning": GENERIC["reasoning"],
+        "completeness": GENERIC["completeness"],
+        "multi_tool": "combines several tools where the question needs it",
+    },
+    "search2qa": {
+        "search_quality": "queries and crawls find relevant, trustworthy sources",
+        "answer_accuracy": "the answer is correct, single and supported by the sources",
+        "cross_source_reasoning": "facts from several sources are combined correctly",
+        "reasoning": GENERIC["reasoning"],
+        "completeness": GENERIC["completeness"],
+    },
+    "deep_search": {
+        "search_quality": "queries and reading find relevant, trustworthy sources",
+        "answer_accuracy": "the answer is correct and supported by the sources",
+        "reasoning": GENERIC["reasoning"],
+        "completeness": GENERIC["completeness"],
+    },
+    "multi_agent": {
+        **GENERIC,
+        "coordination": "sub-agents get clear sub-tasks and their results are combined",
+    },
+}
+
+CHECK_PENALTIES: dict[str, tuple[float, float]] = {
+    # check id -> (penalty per occurrence, cap)
+    "episode_error": (30, 30),
+    "limit_exhausted": (15, 15),
+    "sensitive_data": (20, 20),
+    "repeated_actions": (10, 10),
+    "empty_final_answer": (10, 10),
+    "unparseable_calls": (5, 15),
+    "unknown_tools": (5, 15),
+    "invalid_arguments": (5, 15),
+    "unhandled_errors": (5, 15),
+    "verifier": (0, 0),  # the reward already weighs half of the base
+}
+CHECK_TITLES = {
+    "verifier": "verifier / check function did not pass",
+    "episode_error": "the episode ended in an error",
+    "unparseable_calls": "tool calls whose arguments failed to parse",
+    "unknown_tools": "calls to tools that were not offered",
+    "invalid_arguments": "arguments invalid against the tool schema",
+    "repeated_actions": "repeated identical actions (a loop)",
+    "unhandled_errors": "failed steps never recovered from",
+    "limit_exhausted": "step, time or token limit exhausted",
+    "empty_final_answer": "empty final answer",
+    "sensitive_data": "secrets or personal data visible in observations",
+}
+REPEAT_THRESHOLD = 3
+FINISH_TOOLS = frozenset({"finish", "submit", "final_answer"})
+_SENSITIVE = [
+    ("redacted secret", re.compile(r"\[REDACTED\]")),
+    ("API key", re.compile(r"\b(?:sk-[A-Za-z0-9_\-]{16,}|AIza[0-9A-Za-z_\-]{30,}|hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,})")),
+    ("AWS access key", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),
+    ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+    ("e-mail address", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")),
+    ("card number", re.compile(r"\b(?:\d[ -]?){13,16}\b")),
+]
+STEP_TEXT_CHARS = 600
+ARGUMENT_CHARS = 400
+HEAD_STEPS, TAIL_STEPS = 40, 10
+
+
+def rubric_for(scene: str) -> dict[str, str]:
+    return RUBRICS.get(scene, GENERIC)
+
+
+# -- deterministic checks ------------------------------------------------------------------------
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        n = int(ch)
+        if i % 2:
+            n = n * 2 - 9 if n > 4 else n * 2
+        total += n
+    return total % 10 == 0
+
+
+def _sensitive_hits(text: str) -> list[str]:
+    hits = []
+    for label, pattern in _SENSITIVE:
+        for match in pattern.finditer(text):
+            if label == "card number":
+                digits = re.sub(r"\D", "", match.group(0))
+                if not (13 <= len(digits) <= 16 and _luhn(digits)):
+                    continue
+            hits.append(label)
+            break
+    return hits
+
+
+def _tool_validators(tools: Any) -> dict[str, Draft202012Validator]:
+    validators = {}
+    for tool in tools if isinstance(tools, list) else []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            validators[fn["name"]] = Draft202012Validator(fn.get("parameters") or {"type": "object"})
+    return validators
+
+
+def _failed(step: dict[str, Any]) -> bool:
+    if step.get("error"):
+        return True
+    code = step.get("exit_code")
+    return isinstance(code, int) and code != 0
+
+
+def _check(count: int, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"fired": count > 0, "count": count, "detail": detail if count else "", **extra}
+
+
+def run_checks(trajectory: Any) -> dict[str, Any]:
+    """Every deterministic check on a finished trajectory: {check id: {fired, count, detail, penalty}}."""
+    steps = [s for s in (trajectory.steps if isinstance(trajectory.steps, list) else []) if isinstance(s, dict)]
+    validators = _tool_validators(trajectory.tools)
+    checks: dict[str, dict[str, Any]] = {}
+
+    reward = trajectory.reward
+    verifier_failed = reward is not None and reward < 1.0
+    checks["verifier"] = _check(
+        int(verifier_failed),
+        f"reward {reward:.2f}: {trajectory.outcome_reason}" if verifier_failed else "",
+        reward=reward,
+    )
+    checks["episode_error"] = _check(int(trajectory.outcome == "error"), trajectory.outcome_reason)
+
+    unparseable, unknown, invalid = [], [], []
+    for step in steps:
+        name, error, args = str(step.get("tool") or ""), str(step.get("error") or ""), step.get("arguments")
+        if "not valid JSON" in error or (isinstance(args, str) and args.strip() and "arguments" in error):
+            unparseable.append(step.get("index"))
+        elif error.startswith("unknown tool") or (validators and name and name not in validators):
+            unknown.append(name or "?")
+        elif error.startswith("invalid arguments") or (
+            name in validators and isinstance(args, dict) and any(True for _ in validators[name].iter_errors(args))
+        ):
+            invalid.append(step.get("index"))
+    checks["unparseable_calls"] = _check(len(unparseable), f"steps {unparseable}")
+    checks["unknown_tools"] = _check(len(unknown), f"called {sorted(set(unknown))}; offered {sorted(validators)}")
+    checks["invalid_arguments"] = _check(len(invalid), f"steps {invalid}")
+
+    seen: dict[str, list[int]] = {}
+    for step in steps:
+        key = json.dumps([step.get("tool"), step.get("arguments")], sort_keys=True, default=str)
+        seen.setdefault(key, []).append(step.get("index"))
+    loops = {k: v for k, v in seen.items() if len(v) >= REPEAT_THRESHOLD}
+    worst = max(loops.values(), key=len) if loops else []
+    checks["repeated_actions"] = _check(
+        len(loops), f"{json.loads(max(loops, key=lambda k: len(loops[k])))[0]} repeated {len(worst)}x (steps {worst})"
+        if loops else "",
+    )
+
+    unhandled = []
+    for i, step in enumerate(steps):
+        if not _failed(step) or str(step.get("error") or "").startswith("skipped"):
+            continue
+        later = [s for s in steps[i + 1:] if str(s.get("tool") or "") not in FINISH_TOOLS]
+        if not any(not _failed(s) for s in later):
+            unhandled.append(step.get("index"))
+    checks["unhandled_errors"] = _check(len(unhandled), f"steps {unhandled}")
+
+    reason = trajectory.outcome_reason or ""
+    limit = ""
+    if "max_steps (" in reason:
+        limit = "max_steps"
+    elif "wall-clock timeout" in reason:
+        limit = "timeout"
+    elif "token budget" in reason:
+        limit = "token_budget"
+    timed_out = [s.get("index") for s in steps if s.get("timed_out")]
+    checks["limit_exhausted"] = _check(
+        int(bool(limit)) + len(timed_out),
+        "; ".join(filter(None, [reason if limit else "", f"steps timed out: {timed_out}" if timed_out else ""])),
+        limit=limit or ("step_timeout" if timed_out else ""),
+    )
+    checks["empty_final_answer"] = _check(
+        int(trajectory.outcome != "error" and not (trajectory.final_answer or "").strip()),
+        "the trajectory ended without a final answer",
+    )
+
+    hits: dict[str, list[int]] = {}
+    for step in steps:
+        for label in _sensitive_hits(f"{step.get('output') or ''}\n{step.get('observation') or ''}"):
+            hits.setdefault(label, []).append(step.get("index"))
+    checks["sensitive_data"] = _check(
+        sum(len(v) for v in hits.values()), "; ".join(f"{k} in steps {v}" for k, v in sorted(hits.items()))
+    )
+
+    for name, check in checks.items():
+        per, cap = CHECK_PENALTIES[name]
+        check["penalty"] = min(cap, per * check["count"]) if check["fired"] else 0
+        check["title"] = CHECK_TITLES[name]
+    return checks
+
+
+def overall_score(scores: dict[str, dict[str, Any]], checks: dict[str, Any], reward: float | None) -> float:
+    """The documented formula (module docstring), rounded to one decimal."""
+    judge_mean = mean(float(v["score"]) for v in scores.values())
+    base = judge_mean if reward is None else 0.5 * judge_mean + 0.5 * 100.0 * float(reward)
+    penalty = sum(float(c.get("penalty") or 0) for c in checks.values())
+    return round(max(0.0, min(100.0, base - penalty)), 1)
+
+
+# -- the judge -----------------------------------------------------------------------------------
+
+
+class JudgeFailed(Exception):
+    """The judge gave no usable verdict (unreachable, or unparseable output); never a score."""
+
+    def __init__(self, message: str, *, raw: str = "", model: str = "", prompt: str = ""):
+        super().__init__(message)
+        self.raw, self.model, self.prompt = raw, model, prompt
+
+
+@dataclass
+class JudgeResult:
+    scores: dict[str, dict[str, Any]]
+    suggestions: list[dict[str, Any]]
+    summary: str
+    model: str
+    prompt: str
+    raw: str
+    rubric_version: str
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+def _clip(text: Any, limit: int) -> str:
+    text = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False, default=str)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} [… {len(text) - limit} more characters not shown]"
+
+
+def evidence(trajectory: Any, checks: dict[str, Any], rubric: dict[str, str]) -> dict[str, Any]:
+    """What the judge is shown besides the conversation: facts computed in code."""
+    steps = trajectory.steps if isinstance(trajectory.steps, list) else []
+    return {
+        "dimensions": list(rubric),
+        "outcome": trajectory.outcome,
+        "outcome_reason": trajectory.outcome_reason,
+        "reward": trajectory.reward,
+        "steps": len(steps),
+        "max_steps": (trajectory.config_snapshot or {}).get("max_steps"),
+        "final_answer_empty": not (trajectory.final_answer or "").strip(),
+        "checks": {k: {"fired": v["fired"], "count": v["count"], "detail": v["detail"]} for k, v in checks.items()},
+    }
+
+
+def _step_lines(steps: list[Any]) -> list[str]:
+    shown = list(enumerate(steps))
+    omitted = 0
+    if len(shown) > HEAD_STEPS + TAIL_STEPS:
+        omitted = len(shown) - HEAD_STEPS - TAIL_STEPS
+        shown = shown[:HEAD_STEPS] + shown[-TAIL_STEPS:]
+    lines = []
+    for i, step in shown:
+        if omitted and i == len(steps) - TAIL_STEPS:
+            lines.append(f"[… {omitted} steps in between not shown]")
+        if not isinstance(step, dict):
+            lines.append(f"step {i}: {_clip(step, STEP_TEXT_CHARS)}")
+            continue
+        parts = [f"step {step.get('index', i)}: {step.get('tool')}({_clip(step.get('arguments'), ARGUMENT_CHARS)})"]
+        if step.get("thought"):
+            parts.append(f"  thought: {_clip(step['thought'], ARGUMENT_CHARS)}")
+        parts.append(f"  exit_code: {step.get('exit_code')}" + (" (timed out)" if step.get("timed_out") else ""))
+        if step.get("error"):
+            parts.append(f"  error: {_clip(step['error'], ARGUMENT_CHARS)}")
+        parts.append(f"  output: {_clip(step.get('output') or '', STEP_TEXT_CHARS)}")
+        lines.append("\n".join(parts))
+    return lines
+
+
+def judge_messages(trajectory: Any, checks: dict[str, Any]) -> list[dict[str, str]]:
+    scene = (trajectory.config_snapshot or {}).get("scene") or trajectory.task.scene
+    rubric = rubric_for(scene)
+    dims = "\n".join(f"- {name}: {what}" for name, what in rubric.items())
+    system = (
+        f"{JUDGE_MARKER} rubric={scene}@{RUBRIC_VERSION}\n"
+        "You review one trajectory of an AI agent. Score each rubric dimension from 0 to 100 with a short "
+        "rationale, judging only what the trajectory shows. Facts computed in code (outcome, reward, "
+        "deterministic checks) are given as evidence; do not contradict them.\n"
+        f"Rubric dimensions:\n{dims}\n"
+        "You may suggest config changes for the next iteration as {\"field\", \"to\", \"options\", \"rationale\"}; "
+        f"fields: {', '.join(sorted(policy.TASK_FIELDS))} or scene_config.KEY. Another part of the system decides "
+        "whether and how they are applied.\n"
+        "Answer with one JSON object only: {\"scores\": {\"<dimension>\": {\"score\": <0-100>, \"rationale\": \"...\"}}, "
+        "\"suggestions\": [...], \"summary\": \"...\"}"
+    )
+    snapshot = trajectory.config_snapshot or {}
+    facts = json.dumps(evidence(trajectory, checks, rubric), ensure_ascii=False, sort_keys=True, default=str)
+    verifier = _clip(trajectory.verifier_output or {}, 1500)
+    user = "\n\n".join([
+        f"## Task\n{snapshot.get('prompt') or trajectory.task.prompt}",
+        f"## Agent config\nmodel {trajectory.model or snapshot.get('model') or '-'}, temperature "
+        f"{snapshot.get('temperature')}, max_steps {snapshot.get('max_steps')}, hints: "
+        f"{_clip(snapshot.get('system_prompt_extra') or '-', 800)}",
+        "## Steps\n" + ("\n".join(_step_lines(trajectory.steps if isinstance(trajectory.steps, list) else []))
+                        or "(no steps)"),
+        f"## Final answer\n{_clip(trajectory.final_answer or '(empty)', 2000)}",
+        f"## Verifier output\n{verifier}",
+        f"## Evidence\n{EVIDENCE_OPEN}{facts}{EVIDENCE_CLOSE}",
+    ])
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def _json_object(text: str) -> Any:
+    text = (text or "").strip()
+    fenced = re.search(r"```(?:json)?\s*(\{.*\})\s*```", text, re.DOTALL)
+    if fenced:
+        text = fenced.group(1)
+    elif not text.startswith("{"):
+        start, end = text.find("{"), text.rfind("}")
+        if start == -1 or end <= start:
+            raise ValueError("no JSON object in the reply")
+        text = text[start:end + 1]
+    return json.loads(text)
+
+
+def parse_judge_output(text: str, rubric: dict[str, str]) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]], str]:
+    """(scores, suggestions, summary) from the judge's reply; ValueError when it is unusable."""
+    try:
+        data = _json_object(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the reply is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
+        raise ValueError("the reply has no `scores` object")
+    scores = {}
+    for name in rubric:
+        entry = data["scores"].get(name)
+        if isinstance(entry, (int, float)) and not isinstance(entry, bool):
+            entry = {"score": entry, "rationale": ""}
+        if not isinstance(entry, dict):
+            raise ValueError(f"the reply scores no `{name}`")
+        score = entry.get("score")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 100:
+            raise ValueError(f"`{name}` must have a score from 0 to 100, got {score!r}")
+        scores[name] = {"score": float(score), "rationale": str(entry.get("rationale") or "")[:2000]}
+    suggestions = [s for s in data.get("suggestions") or [] if isinstance(s, dict) and isinstance(s.get("field"), str)]
+    return scores, suggestions[:10], str(data.get("summary") or "")[:4000]
+
+
+def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any = None) -> JudgeResult:
+    """Ask the configured judge model; raises JudgeFailed instead of ever inventing a score."""
+    from apps.engines.llm import LLMError
+    from apps.tasks.jobs import get_llm_client
+
+    scene = (trajectory.config_snapshot or {}).get("scene") or trajectory.task.scene
+    rubric = rubric_for(scene)
+    messages = judge_messages(trajectory, checks)
+    prompt = "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+    try:
+        client = llm or get_llm_client()
+        result = client.chat(
+            messages,
+            temperature=0.0,
+            max_tokens=settings.REVIEW_JUDGE_MAX_TOKENS,
+            model=settings.REVIEW_JUDGE_MODEL or None,
+            cache_key_extra={"judge": trajectory.pk, "rubric": f"{scene}@{RUBRIC_VERSION}", "attempt": attempt},
+        )
+    except LLMError as exc:
+        raise JudgeFailed(f"the judge could not be reached: {type(exc).__name__}: {exc}", prompt=prompt) from None
+    except Exception as exc:  # e.g. a configuration error: still no score, and a readable reason
+        raise JudgeFailed(f"the judge could not be asked: {type(exc).__name__}: {exc}", prompt=prompt) from None
+    raw = result.content or ""
+    try:
+        scores, suggestions, summary = parse_judge_output(raw, rubric)
+    except ValueError as exc:
+        raise JudgeFailed(f"the judge's output could not be used: {exc}", raw=raw, model=result.model,
+                          prompt=prompt) from None
+    return JudgeResult(scores=scores, suggestions=suggestions, summary=summary, model=result.model, prompt=prompt,
+                       raw=raw, rubric_version=f"{scene}@{RUBRIC_VERSION}", usage=dict(result.usage))
+
+
+# -- proposals -------------------------------------------------------------------------------------
+
+HINTS = {
+    "unparseable_calls": "Send tool arguments as one valid JSON object.",
+    "invalid_arguments": "Check each tool's parameters: pass every required argument with the right type.",
+    "unknown_tools": "Call only the tools that are offered.",
+    "unhandled_errors": "When a command fails, read the error and fix its cause before finishing.",
+    "repeated_actions": "Do not repeat an action that already gave the same result; change the approach.",
+    "empty_final_answer": "End with finish and state the result in the answer.",
+}
+RULE_HINT_MIN = 2  # occurrences across the iteration before a hint is proposed
+
+
+@dataclass
+class Draft:
+    field: str
+    to_value: Any
+    from_value: Any
+    tier: str
+    options: list[Any]
+    rationale: str
+    proposer: str
+    impact_note: str = ""
+
+
+def _bounded(rule: policy.Rule | None, value: float) -> float:
+    if rule is not None and rule.max_value is not None:
+        return min(value, rule.max_value)
+    return value
+
+
+def _alternatives(task: Any, field_name: str, current: Any, to: Any, table: dict[str, policy.Rule]) -> list[Any]:
+    rule = table.get(field_name)
+    if isinstance(to, (int, float)) and not isinstance(to, bool) and isinstance(current, (int, float)):
+        middle = (current + to) / 2
+        return [int(round(middle)) if isinstance(to, int) and isinstance(current, int) else round(middle, 2)]
+    if field_name == "model" and rule is not None:
+        return [m for m in rule.allowed_values if m != current]
+    if field_name == "expected_tools" and isinstance(current, list) and isinstance(to, list):
+        return [sorted(set(current) | set(to))]
+    return []
+
+
+def _options(task: Any, draft_field: str, current: Any, to: Any, extra: list[Any], table: dict[str, policy.Rule]) -> list[Any]:
+    """2-4 distinct valid values (the proposed one first) a reviewer can pick from."""
+    options: list[Any] = []
+    for value in [to, *extra, *_alternatives(task, draft_field, current, to, table)]:
+        if value == current or value in options or policy.classify(draft_field, value, table) == policy.REFUSE:
+            continue
+        try:
+            policy.check_value(task, draft_field, value)
+        except ValidationError:
+            continue
+        options.append(value)
+        if len(options) == 4:
+            break
+    return options
+
+
+def _draft(task: Any, field_name: str, to: Any, rationale: str, proposer: str, table: dict[str, policy.Rule],
+           extra_options: list[Any] | None = None) -> Draft | None:
+    try:
+        current = policy.current_value(task, field_name)
+        policy.check_value(task, field_name, to)
+    except ValidationError:
+        return None
+    if to == current:
+        return None
+    tier = policy.classify(field_name, to, table)
+    if tier == policy.REFUSE:
+        return None
+    options = _options(task, field_name, current, to, extra_options or [], table) if tier == policy.YELLOW else []
+    return Draft(field=field_name, to_value=to, from_value=current, tier=tier, options=options, rationale=rationale,
+                 proposer=proposer, impact_note=policy.impact_note(field_name, table))
+
+
+def draft_proposals(task: Any, reviews: list[Any]) -> list[Draft]:
+    """Changes for the task's next iteration from its reviews' checks (rules) and judge suggestions.
+
+    At most one draft per field: rules first, then the judge's suggestions in order."""
+    table = policy.rules()
+    drafts: dict[str, Draft] = {}
+
+    def add(draft: Draft | None) -> None:
+        if draft is not None and draft.field not in drafts:
+            drafts[draft.field] = draft
+
+    limits = {r.checks.get("limit_exhausted", {}).get("limit") for r in reviews} - {None, ""}
+    if "max_steps" in limits:
+        to = int(_bounded(table.get("max_steps"), task.max_steps * 2))
+        if to <= task.max_steps:
+            to = task.max_steps * 2  # at the bound: propose beyond it, the policy escalates the tier
+        add(_draft(task, "max_steps", to, f"the step limit ({task.max_steps}) was hit without finish",
+                   "rule:max_steps", table, [task.max_steps + 5]))
+    if "timeout" in limits:
+        add(_draft(task, "timeout_s", float(task.timeout_s * 2), f"the wall-clock limit ({task.timeout_s:g}s) was hit",
+                   "rule:timeout", table))
+    if "token_budget" in limits and task.max_tokens:
+        add(_draft(task, "max_tokens", int(task.max_tokens * 2), f"the token budget ({task.max_tokens}) was exhausted",
+                   "rule:token_budget", table))
+
+    counts: dict[str, int] = {}
+    for review in reviews:
+        for name in HINTS:
+            counts[name] = counts.get(name, 0) + int((review.checks.get(name) or {}).get("count") or 0)
+    current_extra = task.system_prompt_extra or ""
+    hints = [HINTS[name] for name, n in counts.items()
+             if n >= (1 if name in ("repeated_actions", "empty_final_answer") else RULE_HINT_MIN)
+             and HINTS[name] not in current_extra]
+    if hints:
+        fired = sorted(name for name, n in counts.items() if n and HINTS[name] in hints)
+        to = "\n".join(filter(None, [current_extra.rstrip(), *hints]))
+        add(_draft(task, "system_prompt_extra", to, f"repeated problems across the iteration: {', '.join(fired)}",
+                   "rule:prompt_hint", table))
+
+    for review in reviews:
+        for suggestion in (review.suggestions or []):
+            name = suggestion.get("field")
+            if name == "system_prompt_extra" and isinstance(suggestion.get("to"), str) and name not in drafts:
+                hint = suggestion["to"].strip()
+                to = current_extra if hint in current_extra else "\n".join(filter(None, [current_extra.rstrip(), hint]))
+            else:
+                to = suggestion.get("to")
+            extra = suggestion.get("options") if isinstance(suggestion.get("options"), list) else []
+            add(_draft(task, str(name), to, str(suggestion.get("rationale") or "suggested by the judge")[:2000],
+                       "review-agent", table, extra))
+    return list(drafts.values())

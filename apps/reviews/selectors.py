@@ -1,0 +1,213 @@
+"""Reads of the review loop shared by the console pages, the admin, commands and the API."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.utils import timezone
+
+from apps.reviews.models import Proposal, Review
+from apps.tasks.models import Batch, Task, Trajectory
+
+
+def stale_before() -> Any:
+    """Pending proposals created before this are flagged stale (REVIEW_STALE_PROPOSAL_HOURS)."""
+    return timezone.now() - timedelta(hours=settings.REVIEW_STALE_PROPOSAL_HOURS)
+
+
+def pending_proposals(*, tier: str | None = None, scene: str | None = None, batch: int | None = None,
+                      older_than_hours: float | None = None, stale: bool = False,
+                      task: int | None = None) -> QuerySet[Proposal]:
+    """Pending proposals, oldest first, with what the queue shows joined in (no per-row queries)."""
+    proposals = (Proposal.objects.filter(status=Proposal.Status.PENDING)
+                 .select_related("task", "task__batch", "proposed_by").order_by("created_at", "id"))
+    if tier:
+        proposals = proposals.filter(tier=tier)
+    if scene:
+        proposals = proposals.filter(task__scene=scene)
+    if batch:
+        proposals = proposals.filter(task__batch_id=batch)
+    if task:
+        proposals = proposals.filter(task_id=task)
+    if older_than_hours:
+        proposals = proposals.filter(created_at__lt=timezone.now() - timedelta(hours=older_than_hours))
+    if stale:
+        proposals = proposals.filter(created_at__lt=stale_before())
+    return proposals
+
+
+def latest_auto_review(trajectory: Trajectory) -> Review | None:
+    return Review.objects.filter(trajectory=trajectory, kind=Review.Kind.AUTO).first()
+
+
+def human_reviews(trajectory: Trajectory) -> QuerySet[Review]:
+    return Review.objects.filter(trajectory=trajectory, kind=Review.Kind.HUMAN).select_related("reviewer")
+
+
+def latest_human_verdicts(trajectory_ids: Any) -> dict[int, str]:
+    """trajectory id -> the verdict of its latest human review (the datasets app's rule)."""
+    latest = (Review.objects.filter(trajectory=OuterRef("trajectory"), kind=Review.Kind.HUMAN)
+              .order_by("-created_at", "-id").values("pk")[:1])
+    rows = (Review.objects.filter(trajectory_id__in=trajectory_ids, kind=Review.Kind.HUMAN, pk=Subquery(latest))
+            .values_list("trajectory_id", "verdict"))
+    return dict(rows)
+
+
+# -- iteration history ------------------------------------------------------------------------------
+
+
+@dataclass
+class Iteration:
+    number: int
+    config: dict[str, Any]
+    trajectories: list[Trajectory] = field(default_factory=list)
+    reviews: dict[int, Review] = field(default_factory=dict)
+    proposals: list[Proposal] = field(default_factory=list)
+    diff: list[tuple[str, Any, Any]] = field(default_factory=list)  # (field, before, after) vs previous
+
+    @property
+    def score(self) -> float | None:
+        scored = [r.overall for r in self.reviews.values() if r.overall is not None]
+        return round(sum(scored) / len(scored), 1) if scored else None
+
+
+SNAPSHOT_ORDER = ("model", "temperature", "top_p", "max_steps", "step_timeout_s", "timeout_s", "max_tokens",
+                  "system_prompt_extra", "prompt", "expected_tools", "scene_config", "quality_threshold",
+                  "samples_per_iteration")
+
+
+def iteration_history(task: Task) -> list[Iteration]:
+    """Every iteration of the task: the config snapshot it ran with (and what changed from the
+    one before), its trajectories with their automatic reviews, and the proposals its review
+    made with their decisions. Three queries, whatever the number of iterations."""
+    trajectories = list(
+        Trajectory.objects.filter(task=task).order_by("iteration", "sample_index")
+        .only("pk", "task_id", "iteration", "sample_index", "status", "outcome", "outcome_reason", "reward",
+              "config_snapshot", "model", "total_tokens", "created_at")
+    )
+    reviews = {r.trajectory_id: r for r in Review.objects.filter(
+        trajectory__task=task, kind=Review.Kind.AUTO).only(
+        "pk", "trajectory_id", "status", "overall", "error", "judge_model", "scores", "checks")}
+    proposals = list(Proposal.objects.filter(task=task).select_related("decided_by").order_by("iteration", "id"))
+    iterations: dict[int, Iteration] = {}
+    for trajectory in trajectories:
+        it = iterations.setdefault(trajectory.iteration, Iteration(trajectory.iteration, trajectory.config_snapshot or {}))
+        it.trajectories.append(trajectory)
+        if trajectory.pk in reviews:
+            it.reviews[trajectory.pk] = reviews[trajectory.pk]
+    for proposal in proposals:
+        iterations.setdefault(proposal.iteration, Iteration(proposal.iteration, {})).proposals.append(proposal)
+    ordered = [iterations[n] for n in sorted(iterations)]
+    previous: dict[str, Any] | None = None
+    for it in ordered:
+        if previous is not None and it.config:
+            keys = [k for k in SNAPSHOT_ORDER if k in it.config or k in previous]
+            keys += sorted((set(it.config) | set(previous)) - set(keys))
+            it.diff = [(k, previous.get(k), it.config.get(k)) for k in keys if previous.get(k) != it.config.get(k)]
+        if it.config:
+            previous = it.config
+    return ordered
+
+
+# -- batches ----------------------------------------------------------------------------------------
+
+
+def batch_progress(batches: list[Batch]) -> dict[int, dict[str, int]]:
+    """batch id -> task count per status (every status present) for these batches; one query."""
+    progress = {b.pk: dict.fromkeys(Task.Status.values, 0) for b in batches}
+    rows = (Task.objects.filter(batch_id__in=list(progress)).order_by()
+            .values_list("batch_id", "status").annotate(n=Count("id")))
+    for batch_id, status, n in rows:
+        progress[batch_id][status] = n
+    return progress
+
+
+def batch_pending_proposals(batches: list[Batch]) -> dict[int, int]:
+    rows = (Proposal.objects.filter(task__batch_id__in=[b.pk for b in batches], status=Proposal.Status.PENDING)
+            .order_by().values_list("task__batch_id").annotate(n=Count("id")))
+    return dict(rows)
+
+
+# -- judge-human agreement ------------------------------------------------------------------------------
+
+
+@dataclass
+class Agreement:
+    dimension: str
+    pairs: int
+    agree: int
+    rate: float | None
+    kappa: float | None
+    judge_accepts: int
+    human_accepts: int
+
+
+def cohen_kappa(pairs: list[tuple[bool, bool]]) -> float | None:
+    """Cohen's kappa of two raters' binary labels; None when it is undefined (chance agreement 1)."""
+    n = len(pairs)
+    if not n:
+        return None
+    observed = sum(a == b for a, b in pairs) / n
+    p_a = sum(a for a, _ in pairs) / n
+    p_b = sum(b for _, b in pairs) / n
+    expected = p_a * p_b + (1 - p_a) * (1 - p_b)
+    if expected >= 1.0:
+        return None
+    return (observed - expected) / (1 - expected)
+
+
+def review_pairs(trajectories: QuerySet[Trajectory] | None = None) -> list[tuple[dict[str, Any], float | None, str]]:
+    """(judge scores, judge overall, latest human verdict) per trajectory that has both a scored
+    automatic review and a human verdict. Two queries, driven by the (fewer) human reviews."""
+    humans = Review.objects.filter(kind=Review.Kind.HUMAN)
+    if trajectories is not None:
+        humans = humans.filter(trajectory__in=trajectories)
+    latest: dict[int, str] = {}
+    for trajectory_id, verdict in humans.order_by("trajectory_id", "created_at", "id").values_list(
+            "trajectory_id", "verdict"):
+        latest[trajectory_id] = verdict  # ordered oldest first: the last one wins
+    autos = Review.objects.filter(kind=Review.Kind.AUTO, status=Review.Status.DONE,
+                                  trajectory_id__in=humans.values("trajectory_id"))
+    return [(scores or {}, overall, latest[trajectory_id])
+            for trajectory_id, scores, overall in autos.values_list("trajectory_id", "scores", "overall")
+            if trajectory_id in latest]
+
+
+def judge_human_agreement(trajectories: QuerySet[Trajectory] | None = None,
+                          threshold: float | None = None) -> list[Agreement]:
+    """Per rubric dimension (and "overall"): how often the judge and the latest human verdict agree
+    on accept vs reject. The judge accepts a dimension when its score is >= threshold
+    (REVIEW_QUALITY_THRESHOLD); the human accepts on "accept" ("reject" and "needs_fix" are
+    not accepts). Agreement rate and Cohen's kappa over the trajectories having both."""
+    threshold = settings.REVIEW_QUALITY_THRESHOLD if threshold is None else threshold
+    by_dimension: dict[str, list[tuple[bool, bool]]] = {}
+    for scores, overall, human in review_pairs(trajectories):
+        accepted = human == Review.Verdict.ACCEPT
+        if overall is not None:
+            by_dimension.setdefault("overall", []).append((overall >= threshold, accepted))
+        for name, entry in scores.items():
+            score = entry.get("score") if isinstance(entry, dict) else None
+            if isinstance(score, (int, float)):
+                by_dimension.setdefault(name, []).append((score >= threshold, accepted))
+    table = []
+    for name in sorted(by_dimension, key=lambda d: (d != "overall", d)):
+        pairs = by_dimension[name]
+        agree = sum(a == b for a, b in pairs)
+        table.append(Agreement(
+            dimension=name, pairs=len(pairs), agree=agree, rate=agree / len(pairs) if pairs else None,
+            kappa=cohen_kappa(pairs), judge_accepts=sum(a for a, _ in pairs), human_accepts=sum(b for _, b in pairs),
+        ))
+    return table
+
+
+def queue_counts() -> dict[str, int]:
+    """Pending proposals by tier, and how many are stale; one query."""
+    return Proposal.objects.filter(status=Proposal.Status.PENDING).aggregate(
+        total=Count("id"),
+        yellow=Count("id", filter=Q(tier=Proposal.Tier.YELLOW)),
+        red=Count("id", filter=Q(tier=Proposal.Tier.RED)),
+        stale=Count("id", filter=Q(created_at__lt=stale_before())),
+    )

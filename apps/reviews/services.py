@@ -1,0 +1,492 @@
+"""Writes of the review loop. Each is one transaction with its audit row; jobs go out on commit.
+
+Lock order (the same as apps.tasks.services): the task row first, then its proposals/reviews.
+
+    review_open / review_store          the review agent's automatic Review of one trajectory
+    iteration_conclude                  weigh an iteration's reviews: complete, fail, or propose
+    proposal_decide                     the one decide service (approve / reject / choose)
+    proposal_propose                    a person proposes a change (tiered by the same policy)
+    human_verdict_record                a reviewer's accept / reject / needs-fix on a trajectory
+    task_end_loop / task_force_iteration
+
+The loop, as decided here (README "Review loop"):
+* score of an iteration = mean overall of its finished trajectories' automatic reviews; it
+  waits until every one is scored (a judge failure keeps the task `reviewing`, retried later);
+* score >= quality_threshold -> completed;
+* below, and iterations used up (current_iteration >= max_iterations) -> failed, with a
+  reason naming the score, the threshold and the iterations;
+* below, iterations left -> proposals tiered by the policy: green ones are applied at once;
+  if no yellow/red one waits, the next iteration is queued right away, else the task waits
+  (`waiting_approval`) until every pending proposal is decided, then the next iteration runs;
+* a person may end the loop early (the task completes; pending proposals are superseded) or
+  force one more iteration (raising max_iterations by one when it was used up).
+"""
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.reviews import policy
+from apps.reviews.models import Proposal, Review
+from apps.tasks.models import Task, Trajectory
+from apps.tasks.services import TransitionError
+from trajplatform.audit import audit_record
+
+REVIEW_AGENT = "review-agent"
+DECISIONS = ("approve", "reject", "choose")
+TERMINAL_LOOP = frozenset({Task.Status.COMPLETED, Task.Status.FAILED})
+
+
+class DecisionError(Exception):
+    """A decision that cannot be made as asked; the message says why (nothing was written)."""
+
+
+class AlreadyDecided(DecisionError):
+    """Someone else decided the proposal first."""
+
+
+def webhook(event: str, data: dict[str, Any]) -> None:
+    """Queue a webhook delivery inside the current transaction (delivered after commit)."""
+    from trajplatform.webhooks import webhook_emit
+
+    webhook_emit(event, data)
+
+
+def _proposal_data(proposal: Proposal) -> dict[str, Any]:
+    return {
+        "proposal": proposal.pk, "task": proposal.task_id, "iteration": proposal.iteration, "field": proposal.field,
+        "tier": proposal.tier, "status": proposal.status, "from": proposal.from_value, "to": proposal.to_value,
+        "options": proposal.options, "chosen": proposal.chosen_option, "proposer": proposal.proposer,
+        "decided_by": proposal.decided_by.get_username() if proposal.decided_by_id else None,
+        "comment": proposal.comment,
+    }
+
+
+# -- automatic reviews ----------------------------------------------------------------------------
+
+
+def review_open(*, trajectory: Trajectory) -> Review:
+    """The trajectory's automatic review, created pending if it has none (safe under two jobs)."""
+    existing = Review.objects.filter(trajectory=trajectory, kind=Review.Kind.AUTO).first()
+    if existing is not None:
+        return existing
+    try:
+        with transaction.atomic():
+            return Review.objects.create(trajectory=trajectory, kind=Review.Kind.AUTO, status=Review.Status.PENDING)
+    except IntegrityError:  # another job created it a moment ago
+        return Review.objects.get(trajectory=trajectory, kind=Review.Kind.AUTO)
+
+
+def review_store(*, review: Review, checks: dict[str, Any], result: Any = None, failure: Any = None) -> Review | None:
+    """Store one judge attempt on a pending or judge_failed review, by compare-and-swap on its
+    attempt count (a second job that judged the same trajectory stores nothing); None if lost.
+
+    `result` is a review_agent.JudgeResult (status done, overall by the documented formula),
+    `failure` a review_agent.JudgeFailed (status judge_failed, no score)."""
+    from apps.reviews.review_agent import overall_score
+
+    now = timezone.now()
+    if result is not None:
+        fields: dict[str, Any] = {
+            "status": Review.Status.DONE, "scores": result.scores, "suggestions": result.suggestions,
+            "overall": overall_score(result.scores, checks, review.trajectory.reward), "rationale": result.summary,
+            "judge_model": result.model[:200], "rubric_version": result.rubric_version, "judge_prompt": result.prompt,
+            "judge_raw": result.raw, "error": "",
+        }
+    else:
+        fields = {
+            "status": Review.Status.JUDGE_FAILED, "scores": {}, "suggestions": [], "overall": None,
+            "error": str(failure), "judge_model": (failure.model or "")[:200], "judge_prompt": failure.prompt,
+            "judge_raw": failure.raw,
+        }
+    with transaction.atomic():
+        won = Review.objects.filter(
+            pk=review.pk, attempts=review.attempts, status__in=[Review.Status.PENDING, Review.Status.JUDGE_FAILED],
+        ).update(checks=checks, attempts=review.attempts + 1, finished_at=now, **fields)
+        if not won:
+            return None
+        review = Review.objects.select_related("trajectory").get(pk=review.pk)
+        audit_record("reviews.review_store", target=review, data={
+            "trajectory": review.trajectory_id, "status": review.status, "overall": review.overall,
+            "attempt": review.attempts, "judge_model": review.judge_model, "error": review.error,
+            "checks_fired": sorted(k for k, v in checks.items() if v.get("fired")),
+        })
+    return review
+
+
+def _finish(task: Task, status: str, reason: str, data: dict[str, Any], actor: Any = None,
+            action: str = "reviews.iteration_conclude") -> None:
+    task.status = status
+    task.error = reason if status == Task.Status.FAILED else ""
+    task.finished_at = timezone.now()
+    task.save(update_fields=["status", "error", "finished_at", "updated_at"])
+    audit_record(action, actor=actor, target=task, data={**data, "status": status, "reason": reason})
+    webhook("task.finished", {"task": task.pk, "status": status, "iteration": task.current_iteration,
+                              "reason": reason, **{k: v for k, v in data.items() if k in ("score", "threshold")}})
+
+
+def _start_next(task: Task, actor: Any = None) -> None:
+    """Inside the caller's transaction, with the task locked: run its next iteration."""
+    from apps.tasks.services import task_start_iteration
+
+    if task.status != Task.Status.REVIEWING:
+        task.status = Task.Status.REVIEWING
+        task.save(update_fields=["status", "updated_at"])
+    task_start_iteration(task=task, actor=actor)
+
+
+def iteration_conclude(*, task_id: int, iteration: int) -> Task | None:
+    """Weigh the reviews of a reviewing task's iteration and move it on (see the module docstring).
+
+    A no-op (returns None) unless the task is reviewing this iteration and every finished
+    trajectory of it has a scored review."""
+    from apps.reviews.review_agent import draft_proposals
+
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(pk=task_id).first()
+        if task is None or task.status != Task.Status.REVIEWING or task.current_iteration != iteration:
+            return None
+        trajectory_ids = list(Trajectory.objects.filter(
+            task=task, iteration=iteration, status=Trajectory.Status.FINISHED).values_list("pk", flat=True))
+        reviews = list(Review.objects.filter(trajectory_id__in=trajectory_ids, kind=Review.Kind.AUTO)
+                       .select_related("trajectory"))
+        by_status = {s: [r for r in reviews if r.status == s] for s in Review.Status.values}
+        if len(reviews) < len(trajectory_ids) or by_status[Review.Status.PENDING]:
+            return None
+        failed = by_status[Review.Status.JUDGE_FAILED]
+        if failed:
+            note = (f"iteration {iteration}: the judge failed on {len(failed)} of {len(reviews)} trajectories "
+                    f"({failed[0].error[:300]}); retried every few minutes")
+            if task.error != note:
+                task.error = note
+                task.save(update_fields=["error", "updated_at"])
+            return None
+        threshold = task.quality_threshold
+        data: dict[str, Any] = {"iteration": iteration, "threshold": threshold, "trajectories": len(reviews)}
+        if not reviews:
+            _finish(task, Task.Status.FAILED, f"iteration {iteration}: no trajectory finished, nothing to review", data)
+            return task
+        score = round(mean(r.overall for r in reviews), 1)
+        data["score"] = score
+        if score >= threshold:
+            _finish(task, Task.Status.COMPLETED, "", {**data, "decision": "threshold met"})
+            return task
+        if task.current_iteration >= task.max_iterations:
+            reason = (f"quality {score:g} is below the threshold {threshold} after {task.current_iteration} of "
+                      f"{task.max_iterations} iterations")
+            _finish(task, Task.Status.FAILED, reason, {**data, "decision": "iterations used up"})
+            return task
+
+        drafts = draft_proposals(task, reviews)
+        errors = [r.trajectory for r in reviews if r.trajectory.outcome == Trajectory.Outcome.ERROR]
+        if not drafts and len(errors) == len(reviews):
+            # Nothing to change and nothing but errors: the same config would only fail again.
+            reason = (f"iteration {iteration}: every trajectory ended in an error and the review found nothing to "
+                      f"change (first: {errors[0].outcome_reason[:300]})")
+            _finish(task, Task.Status.FAILED, reason, {**data, "decision": "only errors, nothing to change"})
+            return task
+        weakest = min(reviews, key=lambda r: r.overall)  # the proposals point at the weakest review
+        now = timezone.now()
+        changed: list[str] = []
+        created = []
+        for draft in drafts:
+            proposal = Proposal.objects.create(
+                task=task, review=weakest, iteration=iteration, field=draft.field,
+                from_value=draft.from_value, to_value=draft.to_value, options=draft.options, tier=draft.tier,
+                rationale=draft.rationale, impact_note=draft.impact_note, proposer=draft.proposer,
+            )
+            audit_record("reviews.proposal_create", target=proposal, data=_proposal_data(proposal))
+            if draft.tier == policy.GREEN:
+                changed.append(policy.apply_change(task, draft.field, draft.to_value))
+                proposal.status = Proposal.Status.APPLIED
+                proposal.decided_at = now
+                proposal.chosen_option = draft.to_value
+                proposal.save(update_fields=["status", "decided_at", "chosen_option"])
+                audit_record("reviews.proposal_apply", target=proposal, data=_proposal_data(proposal))
+            else:
+                webhook("proposal.created", _proposal_data(proposal))
+            created.append(proposal)
+        if changed:
+            task.save(update_fields=sorted(set(changed)) + ["updated_at"])
+        waiting = [p for p in created if p.status == Proposal.Status.PENDING]
+        audit_record("reviews.iteration_conclude", target=task, data={
+            **data, "decision": "waiting for approval" if waiting else "next iteration",
+            "proposals": {p.pk: f"{p.tier} {p.field} {p.status}" for p in created},
+        })
+        if waiting:
+            task.status = Task.Status.WAITING_APPROVAL
+            task.error = ""
+            task.save(update_fields=["status", "error", "updated_at"])
+        else:
+            _start_next(task)
+    return task
+
+
+# -- decisions ------------------------------------------------------------------------------------
+
+
+def can_decide(actor: Any, proposal: Proposal) -> bool:
+    """Reviewers decide yellow; approvers decide red (and may decide yellow)."""
+    if not getattr(actor, "is_authenticated", False):
+        return False
+    if proposal.tier == Proposal.Tier.YELLOW:
+        return actor.has_perm("reviews.decide_yellow_proposal") or actor.has_perm("reviews.decide_red_proposal")
+    if proposal.tier == Proposal.Tier.RED:
+        return actor.has_perm("reviews.decide_red_proposal")
+    return False
+
+
+def _chosen(proposal: Proposal, decision: str, option: Any) -> Any:
+    if decision == "approve":
+        return proposal.to_value
+    options = proposal.options or []
+    if not options:
+        raise DecisionError(f"proposal {proposal.pk} has no options to choose from; approve or reject it")
+    if isinstance(option, str) and option.strip().isdigit():
+        option = int(option)
+    if isinstance(option, int) and not isinstance(option, bool):
+        if not 0 <= option < len(options):
+            raise DecisionError(f"option {option} does not exist; choose 0 to {len(options) - 1}")
+        return options[option]
+    if option in options:
+        return option
+    raise DecisionError("choose one of the proposal's options")
+
+
+def _same_decision(proposal: Proposal, actor: Any, decision: str, chosen: Any) -> bool:
+    if proposal.decided_by_id != getattr(actor, "pk", None):
+        return False
+    if decision == "reject":
+        return proposal.status == Proposal.Status.REJECTED
+    return proposal.status == Proposal.Status.APPROVED and proposal.chosen_option == chosen
+
+
+def proposal_decide(*, proposal: Proposal, actor: Any, decision: str, option: Any = None, comment: str = "") -> Proposal:
+    """Approve, reject or choose an option of a pending yellow/red proposal the actor may decide.
+
+    Approve/choose applies the value to the task (validated; nothing is written if it is not
+    valid). A repeat of the same decision by the same person returns the proposal unchanged
+    (no audit row); any other decision on a decided proposal raises AlreadyDecided naming who
+    decided. When it was the task's last pending proposal, the next iteration starts."""
+    if decision not in DECISIONS:
+        raise DecisionError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    comment = (comment or "").strip()[:4000]
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=proposal.task_id)
+        proposal = Proposal.objects.select_for_update(of=("self",)).select_related("decided_by").get(pk=proposal.pk)
+        if not can_decide(actor, proposal):
+            who = "an approver" if proposal.tier == Proposal.Tier.RED else "a reviewer or approver"
+            raise PermissionDenied(f"{proposal.tier} proposals are decided by {who}")
+        chosen = None if decision == "reject" else _chosen(proposal, decision, option)
+        if proposal.status != Proposal.Status.PENDING:
+            if _same_decision(proposal, actor, decision, chosen):
+                return proposal  # a double click: no-op, no audit row
+            if proposal.decided_by_id:
+                when = timezone.localtime(proposal.decided_at).strftime("%Y-%m-%d %H:%M")
+                raise AlreadyDecided(f"already decided by {proposal.decided_by.get_username()} "
+                                     f"({proposal.status} at {when})")
+            raise AlreadyDecided(f"proposal {proposal.pk} is already {proposal.get_status_display()}")
+        if (proposal.tier == Proposal.Tier.RED and proposal.proposed_by_id is not None
+                and proposal.proposed_by_id == actor.pk):
+            raise PermissionDenied("a red change cannot be approved by the person who proposed it")
+        if decision != "reject":
+            try:
+                field = policy.apply_change(task, proposal.field, chosen)
+            except ValidationError as exc:
+                raise DecisionError("; ".join(exc.messages)) from None
+            task.save(update_fields=[field, "updated_at"])
+        proposal.status = Proposal.Status.REJECTED if decision == "reject" else Proposal.Status.APPROVED
+        proposal.decided_by = actor
+        proposal.decided_at = timezone.now()
+        proposal.chosen_option = chosen
+        proposal.comment = comment
+        proposal.save(update_fields=["status", "decided_by", "decided_at", "chosen_option", "comment"])
+        audit_record("reviews.proposal_decide", actor=actor, target=proposal,
+                     data={**_proposal_data(proposal), "decision": decision})
+        webhook("proposal.decided", {**_proposal_data(proposal), "decision": decision})
+        still_pending = Proposal.objects.filter(task=task, status=Proposal.Status.PENDING).exists()
+        if not still_pending and task.status == Task.Status.WAITING_APPROVAL:
+            _start_next(task, actor=actor)
+    return proposal
+
+
+def proposal_propose(*, task: Task, actor: Any, field: str, to_value: Any, options: list[Any] | None = None,
+                     rationale: str = "") -> Proposal:
+    """A person proposes a change for a task waiting for approval; the policy sets the tier.
+
+    Green changes are applied at once (as the review agent's are); yellow and red ones wait."""
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm("reviews.decide_yellow_proposal"):
+        raise PermissionDenied("proposing changes needs the reviewer role")
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        if task.status != Task.Status.WAITING_APPROVAL:
+            # Not while `reviewing`: the review job is about to decide that iteration itself.
+            raise TransitionError(f"task {task.pk} is {task.status}; people propose changes while it waits for approval")
+        try:
+            current = policy.current_value(task, field)
+            policy.check_value(task, field, to_value)
+        except ValidationError as exc:
+            raise DecisionError("; ".join(exc.messages)) from None
+        tier = policy.classify(field, to_value)
+        if tier == policy.REFUSE:
+            raise DecisionError(f"the policy does not allow changing {field} to {to_value!r}")
+        proposal = Proposal.objects.create(
+            task=task, iteration=task.current_iteration, field=field, from_value=current, to_value=to_value,
+            options=list(options or ([to_value] if tier == policy.YELLOW else [])), tier=tier,
+            rationale=rationale, impact_note=policy.impact_note(field), proposer=actor.get_username(),
+            proposed_by=actor,
+        )
+        audit_record("reviews.proposal_create", actor=actor, target=proposal, data=_proposal_data(proposal))
+        if tier == policy.GREEN:
+            task.save(update_fields=[policy.apply_change(task, field, to_value), "updated_at"])
+            proposal.status = Proposal.Status.APPLIED
+            proposal.decided_at = timezone.now()
+            proposal.chosen_option = to_value
+            proposal.save(update_fields=["status", "decided_at", "chosen_option"])
+            audit_record("reviews.proposal_apply", actor=actor, target=proposal, data=_proposal_data(proposal))
+        else:
+            webhook("proposal.created", _proposal_data(proposal))
+    return proposal
+
+
+# -- human verdicts ----------------------------------------------------------------------------------
+
+
+def _clean_step_flags(trajectory: Trajectory, step_flags: Any) -> list[dict[str, Any]]:
+    if not step_flags:
+        return []
+    if not isinstance(step_flags, list):
+        raise ValidationError("step_flags must be a list of {step, note}")
+    count = len(trajectory.steps) if isinstance(trajectory.steps, list) else 0
+    flags = []
+    for item in step_flags:
+        if not isinstance(item, dict) or isinstance(item.get("step"), bool) or not isinstance(item.get("step"), int):
+            raise ValidationError("each step flag needs an integer `step`")
+        if not 0 <= item["step"] < count:
+            raise ValidationError(f"step {item['step']} does not exist (the trajectory has {count} steps)")
+        flags.append({"step": item["step"], "note": str(item.get("note") or "")[:1000]})
+    return flags
+
+
+def human_verdict_record(*, trajectory: Trajectory, actor: Any, verdict: str, reason: str,
+                         step_flags: Any = None) -> Review:
+    """A reviewer's verdict on a finished trajectory: Review(kind=human, status done).
+
+    Raises ValidationError on a bad verdict, an empty reason or flags naming missing steps.
+    Repeating the caller's latest identical verdict returns it (no new row, no audit)."""
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm("reviews.add_review"):
+        raise PermissionDenied("human verdicts need the reviewer role")
+    if verdict not in Review.Verdict.values:
+        raise ValidationError(f"verdict must be one of {', '.join(Review.Verdict.values)}")
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError("give a reason for the verdict")
+    with transaction.atomic():
+        trajectory = Trajectory.objects.select_for_update().get(pk=trajectory.pk)
+        if trajectory.status not in Trajectory.FINAL:
+            raise ValidationError("the trajectory has not finished yet")
+        flags = _clean_step_flags(trajectory, step_flags)
+        latest = (Review.objects.filter(trajectory=trajectory, kind=Review.Kind.HUMAN, reviewer=actor)
+                  .order_by("-created_at", "-id").first())
+        if latest is not None and (latest.verdict, latest.rationale, latest.step_flags) == (verdict, reason, flags):
+            return latest
+        review = Review.objects.create(
+            trajectory=trajectory, kind=Review.Kind.HUMAN, status=Review.Status.DONE, verdict=verdict,
+            rationale=reason[:10000], step_flags=flags, reviewer=actor, finished_at=timezone.now(),
+        )
+        audit_record("reviews.human_verdict", actor=actor, target=review, data={
+            "trajectory": trajectory.pk, "verdict": verdict, "reason": reason[:500], "step_flags": flags,
+        })
+    return review
+
+
+# -- ending or extending the loop ------------------------------------------------------------------
+
+
+def _require_task_control(actor: Any) -> None:
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm("tasks.change_task"):
+        raise PermissionDenied("controlling a task's loop needs the reviewer role")
+
+
+def _supersede_pending(task: Task, note: str) -> int:
+    return Proposal.objects.filter(task=task, status=Proposal.Status.PENDING).update(
+        status=Proposal.Status.SUPERSEDED, comment=note[:4000])
+
+
+def task_end_loop(*, task: Task, actor: Any, reason: str = "") -> Task:
+    """End a reviewing or waiting task's loop now: it completes; pending proposals are superseded."""
+    _require_task_control(actor)
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        if task.status == Task.Status.COMPLETED:
+            return task  # repeat click
+        if task.status not in (Task.Status.REVIEWING, Task.Status.WAITING_APPROVAL):
+            raise TransitionError(f"task {task.pk} is {task.status}; only a reviewing or waiting task's loop can end")
+        superseded = _supersede_pending(task, f"superseded: {actor.get_username()} ended the loop")
+        _finish(task, Task.Status.COMPLETED, "", {
+            "iteration": task.current_iteration, "ended_by": actor.get_username(), "comment": reason,
+            "superseded_proposals": superseded,
+        }, actor=actor, action="reviews.loop_end")
+    return task
+
+
+def task_force_iteration(*, task: Task, actor: Any, reason: str = "") -> Task:
+    """Start one more iteration of a reviewing, waiting, completed or failed task now, with its
+    current config; pending proposals are superseded; max_iterations grows by one if used up."""
+    _require_task_control(actor)
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        allowed = (Task.Status.REVIEWING, Task.Status.WAITING_APPROVAL, *TERMINAL_LOOP)
+        if task.status not in allowed or task.cancel_requested or task.current_iteration == 0:
+            raise TransitionError(f"task {task.pk} is {task.status}; only a reviewed task can be forced to iterate")
+        raised = task.current_iteration >= task.max_iterations
+        if raised:
+            if task.max_iterations >= Task._meta.get_field("max_iterations").validators[-1].limit_value:
+                raise TransitionError(f"task {task.pk} already has the most iterations allowed")
+            task.max_iterations = task.current_iteration + 1
+        superseded = _supersede_pending(task, f"superseded: {actor.get_username()} forced another iteration")
+        previous = task.status
+        task.status = Task.Status.REVIEWING
+        task.finished_at = None
+        task.save(update_fields=["max_iterations", "status", "finished_at", "updated_at"])
+        audit_record("reviews.force_iteration", actor=actor, target=task, data={
+            "from": previous, "iteration": task.current_iteration + 1, "max_iterations": task.max_iterations,
+            "max_iterations_raised": raised, "superseded_proposals": superseded, "comment": reason,
+        })
+        _start_next(task, actor=actor)
+    return task
+
+
+# -- the policy table ----------------------------------------------------------------------------------
+
+
+def _require_policy_admin(actor: Any) -> None:
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm("reviews.change_policyrule"):
+        raise PermissionDenied("the policy is edited by admins")
+
+
+def policy_rule_save(*, rule: Any, actor: Any, changed: list[str]) -> Any:
+    """Create or change a policy rule (admins); its audit row lists the new values."""
+    _require_policy_admin(actor)
+    with transaction.atomic():
+        created = rule.pk is None
+        rule.full_clean()
+        rule.save()
+        audit_record("reviews.policy_change", actor=actor, target=rule, data={
+            "created": created, "changed": sorted(changed), "field": rule.field, "tier": rule.tier,
+            "min_value": rule.min_value, "max_value": rule.max_value, "allowed_values": rule.allowed_values,
+            "out_of_bounds_tier": rule.out_of_bounds_tier, "enabled": rule.enabled,
+        })
+    return rule
+
+
+def policy_rule_delete(*, rule: Any, actor: Any) -> None:
+    """Delete a policy rule (admins): its field is then never changed by a proposal."""
+    _require_policy_admin(actor)
+    with transaction.atomic():
+        audit_record("reviews.policy_change", actor=actor, target=rule, data={"deleted": True, "field": rule.field})
+        rule.delete()

@@ -1,0 +1,290 @@
+"""The review console under /review/ (signed-in users; viewers read, reviewers and approvers act).
+
+    /review/                            pending proposals: filters tier/scene/batch/age/stale; decide
+    /review/proposals/<id>/decide       POST decision=approve|reject|choose, option, comment
+    /review/trajectories/<id>/          the trajectory viewer: review, checks, human verdicts, steps, live log
+    /review/trajectories/<id>/verdict   POST verdict, reason, flag (step indices), note_<index>
+    /review/tasks/<id>/                 iteration history with config diffs; end loop / force iteration
+    /review/tasks/<id>/end | /force     POST
+    /review/batches/                    batch progress; /review/batches/<id>/ its tasks
+    /review/agreement/                  judge-human agreement per rubric dimension
+
+Every write calls the one service for it (apps.reviews.services); a refused action is a 403,
+bad input a message on the page it came from, never a 500. Lists are paginated and fetch their
+related rows with the page (select_related, one grouped query for counts).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Avg, OuterRef, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.engines.scenes import SCENE_CHOICES
+from apps.reviews import selectors, services
+from apps.reviews.models import Proposal, Review
+from apps.reviews.review_agent import CHECK_TITLES
+from apps.tasks.consumers import MAX_ID
+from apps.tasks.models import Batch, Task, Trajectory
+from apps.tasks.services import TransitionError
+from apps.tasks.views import _json, _tool_names, episode_from
+
+PAGE_SIZE = 50
+VIEW_PROPOSALS = "reviews.view_proposal"
+VIEW_TRAJECTORIES = "tasks.view_trajectory"
+VIEW_TASKS = "tasks.view_task"
+
+
+def _page(request: HttpRequest, items: Any) -> tuple[Any, str]:
+    page = Paginator(items, PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return page, query.urlencode()
+
+
+def _back(request: HttpRequest, default: str) -> HttpResponseRedirect:
+    target = request.POST.get("next") or ""
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                           require_https=request.is_secure()):
+        target = default
+    return HttpResponseRedirect(target)
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+# -- the proposal queue -----------------------------------------------------------------------------
+
+
+class QueueFilterForm(forms.Form):
+    tier = forms.ChoiceField(choices=[("", "yellow and red"), ("yellow", "yellow"), ("red", "red")], required=False)
+    scene = forms.ChoiceField(choices=[("", "any scene"), *SCENE_CHOICES], required=False)
+    batch = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, label="batch id")
+    task = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, label="task id")
+    older_than_hours = forms.FloatField(required=False, min_value=0, max_value=24 * 3650, label="older than (h)")
+    stale = forms.BooleanField(required=False, label="stale only")
+
+
+@login_required
+@permission_required(VIEW_PROPOSALS, raise_exception=True)
+@require_GET
+def queue(request: HttpRequest) -> HttpResponse:
+    form = QueueFilterForm(request.GET or None)
+    data = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    proposals = selectors.pending_proposals(
+        tier=data.get("tier") or None, scene=data.get("scene") or None, batch=data.get("batch"),
+        task=data.get("task"), older_than_hours=data.get("older_than_hours"), stale=bool(data.get("stale")),
+    )
+    page, filter_query = _page(request, proposals)
+    stale_before = selectors.stale_before()
+    can_yellow = request.user.has_perm("reviews.decide_yellow_proposal") or request.user.has_perm(
+        "reviews.decide_red_proposal")
+    can_red = request.user.has_perm("reviews.decide_red_proposal")
+    rows = [{
+        "proposal": p,
+        "stale": p.created_at < stale_before,
+        "options": [(i, _value(o)) for i, o in enumerate(p.options or [])],
+        "from_text": _value(p.from_value), "to_text": _value(p.to_value),
+        "can_decide": can_red if p.tier == Proposal.Tier.RED else can_yellow,
+        "own_red": p.tier == Proposal.Tier.RED and p.proposed_by_id == request.user.pk,
+    } for p in page.object_list]
+    return render(request, "reviews/queue.html", {
+        "nav": "review", "form": form, "page": page, "rows": rows, "filter_query": filter_query,
+        "counts": selectors.queue_counts(), "stale_hours": settings.REVIEW_STALE_PROPOSAL_HOURS,
+    })
+
+
+@login_required
+@require_POST
+def decide(request: HttpRequest, proposal_id: int) -> HttpResponse:
+    proposal = get_object_or_404(Proposal, pk=proposal_id)
+    if not services.can_decide(request.user, proposal):
+        raise PermissionDenied(f"you may not decide {proposal.tier} proposals")
+    decision = request.POST.get("decision", "")
+    option = request.POST.get("option")
+    try:
+        services.proposal_decide(proposal=proposal, actor=request.user, decision=decision,
+                                 option=option if option not in (None, "") else None,
+                                 comment=request.POST.get("comment", ""))
+    except services.DecisionError as exc:
+        messages.error(request, f"Proposal #{proposal.pk}: {exc}")
+    else:
+        messages.success(request, f"Proposal #{proposal.pk} ({proposal.field}): {decision} recorded.")
+    return _back(request, reverse("reviews:queue"))
+
+
+# -- the trajectory viewer --------------------------------------------------------------------------
+
+
+class VerdictForm(forms.Form):
+    verdict = forms.ChoiceField(choices=Review.Verdict.choices)
+    reason = forms.CharField(max_length=10000, widget=forms.Textarea(attrs={"rows": 3}))
+
+
+@login_required
+@permission_required(VIEW_TRAJECTORIES, raise_exception=True)
+@require_GET
+def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
+    trajectory = get_object_or_404(Trajectory.objects.select_related("task", "task__batch"),
+                                   pk=min(trajectory_id, MAX_ID))
+    review = selectors.latest_auto_review(trajectory)
+    checks = [{"id": k, **v, "title": v.get("title") or CHECK_TITLES.get(k, k)}
+              for k, v in (review.checks if review else {}).items() if isinstance(v, dict)]
+    steps = trajectory.steps if isinstance(trajectory.steps, list) else []
+    return render(request, "reviews/trajectory.html", {
+        "nav": "review", "trajectory": trajectory, "task": trajectory.task,
+        "episode": episode_from(trajectory.messages, trajectory.steps),
+        "tool_names": _tool_names(trajectory.tools),
+        "verifier_output": _json(trajectory.verifier_output) if trajectory.verifier_output else "",
+        "is_final": trajectory.status in Trajectory.FINAL,
+        "review": review, "checks_fired": [c for c in checks if c.get("fired")],
+        "checks_passed": [c for c in checks if not c.get("fired")],
+        "human_reviews": list(selectors.human_reviews(trajectory)[:50]),
+        "can_verdict": request.user.has_perm("reviews.add_review") and trajectory.status in Trajectory.FINAL,
+        "verdict_form": VerdictForm(), "step_numbers": range(len(steps)),
+    })
+
+
+@login_required
+@require_POST
+def verdict(request: HttpRequest, trajectory_id: int) -> HttpResponse:
+    if not request.user.has_perm("reviews.add_review"):
+        raise PermissionDenied("human verdicts need the reviewer role")
+    trajectory = get_object_or_404(Trajectory, pk=min(trajectory_id, MAX_ID))
+    page = reverse("reviews:trajectory", args=[trajectory.pk])
+    flags = []
+    for raw in request.POST.getlist("flag"):
+        if not raw.isdigit():
+            messages.error(request, f"step flag {raw!r} is not a step number")
+            return HttpResponseRedirect(page)
+        flags.append({"step": int(raw), "note": request.POST.get(f"note_{raw}", "")})
+    try:
+        services.human_verdict_record(trajectory=trajectory, actor=request.user, verdict=request.POST.get("verdict", ""),
+                                      reason=request.POST.get("reason", ""), step_flags=flags)
+    except ValidationError as exc:
+        messages.error(request, "Verdict not recorded: " + "; ".join(exc.messages))
+    else:
+        messages.success(request, "Verdict recorded.")
+    return HttpResponseRedirect(page)
+
+
+# -- a task's iterations --------------------------------------------------------------------------
+
+
+@login_required
+@permission_required(VIEW_TASKS, raise_exception=True)
+@require_GET
+def task_history(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = get_object_or_404(Task.objects.select_related("batch"), pk=min(task_id, MAX_ID))
+    iterations = selectors.iteration_history(task)
+    for it in iterations:
+        it.diff_rows = [(name, _value(before), _value(after)) for name, before, after in it.diff]
+        it.rows = [(t, it.reviews.get(t.pk)) for t in it.trajectories]
+    return render(request, "reviews/task_history.html", {
+        "nav": "review", "task": task, "iterations": iterations,
+        "can_control": request.user.has_perm("tasks.change_task"),
+        "can_end": task.status in (Task.Status.REVIEWING, Task.Status.WAITING_APPROVAL),
+        "can_force": task.status in (Task.Status.REVIEWING, Task.Status.WAITING_APPROVAL, *services.TERMINAL_LOOP)
+        and task.current_iteration > 0,
+    })
+
+
+def _task_control(request: HttpRequest, task_id: int, service: Any, done: str) -> HttpResponse:
+    if not request.user.has_perm("tasks.change_task"):
+        raise PermissionDenied("controlling a task's loop needs the reviewer role")
+    task = get_object_or_404(Task, pk=min(task_id, MAX_ID))
+    try:
+        service(task=task, actor=request.user, reason=request.POST.get("comment", ""))
+    except TransitionError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, done)
+    return HttpResponseRedirect(reverse("reviews:task", args=[task.pk]))
+
+
+@login_required
+@require_POST
+def task_end(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _task_control(request, task_id, services.task_end_loop, "The loop ended; the task is completed.")
+
+
+@login_required
+@require_POST
+def task_force(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _task_control(request, task_id, services.task_force_iteration, "One more iteration started.")
+
+
+# -- batches ------------------------------------------------------------------------------------------
+
+
+def _progress_rows(batches: list[Batch]) -> list[dict[str, Any]]:
+    progress = selectors.batch_progress(batches)
+    pending = selectors.batch_pending_proposals(batches)
+    rows = []
+    for batch in batches:
+        counts = progress[batch.pk]
+        total = sum(counts.values())
+        final = sum(counts[s] for s in Task.FINAL)
+        rows.append({"batch": batch, "counts": counts, "total": total, "final": final,
+                     "percent": round(100 * final / total) if total else 0, "pending": pending.get(batch.pk, 0)})
+    return rows
+
+
+@login_required
+@permission_required(VIEW_TASKS, raise_exception=True)
+@require_GET
+def batches(request: HttpRequest) -> HttpResponse:
+    page, filter_query = _page(request, Batch.objects.order_by("-created_at", "-id"))
+    return render(request, "reviews/batches.html", {
+        "nav": "review", "page": page, "rows": _progress_rows(list(page.object_list)), "filter_query": filter_query,
+        "statuses": Task.Status.choices,
+    })
+
+
+@login_required
+@permission_required(VIEW_TASKS, raise_exception=True)
+@require_GET
+def batch_detail(request: HttpRequest, batch_id: int) -> HttpResponse:
+    batch = get_object_or_404(Batch, pk=min(batch_id, MAX_ID))
+    score = (Review.objects.filter(trajectory__task=OuterRef("pk"), trajectory__iteration=OuterRef("current_iteration"),
+                                   kind=Review.Kind.AUTO, status=Review.Status.DONE)
+             .order_by().values("trajectory__task").annotate(mean=Avg("overall")).values("mean"))
+    tasks = Task.objects.filter(batch=batch).annotate(score=Subquery(score)).order_by("id").only(
+        "pk", "external_id", "scene", "status", "current_iteration", "max_iterations", "quality_threshold", "error")
+    status = request.GET.get("status")
+    if status in Task.Status.values:
+        tasks = tasks.filter(status=status)
+    page, filter_query = _page(request, tasks)
+    return render(request, "reviews/batch_detail.html", {
+        "nav": "review", "batch": batch, "row": _progress_rows([batch])[0], "page": page,
+        "filter_query": filter_query, "statuses": Task.Status.choices, "status": status,
+    })
+
+
+# -- agreement -----------------------------------------------------------------------------------------
+
+
+@login_required
+@permission_required("reviews.view_review", raise_exception=True)
+@require_GET
+def agreement(request: HttpRequest) -> HttpResponse:
+    batch_id = request.GET.get("batch")
+    trajectories = None
+    if batch_id and batch_id.isdigit():
+        trajectories = Trajectory.objects.filter(task__batch_id=min(int(batch_id), MAX_ID))
+    return render(request, "reviews/agreement.html", {
+        "nav": "review", "table": selectors.judge_human_agreement(trajectories), "batch_id": batch_id or "",
+        "threshold": settings.REVIEW_QUALITY_THRESHOLD,
+    })

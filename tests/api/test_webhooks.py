@@ -1,0 +1,251 @@
+"""Webhooks: recorded per endpoint, signed, retried with backoff, claimed once."""
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from trajplatform import webhooks
+from trajplatform.webhooks import WebhookDelivery, WebhookEndpoint, sign, verify, webhook_deliver, webhook_emit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    monkeypatch.setattr(webhooks, "enqueue_deliveries", lambda ids: calls.extend(ids))
+    return calls
+
+
+@pytest.fixture
+def endpoint(make_token: Any, receiver: Any) -> WebhookEndpoint:
+    token, _raw = make_token("viewer")
+    return WebhookEndpoint.objects.create(owner=token.user, token=token, url=receiver.url + "/hook", secret="s3cret-signing-key")
+
+
+def _due_now(delivery: WebhookDelivery) -> None:
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now())
+
+
+def test_emit_records_a_delivery_per_endpoint_and_enqueues_after_commit(
+    endpoint: WebhookEndpoint, enqueued: list[int], django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        webhook_emit("task.finished", {"task_id": 7, "status": "completed"})
+    delivery = WebhookDelivery.objects.get()
+    assert (delivery.endpoint, delivery.event, delivery.status) == (endpoint, "task.finished", "pending")
+    assert json.loads(delivery.body)["data"] == {"task_id": 7, "status": "completed"}
+    assert len(callbacks) == 1 and enqueued == [delivery.pk]
+
+
+def test_a_rolled_back_change_notifies_nobody(endpoint: WebhookEndpoint, enqueued: list[int]) -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        with transaction.atomic():
+            webhook_emit("task.finished", {"task_id": 1})
+            raise Boom
+    assert WebhookDelivery.objects.count() == 0 and enqueued == []
+
+
+def test_delivery_is_signed_over_the_exact_body(endpoint: WebhookEndpoint, receiver: Any, enqueued: list[int]) -> None:
+    webhook_emit("task.finished", {"task_id": 3})
+    delivery = WebhookDelivery.objects.get()
+    assert webhook_deliver(delivery.pk) == "delivered"
+    (request,) = receiver.requests
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert request["path"] == "/hook" and request["method"] == "POST"
+    assert request["body"] == delivery.body.encode()
+    assert headers["x-trajplatform-signature"] == sign("s3cret-signing-key", request["body"])
+    assert verify("s3cret-signing-key", request["body"], headers["x-trajplatform-signature"])
+    assert not verify("another-key-entirely", request["body"], headers["x-trajplatform-signature"])
+    assert headers["x-trajplatform-event"] == "task.finished"
+    assert headers["x-trajplatform-delivery"] == str(delivery.uuid)
+    assert abs(int(headers["x-trajplatform-timestamp"]) - timezone.now().timestamp()) < 30
+    delivery.refresh_from_db()
+    assert delivery.status == "delivered" and delivery.attempts == 1 and delivery.delivered_at is not None
+    assert delivery.attempt_log[0]["status_code"] == 200
+
+
+def test_failures_are_retried_with_exponential_backoff_then_delivered(
+    endpoint: WebhookEndpoint, receiver: Any, enqueued: list[int], settings: Any
+) -> None:
+    from django_q.models import Schedule
+
+    settings.WEBHOOK_BACKOFF_S = 10
+    receiver.statuses = [500, 503, 200]
+    webhook_emit("proposal.created", {"proposal_id": 1})
+    delivery = WebhookDelivery.objects.get()
+
+    before = timezone.now()
+    assert webhook_deliver(delivery.pk) == "pending"
+    delivery.refresh_from_db()
+    assert delivery.attempts == 1 and delivery.last_status_code == 500
+    assert timedelta(seconds=9) < delivery.next_attempt_at - before < timedelta(seconds=12)
+    assert Schedule.objects.filter(func=webhooks.DELIVER_JOB, args=repr(delivery.pk)).count() == 1
+    assert webhook_deliver(delivery.pk) == ""  # not due yet: nothing is sent
+    assert len(receiver.requests) == 1
+
+    _due_now(delivery)
+    before = timezone.now()
+    assert webhook_deliver(delivery.pk) == "pending"
+    delivery.refresh_from_db()
+    assert delivery.attempts == 2 and delivery.last_status_code == 503
+    assert timedelta(seconds=19) < delivery.next_attempt_at - before < timedelta(seconds=22)
+
+    _due_now(delivery)
+    assert webhook_deliver(delivery.pk) == "delivered"
+    delivery.refresh_from_db()
+    assert [a["status_code"] for a in delivery.attempt_log] == [500, 503, 200]
+    bodies = {r["body"] for r in receiver.requests}
+    assert len(bodies) == 1  # the same bytes (and signature) on every attempt
+
+
+def test_it_gives_up_after_max_attempts(endpoint: WebhookEndpoint, receiver: Any, enqueued: list[int], settings: Any) -> None:
+    settings.WEBHOOK_MAX_ATTEMPTS = 2
+    receiver.statuses = [500, 500, 500]
+    webhook_emit("export.ready", {"export_id": 1})
+    delivery = WebhookDelivery.objects.get()
+    webhook_deliver(delivery.pk)
+    _due_now(delivery)
+    assert webhook_deliver(delivery.pk) == "failed"
+    _due_now(delivery)
+    assert webhook_deliver(delivery.pk) == ""
+    assert len(receiver.requests) == 2
+
+
+def test_a_connection_error_is_an_attempt_too(make_token: Any, enqueued: list[int]) -> None:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    token, _ = make_token("viewer")
+    WebhookEndpoint.objects.create(owner=token.user, token=token, url=f"http://127.0.0.1:{port}/")
+    webhook_emit("task.finished", {"task_id": 1})
+    delivery = WebhookDelivery.objects.get()
+    assert webhook_deliver(delivery.pk) == "pending"
+    delivery.refresh_from_db()
+    assert delivery.last_status_code is None and "Connect" in delivery.last_error
+
+
+def test_events_filter_revoked_tokens_and_the_global_endpoint(
+    make_token: Any, receiver: Any, enqueued: list[int], settings: Any
+) -> None:
+    from trajplatform.api_models import api_token_revoke
+
+    token, _ = make_token("viewer")
+    only_exports = WebhookEndpoint.objects.create(owner=token.user, token=token, url=receiver.url, events=["export.ready"])
+    revoked, _ = make_token("viewer")
+    WebhookEndpoint.objects.create(owner=revoked.user, token=revoked, url=receiver.url)
+    api_token_revoke(token=revoked, actor=None)
+    WebhookEndpoint.objects.create(owner=token.user, token=token, url=receiver.url, active=False)
+    settings.WEBHOOK_URL = receiver.url + "/global"
+    settings.WEBHOOK_SECRET = "global-signing-secret"
+    settings.WEBHOOK_EVENTS = ["proposal.created"]
+
+    webhook_emit("proposal.created", {"proposal_id": 9})
+    webhook_emit("export.ready", {"export_id": 2})
+    webhook_emit("task.finished", {"task_id": 2})
+    rows = sorted((d.event, d.endpoint_id, d.url) for d in WebhookDelivery.objects.all())
+    assert rows == [("export.ready", only_exports.pk, receiver.url), ("proposal.created", None, receiver.url + "/global")]
+
+    glob = WebhookDelivery.objects.get(endpoint=None)
+    assert webhook_deliver(glob.pk) == "delivered"
+    request = receiver.requests[-1]
+    assert request["headers"]["X-Trajplatform-Signature"] == sign("global-signing-secret", request["body"])
+
+
+def test_an_endpoint_revoked_after_emit_gets_nothing(endpoint: WebhookEndpoint, receiver: Any, enqueued: list[int]) -> None:
+    from trajplatform.api_models import api_token_revoke
+
+    webhook_emit("task.finished", {"task_id": 1})
+    api_token_revoke(token=endpoint.token, actor=None)
+    delivery = WebhookDelivery.objects.get()
+    assert webhook_deliver(delivery.pk) == "failed"
+    assert receiver.requests == []
+
+
+def test_payload_secrets_are_redacted(endpoint: WebhookEndpoint, enqueued: list[int]) -> None:
+    webhook_emit("task.finished", {"task_id": 1, "api_key": "sk-abcdefghijklmnopqrstuvwx", "note": "ok"})
+    body = WebhookDelivery.objects.get().body
+    assert "sk-abcdefghijklmnopqrstuvwx" not in body and '"note":"ok"' in body
+
+
+def test_unknown_events_are_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="unknown webhook event"):
+        webhook_emit("task.exploded", {})
+
+
+def test_a_claimed_delivery_is_not_sent_again(endpoint: WebhookEndpoint, receiver: Any, enqueued: list[int]) -> None:
+    webhook_emit("task.finished", {"task_id": 1})
+    delivery = WebhookDelivery.objects.get()
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(status="sending", claim_token="other", claimed_at=timezone.now())
+    assert webhook_deliver(delivery.pk) == ""
+    assert receiver.requests == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_delivered_twice_at_once_sends_once(endpoint: WebhookEndpoint, receiver: Any, enqueued: list[int]) -> None:
+    from django.db import connection
+
+    webhook_emit("task.finished", {"task_id": 1})
+    delivery = WebhookDelivery.objects.get()
+    results: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            results.append(webhook_deliver(delivery.pk))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["", "delivered"]
+    assert len(receiver.requests) == 1
+
+
+def test_the_sweep_releases_a_stuck_attempt_and_enqueues_due_ones(
+    endpoint: WebhookEndpoint, enqueued: list[int]
+) -> None:
+    webhook_emit("task.finished", {"task_id": 1})
+    webhook_emit("task.finished", {"task_id": 2})
+    stuck, due = WebhookDelivery.objects.order_by("pk")
+    WebhookDelivery.objects.filter(pk=stuck.pk).update(
+        status="sending", claim_token="gone", claimed_at=timezone.now() - timedelta(hours=1)
+    )
+    enqueued.clear()
+    assert webhooks.webhook_sweep() == 2
+    stuck.refresh_from_db()
+    assert stuck.status == "pending" and stuck.attempts == 1 and "worker lost" in stuck.attempt_log[0]["error"]
+    assert sorted(enqueued) == sorted([stuck.pk, due.pk])
+
+
+def test_redeliver_gives_a_failed_delivery_one_more_attempt(
+    endpoint: WebhookEndpoint, receiver: Any, enqueued: list[int], admin_user_role: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    from trajplatform.audit import AuditEvent
+
+    webhook_emit("task.finished", {"task_id": 1})
+    delivery = WebhookDelivery.objects.get()
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(status="failed", attempts=6)
+    enqueued.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert webhooks.webhook_redeliver(deliveries=WebhookDelivery.objects.all(), actor=admin_user_role) == 1
+    assert enqueued == [delivery.pk]
+    assert webhook_deliver(delivery.pk) == "delivered"
+    assert AuditEvent.objects.filter(action="api.webhook_redeliver").count() == 1

@@ -1,0 +1,58 @@
+"""The whole loop with the real agent, the local sandbox and the offline model as agent and judge:
+rollout -> review -> green change applied -> iteration 2 -> iterations used up."""
+from __future__ import annotations
+
+import pytest
+from django_q.models import OrmQ
+
+from apps.reviews.jobs import REVIEW_JOB, review_iteration
+from apps.reviews.models import Proposal, Review
+from apps.tasks import jobs
+from apps.tasks.models import Task, Trajectory
+from apps.tasks.services import task_start_iteration
+from trajplatform.audit import audit_events_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings")]
+
+
+def test_a_step_limit_hit_raises_max_steps_green_and_runs_iteration_two(offline_model, bundled_code_task):
+    task = bundled_code_task(model="scripted-reference+fault=never_finish", max_steps=3, max_iterations=2)
+    task_start_iteration(task=task)
+    jobs.run_rollouts()
+    task.refresh_from_db()
+    assert task.status == Task.Status.REVIEWING
+    assert [row.task["func"] for row in OrmQ.objects.all() if row.task["func"] == REVIEW_JOB] == [REVIEW_JOB]
+    first = task.trajectories.get(iteration=1)
+    assert first.outcome == "failure" and "max_steps (3)" in first.outcome_reason
+
+    review_iteration(task.pk, 1)
+    review = Review.objects.get(trajectory=first, kind="auto")
+    assert review.status == "done" and review.judge_model == "scripted-reference"
+    assert review.checks["limit_exhausted"]["fired"] and review.overall < 80
+    assert "offline stand-in" in review.scores["completeness"]["rationale"]
+    proposal = Proposal.objects.get(task=task, field="max_steps")
+    assert (proposal.tier, proposal.status, proposal.from_value, proposal.to_value) == ("green", "applied", 3, 6)
+    task.refresh_from_db()
+    assert task.status == Task.Status.RUNNING and task.current_iteration == 2 and task.max_steps == 6
+    second = task.trajectories.get(iteration=2)
+    assert second.config_snapshot["max_steps"] == 6 and first.config_snapshot["max_steps"] == 3
+    actions = list(audit_events_for(task).order_by("id").values_list("action", flat=True))
+    assert actions[-3:] == ["tasks.iteration_finish", "reviews.iteration_conclude", "tasks.iteration_start"]
+
+    jobs.run_rollouts()
+    review_iteration(task.pk, 2)
+    task.refresh_from_db()
+    assert task.status == Task.Status.FAILED
+    assert task.error.startswith("quality ") and "below the threshold 80 after 2 of 2 iterations" in task.error
+
+
+def test_a_good_trajectory_completes_the_task_in_one_iteration(offline_model, bundled_code_task):
+    task = bundled_code_task()
+    task_start_iteration(task=task)
+    jobs.run_rollouts()
+    review_iteration(task.pk, 1)
+    task.refresh_from_db()
+    review = Review.objects.get(trajectory__task=task)
+    assert (review.status, review.overall) == ("done", 100.0)
+    assert task.status == Task.Status.COMPLETED and not Proposal.objects.filter(task=task).exists()
+    assert Trajectory.objects.filter(task=task).count() == 1

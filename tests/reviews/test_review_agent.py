@@ -1,0 +1,154 @@
+"""The review agent: deterministic checks, the judge's prompt and output, the overall formula, drafts."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from apps.engines.llm import LLMUnavailable
+from apps.engines.offline_model import JUDGE_MARKER as OFFLINE_JUDGE_MARKER
+from apps.reviews import review_agent
+from apps.reviews.review_agent import JudgeFailed, draft_proposals, judge, overall_score, run_checks
+from tests.reviews.factories import auto_review, finished_trajectory
+
+pytestmark = pytest.mark.django_db
+
+
+@dataclass
+class FakeChat:
+    content: str
+    model: str = "judge-model"
+    usage: dict = field(default_factory=dict)
+
+
+class FakeJudge:
+    """An LLM client double: answers with `reply` (or raises it) and records the request."""
+
+    def __init__(self, reply: Any):
+        self.reply = reply
+        self.requests: list[dict[str, Any]] = []
+
+    def chat(self, messages, **kwargs):
+        self.requests.append({"messages": messages, **kwargs})
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return FakeChat(self.reply)
+
+
+def _step(index: int, tool: str, arguments: Any, **extra: Any) -> dict[str, Any]:
+    return {"index": index, "turn": index + 1, "tool": tool, "arguments": arguments, "output": "", "exit_code": 0,
+            **extra}
+
+
+def test_a_clean_successful_trajectory_fires_no_check(make_task):
+    checks = run_checks(finished_trajectory(make_task()))
+    assert [k for k, v in checks.items() if v["fired"]] == []
+    assert set(checks) == set(review_agent.CHECK_PENALTIES)
+
+
+def test_each_check_fires_on_its_evidence(make_task):
+    steps = [
+        _step(0, "run_shell", '{"command": "ls"', error="the arguments of run_shell are not valid JSON (x at character 1)"),
+        _step(1, "rm_rf", {}, error="unknown tool 'rm_rf'; available tools: run_shell, finish"),
+        _step(2, "run_shell", {"command": 5}, error="invalid arguments for run_shell.command: 5 is not of type 'string'"),
+        _step(3, "run_shell", {"cmd": "x"}, exit_code=1),
+        _step(4, "run_shell", {"cmd": "x"}, exit_code=1),
+        _step(5, "run_shell", {"cmd": "x"}, exit_code=1, output="mail bob@example.com, key [REDACTED]"),
+    ]
+    tools = [{"type": "function", "function": {"name": "run_shell", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "additionalProperties": True}}},
+        {"type": "function", "function": {"name": "finish", "parameters": {"type": "object"}}}]
+    trajectory = finished_trajectory(
+        make_task(), steps=steps, tools=tools, outcome="failure", reward=None, final_answer="",
+        outcome_reason="max_steps (6) reached without finish")
+    checks = run_checks(trajectory)
+    fired = {k: v["count"] for k, v in checks.items() if v["fired"]}
+    assert fired == {"unparseable_calls": 1, "unknown_tools": 1, "invalid_arguments": 1, "repeated_actions": 1,
+                     "unhandled_errors": 6, "limit_exhausted": 1, "empty_final_answer": 1, "sensitive_data": 2}
+    assert checks["limit_exhausted"]["limit"] == "max_steps"
+    assert "e-mail address in steps [5]" in checks["sensitive_data"]["detail"]
+    assert checks["unhandled_errors"]["penalty"] == 15  # 5 each, capped
+
+
+def test_a_failed_verifier_and_an_error_outcome_fire(make_task):
+    task = make_task()
+    assert run_checks(finished_trajectory(task, outcome="failure", reward=0.5))["verifier"]["fired"]
+    errored = run_checks(finished_trajectory(task, sample=1, outcome="error", reward=None,
+                                             outcome_reason="LLM error: 503"))
+    assert errored["episode_error"]["fired"] and not errored["empty_final_answer"]["fired"]
+
+
+def test_the_overall_formula():
+    scores = {"a": {"score": 80}, "b": {"score": 60}}
+    none = {"x": {"penalty": 0}}
+    assert overall_score(scores, none, None) == 70.0
+    assert overall_score(scores, none, 1.0) == 85.0            # 0.5 * 70 + 0.5 * 100
+    assert overall_score(scores, {"x": {"penalty": 15}, "y": {"penalty": 10}}, 0.5) == 35.0
+    assert overall_score({"a": {"score": 5}}, {"x": {"penalty": 30}}, None) == 0.0   # clamped
+
+
+def test_the_judge_prompt_carries_the_rubric_evidence_and_the_marker(make_task):
+    trajectory = finished_trajectory(make_task(scene="envscaler", scene_config={"env_name": "x"}))
+    checks = run_checks(trajectory)
+    reply = json.dumps({"scores": {d: {"score": 90, "rationale": "fine"} for d in review_agent.RUBRICS["envscaler"]},
+                        "suggestions": [{"field": "temperature", "to": 0.2, "rationale": "less random"}],
+                        "summary": "good"})
+    client = FakeJudge(f"Here you go:\n```json\n{reply}\n```")
+    result = judge(trajectory, checks, llm=client)
+    assert set(result.scores) == {"tool_selection", "tool_execution", "reasoning", "completeness", "efficiency"}
+    assert result.suggestions == [{"field": "temperature", "to": 0.2, "rationale": "less random"}]
+    assert result.model == "judge-model" and result.rubric_version == "envscaler@1"
+    system = client.requests[0]["messages"][0]["content"]
+    assert system.startswith(review_agent.JUDGE_MARKER) and review_agent.JUDGE_MARKER == OFFLINE_JUDGE_MARKER
+    user = client.requests[0]["messages"][1]["content"]
+    evidence = json.loads(user.split(review_agent.EVIDENCE_OPEN)[1].split(review_agent.EVIDENCE_CLOSE)[0])
+    assert evidence["dimensions"] == list(review_agent.RUBRICS["envscaler"]) and evidence["reward"] == 1.0
+    assert client.requests[0]["temperature"] == 0.0
+
+
+@pytest.mark.parametrize("reply, message", [
+    ("I think it is fine.", "no JSON object"),
+    ('{"scores": {"tool_usage": 50}', "not valid JSON"),
+    ('{"verdict": "ok"}', "no `scores`"),
+    ('{"scores": {"tool_usage": {"score": 150}}}', "from 0 to 100"),
+    ('{"scores": {"tool_usage": {"score": 50}}}', "scores no `reasoning`"),
+])
+def test_unusable_judge_output_is_a_judge_failure_never_a_score(make_task, reply, message):
+    trajectory = finished_trajectory(make_task())
+    with pytest.raises(JudgeFailed, match=message) as excinfo:
+        judge(trajectory, run_checks(trajectory), llm=FakeJudge(reply))
+    assert excinfo.value.raw == reply and excinfo.value.prompt
+
+
+def test_an_unreachable_judge_is_a_judge_failure(make_task):
+    trajectory = finished_trajectory(make_task())
+    with pytest.raises(JudgeFailed, match="could not be reached: LLMUnavailable"):
+        judge(trajectory, run_checks(trajectory), llm=FakeJudge(LLMUnavailable("HTTP 503 from offline")))
+
+
+def test_drafts_come_from_rules_and_suggestions_tiered_by_the_policy_not_the_judge(make_task):
+    task = make_task(max_steps=10, temperature=0.7)
+    trajectory = finished_trajectory(task)
+    review = auto_review(trajectory, checks={
+        "limit_exhausted": {"fired": True, "count": 1, "limit": "max_steps"},
+        "unhandled_errors": {"fired": True, "count": 2},
+    }, suggestions=[
+        {"field": "temperature", "to": 0.3, "tier": "red", "rationale": "the judge calls it red"},
+        {"field": "model", "to": "gpt-4o-mini", "rationale": "stronger"},
+        {"field": "model", "to": "other", "rationale": "duplicate field: ignored"},
+        {"field": "status", "to": "completed", "rationale": "not a config field"},
+        {"field": "scene_config.image", "to": "python:3.12", "rationale": "newer python"},
+        {"field": "quality_threshold", "to": 5, "rationale": "refused by the bounds"},
+    ])
+    drafts = {d.field: d for d in draft_proposals(task, [review])}
+    assert set(drafts) == {"max_steps", "system_prompt_extra", "temperature", "model", "scene_config.image"}
+    assert (drafts["max_steps"].tier, drafts["max_steps"].to_value, drafts["max_steps"].proposer) == (
+        "green", 20, "rule:max_steps")
+    assert drafts["system_prompt_extra"].tier == "green"
+    assert review_agent.HINTS["unhandled_errors"] in drafts["system_prompt_extra"].to_value
+    assert drafts["temperature"].tier == "green"  # the policy's tier, not the judge's "red"
+    model = drafts["model"]
+    assert model.tier == "yellow" and model.options[0] == "gpt-4o-mini" and 2 <= len(model.options) <= 4
+    assert drafts["scene_config.image"].tier == "red" and "sandbox image" in drafts["scene_config.image"].impact_note

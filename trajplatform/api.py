@@ -1,0 +1,433 @@
+"""Shared REST API machinery: token auth, role permissions, throttling, errors, pagination,
+idempotent replays.
+
+* **Auth.** `Authorization: Bearer <token>` with a per-user `ApiToken` (hashed at rest, shown
+  once, revocable in the console); the token acts with its user's role permissions. Session
+  auth serves the browsable API for signed-in console users.
+* **Permissions.** Each view names the model permissions a request needs (`read_perms` for
+  safe methods, `write_perms` otherwise, or `perms_for(request)`); roles grant them
+  (trajplatform/permissions.py). Object rules (proposal tiers) stay in the services.
+* **Errors.** Every 4xx/5xx is `{"error": {"code", "message", "details"}}`: DRF's own
+  exceptions, Django's Http404/PermissionDenied/ValidationError, and the services' domain
+  errors (`DOMAIN_ERRORS`).
+* **Pagination.** Cursor pagination on the primary key: each page is one indexed range scan
+  (`id < cursor ORDER BY id DESC LIMIT n`), as fast on page 10 000 as on page 1, with no COUNT.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, transaction
+from django.http import Http404, HttpRequest, JsonResponse
+from django.utils import timezone
+from django.utils.module_loading import import_string
+from rest_framework import exceptions, serializers
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.pagination import CursorPagination
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
+
+from trajplatform.api_models import ApiToken, IdempotencyRecord, hash_token
+from trajplatform.redaction import redact
+
+# How often last_used_at is written for a busy token (one UPDATE per token per interval).
+LAST_USED_RESOLUTION_S = 60
+
+
+# --- authentication --------------------------------------------------------------------------
+
+
+class TokenAuthentication(BaseAuthentication):
+    """`Authorization: Bearer <token>` (or `Token <token>`) with a per-user ApiToken."""
+
+    keywords = ("bearer", "token")
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        parts = get_authorization_header(request).split()
+        if not parts or parts[0].decode("latin-1").lower() not in self.keywords:
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")
+        try:
+            raw = parts[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("Invalid token.") from None
+        token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw)).first()
+        if token is None:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        if token.revoked_at is not None:
+            raise exceptions.AuthenticationFailed("This token has been revoked.")
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("The token's user is inactive.")
+        now = timezone.now()
+        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > LAST_USED_RESOLUTION_S:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'
+
+
+try:
+    from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+    class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
+        target_class = "trajplatform.api.TokenAuthentication"
+        name = "apiToken"
+
+        def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+            return {"type": "http", "scheme": "bearer", "description": "a per-user API token (console: API tokens)"}
+except ImportError:  # drf-spectacular is only needed for the schema
+    pass
+
+
+# --- permissions ------------------------------------------------------------------------------
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def _handles(view: Any, method: str) -> bool:
+    action_map = getattr(view, "action_map", None)
+    if action_map is not None:
+        return method.lower() in action_map
+    return method.lower() in view.http_method_names and hasattr(view, method.lower())
+
+
+class RolePermission(BasePermission):
+    """Signed in (token or session) and holding every model permission the view asks for."""
+
+    message = "Your role does not allow this."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            raise exceptions.NotAuthenticated()
+        if not _handles(view, request.method):
+            return True  # the view answers 405 Method Not Allowed
+        if hasattr(view, "perms_for"):
+            needed = view.perms_for(request)
+        elif request.method in SAFE_METHODS:
+            needed = getattr(view, "read_perms", ())
+        else:
+            needed = getattr(view, "write_perms", None)
+            if needed is None:
+                return False  # a write a view did not declare is refused, never allowed by default
+        if not needed and not (user.is_superuser or user.groups.exists()):
+            return False  # even a public read needs some role: signed-in outsiders see nothing
+        return all(user.has_perm(p) for p in needed)
+
+
+# --- throttling --------------------------------------------------------------------------------
+
+
+class TokenRateThrottle(SimpleRateThrottle):
+    """API_THROTTLE_RATE per API token (per user for session requests)."""
+
+    scope = "token"
+
+    @property
+    def cache(self) -> Any:  # type: ignore[override]
+        from django.core.cache import caches
+
+        return caches["api"]
+
+    def get_rate(self) -> str:
+        return settings.API_THROTTLE_RATE
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        if isinstance(request.auth, ApiToken):
+            ident = f"t{request.auth.token_hash[:32]}"
+        elif request.user and request.user.is_authenticated:
+            ident = f"u{request.user.pk}"
+        else:
+            return None
+        return f"throttle_{self.scope}_{ident}"
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+# Domain errors the services raise for a client's mistake: (import path, HTTP status, code).
+# Resolved lazily so an app that is not installed (or not written yet) cannot break the API.
+DOMAIN_ERRORS: tuple[tuple[str, int, str], ...] = (
+    ("apps.tasks.services.TransitionError", 409, "conflict"),
+    ("apps.tasks.services.TaskCreateError", 400, "invalid"),
+    ("apps.engines.scenes.SceneConfigError", 400, "invalid"),
+    ("apps.datasets.models.ImmutableVersionError", 409, "conflict"),
+    ("apps.reviews.services.AlreadyDecided", 409, "conflict"),
+    ("apps.reviews.services.DecisionError", 400, "invalid"),
+    ("apps.datasets.spec.DatasetError", 400, "invalid"),
+    ("apps.datasets.selectors.NotFound", 404, "not_found"),
+    ("apps.engines.envscaler.importer.EnvScalerImportError", 400, "invalid"),
+    ("trajplatform.api.IdempotencyConflict", 409, "idempotency_conflict"),
+)
+
+
+def _domain_error(exc: Exception) -> tuple[int, str] | None:
+    for path, code_status, code in DOMAIN_ERRORS:
+        try:
+            cls = import_string(path)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return code_status, code
+    return None
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": redact(str(message)), "details": redact(details) if details else {}}}
+
+
+def _details_of(exc: Exception) -> Any:
+    errors = getattr(exc, "errors", None)
+    if isinstance(errors, dict):
+        return {"errors": [{"field": str(k), "reason": str(v)} for k, v in errors.items()]}
+    if not isinstance(errors, list):
+        return {}
+    fields = []
+    for error in errors:
+        if isinstance(error, tuple) and len(error) == 2:
+            fields.append({"field": error[0], "reason": error[1]})
+        elif hasattr(error, "as_dict"):
+            fields.append(error.as_dict())
+        else:
+            fields.append({"reason": str(error)})
+    return {"errors": fields}
+
+
+def _message_of(detail: Any) -> str:
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            return f"{key}: {_message_of(value)}" if key != "non_field_errors" else _message_of(value)
+        return "Invalid input."
+    if isinstance(detail, list):
+        return _message_of(detail[0]) if detail else "Invalid input."
+    return str(detail)
+
+
+def error_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's EXCEPTION_HANDLER: every error as {"error": {"code", "message", "details"}}."""
+    # Imported here: rest_framework.views reads the settings that name this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(str(exc) or None)
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or None)
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
+    else:
+        mapped = _domain_error(exc)
+        if mapped is not None:
+            code_status, code = mapped
+            return Response(error_body(code, str(exc), _details_of(exc)), status=code_status)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None  # a bug: Django's handler500 (JSON under /api/) answers and logs it
+    if isinstance(exc, exceptions.ValidationError):
+        body = error_body("invalid", _message_of(exc.detail), {"fields": exc.detail})
+    else:
+        detail = getattr(exc, "detail", str(exc))
+        code = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
+        if not isinstance(code, str):
+            code = "error"
+        details: dict[str, Any] = {}
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            details["retry_after_s"] = int(exc.wait)
+        body = error_body(code, _message_of(detail), details)
+    response.data = body
+    return response
+
+
+def json_error_response(request: HttpRequest, status_code: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse(error_body(code, message), status=status_code)
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
+    """JSON 404 under /api/ and for /health-style endpoints; Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return json_error_response(request, 404, "not_found", "Not found.")
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def handler500(request: HttpRequest) -> Any:
+    if request.path.startswith("/api/"):
+        return json_error_response(request, 500, "server_error", "Internal server error; it has been logged.")
+    from django.views.defaults import server_error
+
+    return server_error(request)
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.JSONField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The shape of every error response (documented in the schema)."""
+
+    error = ErrorDetailSerializer()
+
+
+# --- pagination --------------------------------------------------------------------------------
+
+
+class IdCursorPagination(CursorPagination):
+    """Newest first by primary key; `?page_size=` up to API_MAX_PAGE_SIZE; no COUNT(*)."""
+
+    ordering = "-id"
+    page_size_query_param = "page_size"
+
+    @property
+    def max_page_size(self) -> int:  # type: ignore[override]
+        return settings.API_MAX_PAGE_SIZE
+
+    def get_page_size(self, request: Request) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return settings.API_PAGE_SIZE
+        try:
+            value = int(raw)
+        except ValueError:
+            raise exceptions.ValidationError({"page_size": ["must be an integer"]}) from None
+        if not 1 <= value <= settings.API_MAX_PAGE_SIZE:
+            raise exceptions.ValidationError({"page_size": [f"must be between 1 and {settings.API_MAX_PAGE_SIZE}"]})
+        return value
+
+
+# --- idempotency ----------------------------------------------------------------------------------
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with a different request."""
+
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_MAX = 200
+
+
+def request_fingerprint(request: Request) -> str:
+    body = json.dumps(request.data, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder, default=str)
+    return hashlib.sha256(f"{request.method} {request.path}\n{body}".encode()).hexdigest()
+
+
+def idempotency_key(request: Request) -> str:
+    key = (request.headers.get(IDEMPOTENCY_HEADER) or "").strip()
+    if len(key) > IDEMPOTENCY_KEY_MAX:
+        raise exceptions.ValidationError({IDEMPOTENCY_HEADER: [f"must be at most {IDEMPOTENCY_KEY_MAX} characters"]})
+    return key
+
+
+def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
+    if record.request_sha256 != fingerprint:
+        raise IdempotencyConflict(
+            f"Idempotency-Key {record.key!r} was already used with a different request body; use a new key"
+        )
+    response = Response(record.response_body, status=record.response_status)
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def idempotent(request: Request, scope: str, handler: Callable[[], Response]) -> Response:
+    """Run `handler` once per (user, scope, Idempotency-Key); repeats get the stored response.
+
+    The handler's writes and the stored response commit together, so a concurrent repeat
+    either replays the committed response or loses on the unique key and replays it then.
+    Without the header the handler simply runs. Only 2xx responses are stored.
+    """
+    key = idempotency_key(request)
+    if not key:
+        return handler()
+    fingerprint = request_fingerprint(request)
+    lookup = {"user": request.user, "scope": scope, "key": key}
+    try:
+        with transaction.atomic():
+            record = IdempotencyRecord.objects.filter(**lookup).first()
+            if record is not None:
+                return _replay(record, fingerprint)
+            response = handler()
+            if 200 <= response.status_code < 300:
+                body = json.loads(json.dumps(response.data, cls=DjangoJSONEncoder))
+                IdempotencyRecord.objects.create(
+                    **lookup, request_sha256=fingerprint, response_status=response.status_code, response_body=body
+                )
+            return response
+    except IntegrityError:
+        record = IdempotencyRecord.objects.filter(**lookup).first()
+        if record is None:
+            raise
+        return _replay(record, fingerprint)
+
+
+# --- small shared pieces -----------------------------------------------------------------------------
+
+
+class StrictSerializerMixin:
+    """Unknown fields are an error (the reference silently ignored them)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))  # type: ignore[attr-defined]
+            if unknown:
+                raise exceptions.ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class RedactedOutputMixin:
+    """A serializer whose whole output passes through trajplatform.redaction (API output never
+    carries a configured secret or a key-shaped string)."""
+
+    def to_representation(self, instance: Any) -> Any:
+        return redact(super().to_representation(instance))  # type: ignore[misc]
+
+
+def get_object_or_404(queryset: Any, **lookup: Any) -> Any:
+    obj = queryset.filter(**lookup).first()
+    if obj is None:
+        raise exceptions.NotFound(f"No {queryset.model._meta.verbose_name} matches {lookup}.")
+    return obj
+
+
+
+# --- OpenAPI -----------------------------------------------------------------------------------------
+
+ERROR_STATUSES = {
+    "400": "Invalid input (the details name every field).",
+    "401": "No credentials, or an invalid or revoked token.",
+    "403": "The caller's role does not allow this.",
+    "404": "No such object.",
+    "405": "Method not allowed.",
+    "409": "The object's state does not allow this (or an Idempotency-Key was reused).",
+    "429": "Too many requests for this token; see Retry-After.",
+}
+
+
+def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: every operation documents the shared error body."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault("ErrorDetail", {
+        "type": "object",
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "details": {}},
+        "required": ["code", "message", "details"],
+    })
+    schemas["Error"] = {
+        "type": "object", "properties": {"error": {"$ref": "#/components/schemas/ErrorDetail"}}, "required": ["error"],
+    }
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            for code, text in ERROR_STATUSES.items():
+                operation["responses"].setdefault(code, {"description": text, "content": ref})
+    return result
