@@ -45,6 +45,15 @@ _KEY_SHAPES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bAIza[0-9A-Za-z_\-]{30,}"), REDACTED),
     (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), REDACTED),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), REDACTED),
+    # PEM private keys (RSA, EC, OPENSSH, PGP ...), up to their END line or the end of the text.
+    (
+        re.compile(
+            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
+            r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+            re.S,
+        ),
+        REDACTED,
+    ),
 ]
 # Values after a secret-looking label: right for logs and errors, too eager for a model's own
 # output (an agent writing `password = "..."` into a config file is doing its task).

@@ -46,7 +46,7 @@ from trajplatform.redaction import redact
 logger = logging.getLogger(__name__)
 
 EVENTS: dict[str, str] = {
-    "task.finished": "the review loop ended a task (completed or failed)",
+    "task.finished": "a task ended: the review loop completed or failed it, or someone cancelled it",
     "proposal.created": "a review proposal is waiting for a human decision",
     "proposal.decided": "a proposal was approved or rejected",
     "export.ready": "a dataset export finished (ready to download, or failed)",

@@ -31,6 +31,10 @@ def task_cancel(*, task: Task, actor: Any, reason: str = "") -> Task:
         task.finished_at = timezone.now()
         task.save(update_fields=["status", "cancel_requested", "finished_at", "updated_at"])
         audit_record("tasks.task_cancel", actor=actor, target=task, data={"from": previous, "reason": reason})
+        from trajplatform.webhooks import webhook_emit
+
+        webhook_emit("task.finished", {"task": task.pk, "status": task.status, "iteration": task.current_iteration,
+                                       "reason": reason or "cancelled"})
     return task
 
 

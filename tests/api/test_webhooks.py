@@ -249,3 +249,17 @@ def test_redeliver_gives_a_failed_delivery_one_more_attempt(
     assert enqueued == [delivery.pk]
     assert webhook_deliver(delivery.pk) == "delivered"
     assert AuditEvent.objects.filter(action="api.webhook_redeliver").count() == 1
+
+
+def test_cancelling_a_task_sends_task_finished(endpoint: WebhookEndpoint, enqueued: list[int], make_task: Any,
+                                               reviewer: Any, django_capture_on_commit_callbacks: Any) -> None:
+    from apps.tasks.services import task_cancel
+
+    task = make_task()
+    with django_capture_on_commit_callbacks(execute=True):
+        task_cancel(task=task, actor=reviewer, reason="wrong prompt")
+        task_cancel(task=task, actor=reviewer, reason="double click")  # no-op: no second delivery
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.event == "task.finished" and enqueued == [delivery.pk]
+    assert json.loads(delivery.body)["data"] == {"task": task.pk, "status": "cancelled", "iteration": 0,
+                                                 "reason": "wrong prompt"}

@@ -643,6 +643,16 @@ def test_redact_covers_common_key_shapes_and_leaves_counts_alone() -> None:
                     "nested": [f"token {REDACTED}"]}
 
 
+def test_redact_removes_pem_private_keys_even_without_their_end_line() -> None:
+    body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"
+    whole = f"cat id_rsa\n-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----\ndone"
+    assert redact(whole, labels=False) == f"cat id_rsa\n{REDACTED}\ndone"
+    cut = f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}"  # truncated tool output
+    assert body not in redact(cut, labels=False)
+    public = "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n-----END PUBLIC KEY-----"
+    assert redact(public) == public
+
+
 def test_secret_values_follow_the_environment_settings_and_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
     from trajplatform.redaction import register_secret, secret_values
 

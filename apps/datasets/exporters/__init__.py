@@ -133,11 +133,6 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
 
 REDACTED_EMAIL = "[REDACTED_EMAIL]"
 REDACTED_PHONE = "[REDACTED_PHONE]"
-_PRIVATE_KEY = re.compile(
-    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
-    r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
-    re.S,
-)
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
 _PHONE = re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}(?![\w])")
 # A superset of what redact() and the patterns above can change, looked for in the serialized
@@ -159,10 +154,7 @@ class _Redactor:
                 or _GITHUB_HINT.search(data) is not None)
 
     def _text(self, text: str) -> str:
-        text = _PRIVATE_KEY.sub("[REDACTED]", text)
-        if self.pii:
-            text = _PHONE.sub(REDACTED_PHONE, _EMAIL.sub(REDACTED_EMAIL, text))
-        return text
+        return _PHONE.sub(REDACTED_PHONE, _EMAIL.sub(REDACTED_EMAIL, text))
 
     def _walk(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -179,7 +171,9 @@ class _Redactor:
         if self.pii or self._hinted(data):
             # Model output becomes training data: labels=False keeps `password = "..."` that
             # an agent legitimately wrote, while configured secrets and key shapes still go.
-            obj = self._walk(redact(obj, labels=False, _secrets=self.secrets))
+            obj = redact(obj, labels=False, _secrets=self.secrets)
+            if self.pii:
+                obj = self._walk(obj)
             data = orjson.dumps(obj, option=DUMPS_OPTIONS)
         return obj, data
 
