@@ -132,7 +132,7 @@ def main() -> int:
             with override_settings(OFFLINE_MODEL_URL=server.url):
                 batch = make_batch(prompt, n, args.steps, "concurrency")
                 multi = args.processes > 1
-                cpu_before, sandbox_before = cpu_s(multi), cpu_s(True)
+                cpu_before, sandbox_before, server_before = cpu_s(multi), cpu_s(True), server.cpu_s()
                 started = time.perf_counter()
                 if multi:
                     run_in_processes(batch.pk, args.processes, -(-n // args.processes), server.url)
@@ -141,6 +141,7 @@ def main() -> int:
                 wall = time.perf_counter() - started
                 cpu = cpu_s(multi) - cpu_before
                 sandbox_cpu = cpu_s(True) - sandbox_before
+                server_cpu = server.cpu_s() - server_before
         finally:
             server.stop()
 
@@ -178,6 +179,8 @@ def main() -> int:
     if steady_s:
         print(f"steady state (all {n} running): {steady_turns:.0f} turns in {steady_s:.2f}s = "
               f"{steady_turns / steady_s:.1f}/s, efficiency {steady_turns / steady_s / ideal:.3f}")
+    print(f"model server CPU (the benchmark's stand-in for a remote model, on the same cores): "
+          f"{server_cpu / turns * 1000:.1f} ms per model turn")
     if args.processes == 1:
         print(f"worker process CPU: {cpu:.1f}s = {cpu / turns * 1000:.1f} ms per model turn; one core, all the GIL "
               f"lets it use, caps it at {turns / cpu:.0f} turns/s; its sandbox processes: "

@@ -112,6 +112,11 @@ class ModelServer:
             time.sleep(0.05)
         raise RuntimeError("the offline model server did not answer")
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server process has used so far (it shares this machine's cores)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
