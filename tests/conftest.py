@@ -30,11 +30,6 @@ def make_user(db: Any) -> Callable[..., Any]:
         extra.setdefault("is_staff", role is not None)
         user = User.objects.create_user(name, f"{name}@example.test", PASSWORD, **extra)
         if role is not None:
-            if not Group.objects.filter(name=role).exists():
-                # a transactional test's flush can remove the groups the data migration made
-                from trajplatform.permissions import sync_role_groups
-
-                sync_role_groups()
             user.groups.add(Group.objects.get(name=role))
         return user
 
