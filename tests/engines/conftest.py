@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from apps.engines.sandboxes import sandbox_init
 from tests.engines.opensandbox_fake import FakeOpenSandbox
 
 SANDBOX_UID = 65534
@@ -90,10 +91,12 @@ def backend(request: pytest.FixtureRequest, db: Any) -> Any:
     return request.getfixturevalue(f"{request.param}_backend")
 
 
-def sandbox_user_processes(root: Path | str | None = None) -> list[tuple[int, str]]:
+def sandbox_user_processes(root: Path | str | None = None, *, but_the_init: bool = False) -> list[tuple[int, str]]:
     """(pid, command line) of the sandbox user's processes that belong to sandboxes under `root`
     (default: this test's SANDBOX_ROOT): each bwrap binding a workspace there, and everything
-    below it. Scoped so that sandboxes of other test runs on a shared machine do not count."""
+    below it. Scoped so that sandboxes of other test runs on a shared machine do not count.
+    `but_the_init`: leave out each live sandbox's init and its bwrap (what remains between
+    commands), so that what counts is what commands left behind."""
     if root is None:
         from django.conf import settings
 
@@ -116,14 +119,17 @@ def sandbox_user_processes(root: Path | str | None = None) -> list[tuple[int, st
         below = {pid for pid, (ppid, uid, _) in table.items() if ppid in ours and uid == SANDBOX_UID} - ours
         grew = bool(below)
         ours |= below
+    if but_the_init:
+        ours = {pid for pid in ours if not table[pid][2].endswith(sandbox_init.MARK)}
     return sorted((pid, table[pid][2]) for pid in ours)
 
 
-def wait_for_no_sandbox_processes(timeout: float = 5.0, root: Path | str | None = None) -> list[tuple[int, str]]:
+def wait_for_no_sandbox_processes(timeout: float = 5.0, root: Path | str | None = None, *,
+                                  but_the_init: bool = False) -> list[tuple[int, str]]:
     """Poll until none of our sandboxes' processes is left (the kernel tears namespaces down async)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = sandbox_user_processes(root)
+        left = sandbox_user_processes(root, but_the_init=but_the_init)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

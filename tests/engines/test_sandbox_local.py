@@ -17,7 +17,7 @@ from django.conf import settings
 from apps.engines.models import SandboxRecord
 from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxSpec, SandboxUnavailable, get_backend
 from apps.engines.sandboxes import cgroups as sandbox_cgroups
-from apps.engines.sandboxes import bwrap, local
+from apps.engines.sandboxes import bwrap, local, sandbox_init
 from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
@@ -162,7 +162,8 @@ def test_a_cgroup_thread_evicted_from_its_cgroups_refuses_to_start_commands(loca
             # No cgroup v1 here: commands join per command, and what is missing is recorded.
             assert sandbox.downgrades or sandbox.cgroup.paths
             return
-        assert sandbox.run("true", timeout=30).ok  # parks the thread in the cgroups
+        # Commands run in the sandbox's init; the thread serves a second command running beside one.
+        sandbox._cgroup_thread().call(lambda: None)  # parks the thread in the cgroups
         assert sandbox.cgroup.evict_threads(uid=SANDBOX_UID) >= 1
         with pytest.raises(sandbox_cgroups.CgroupJoinError, match="no longer in"):
             sandbox._cgroup_thread().call(lambda: "would start a command outside the limits")
@@ -224,3 +225,66 @@ def test_invalid_arguments_are_refused_before_anything_runs(local_backend: Any) 
             sandbox.run("true", timeout=5, env={"1BAD": "x"})
         with pytest.raises(SandboxError, match="only under /workspace"):
             sandbox.write_file("/etc/passwd", b"root::0:0::/:/bin/sh")
+
+
+# -- the sandbox's init (sandbox_init.py) ----------------------------------------------------------
+
+
+def _init_pids() -> list[int]:
+    return [pid for pid, cmd in sandbox_user_processes() if cmd.startswith("/usr/bin/python3")
+            and cmd.endswith(sandbox_init.MARK)]
+
+
+def test_commands_run_in_one_init_per_sandbox_and_a_busy_init_gets_a_bubblewrap_beside_it(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec()) as sandbox:
+        first = sandbox.run("echo $PPID", timeout=30)
+        second = sandbox.run("echo $PPID", timeout=30)
+        # Both are children of the sandbox's pid 1, the init; one init for this sandbox.
+        assert first.stdout == second.stdout == "1\n"
+        assert len(_init_pids()) == 1
+        started = threading.Event()
+        results: list[Any] = []
+        thread = threading.Thread(target=lambda: results.append(
+            sandbox.run("echo up; sleep 2; echo $PPID", timeout=30, on_output=lambda s, line: started.set())))
+        thread.start()
+        assert started.wait(30)
+        # The init is busy: this one runs in a bubblewrap of its own (its sh is pid 1 there).
+        beside = sandbox.run("echo $$; cat /proc/1/cmdline | tr '\\0' ' '", timeout=30)
+        thread.join(30)
+        assert beside.ok and beside.stdout.startswith("1\n/bin/sh -c")
+        assert results[0].stdout == "up\n1\n"
+    assert wait_for_no_sandbox_processes() == []
+
+
+def test_a_dead_init_fails_the_command_in_flight_and_the_next_command_gets_a_new_one(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec()) as sandbox:
+        assert sandbox.run("true", timeout=30).ok
+        [init_pid] = _init_pids()
+        started = threading.Event()
+        results: list[Any] = []
+        thread = threading.Thread(target=lambda: results.append(
+            sandbox.run("echo up; sleep 300", timeout=600, on_output=lambda s, line: started.set())))
+        thread.start()
+        assert started.wait(30)
+        subprocess.run(["kill", "-9", str(init_pid)], check=True)  # e.g. the OOM killer's choice
+        thread.join(30)
+        assert not thread.is_alive()
+        assert results[0].exit_code == 137 and not results[0].timed_out
+        after = sandbox.run("echo $PPID", timeout=30)
+        assert after.stdout == "1\n"
+        assert _init_pids() != [init_pid] and len(_init_pids()) == 1
+
+
+def test_a_handle_dropped_without_destroy_takes_its_init_along(local_backend: Any) -> None:
+    import gc
+
+    sandbox = local_backend.create(SandboxSpec())
+    sandbox_id = sandbox.id
+    assert sandbox.run("true", timeout=30).ok and len(_init_pids()) == 1
+    del sandbox
+    gc.collect()
+    assert wait_for_no_sandbox_processes() == []  # the sandbox lives on; nothing runs in it
+    again = local_backend.get(sandbox_id)
+    assert again.run("echo still here", timeout=30).stdout == "still here\n"
+    again.destroy()
+    assert wait_for_no_sandbox_processes() == []

@@ -16,6 +16,7 @@ from django.conf import settings
 from apps.engines.sandboxes import SandboxError, SandboxSpec
 from apps.engines.sandboxes import cgroups as sandbox_cgroups
 from apps.engines.sandboxes.local import LocalBackend
+from apps.engines.sandboxes import sandbox_init
 from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
@@ -94,10 +95,14 @@ def test_writes_outside_the_workspace_fail_and_tmp_is_fresh_per_command(hostile:
         f"  (echo x > $p) 2>/dev/null && echo WROTE $p || echo refused $p; done; echo tmp > /tmp/{marker} && echo tmp ok",
         timeout=30,
     )
-    second = hostile.run(f"cat /tmp/{marker}", timeout=30)
+    nested = hostile.run("mkdir -p /tmp/d/e /dev/shm/s && touch /tmp/d/e/f /tmp/.hidden /dev/shm/s/g && echo made",
+                         timeout=30)
+    second = hostile.run(f"cat /tmp/{marker}; ls -A /tmp /dev/shm", timeout=30)
     assert "WROTE" not in result.stdout, result.stdout
     assert result.stdout.count("refused") == 5 and "tmp ok" in result.stdout
-    assert second.exit_code != 0  # /tmp does not survive the command
+    assert nested.stdout == "made\n"
+    # /tmp and /dev/shm do not survive the command: the next one finds them empty.
+    assert "No such file" in second.stderr and second.stdout == "/dev/shm:\n\n/tmp:\n"
     for base in ("/", "/usr", "/etc", "/tmp", str(settings.SANDBOX_ROOT)):
         assert not (Path(base) / marker).exists()
 
@@ -230,14 +235,16 @@ def test_daemons_die_with_the_command(hostile: Any) -> None:
     )
     # If a daemon kept the sandbox alive, the run would wait for it and time out.
     assert result.ok and not result.timed_out and result.stdout == "started\n"
-    assert wait_for_no_sandbox_processes() == []
+    # Between commands only the sandbox's init (and its bubblewrap) is left.
+    assert wait_for_no_sandbox_processes(but_the_init=True) == []
+    assert [cmd.split()[0] for _, cmd in sandbox_user_processes()] == ["/usr/bin/bwrap", "/usr/bin/python3"]
     assert hostile.run("ps -e -o comm= | grep -c sleep || true", timeout=30).stdout == "0\n"
 
 
 def test_proc_shows_only_the_sandbox(hostile: Any) -> None:
     host_pid = os.getpid()
     result = hostile.run(
-        f"ls /proc | grep -E '^[0-9]+$' | wc -l; cat /proc/1/cmdline | tr '\\0' ' '; echo; "
+        f"ls /proc | grep -E '^[0-9]+$' | wc -l; tr '\\0' '\\n' < /proc/1/cmdline | sed -n '1p;$p' | paste -sd' '; "
         f"test -e /proc/{host_pid} && echo SEES-HOST-PID-$((40+2)); ls /proc/1/root/; cat /proc/1/root/etc/shadow; "
         "echo 1 > /proc/sysrq-trigger; echo 0 > /proc/sys/kernel/randomize_va_space; "
         "cat /proc/self/mountinfo | grep -c ' /workspace '",
@@ -245,7 +252,7 @@ def test_proc_shows_only_the_sandbox(hostile: Any) -> None:
     )
     lines = result.stdout.splitlines()
     assert int(lines[0]) < 10  # only the sandbox's own few processes
-    assert lines[1].startswith("/bin/sh -c")  # pid 1 is the sandbox's shell, not the host's init
+    assert lines[1] == f"/usr/bin/python3 {sandbox_init.MARK}"  # pid 1 is the sandbox's init, not the host's
     assert "SEES-HOST-PID-42" not in result.stdout
     assert "workspace" in result.stdout and "work\n" not in result.stdout  # /proc/1/root is the sandbox root
     assert "shadow: Permission denied" in result.stderr
