@@ -361,19 +361,22 @@ class LocalSandbox(Sandbox):
         return self._outcome(exit_code, timed_out, started, sink, oom_before)
 
     def _stop_init(self) -> None:
-        """For destroy(): kill the init, and never start another for this handle."""
-        init = self._init
-        if init is not None:
-            init.kill()  # a command running in it ends now
-        if self._init_lock.acquire(timeout=DRAIN_AFTER_KILL + 30):  # a command's drain, or a start
-            try:
-                init, self._init = self._init, None
-                self._init_failed = True
-                if init is not None:
-                    init.kill()
-                    init.close()
-            finally:
-                self._init_lock.release()
+        """For destroy(): end the init, and never start another for this handle. An idle init is
+        closed (it exits, bubblewrap reaps it); one running a command is killed."""
+        idle = self._init_lock.acquire(blocking=False)
+        if not idle:
+            init = self._init
+            if init is not None:
+                init.kill()  # the command running in it ends now
+            if not self._init_lock.acquire(timeout=DRAIN_AFTER_KILL + 30):  # its drain, or a start
+                return
+        try:
+            init, self._init = self._init, None
+            self._init_failed = True
+            if init is not None:
+                init.close()
+        finally:
+            self._init_lock.release()
 
     def _pump(self, running: Running, sink: Any, deadline: float, stdin_data: bytes | None) -> bool:
         """Read stdout/stderr until both close; kill at the deadline. True if it timed out."""
