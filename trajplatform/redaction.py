@@ -55,6 +55,9 @@ _KEY_SHAPES: list[tuple[re.Pattern[str], str]] = [
         REDACTED,
     ),
 ]
+# Text without any of these substrings cannot match a key shape above (each pattern starts
+# with one of them), so redact_text skips the shape patterns for it: most text has none.
+_KEY_SHAPE_HINT = re.compile(r"(?i:bearer)\s|sk-|AIza|hf_|gh[pousr]_|-----BEGIN ")
 # Values after a secret-looking label: right for logs and errors, too eager for a model's own
 # output (an agent writing `password = "..."` into a config file is doing its task).
 _LABELLED: list[tuple[re.Pattern[str], str]] = [
@@ -168,8 +171,12 @@ def redact_text(text: str, secrets: list[str] | None = None, *, labels: bool = T
     for value in secret_values() if secrets is None else secrets:
         if value in text:
             text = text.replace(value, REDACTED)
-    for pattern, replacement in _KEY_SHAPES + (_LABELLED if labels else []):
-        text = pattern.sub(replacement, text)
+    if _KEY_SHAPE_HINT.search(text):
+        for pattern, replacement in _KEY_SHAPES:
+            text = pattern.sub(replacement, text)
+    if labels and (":" in text or "=" in text):  # every labelled pattern needs one of them
+        for pattern, replacement in _LABELLED:
+            text = pattern.sub(replacement, text)
     return text
 
 

@@ -283,6 +283,9 @@ class _Episode:
         self.sandbox_backend = sandbox_backend
         self.cache_key_extra = cache_key_extra
         self.on_event = on_event
+        self.on_event_is_async = on_event is not None and (
+            inspect.iscoroutinefunction(on_event) or inspect.iscoroutinefunction(getattr(on_event, "__call__", None))
+        )
         self.should_cancel = should_cancel
         self.trajectory = trajectory
         self.result = EpisodeResult()
@@ -306,9 +309,7 @@ class _Episode:
         message = redact(_short(message), labels=False)
         data = redact(data or {}, labels=False)
         try:
-            if inspect.iscoroutinefunction(self.on_event) or inspect.iscoroutinefunction(
-                getattr(self.on_event, "__call__", None)
-            ):
+            if self.on_event_is_async:
                 await self.on_event(kind, message, data)
             else:
                 await _maybe_await(await _in_thread(self.on_event, kind, message, data))

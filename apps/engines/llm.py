@@ -29,6 +29,8 @@ What it does around the openai SDK (which runs with max_retries=0; the retries a
   `attempts=0`). `cache_key_extra` must differ between samples that should differ: pass the
   trajectory's identity, e.g. {"task": task.pk, "iteration": n, "sample": sample_index},
   or every sample of a task at temperature > 0 would replay the first one's answers.
+  achat writes behind: the reply is a cache hit in this process at once and is on disk a
+  moment later; aclose()/close()/flush_cache_writes() wait for the writes (see _pending_writes).
 * Cost: `cost_usd` = tokens x PRICES_PER_MTOK (USD per million tokens, longest model-name
   prefix wins; settings.LLM_PRICES, if defined, adds or overrides entries). Unknown models and
   the offline model cost 0. On a cache hit cost_usd is what the response cost when it was
@@ -51,23 +53,28 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import random
+import ssl
 import tempfile
 import threading
 import time
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlparse
 
+import httpx2
 import openai
 from django.conf import settings
 from django.core.cache import caches
-from django.core.cache.backends.base import DEFAULT_TIMEOUT
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.cache.backends.filebased import FileBasedCache
 from django.core.exceptions import ImproperlyConfigured
 
@@ -235,15 +242,32 @@ PRICES_PER_MTOK: dict[str, tuple[str, str]] = {
 _MILLION = Decimal(1_000_000)
 
 
+# PRICES_PER_MTOK as Decimals, longest prefix first; rebuilt if the table is edited at run time
+# (it is asked twice per model call, and settings.LLM_PRICES is usually empty).
+_price_table: tuple[tuple[tuple[str, tuple[str, str]], ...], list[tuple[str, tuple[Decimal, Decimal]]]] | None = None
+
+
+def _prices(extra: dict[str, Any]) -> list[tuple[str, tuple[Decimal, Decimal]]]:
+    global _price_table
+    snapshot = tuple(PRICES_PER_MTOK.items())
+    cached = _price_table
+    if cached is None or cached[0] != snapshot:
+        table = {k: (Decimal(str(i)), Decimal(str(o))) for k, (i, o) in snapshot}
+        cached = _price_table = (snapshot, sorted(table.items(), key=lambda kv: len(kv[0]), reverse=True))
+    if not extra:
+        return cached[1]
+    table = dict(cached[1])
+    for k, (i, o) in extra.items():
+        table[k] = (Decimal(str(i)), Decimal(str(o)))
+    return sorted(table.items(), key=lambda kv: len(kv[0]), reverse=True)
+
+
 def price_per_mtok(model: str) -> tuple[Decimal, Decimal] | None:
     """(input, output) USD per million tokens for a model name, or None when unknown."""
-    table = {k: (Decimal(str(i)), Decimal(str(o))) for k, (i, o) in PRICES_PER_MTOK.items()}
-    for k, (i, o) in (getattr(settings, "LLM_PRICES", None) or {}).items():
-        table[k] = (Decimal(str(i)), Decimal(str(o)))
     name = model.rsplit("/", 1)[-1]
-    for prefix in sorted(table, key=len, reverse=True):
-        if name == prefix or name.startswith(prefix):
-            return table[prefix]
+    for prefix, price in _prices(getattr(settings, "LLM_PRICES", None) or {}):
+        if name.startswith(prefix):
+            return price
     return None
 
 
@@ -505,16 +529,21 @@ def reset_limiters() -> None:
 # -- the response cache ---------------------------------------------------------------------
 
 
+CACHE_ZLIB_LEVEL = 1
+CACHE_ZLIB_WBITS = 12
+CACHE_ZLIB_MEMLEVEL = 1
+
+
 class LLMResponseCache(FileBasedCache):
     """CACHES["llm"] without Redis: Django's file cache (one file per reply, the same file names
     and format, so existing entries still hit) minus the parts that cost per write.
 
     FileBasedCache.set() lists the whole directory to decide whether to cull, which grows with
     every cached reply; these entries are never culled or expired, so there is nothing to
-    decide. The directory is created once (and again only if it disappears), and the async
-    methods run in the calling thread: a miss is one failed open() and a write is a small file
-    renamed into place, cheaper than the hop to asgiref's single sync thread that all workers'
-    rollouts would queue on.
+    decide. The directory is created once (and again only if it disappears), and the zlib
+    compressor is sized for small entries. The async methods run in the calling thread rather
+    than hopping to asgiref's single sync thread; LLMClient.achat does not use them: it reads
+    with get() and writes with set() in its writer thread (see _pending_writes).
     """
 
     # Directories known to exist, per process: Django makes a cache instance per thread and
@@ -528,6 +557,16 @@ class LLMResponseCache(FileBasedCache):
         if self._dir not in self._ready_dirs:
             super()._createdir()
             self._ready_dirs.add(self._dir)
+
+    def _write_content(self, file: Any, timeout: Any, value: Any) -> None:
+        # Django's layout (pickled expiry, then the zlib stream of the pickled value), so
+        # FileBasedCache reads these files and this class reads Django's (zlib.decompress reads
+        # any window size and memory level). Only the compressor is sized for small entries:
+        # zlib.compress() allocates ~400 KiB of state per call, and faulting that in costs
+        # ~70 us of kernel time, far more than compressing a reply of a few KiB.
+        compressor = zlib.compressobj(CACHE_ZLIB_LEVEL, zlib.DEFLATED, CACHE_ZLIB_WBITS, CACHE_ZLIB_MEMLEVEL)
+        file.write(pickle.dumps(self.get_backend_timeout(timeout), self.pickle_protocol))
+        file.write(compressor.compress(pickle.dumps(value, self.pickle_protocol)) + compressor.flush())
 
     def set(self, key: str, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
         fname = self._key_to_file(key, version)
@@ -574,7 +613,17 @@ def cache_key_for(request: dict[str, Any], cache_key_extra: Any = None, extra_he
     }
     if extra_headers:  # they can change the answer (the offline model's fault injection does)
         payload["headers"] = extra_headers
-    return "chat:" + hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
+    data = memoryview(canonical_json(payload).encode("utf-8"))
+    digest = hashlib.sha256()
+    # In pieces below hashlib's 2 KiB threshold for releasing the GIL: hashing a few KiB takes
+    # microseconds, while handing the GIL to the sandbox threads and getting it back can hold
+    # the event loop for a millisecond. The digest is the same.
+    for start in range(0, len(data), _HASH_PIECE):
+        digest.update(data[start:start + _HASH_PIECE])
+    return "chat:" + digest.hexdigest()
+
+
+_HASH_PIECE = 2000
 
 
 @dataclass
@@ -590,19 +639,32 @@ class _Call:
         return f"{self.provider.name}/{self.request['model']}"
 
 
-# Sent as they are, past the SDK's request transform: it walks every message and tool schema
-# against its TypedDicts (a few ms per turn on a long conversation, the largest CPU cost of a
-# turn) only to rename aliased keys and encode files, neither of which plain chat messages and
-# JSON-schema tools have. `extra_body` is merged into the body after that transform.
-_UNTRANSFORMED = ("messages", "tools")
+# The request goes out through the SDK client's generic post() (its auth, headers, timeouts,
+# HTTP errors as APIStatusError) with the body exactly as built, and the reply comes back as
+# the raw HTTP response, read as JSON by _result. chat.completions.create() would walk the
+# body against the SDK's TypedDicts (only to rename aliased keys and encode files, which plain
+# chat messages and JSON-schema tools do not have) and build pydantic models of the reply
+# that _result turns straight back into dicts: together the largest CPU cost of a turn on the
+# event loop, for nothing.
+_CHAT_PATH = "/chat/completions"
 
 
-def _create_kwargs(call: _Call, timeout: float | None) -> dict[str, Any]:
-    request = call.request
-    kwargs = {k: v for k, v in request.items() if k not in _UNTRANSFORMED}
-    kwargs.update(messages=[], timeout=timeout, extra_headers=call.extra_headers,
-                  extra_body={k: request[k] for k in _UNTRANSFORMED if k in request})
-    return kwargs
+# The SDK makes an idempotency key per request (uuid4: a getrandom system call on the event
+# loop's thread) unless given one; it sends none to these providers (the OpenAI client has no
+# idempotency header), so a counter per process does as well.
+_idempotency_keys = itertools.count()
+_IDEMPOTENCY_PREFIX = f"trajplatform-{random.getrandbits(48):012x}-"
+
+
+def _post_kwargs(call: _Call, timeout: float | None) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "timeout": timeout,
+        "security": {"bearer_auth": True},  # as chat.completions.create() sends
+        "idempotency_key": f"{_IDEMPOTENCY_PREFIX}{os.getpid()}-{next(_idempotency_keys)}",
+    }
+    if call.extra_headers is not None:
+        options["headers"] = call.extra_headers
+    return {"cast_to": httpx2.Response, "body": call.request, "options": options}
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -638,11 +700,119 @@ def _error_detail(exc: openai.APIStatusError) -> str:
 
 
 # The async SDK clients of a provider are several, each with its own connection pool, taken in
-# turn. httpcore checks every idle connection of a pool (a getpeername and a poll each) whenever
-# a request enters or leaves it, so one pool of 128 keep-alive connections costs milliseconds
-# per request; pools of up to CONNECTIONS_PER_SHARD keep that negligible.
-CONNECTIONS_PER_SHARD = 8
-MAX_POOL_SHARDS = 32
+# turn. httpcore checks every idle connection of a pool (a getpeername and a poll each, two
+# system calls on the event loop's thread) whenever a request enters or leaves it, so one pool
+# of 128 keep-alive connections costs milliseconds per request; pools of up to
+# CONNECTIONS_PER_SHARD keep that to about one check per request. A shard costs ~1 ms to make
+# (they share one SSL context) and is made once per event loop.
+CONNECTIONS_PER_SHARD = 2
+MAX_POOL_SHARDS = 64
+
+
+# achat writes the response cache in a thread of its own, never on the event loop: a write
+# creates a file (mkstemp, then a rename), and creating a file costs ~0.5-1 ms of kernel time
+# while the sandboxes are busy on the same disk, time the loop's thread would spend in the
+# system call with every rollout waiting. Reads stay on the loop for the file cache (looking
+# a file up costs microseconds even then) and go to a reader thread for any other backend
+# (Redis: a network round trip). Neither is the loop's default executor, where sandbox
+# commands may hold every thread for their whole timeout.
+#
+# Writes are write-behind: achat hands the reply to the one writer thread and returns. Until
+# the file is written the reply sits in _pending_writes, which every read of this process
+# (chat and achat, any client of the same cache) consults first, so within the process a
+# finished call is a cache hit at once, as before; another process sees it once the writer
+# has written it (about a millisecond later). LLMClient.aclose()/close() and
+# flush_cache_writes() return only after every write handed over before them; the rollout
+# job closes its client before it returns, and the writer thread is joined at interpreter exit
+# like any executor thread (a killed process loses the writes still queued: those calls are
+# made again on resume). A write that fails is logged and dropped, as a failed synchronous
+# write was.
+_cache_reader: ThreadPoolExecutor | None = None
+_cache_writer: ThreadPoolExecutor | None = None
+# (the cache instance written to, key) -> the value on its way there, pickled when achat handed
+# it over: a snapshot that the caller's later changes to the result cannot reach, and each
+# read of it gets objects of its own, as a read from the disk does.
+_pending_writes: dict[tuple[BaseCache, str], bytes] = {}
+_shared_lock = threading.Lock()
+
+
+def _cache_threads() -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    """(reader, writer): one thread each; one writer keeps the writes in order. The reader
+    serves cache backends other than the file cache."""
+    global _cache_reader, _cache_writer
+    reader, writer = _cache_reader, _cache_writer
+    if reader is None or writer is None:
+        with _shared_lock:
+            if _cache_reader is None:
+                _cache_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-cache-read")
+            if _cache_writer is None:
+                _cache_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-cache-write")
+            reader, writer = _cache_reader, _cache_writer
+    return reader, writer
+
+
+# alias -> (its CACHES entry, the instance made from it)
+_shared_caches: dict[str, tuple[dict[str, Any], BaseCache]] = {}
+
+
+def _shared_cache(alias: str) -> BaseCache:
+    """The cache instance achat reads and writes through (on the loop, in the reader and in
+    the writer thread) and pending writes are filed under: one per process and CACHES entry,
+    shared by every client (a settings override gets its own, so a write queued under one
+    configuration lands there and is only found there)."""
+    params = caches.settings[alias]
+    shared = _shared_caches.get(alias)
+    if shared is None or shared[0] is not params:
+        with _shared_lock:
+            shared = _shared_caches.get(alias)
+            if shared is None or shared[0] is not params:
+                shared = _shared_caches[alias] = (params, caches.create_connection(alias))
+    return shared[1]
+
+
+def _write_behind(cache: BaseCache, key: str, blob: bytes) -> None:
+    try:
+        cache.set(key, pickle.loads(blob), None)
+    except Exception as exc:
+        logger.warning("llm cache write failed: %s", exc)
+    finally:
+        with _shared_lock:
+            if _pending_writes.get((cache, key)) is blob:
+                del _pending_writes[(cache, key)]
+
+
+def _pending_write(cache: BaseCache, key: str) -> dict[str, Any] | None:
+    with _shared_lock:
+        blob = _pending_writes.get((cache, key))
+    return None if blob is None else pickle.loads(blob)
+
+
+def flush_cache_writes(timeout: float | None = None) -> None:
+    """Wait until every cache write handed to the writer thread so far is on disk (or failed)."""
+    writer = _cache_writer
+    if writer is not None:
+        writer.submit(lambda: None).result(timeout)
+
+
+async def aflush_cache_writes() -> None:
+    """flush_cache_writes() without blocking the event loop."""
+    writer = _cache_writer
+    if writer is not None:
+        await asyncio.wrap_future(writer.submit(lambda: None))
+
+
+_ssl_context: ssl.SSLContext | None = None
+
+
+def _http_ssl_context() -> ssl.SSLContext:
+    """The process's one SSL context for the async SDK clients, made as httpx2 makes its
+    default one (certifi, or SSL_CERT_FILE / SSL_CERT_DIR from the environment). Loading the
+    CA bundle takes ~20 ms, and every shard of every event loop would otherwise load its own."""
+    global _ssl_context
+    with _shared_lock:
+        if _ssl_context is None:
+            _ssl_context = httpx2.create_ssl_context()
+        return _ssl_context
 
 
 class _Shards:
@@ -683,6 +853,8 @@ class LLMClient:
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
+        # Made now (once per process) rather than at the first call on an event loop.
+        _http_ssl_context()
 
     def __repr__(self) -> str:
         return f"LLMClient(providers={self.providers!r})"
@@ -750,8 +922,16 @@ class LLMClient:
             shards = per_loop.get(provider.name)
             if shards is None:
                 count = max(1, min(MAX_POOL_SHARDS, -(-settings.LLM_MAX_CONCURRENCY // CONNECTIONS_PER_SHARD)))
+                ssl_context = _http_ssl_context()
+                # The SDK's own HTTP client (its timeout, connection limits and redirects),
+                # sharing the process's SSL context instead of loading the CA bundle per shard.
                 shards = per_loop[provider.name] = _Shards([
-                    openai.AsyncOpenAI(api_key=provider.api_key or "EMPTY", base_url=provider.base_url, max_retries=0)
+                    openai.AsyncOpenAI(
+                        api_key=provider.api_key or "EMPTY", base_url=provider.base_url, max_retries=0,
+                        http_client=openai.DefaultAsyncHttpxClient(
+                            base_url=provider.base_url, timeout=openai.DEFAULT_TIMEOUT, verify=ssl_context
+                        ),
+                    )
                     for _ in range(count)
                 ])
             return shards.next()
@@ -783,46 +963,52 @@ class LLMClient:
             return LLMBadRequest(text, **kw)
         return LLMError(f"{type(exc).__name__}: {exc}", **kw)
 
-    def _result(self, completion: Any, call: _Call, attempt: int, latency_s: float) -> ChatResult:
+    def _result(self, response: httpx2.Response, call: _Call, attempt: int, latency_s: float) -> ChatResult:
         kw: dict[str, Any] = {"provider": call.provider.name, "model": call.request["model"]}
-        choices = getattr(completion, "choices", None)
-        if not choices:
+        try:
+            completion = json.loads(response.content)
+        except ValueError:
+            raise LLMResponseInvalid(
+                f"response is not JSON (content-type {response.headers.get('content-type', 'none')!r})", **kw
+            ) from None
+        choices = completion.get("choices") if isinstance(completion, dict) else None
+        if not choices or not isinstance(choices, list):
             raise LLMResponseInvalid("response has no choices", **kw)
-        choice = choices[0]
-        msg = getattr(choice, "message", None)
-        if msg is None:
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        msg = choice.get("message")
+        if not isinstance(msg, dict):
             raise LLMResponseInvalid("response choice has no message", **kw)
-        message: dict[str, Any] = {"role": "assistant", "content": msg.content}
-        reasoning = getattr(msg, "reasoning_content", None)
-        if reasoning is None and msg.model_extra:
-            reasoning = msg.model_extra.get("reasoning_content")
+        message: dict[str, Any] = {"role": "assistant", "content": msg.get("content")}
+        reasoning = msg.get("reasoning_content")
         if reasoning is not None:
             message["reasoning_content"] = reasoning
-        if msg.tool_calls:
+        if msg.get("tool_calls"):
             try:
                 message["tool_calls"] = [
                     {
-                        "id": tc.id,
+                        "id": tc["id"],
                         "type": "function",
                         # Arguments stay the model's raw string, valid JSON or not: the loop
                         # decides what a malformed call means.
-                        "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                        "function": {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]},
                     }
-                    for tc in msg.tool_calls
+                    for tc in msg["tool_calls"]
                 ]
-            except AttributeError:
+            except (KeyError, TypeError):
                 raise LLMResponseInvalid("a tool call has no function name/arguments", **kw) from None
-        usage_obj = getattr(completion, "usage", None)
+        usage_obj = completion.get("usage")
+        if not isinstance(usage_obj, dict):
+            usage_obj = {}
         usage = {
-            "prompt_tokens": int(getattr(usage_obj, "prompt_tokens", 0) or 0),
-            "completion_tokens": int(getattr(usage_obj, "completion_tokens", 0) or 0),
+            "prompt_tokens": int(usage_obj.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage_obj.get("completion_tokens") or 0),
         }
-        usage["total_tokens"] = int(getattr(usage_obj, "total_tokens", 0) or 0) or sum(usage.values())
-        reported = getattr(completion, "model", None) or call.request["model"]
+        usage["total_tokens"] = int(usage_obj.get("total_tokens") or 0) or sum(usage.values())
+        reported = completion.get("model") or call.request["model"]
         price_model = reported if price_per_mtok(reported) is not None else call.request["model"]
         return ChatResult(
             message=redact(message, labels=False),
-            finish_reason=getattr(choice, "finish_reason", None),
+            finish_reason=choice.get("finish_reason"),
             usage=usage,
             cost_usd=cost_usd(price_model, usage["prompt_tokens"], usage["completion_tokens"]),
             model=reported,
@@ -851,11 +1037,17 @@ class LLMClient:
 
     # -- cache
 
-    def _cache_get(self, calls: list[_Call]) -> ChatResult | None:
+    def _shared_cache(self) -> BaseCache:
+        return _shared_cache(self.cache_alias)
+
+    def _cache_get(self, calls: list[_Call], cache: BaseCache | None = None) -> ChatResult | None:
         try:
-            cache = caches[self.cache_alias]
+            shared = self._shared_cache()
+            cache = cache or caches[self.cache_alias]
             for call in calls:
-                data = cache.get(call.cache_key)
+                data = _pending_write(shared, call.cache_key)
+                if data is None:
+                    data = cache.get(call.cache_key)
                 if data is not None:
                     return ChatResult.from_cache(data, call.cache_key)
         except Exception as exc:  # a broken cache costs money, not correctness
@@ -864,14 +1056,18 @@ class LLMClient:
 
     async def _acache_get(self, calls: list[_Call]) -> ChatResult | None:
         try:
-            cache = caches[self.cache_alias]
-            for call in calls:
-                data = await cache.aget(call.cache_key)
-                if data is not None:
-                    return ChatResult.from_cache(data, call.cache_key)
+            shared = self._shared_cache()
         except Exception as exc:
             logger.warning("llm cache read failed: %s", exc)
-        return None
+            return None
+        for call in calls:  # a reply still on its way to the disk answers without a thread hop
+            if (data := _pending_write(shared, call.cache_key)) is not None:
+                return ChatResult.from_cache(data, call.cache_key)
+        if isinstance(shared, FileBasedCache):
+            # Looking a file up costs microseconds even under load: not worth a thread hop.
+            return self._cache_get(calls, shared)
+        reader, _ = _cache_threads()
+        return await asyncio.get_running_loop().run_in_executor(reader, self._cache_get, calls, shared)
 
     def _cache_value(self, result: ChatResult) -> dict[str, Any]:
         data = result.to_dict()
@@ -885,11 +1081,18 @@ class LLMClient:
         except Exception as exc:
             logger.warning("llm cache write failed: %s", exc)
 
-    async def _acache_set(self, result: ChatResult) -> None:
+    def _acache_set(self, result: ChatResult) -> None:
+        """Hand the reply to the writer thread (write-behind, see _pending_writes)."""
         try:
-            await caches[self.cache_alias].aset(result.cache_key, self._cache_value(result), None)
+            shared = self._shared_cache()
         except Exception as exc:
             logger.warning("llm cache write failed: %s", exc)
+            return
+        _, writer = _cache_threads()
+        blob = pickle.dumps(self._cache_value(result), pickle.HIGHEST_PROTOCOL)
+        with _shared_lock:
+            _pending_writes[(shared, result.cache_key)] = blob
+        writer.submit(_write_behind, shared, result.cache_key, blob)
 
     # -- fallback across providers
 
@@ -985,7 +1188,7 @@ class LLMClient:
                 continue
             result = replace(result, failed_providers=tuple(c.provider.name for c, _ in failures))
             if use_cache:
-                await self._acache_set(result)
+                self._acache_set(result)
             return result
         raise self._give_up(failures)
 
@@ -998,7 +1201,7 @@ class LLMClient:
             ticket = limiter.acquire()
             outcome, started = "error", time.monotonic()
             try:
-                completion = client.chat.completions.create(**_create_kwargs(call, timeout))
+                response = client.post(_CHAT_PATH, **_post_kwargs(call, timeout))
                 outcome = "ok"
             except openai.OpenAIError as exc:
                 err = self._translate(exc, call)
@@ -1007,7 +1210,7 @@ class LLMClient:
                 limiter.release(ticket, outcome)
             if outcome == "ok":
                 try:
-                    return self._result(completion, call, attempt, time.monotonic() - started)
+                    return self._result(response, call, attempt, time.monotonic() - started)
                 except LLMResponseInvalid as invalid:
                     err = invalid
             self._sleep(self._after_failure(err, call, attempt, max_attempts))
@@ -1022,7 +1225,7 @@ class LLMClient:
             ticket = await limiter.aacquire()
             outcome, started = "error", time.monotonic()
             try:
-                completion = await client.chat.completions.create(**_create_kwargs(call, timeout))
+                response = await client.post(_CHAT_PATH, **_post_kwargs(call, timeout))
                 outcome = "ok"
             except openai.OpenAIError as exc:
                 err = self._translate(exc, call)
@@ -1031,21 +1234,27 @@ class LLMClient:
                 limiter.release(ticket, outcome)
             if outcome == "ok":
                 try:
-                    return self._result(completion, call, attempt, time.monotonic() - started)
+                    return self._result(response, call, attempt, time.monotonic() - started)
                 except LLMResponseInvalid as invalid:
                     err = invalid
             await self._asleep(self._after_failure(err, call, attempt, max_attempts))
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        """Close the sync SDK clients; wait for this process's pending cache writes."""
         with self._lock:
             clients, self._sync_clients = list(self._sync_clients.values()), {}
         for client in clients:
             client.close()
+        flush_cache_writes()
 
     async def aclose(self) -> None:
+        """Close this loop's async SDK clients; wait for this process's pending cache writes."""
         loop = asyncio.get_running_loop()
         with self._lock:
             clients = [c for shards in self._async_clients.pop(loop, {}).values() for c in shards.clients]
-        for client in clients:
-            await client.close()
+        try:
+            for client in clients:
+                await client.close()
+        finally:
+            await aflush_cache_writes()

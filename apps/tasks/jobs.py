@@ -61,6 +61,8 @@ from django.db import connection, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from apps.engines import agent
+from apps.engines.llm import LLMClient, resolve_providers
 from apps.tasks.models import Task, Trajectory, TrajectoryLog
 from trajplatform.schedules import ensure_schedule
 from apps.tasks.services import (
@@ -108,11 +110,7 @@ run_episode: Callable[..., Any] | None = None
 
 
 def _episode_runner() -> Callable[..., Any]:
-    if run_episode is not None:
-        return run_episode
-    from apps.engines.agent import run_episode as real
-
-    return real
+    return run_episode if run_episode is not None else agent.run_episode
 
 
 # -- the LLM client: one per process (per provider configuration) ---------------------------
@@ -122,9 +120,10 @@ _llm_lock = threading.Lock()
 
 
 def get_llm_client() -> Any:
-    """The process's LLMClient for the configured providers (its async clients are per loop)."""
-    from apps.engines.llm import LLMClient, resolve_providers
+    """The process's LLMClient for the configured providers (its async clients are per loop).
 
+    apps.engines.llm (and the openai SDK, ~0.5 s to import) is imported with this module, which
+    a worker process imports once, not on the job's event loop before its first rollout."""
     providers = tuple(resolve_providers())
     with _llm_lock:
         client = _llm_clients.get(providers)
@@ -242,7 +241,31 @@ def retire_unrunnable() -> int:
 
 
 class _ThreadPool(ThreadPoolExecutor):
-    """A thread pool whose threads' Django DB connections can be closed before it goes away."""
+    """A thread pool whose threads can be started up front and whose threads' Django DB
+    connections can be closed before it goes away."""
+
+    def start_threads(self, timeout: float = 10.0) -> None:
+        """Start all max_workers threads now. The pool would start them one by one as the
+        episodes first need them, each start waiting on the event loop's thread for the new
+        thread to get the GIL from the busy ones (~5 ms apiece there, ~0.1 ms before the loop)."""
+        missing = self._max_workers - len(self._threads)
+        if missing <= 0:
+            return
+        # Each job holds its thread at the barrier, so every job needs a thread of its own.
+        barrier = threading.Barrier(missing + 1)
+
+        def hold() -> None:
+            try:
+                barrier.wait(timeout)
+            except threading.BrokenBarrierError:
+                pass
+
+        for _ in range(missing):
+            self.submit(hold)
+        try:
+            barrier.wait(timeout)
+        except threading.BrokenBarrierError:
+            logger.warning("starting the worker threads took longer than %.0fs", timeout)
 
     def close_connections(self, timeout: float = 30.0) -> None:
         threads = len(self._threads)
@@ -404,6 +427,7 @@ class RolloutRunner:
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         try:
+            self.sandbox_pool.start_threads()
             with asyncio.Runner() as runner:
                 runner.get_loop().set_default_executor(self.sandbox_pool)
                 try:

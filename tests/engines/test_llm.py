@@ -378,6 +378,35 @@ async def test_achat_reads_and_writes_the_same_cache(server: Any, waits: Waits) 
     assert again.cached and server.model.chat_requests == 1
 
 
+@pytest.mark.asyncio
+async def test_achat_writes_behind_and_aclose_waits_for_the_write(server: Any, waits: Waits) -> None:
+    client = client_for(waits, offline(server))
+    first = await client.achat(user(), tools=TOOLS, cache_key_extra="wb")
+    first.message["content"] = "changed by the caller after the call"  # must not reach the cache
+    # Another client of this process hits at once, whether or not the file is written yet.
+    other = client_for(waits, offline(server))
+    hit = await other.achat(user(), tools=TOOLS, cache_key_extra="wb")
+    assert hit.cached and server.model.chat_requests == 1
+    assert hit.message["content"] != "changed by the caller after the call"
+    await client.aclose()
+    await other.aclose()
+    stored = caches["llm"].get(first.cache_key)  # on disk once aclose() has returned
+    assert stored is not None and stored["message"] == hit.message
+
+
+def test_llm_response_cache_files_and_djangos_read_each_other(tmp_path: Path) -> None:
+    from django.core.cache.backends.filebased import FileBasedCache
+
+    from apps.engines.llm import LLMResponseCache
+
+    ours = LLMResponseCache(str(tmp_path / "c"), {"TIMEOUT": None})
+    django_s = FileBasedCache(str(tmp_path / "c"), {"TIMEOUT": None})
+    value = {"message": {"role": "assistant", "content": "x" * 5000 + "ü"}, "usage": {"prompt_tokens": 3}}
+    ours.set("chat:ours", value, None)
+    django_s.set("chat:django", value, None)
+    assert django_s.get("chat:ours") == value and ours.get("chat:django") == value
+
+
 # -- adaptive concurrency -------------------------------------------------------------------
 
 

@@ -687,3 +687,15 @@ def test_migrate_registers_the_sandbox_reconciler_too():
     from apps.engines import jobs as engine_jobs
 
     assert Schedule.objects.filter(name=engine_jobs.RECONCILE_SCHEDULE_NAME, func=engine_jobs.RECONCILE_FUNC).exists()
+
+
+def test_the_sandbox_pool_starts_its_threads_before_the_loop_needs_them() -> None:
+    pool = jobs._ThreadPool(max_workers=5, thread_name_prefix="test-start")
+    try:
+        pool.start_threads()
+        assert len(pool._threads) == 5
+        pool.start_threads()  # already full: a no-op
+        assert len(pool._threads) == 5
+        assert pool.submit(lambda: 42).result(5) == 42
+    finally:
+        pool.shutdown(wait=True)
