@@ -288,3 +288,17 @@ def test_a_handle_dropped_without_destroy_takes_its_init_along(local_backend: An
     assert again.run("echo still here", timeout=30).stdout == "still here\n"
     again.destroy()
     assert wait_for_no_sandbox_processes() == []
+
+
+def test_the_init_refuses_to_run_anywhere_but_as_pid_1_of_a_sandbox() -> None:
+    # It SIGKILLs every process it can see when a command ends: outside a sandbox's own pid
+    # namespace that would be the host's. A bystander must survive it.
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        done = subprocess.run([sandbox_init.sys_python(), "-I", "-S", "-c", sandbox_init.SOURCE, sandbox_init.MARK],
+                              input=b"", capture_output=True, timeout=30)
+        assert done.returncode == 1 and b"refusing to run as pid" in done.stderr and done.stdout == b""
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
