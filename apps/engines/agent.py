@@ -52,6 +52,7 @@ import inspect
 import json
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -87,6 +88,20 @@ EVENT_TEXT_CHARS = 200
 EVENT_DATA_CHARS = 2000
 # How long the liveness probe after an unexplained sandbox error may take.
 PROBE_TIMEOUT_S = 15.0
+# Sandboxes an event loop makes (and sets up) at once. A worker starting a hundred episodes
+# together would otherwise run a hundred creations (database rows, directories, cgroups) in
+# as many threads, all wanting the interpreter lock the loop needs to send the first model
+# requests; a few at a time finish as soon, the model answers the first turn meanwhile.
+SANDBOX_STARTS_AT_ONCE = 4
+_sandbox_starts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+
+
+def _sandbox_start_slot() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    slot = _sandbox_starts.get(loop)
+    if slot is None:
+        slot = _sandbox_starts[loop] = asyncio.Semaphore(SANDBOX_STARTS_AT_ONCE)
+    return slot
 
 
 @dataclass
@@ -291,6 +306,7 @@ class _Episode:
         self.result = EpisodeResult()
         self.runtime: SceneRuntime | None = None
         self.sandbox: Any = None
+        self.sandbox_task: asyncio.Task[None] | None = None
         self.tool_mode = "native"
         self.validators: dict[str, Draft202012Validator] = {}
         self.max_steps = int(config.get("max_steps") or DEFAULT_MAX_STEPS)
@@ -338,6 +354,8 @@ class _Episode:
             logger.exception("episode failed inside the platform")
             self._end(ERROR, f"internal error: {type(exc).__name__}: {exc}", kind="internal")
         finally:
+            if self.sandbox_task is not None and not self.sandbox_task.done():
+                await asyncio.wait([self.sandbox_task])  # it may still hand over a sandbox to destroy
             await self._destroy_sandbox()
         result = self.result
         result.duration_ms = int((time.monotonic() - started) * 1000)
@@ -391,10 +409,18 @@ class _Episode:
         })
         if await self.cancel_requested():
             raise _Stop(ERROR, "cancelled", kind="cancelled")
-        await self._start_sandbox(runtime)
+        # The sandbox is made and set up while the model answers the first turn (neither needs
+        # the other); the first tool call waits for it. If it fails first, that model call is
+        # cancelled (see _call_model).
+        self.sandbox_task = asyncio.create_task(self._start_sandbox(runtime))
         self.deadline = time.monotonic() + self.timeout
         await self._loop(runtime)
         await self._verify(runtime)
+
+    async def _sandbox_ready(self) -> None:
+        """Wait for the sandbox; raises what made or set it up raised (a _Stop)."""
+        if self.sandbox_task is not None:
+            await self.sandbox_task
 
     def _system_prompt(self, runtime: SceneRuntime, tools: list[dict[str, Any]]) -> str:
         parts = [runtime.system_prompt(self.config).strip()]
@@ -408,6 +434,10 @@ class _Episode:
     # -- sandbox
 
     async def _start_sandbox(self, runtime: SceneRuntime) -> None:
+        async with _sandbox_start_slot():
+            await self._start_sandbox_now(runtime)
+
+    async def _start_sandbox_now(self, runtime: SceneRuntime) -> None:
         try:
             spec = runtime.sandbox_spec(self.config)
         except SandboxError as exc:
@@ -545,18 +575,30 @@ class _Episode:
 
     async def _call_model(self, remaining: float) -> Any:
         config = self.config
+        call = asyncio.ensure_future(asyncio.wait_for(
+            self.llm.achat(
+                _api_messages(self.result.messages),
+                tools=self.result.tools if self.tool_mode == "native" else None,
+                temperature=config.get("temperature"),
+                top_p=config.get("top_p"),
+                model=config.get("model") or None,
+                cache_key_extra=self.cache_key_extra,
+            ),
+            remaining,
+        ))
+        sandbox = self.sandbox_task
+        if sandbox is not None and not sandbox.done():
+            try:
+                await asyncio.wait([call, sandbox], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not call.done() and (sandbox.done() and sandbox.exception() is not None or
+                                        asyncio.current_task().cancelling()):  # type: ignore[union-attr]
+                    call.cancel()  # no sandbox, no use for the answer: stop paying for it
+                    await asyncio.wait([call])
+            if sandbox.done() and sandbox.exception() is not None:
+                await sandbox  # raises its _Stop
         try:
-            chat = await asyncio.wait_for(
-                self.llm.achat(
-                    _api_messages(self.result.messages),
-                    tools=self.result.tools if self.tool_mode == "native" else None,
-                    temperature=config.get("temperature"),
-                    top_p=config.get("top_p"),
-                    model=config.get("model") or None,
-                    cache_key_extra=self.cache_key_extra,
-                ),
-                remaining,
-            )
+            chat = await call
         except TimeoutError:
             raise self._wall_clock() from None
         except LLMError as err:
@@ -630,6 +672,7 @@ class _Episode:
                 # Answered (so the turn stays well-formed); the loop stops before the next call.
                 error = "not executed: the episode's wall-clock limit was reached"
         if error is None and result is None:
+            await self._sandbox_ready()
             try:
                 result = await _in_thread(
                     runtime.execute_tool, name, args, self.sandbox, self.config,
@@ -672,6 +715,7 @@ class _Episode:
     # -- after finish
 
     async def _verify(self, runtime: SceneRuntime) -> None:
+        await self._sandbox_ready()
         await self.emit("system", f"finish: {self.result.final_answer}", {
             "final_answer": self.result.final_answer[:EVENT_DATA_CHARS]})
         try:

@@ -356,24 +356,46 @@ class LiveLogs:
         if len(lines) >= LOG_FLUSH_LINES:
             self.wake.set()
 
+    def take(self, trajectory_id: int) -> dict[int, list[LogLine]]:
+        """One trajectory's pending lines, removed from the buffer, as a batch to write."""
+        lines = self.pending.pop(trajectory_id, None)
+        return {trajectory_id: lines} if lines else {}
+
+    def put_back(self, failed: dict[int, list[LogLine]]) -> None:
+        for pk, lines in failed.items():
+            # The episode matters more than its live log: keep (the last of) them for the next try.
+            self.pending[pk] = (lines + self.pending.get(pk, []))[-LOG_KEEP_ON_FAILURE:]
+
     async def flush(self, trajectory_id: int | None = None) -> None:
-        """Write the pending lines (of one trajectory, or of all)."""
+        """Write the pending lines (of one trajectory, or of all).
+
+        One trajectory's flush does not wait for a flush of all that is in progress: the job's
+        single ORM thread (DB_THREADS) runs writes in the order they were handed over, so its
+        lines still land after the earlier ones that flush took. (Waiting made a hundred
+        episodes ending together queue behind each other's writes for a second.)"""
+        if trajectory_id is not None:
+            batches = self.take(trajectory_id)
+            if batches:
+                self.put_back(await self._write(batches))
+            return
         async with self.lock:
-            if trajectory_id is None:
-                batches, self.pending = self.pending, {}
-            else:
-                lines = self.pending.pop(trajectory_id, None)
-                batches = {trajectory_id: lines} if lines else {}
-            if not batches:
-                return
-            try:
-                failed = await self.run_db(append_log_lines, batches)
-            except Exception:
-                logger.exception("writing live-log lines failed")
-                failed = batches
-            for pk, lines in failed.items():
-                # The episode matters more than its live log: keep (the last of) them for the next try.
-                self.pending[pk] = (lines + self.pending.get(pk, []))[-LOG_KEEP_ON_FAILURE:]
+            batches, self.pending = self.pending, {}
+            if batches:
+                self.put_back(await self._write(batches))
+
+    async def _write(self, batches: dict[int, list[LogLine]]) -> dict[int, list[LogLine]]:
+        try:
+            return await self.run_db(append_log_lines, batches)
+        except Exception:
+            logger.exception("writing live-log lines failed")
+            return batches
+
+
+def lines_then(batches: dict[int, list[LogLine]], store: Callable[..., Any], /, **kwargs: Any) -> tuple[Any, Any]:
+    """In the ORM thread: a trajectory's last live-log lines, then its final state (`store`),
+    in one hand-over. Returns (the lines that failed, what `store` returned)."""
+    failed = append_log_lines(batches) if batches else {}
+    return failed, store(**kwargs)
 
 
 def claim_states(claims: list[Claim]) -> dict[int, str]:
@@ -578,22 +600,28 @@ class RolloutRunner:
         if error:
             error = redact(error)
             self.logs.add(trajectory.pk, "error", f"worker: {error}")
-        # Its log lines go in before its final state, so a reader never sees a finished
-        # trajectory whose last lines are still missing.
-        await self.logs.flush(trajectory.pk)
+        # Its log lines go in before its final state (in the same hand-over to the ORM thread),
+        # so a reader never sees a finished trajectory whose last lines are still missing.
+        last_lines = self.logs.take(trajectory.pk)
         if _retryable(result) and trajectory.attempts < settings.ROLLOUT_MAX_ATTEMPTS:
             delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (trajectory.attempts - 1))
             try:
-                retried = await self.db(trajectory_retry, trajectory_id=trajectory.pk, claim_token=claim.token,
-                                        reason=result.outcome_reason or "retryable error", delay_s=delay)
+                failed, retried = await self.db(
+                    lines_then, last_lines, trajectory_retry, trajectory_id=trajectory.pk, claim_token=claim.token,
+                    reason=result.outcome_reason or "retryable error", delay_s=delay,
+                )
             except Exception:
                 logger.exception("trajectory %s: queueing the retry failed; storing the error instead", trajectory.pk)
+                last_lines = {}  # written before the retry failed
             else:
+                self.logs.put_back(failed)
                 return "retried" if retried is not None else "lost"
         try:
-            stored = await self.db(
-                trajectory_finish, trajectory_id=trajectory.pk, claim_token=claim.token, result=result, error=error
+            failed, stored = await self.db(
+                lines_then, last_lines, trajectory_finish, trajectory_id=trajectory.pk, claim_token=claim.token,
+                result=result, error=error,
             )
+            self.logs.put_back(failed)
         except Exception as exc:
             if result is None:
                 logger.exception("trajectory %s: storing the error failed; the reaper will retire it", trajectory.pk)

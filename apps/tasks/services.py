@@ -360,9 +360,14 @@ def trajectory_finish(
         ).update(finished_at=now, heartbeat_at=now, **fields)
         if not claimed:
             return None
-        trajectory = Trajectory.objects.get(pk=trajectory_id)
+        # Not the episode just written (it can be megabytes of JSON to decode again): callers
+        # want its state; a deferred field still loads if one is read.
+        trajectory = Trajectory.objects.defer(*_EPISODE_FIELDS).get(pk=trajectory_id)
         _maybe_finish_iteration(task_id, trajectory.iteration)
     return trajectory
+
+
+_EPISODE_FIELDS = ("messages", "tools", "steps", "verifier_output", "config_snapshot")
 
 
 def _maybe_finish_iteration(task_id: int, iteration: int) -> None:

@@ -11,6 +11,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -593,7 +594,8 @@ def test_a_sandbox_that_cannot_be_created_is_an_infrastructure_error() -> None:
         result = run(config_for(HELLO), llm, sandbox_backend=_BrokenBackend())
     assert result.outcome == "error" and result.error_kind == "infrastructure" and result.retryable
     assert result.outcome_reason.startswith("infrastructure: sandbox creation failed")
-    assert "no bubblewrap" in result.outcome_reason and server.model.chat_requests == 0
+    # The first model turn overlaps the sandbox's creation: at most that one call, and no step ran.
+    assert "no bubblewrap" in result.outcome_reason and server.model.chat_requests <= 1 and result.steps == []
     assert SandboxRecord.objects.get().state == SandboxRecord.State.FAILED
 
 
@@ -615,3 +617,22 @@ def test_a_configured_api_key_never_appears_in_the_result(local: Any) -> None:
     assert key not in sent and "sk-abcdefghijklmnopqrstuvwx" not in sent  # nor sent on to the provider
     assert "[REDACTED]" in result.steps[0]["output"] and "[REDACTED]" in result.final_answer
     assert_no_sandbox_left(local)
+
+
+class _SlowBrokenBackend(LocalBackend):
+    def _create(self, spec: Any, labels: dict[str, str]) -> Any:
+        time.sleep(0.3)
+        raise SandboxUnavailable("no bubblewrap on this host")
+
+
+def test_the_first_model_call_overlaps_the_sandbox_start_and_is_cancelled_when_the_sandbox_fails() -> None:
+    # The model takes 5 s; the sandbox fails after 0.3 s: the episode ends then, not 5 s later,
+    # and the unanswered call is not counted as made.
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        started = time.monotonic()
+        result = run(config_for(HELLO, model=f"{MODEL_NAME}+fault=slow;seconds=5"), llm,
+                     sandbox_backend=_SlowBrokenBackend())
+        elapsed = time.monotonic() - started
+    assert result.outcome_reason.startswith("infrastructure: sandbox creation failed")
+    assert elapsed < 4 and result.llm_calls == 0 and result.steps == []
+    assert server.model.chat_requests == 1  # it was asked while the sandbox was being made

@@ -250,7 +250,7 @@ def test_a_setup_file_outside_the_workspace_is_a_config_error(local: Any) -> Non
         result = run(config_for(PROMPT, {"setup_files": {"../../etc/x": "y"}}), llm)
     assert result.outcome == "error" and result.error_kind == "config"
     assert result.outcome_reason.startswith("set-up failed") and "outside /workspace" in result.outcome_reason
-    assert server.model.chat_requests == 0
+    assert server.model.chat_requests <= 1 and result.steps == []  # only the turn that overlapped the set-up
     assert_no_sandbox_left(local)
 
 
