@@ -55,19 +55,32 @@ WORKER_SCRIPT = """
 import sys, django
 django.setup()
 from apps.tasks.jobs import run_rollouts
+print("ready", flush=True)
+sys.stdin.readline()
 run_rollouts(concurrency=int(sys.argv[1]), batch_id=int(sys.argv[2]))
 """
 
 
-def run_in_processes(batch_id: int, processes: int, each: int, model_url: str) -> None:
-    """`processes` worker processes, each one run_rollouts job with concurrency `each`."""
+def run_in_processes(batch_id: int, processes: int, each: int, model_url: str) -> float:
+    """`processes` worker processes, each one run_rollouts job with concurrency `each`; returns
+    the wall time from the moment all of them are ready (a worker is a long-lived process: its
+    start-up is not part of running a batch) until the last one is done."""
     env = {**os.environ, "OFFLINE_MODEL_URL": model_url, "ROLLOUT_CONCURRENCY": str(each),
            "LLM_MAX_CONCURRENCY": str(each)}
     workers = [subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, str(each), str(batch_id)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=Path(__file__).resolve().parent.parent) for _ in range(processes)]
+    for worker in workers:
+        if worker.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise RuntimeError("a worker process did not start")
+    started = time.perf_counter()
+    for worker in workers:
+        worker.stdin.write("go\n")  # type: ignore[union-attr]
+        worker.stdin.flush()  # type: ignore[union-attr]
     for worker in workers:
         if worker.wait() != 0:
             raise RuntimeError(f"a worker process exited with {worker.returncode}")
+    return time.perf_counter() - started
 
 
 class FakeAgent:
@@ -136,12 +149,12 @@ def main() -> int:
                 batch = make_batch(prompt, n, args.steps, "concurrency")
                 multi = args.processes > 1
                 cpu_before, sandbox_before, server_before = cpu_s(multi), cpu_s(True), server.cpu_s()
-                started = time.perf_counter()
                 if multi:
-                    run_in_processes(batch.pk, args.processes, -(-n // args.processes), server.url)
+                    wall = run_in_processes(batch.pk, args.processes, -(-n // args.processes), server.url)
                 else:
+                    started = time.perf_counter()
                     run_rollouts(batch_id=batch.pk)
-                wall = time.perf_counter() - started
+                    wall = time.perf_counter() - started
                 cpu = cpu_s(multi) - cpu_before
                 sandbox_cpu = cpu_s(True) - sandbox_before
                 server_cpu = server.cpu_s() - server_before

@@ -92,16 +92,21 @@ PROBE_TIMEOUT_S = 15.0
 # together would otherwise run a hundred creations (database rows, directories, cgroups) in
 # as many threads, all wanting the interpreter lock the loop needs to send the first model
 # requests; a few at a time finish as soon, the model answers the first turn meanwhile.
+# The same for destroying them: episodes that end together would queue their destroys'
+# database writes behind each other and ahead of storing their results.
 SANDBOX_STARTS_AT_ONCE = 4
-_sandbox_starts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+SANDBOX_DESTROYS_AT_ONCE = 4
+_sandbox_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _sandbox_start_slot() -> asyncio.Semaphore:
-    loop = asyncio.get_running_loop()
-    slot = _sandbox_starts.get(loop)
-    if slot is None:
-        slot = _sandbox_starts[loop] = asyncio.Semaphore(SANDBOX_STARTS_AT_ONCE)
-    return slot
+def _sandbox_slot(what: str) -> asyncio.Semaphore:
+    """This event loop's semaphore for sandbox "start" or "destroy"."""
+    slots = _sandbox_slots.setdefault(asyncio.get_running_loop(), {})
+    if what not in slots:
+        slots[what] = asyncio.Semaphore(SANDBOX_STARTS_AT_ONCE if what == "start" else SANDBOX_DESTROYS_AT_ONCE)
+    return slots[what]
 
 
 @dataclass
@@ -434,7 +439,7 @@ class _Episode:
     # -- sandbox
 
     async def _start_sandbox(self, runtime: SceneRuntime) -> None:
-        async with _sandbox_start_slot():
+        async with _sandbox_slot("start"):
             await self._start_sandbox_now(runtime)
 
     async def _start_sandbox_now(self, runtime: SceneRuntime) -> None:
@@ -476,7 +481,8 @@ class _Episode:
             return
         try:
             # Shielded: a hard cancel of the episode still lets the destroy run to its end.
-            await asyncio.shield(_in_thread(sandbox.destroy))
+            async with _sandbox_slot("destroy"):
+                await asyncio.shield(_in_thread(sandbox.destroy))
             self.result.sandbox["destroyed"] = True
             await self.emit("system", f"sandbox {sandbox.id} destroyed", {"id": sandbox.id})
         except Exception as exc:
