@@ -1,4 +1,4 @@
-"""Idempotent registration of the platform's periodic django-q2 jobs."""
+"""django-q2 glue: `enqueue` a job, and idempotent registration of the periodic ones."""
 from __future__ import annotations
 
 from typing import Any
@@ -30,3 +30,17 @@ def ensure_schedule(*, name: str, func: str, minutes: int, using: str = "default
         if changed:
             schedule.save(update_fields=changed)
         return schedule
+
+
+def enqueue(func: str, *args: Any, **kwargs: Any) -> Any:
+    """django_q.tasks.async_task, inside a transaction of its own (call it on commit).
+
+    On the ORM broker, async_task called in autocommit mode first runs
+    close_old_connections(), which with CONN_MAX_AGE=0 closes the caller's database
+    connection: a worker finishing trajectories would reconnect (and re-run the connection
+    set-up) twice per job it queues. In a transaction the broker leaves the connection alone,
+    and the row is committed when the block ends. Other brokers do not touch the database."""
+    from django_q.tasks import async_task
+
+    with transaction.atomic():
+        return async_task(func, *args, **kwargs)

@@ -203,10 +203,10 @@ def webhook_emit(event: str, data: dict[str, Any]) -> None:
 
 def enqueue_deliveries(ids: Iterable[int]) -> None:
     """One webhook_deliver job per delivery id (call after commit)."""
-    from django_q.tasks import async_task
+    from trajplatform.schedules import enqueue
 
     for pk in ids:
-        async_task(DELIVER_JOB, pk, group="webhooks")
+        enqueue(DELIVER_JOB, pk, group="webhooks")
 
 
 def _schedule_retry(delivery_id: int, delay_s: float) -> None:

@@ -473,9 +473,9 @@ def _lost(job: ExportJob) -> bool:
 
 
 def _enqueue_export(job_id: int) -> None:
-    from django_q.tasks import async_task
+    from trajplatform.schedules import enqueue
 
-    async_task(EXPORT_JOB, job_id, group="dataset-exports")
+    enqueue(EXPORT_JOB, job_id, group="dataset-exports")
 
 
 def export_finish(*, job: ExportJob, sha256: str, lines: int, bytes: int, members: int,

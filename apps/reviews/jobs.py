@@ -30,7 +30,7 @@ from apps.reviews import review_agent
 from apps.reviews.models import Review
 from apps.reviews.services import iteration_conclude, review_open, review_store
 from apps.tasks.models import Task, Trajectory
-from trajplatform.schedules import ensure_schedule
+from trajplatform.schedules import enqueue, ensure_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +42,7 @@ ORPHANS_PER_RUN = 50
 
 def enqueue_review(task_id: int, iteration: int) -> None:
     """Queue review_iteration on the broker (call it from transaction.on_commit)."""
-    from django_q.tasks import async_task
-
-    async_task(REVIEW_JOB, task_id, iteration, group="reviews")
+    enqueue(REVIEW_JOB, task_id, iteration, group="reviews")
 
 
 def review_one(trajectory: Trajectory, *, llm: Any = None) -> Review | None:

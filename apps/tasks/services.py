@@ -155,7 +155,7 @@ def dispatch_rollouts(*, jobs: int = 1, delay_s: float = 0) -> None:
     """Enqueue `jobs` run_rollouts jobs on the django-q2 broker (call it from on_commit); with
     delay_s, one job as a one-off django-q2 Schedule that runs then (and deletes itself)."""
     from django_q.models import Schedule
-    from django_q.tasks import async_task
+    from trajplatform.schedules import enqueue
 
     if delay_s > 0:
         Schedule.objects.create(
@@ -164,7 +164,7 @@ def dispatch_rollouts(*, jobs: int = 1, delay_s: float = 0) -> None:
         )
         return
     for _ in range(max(1, jobs)):
-        async_task(ROLLOUT_JOB, group="rollouts")
+        enqueue(ROLLOUT_JOB, group="rollouts")
 
 
 def _jobs_for(trajectory_count: int) -> int:

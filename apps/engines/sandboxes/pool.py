@@ -104,9 +104,9 @@ def _claim(backend: SandboxBackend, key: str, spec: SandboxSpec, trajectory: Any
 
 def _queue_refill() -> None:
     try:
-        from django_q.tasks import async_task
+        from trajplatform.schedules import enqueue
 
-        async_task("apps.engines.jobs.fill_sandbox_pool", task_name="engines.fill_sandbox_pool")
+        enqueue("apps.engines.jobs.fill_sandbox_pool", task_name="engines.fill_sandbox_pool")
     except Exception:  # the reconciler's pass refills too; never fail a rollout over this
         logger.exception("could not queue a sandbox pool refill")
 
