@@ -119,6 +119,9 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=1,
                         help="split the rollouts over this many worker processes (as `make worker` runs Q_WORKERS "
                              "of them), each running rollouts/processes at once; the target is about 1")
+    parser.add_argument("--local-init", action="store_true",
+                        help="SANDBOX_LOCAL_INIT=1: commands run through each sandbox's init instead of a fresh "
+                             "bubblewrap each (the default)")
     parser.add_argument("--database-url", help="use this (empty, migratable) database instead of a temporary SQLite")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
@@ -131,6 +134,7 @@ def main() -> int:
     try:
         setup_django(tmp, database_url=args.database_url, env={
             "ROLLOUT_CONCURRENCY": str(n), "LLM_MAX_CONCURRENCY": str(n), "LLM_TIMEOUT_S": "300",
+            "SANDBOX_LOCAL_INIT": "1" if args.local_init else "0",
         })
         from django.db.models import Count, Max, Min
         from django.test.utils import override_settings
@@ -185,7 +189,8 @@ def main() -> int:
     rate = turns / wall
     efficiency = rate / ideal
     what = ("FAKE agent (a sleep per step, no LLM client, no sandbox)" if args.fake_agent
-            else "real agent loop, LLM client, local sandbox")
+            else "real agent loop, LLM client, local sandbox "
+            + ("(commands through each sandbox's init)" if args.local_init else "(a fresh bubblewrap per command)"))
     where = "one worker process" if args.processes == 1 else f"{args.processes} worker processes"
     print(f"{n} rollouts at once in {where}, model latency {args.latency:g}s, "
           f"{args.steps} run_shell steps + finish each; {what}; {os.cpu_count()} CPUs")

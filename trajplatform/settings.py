@@ -224,6 +224,9 @@ SANDBOX_BACKEND = env_str("SANDBOX_BACKEND", "local")
 SANDBOX_ALLOW_UNISOLATED = env_bool("SANDBOX_ALLOW_UNISOLATED", False)
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", "/var/tmp/trajplatform-sandboxes"))
 SANDBOX_POOL_SIZE = env_int("SANDBOX_POOL_SIZE", 0)
+# Local backend: run a sandbox's commands through its long-lived init (sandbox_init.py) instead
+# of a fresh bubblewrap each (the default, as the sandbox design asks).
+SANDBOX_LOCAL_INIT = env_bool("SANDBOX_LOCAL_INIT", False)
 OPENSANDBOX_URL = env_str("OPENSANDBOX_URL")
 OPENSANDBOX_API_KEY = env_str("OPENSANDBOX_API_KEY")
 OPENSANDBOX_USE_SERVER_PROXY = env_bool("OPENSANDBOX_USE_SERVER_PROXY", False)

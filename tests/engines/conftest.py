@@ -83,9 +83,19 @@ def opensandbox_backend(db: Any, fake: FakeOpenSandbox, settings: Any) -> Iterat
     backend.close()
 
 
-@pytest.fixture(params=["local", "opensandbox"])
+@pytest.fixture
+def local_init_backend(db: Any, settings: Any) -> Any:
+    """The local backend running commands through each sandbox's init (SANDBOX_LOCAL_INIT)."""
+    from apps.engines.sandboxes import get_backend
+
+    settings.SANDBOX_LOCAL_INIT = True
+    return get_backend("local")
+
+
+@pytest.fixture(params=["local", "local_init", "opensandbox"])
 def backend(request: pytest.FixtureRequest, db: Any) -> Any:
-    """Each backend in turn: the conformance suite runs once per backend."""
+    """Each backend in turn (the local one in both command modes): the conformance suite runs
+    once per backend."""
     # `db` is requested here, statically: requested only through getfixturevalue, pytest-django
     # leaves the connection on the development database.
     return request.getfixturevalue(f"{request.param}_backend")

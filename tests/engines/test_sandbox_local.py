@@ -230,12 +230,17 @@ def test_invalid_arguments_are_refused_before_anything_runs(local_backend: Any) 
 # -- the sandbox's init (sandbox_init.py) ----------------------------------------------------------
 
 
+@pytest.fixture
+def with_init(settings: Any) -> None:
+    settings.SANDBOX_LOCAL_INIT = True
+
+
 def _init_pids() -> list[int]:
     return [pid for pid, cmd in sandbox_user_processes() if cmd.startswith("/usr/bin/python3")
             and cmd.endswith(sandbox_init.MARK)]
 
 
-def test_commands_run_in_one_init_per_sandbox_and_a_busy_init_gets_a_bubblewrap_beside_it(local_backend: Any) -> None:
+def test_commands_run_in_one_init_per_sandbox_and_a_busy_init_gets_a_bubblewrap_beside_it(local_backend: Any, with_init: None) -> None:
     with local_backend.create(SandboxSpec()) as sandbox:
         first = sandbox.run("echo $PPID", timeout=30)
         second = sandbox.run("echo $PPID", timeout=30)
@@ -256,7 +261,7 @@ def test_commands_run_in_one_init_per_sandbox_and_a_busy_init_gets_a_bubblewrap_
     assert wait_for_no_sandbox_processes() == []
 
 
-def test_a_dead_init_fails_the_command_in_flight_and_the_next_command_gets_a_new_one(local_backend: Any) -> None:
+def test_a_dead_init_fails_the_command_in_flight_and_the_next_command_gets_a_new_one(local_backend: Any, with_init: None) -> None:
     with local_backend.create(SandboxSpec()) as sandbox:
         assert sandbox.run("true", timeout=30).ok
         [init_pid] = _init_pids()
@@ -275,7 +280,7 @@ def test_a_dead_init_fails_the_command_in_flight_and_the_next_command_gets_a_new
         assert _init_pids() != [init_pid] and len(_init_pids()) == 1
 
 
-def test_a_handle_dropped_without_destroy_takes_its_init_along(local_backend: Any) -> None:
+def test_a_handle_dropped_without_destroy_takes_its_init_along(local_backend: Any, with_init: None) -> None:
     import gc
 
     sandbox = local_backend.create(SandboxSpec())
@@ -302,3 +307,11 @@ def test_the_init_refuses_to_run_anywhere_but_as_pid_1_of_a_sandbox() -> None:
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_by_default_every_command_gets_a_fresh_bubblewrap(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec()) as sandbox:
+        first = sandbox.run("echo $$ $PPID; cat /proc/1/cmdline | tr '\\0' ' '", timeout=30)
+        # The command's shell is pid 1 of its own sandbox; nothing waits between commands.
+        assert first.stdout.startswith("1 0\n/bin/sh -c")
+        assert wait_for_no_sandbox_processes() == []

@@ -22,9 +22,12 @@ from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
 
 
-@pytest.fixture
-def hostile(sandbox_root_dir: Path) -> Iterator[Any]:
-    """A small local sandbox (no DB rows needed here); afterwards the host must be clean."""
+@pytest.fixture(params=["fresh bubblewrap", "init"])
+def hostile(request: pytest.FixtureRequest, settings: Any, sandbox_root_dir: Path) -> Iterator[Any]:
+    """A small local sandbox (no DB rows needed here), in both command modes (a fresh
+    bubblewrap per command, the default; the sandbox's init, SANDBOX_LOCAL_INIT); afterwards
+    the host must be clean."""
+    settings.SANDBOX_LOCAL_INIT = request.param == "init"
     assert sandbox_user_processes(sandbox_root_dir) == [], "an earlier sandbox test leaked processes"
     backend = LocalBackend(records=False)
     sandbox = backend.create(SandboxSpec(memory_mb=128, pids=48, max_file_mb=16, cpu=1))
@@ -228,20 +231,21 @@ def test_a_gigabyte_on_stdout_is_drained_and_capped(hostile: Any) -> None:
     assert calls.count("stdout") <= 65536 // 2 + 1  # live lines stop at the cap too
 
 
-def test_daemons_die_with_the_command(hostile: Any) -> None:
+def test_daemons_die_with_the_command(hostile: Any, settings: Any) -> None:
     result = hostile.run(
         "(setsid sleep 301 &); nohup sleep 302 >/dev/null 2>&1 & sleep 303 </dev/null >/dev/null 2>&1 & echo started",
         timeout=20,
     )
     # If a daemon kept the sandbox alive, the run would wait for it and time out.
     assert result.ok and not result.timed_out and result.stdout == "started\n"
-    # Between commands only the sandbox's init (and its bubblewrap) is left.
+    # Between commands nothing is left (with the init: only it and its bubblewrap).
     assert wait_for_no_sandbox_processes(but_the_init=True) == []
-    assert [cmd.split()[0] for _, cmd in sandbox_user_processes()] == ["/usr/bin/bwrap", "/usr/bin/python3"]
+    left = [cmd.split()[0] for _, cmd in sandbox_user_processes()]
+    assert left == (["/usr/bin/bwrap", "/usr/bin/python3"] if settings.SANDBOX_LOCAL_INIT else [])
     assert hostile.run("ps -e -o comm= | grep -c sleep || true", timeout=30).stdout == "0\n"
 
 
-def test_proc_shows_only_the_sandbox(hostile: Any) -> None:
+def test_proc_shows_only_the_sandbox(hostile: Any, settings: Any) -> None:
     host_pid = os.getpid()
     result = hostile.run(
         f"ls /proc | grep -E '^[0-9]+$' | wc -l; tr '\\0' '\\n' < /proc/1/cmdline | sed -n '1p;$p' | paste -sd' '; "
@@ -252,7 +256,11 @@ def test_proc_shows_only_the_sandbox(hostile: Any) -> None:
     )
     lines = result.stdout.splitlines()
     assert int(lines[0]) < 10  # only the sandbox's own few processes
-    assert lines[1] == f"/usr/bin/python3 {sandbox_init.MARK}"  # pid 1 is the sandbox's init, not the host's
+    # pid 1 is the sandbox's own: the command's shell, or the sandbox's init; never the host's.
+    if settings.SANDBOX_LOCAL_INIT:
+        assert lines[1] == f"/usr/bin/python3 {sandbox_init.MARK}"
+    else:
+        assert lines[1].startswith("/bin/sh ")
     assert "SEES-HOST-PID-42" not in result.stdout
     assert "workspace" in result.stdout and "work\n" not in result.stdout  # /proc/1/root is the sandbox root
     assert "shadow: Permission denied" in result.stderr

@@ -2,11 +2,15 @@
 
 A sandbox is a directory `SANDBOX_ROOT/<id>/` holding `meta.json` (root-only) and
 `workspace/` (owned by the sandbox user), plus, where the host allows it, a cgroup per
-controller. Between commands only the sandbox's init runs (sandbox_init.py): one bubblewrap,
-started when the sandbox is created, whose pid 1 starts each command and, when it returns,
-kills everything the command left running and empties /tmp and /dev/shm. A command that
-arrives while the init is busy with another gets a fresh bubblewrap of its own, as every
-command did before the init existed (about 6 ms of CPU each, against 1 ms in the init).
+controller. By default nothing runs between commands: each `run` starts one fresh bubblewrap
+over the workspace and everything it started is gone when it returns (about 6 ms of CPU).
+
+With SANDBOX_LOCAL_INIT=1 a sandbox instead keeps one bubblewrap, started when the sandbox is
+created, whose pid 1 is the sandbox's init (sandbox_init.py): it starts each command and,
+when the command returns, kills everything it left running and empties /tmp and /dev/shm
+(about 1 ms of CPU per command). The sandbox's root, /dev and hostname then persist between
+commands. A command that arrives while the init is busy with another gets a fresh
+bubblewrap of its own.
 
 The bubblewrap is built by `bwrap.py` (read its docstring for the exact chain): as `nobody`
 (setpriv), every namespace unshared and a minimal read-only root, born inside the sandbox's
@@ -121,7 +125,8 @@ class LocalSandbox(Sandbox):
         # and again after it died. `_init_lock` is held while a command runs in it.
         self._init: InitProcess | None = None
         self._init_lock = threading.Lock()
-        self._init_failed = False
+        # SANDBOX_LOCAL_INIT off: every command gets a fresh bubblewrap, as if the init had failed.
+        self._init_failed = not (self.isolated and settings.SANDBOX_LOCAL_INIT)
         self._init_starting = False
 
     # -- limits and argv -----------------------------------------------------------------
@@ -773,7 +778,7 @@ class LocalBackend(SandboxBackend):
             shutil.rmtree(directory, ignore_errors=True)
             raise
         sandbox = self._sandbox_from_meta(meta)
-        if sandbox.isolated:
+        if not sandbox._init_failed:
             # Its init starts while the caller does other things (an agent waits for the model
             # before its first command); a command that comes sooner gets a bubblewrap of its own.
             sandbox._init_starting = True
