@@ -94,18 +94,17 @@ PROBE_TIMEOUT_S = 15.0
 # requests; a few at a time finish as soon, the model answers the first turn meanwhile.
 # The same for destroying them: episodes that end together would queue their destroys'
 # database writes behind each other and ahead of storing their results.
-SANDBOX_STARTS_AT_ONCE = 4
-SANDBOX_DESTROYS_AT_ONCE = 4
+SANDBOXES_AT_ONCE = {"start": 4, "destroy": 4}
 _sandbox_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]]" = (
     weakref.WeakKeyDictionary()
 )
 
 
 def _sandbox_slot(what: str) -> asyncio.Semaphore:
-    """This event loop's semaphore for sandbox "start" or "destroy"."""
+    """This event loop's semaphore for sandbox "start" or "destroy" (SANDBOXES_AT_ONCE)."""
     slots = _sandbox_slots.setdefault(asyncio.get_running_loop(), {})
     if what not in slots:
-        slots[what] = asyncio.Semaphore(SANDBOX_STARTS_AT_ONCE if what == "start" else SANDBOX_DESTROYS_AT_ONCE)
+        slots[what] = asyncio.Semaphore(SANDBOXES_AT_ONCE[what])
     return slots[what]
 
 
@@ -596,13 +595,12 @@ class _Episode:
         if sandbox is not None and not sandbox.done():
             try:
                 await asyncio.wait([call, sandbox], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not call.done() and (sandbox.done() and sandbox.exception() is not None or
-                                        asyncio.current_task().cancelling()):  # type: ignore[union-attr]
-                    call.cancel()  # no sandbox, no use for the answer: stop paying for it
-                    await asyncio.wait([call])
-            if sandbox.done() and sandbox.exception() is not None:
-                await sandbox  # raises its _Stop
+                if sandbox.done() and sandbox.exception() is not None:
+                    await sandbox  # raises its _Stop
+            except BaseException:
+                call.cancel()  # no sandbox (or the episode is stopping): no use for the answer
+                await asyncio.wait([call])
+                raise
         try:
             chat = await call
         except TimeoutError:

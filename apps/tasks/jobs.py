@@ -366,29 +366,21 @@ class LiveLogs:
             # The episode matters more than its live log: keep (the last of) them for the next try.
             self.pending[pk] = (lines + self.pending.get(pk, []))[-LOG_KEEP_ON_FAILURE:]
 
-    async def flush(self, trajectory_id: int | None = None) -> None:
-        """Write the pending lines (of one trajectory, or of all).
-
-        One trajectory's flush does not wait for a flush of all that is in progress: the job's
-        single ORM thread (DB_THREADS) runs writes in the order they were handed over, so its
-        lines still land after the earlier ones that flush took. (Waiting made a hundred
-        episodes ending together queue behind each other's writes for a second.)"""
-        if trajectory_id is not None:
-            batches = self.take(trajectory_id)
-            if batches:
-                self.put_back(await self._write(batches))
-            return
+    async def flush(self) -> None:
+        """Write every trajectory's pending lines. (A trajectory's last lines are `take`n and
+        written with its final state, see `lines_then`; that write does not wait for this one:
+        the job's single ORM thread (DB_THREADS) runs writes in the order they were handed
+        over, so they still land after the earlier lines this flush took.)"""
         async with self.lock:
             batches, self.pending = self.pending, {}
-            if batches:
-                self.put_back(await self._write(batches))
-
-    async def _write(self, batches: dict[int, list[LogLine]]) -> dict[int, list[LogLine]]:
-        try:
-            return await self.run_db(append_log_lines, batches)
-        except Exception:
-            logger.exception("writing live-log lines failed")
-            return batches
+            if not batches:
+                return
+            try:
+                failed = await self.run_db(append_log_lines, batches)
+            except Exception:
+                logger.exception("writing live-log lines failed")
+                failed = batches
+            self.put_back(failed)
 
 
 def lines_then(batches: dict[int, list[LogLine]], store: Callable[..., Any], /, **kwargs: Any) -> tuple[Any, Any]:
@@ -630,10 +622,11 @@ class RolloutRunner:
             logger.exception("trajectory %s: storing the episode failed", trajectory.pk)
             reason = redact(f"the episode's result could not be stored: {type(exc).__name__}: {exc}")
             self.logs.add(trajectory.pk, "error", f"worker: {reason}")
-            await self.logs.flush(trajectory.pk)
-            stored = await self.db(
-                trajectory_finish, trajectory_id=trajectory.pk, claim_token=claim.token, result=None, error=reason
+            failed, stored = await self.db(
+                lines_then, self.logs.take(trajectory.pk), trajectory_finish, trajectory_id=trajectory.pk,
+                claim_token=claim.token, result=None, error=reason,
             )
+            self.logs.put_back(failed)
         if stored is None:
             logger.warning("trajectory %s: claim lost (re-queued or finished elsewhere); result dropped", trajectory.pk)
             return "lost"

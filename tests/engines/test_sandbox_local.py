@@ -315,3 +315,17 @@ def test_by_default_every_command_gets_a_fresh_bubblewrap(local_backend: Any) ->
         # The command's shell is pid 1 of its own sandbox; nothing waits between commands.
         assert first.stdout.startswith("1 0\n/bin/sh -c")
         assert wait_for_no_sandbox_processes() == []
+
+
+def test_an_init_that_died_while_idle_costs_the_next_command_nothing(local_backend: Any, with_init: None) -> None:
+    with local_backend.create(SandboxSpec()) as sandbox:
+        assert sandbox.run("true", timeout=30).ok
+        [init_pid] = _init_pids()
+        subprocess.run(["kill", "-9", str(init_pid)], check=True)
+        sandbox._init.proc.wait(30)  # its bubblewrap goes with it
+        # The command was never sent to the dead init: it runs, in a bubblewrap of its own.
+        after = sandbox.run("echo ran; echo $PPID", timeout=30)
+        assert after.ok and after.stdout == "ran\n0\n"
+        # And the next one gets a new init.
+        assert sandbox.run("echo $PPID", timeout=30).stdout == "1\n"
+        assert len(_init_pids()) == 1 and _init_pids() != [init_pid]

@@ -121,12 +121,13 @@ class LocalSandbox(Sandbox):
         self._destroying = False
         self._thread_failed = False
         self._spawner: cgroups.CgroupThread | None = None
-        # The sandbox's init (sandbox_init.py), started on the first command; None until then,
-        # and again after it died. `_init_lock` is held while a command runs in it.
+        # The sandbox's init (sandbox_init.py, SANDBOX_LOCAL_INIT): started with the sandbox or
+        # on the next command; None until then, and again after it died. `_init_lock` is held
+        # while one starts or a command runs in it. `_init_off`: every command gets a fresh
+        # bubblewrap (the setting is off, the init cannot start here, or the sandbox is going).
         self._init: InitProcess | None = None
         self._init_lock = threading.Lock()
-        # SANDBOX_LOCAL_INIT off: every command gets a fresh bubblewrap, as if the init had failed.
-        self._init_failed = not (self.isolated and settings.SANDBOX_LOCAL_INIT)
+        self._init_off = not (self.isolated and settings.SANDBOX_LOCAL_INIT)
         self._init_starting = False
 
     # -- limits and argv -----------------------------------------------------------------
@@ -203,7 +204,7 @@ class LocalSandbox(Sandbox):
         another command of this sandbox, cannot start, or the sandbox is unisolated) in a
         bubblewrap of its own."""
         self._check_alive()
-        if self.isolated and not self._init_failed and (
+        if self.isolated and not self._init_off and (
             self._init_lock.acquire(blocking=False)
             # Starting (see create): worth waiting for; busy with a command: do not wait.
             or (self._init_starting and self._init_lock.acquire(timeout=InitProcess.READY_TIMEOUT))
@@ -316,7 +317,7 @@ class LocalSandbox(Sandbox):
         in the sandbox's cgroups through the joining shell. None, for good, if it cannot start."""
         host = self.backend.host()
         if not os.path.exists(sys_python()):
-            self._init_failed = True
+            self._init_off = True
             return None
         procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if self.cgroup.paths else None
         argv = wrap_argv(host, workspace=str(self.workspace), cwd=WORKDIR, env=self._env({}), cgroup_procs=procs,
@@ -326,21 +327,29 @@ class LocalSandbox(Sandbox):
         except (OSError, InitGone) as exc:
             logger.warning("sandbox %s: its init did not start (%s); every command gets a bubblewrap of its own",
                            self.id, exc)
-            self._init_failed = True
+            self._init_off = True
             return None
         # A handle dropped without destroy() (the sandbox lives on) must not leave its init behind.
         weakref.finalize(self, init.close)
         return init
 
-    def start_init(self) -> None:
-        """Start the init now rather than on the first command (`LocalBackend.create` does, in
-        a thread of its own)."""
-        try:
-            with self._init_lock:
-                if self._init is None and not self._init_failed and not self._gone():
-                    self._init = self._start_init()
-        finally:
-            self._init_starting = False
+    def start_init_in_background(self) -> None:
+        """Start the init in a thread of its own, now rather than on the first command (the
+        caller does other things meanwhile: an agent waits for the model's first turn). A
+        command that comes sooner waits for it."""
+        if self._init_off:
+            return
+        self._init_starting = True
+
+        def start() -> None:
+            try:
+                with self._init_lock:
+                    if self._init is None and not self._init_off and not self._gone():
+                        self._init = self._start_init()
+            finally:
+                self._init_starting = False
+
+        threading.Thread(target=start, name=f"sandbox-init-{self.id}", daemon=True).start()
 
     def _execute_in_init(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
                          sink: Any, stdin_data: bytes | None) -> Outcome | None:
@@ -358,7 +367,7 @@ class LocalSandbox(Sandbox):
                                             stdin_data=stdin_data, sink=sink, deadline=started + timeout,
                                             drain_after_kill=DRAIN_AFTER_KILL)
         except InitGone:
-            exit_code, timed_out = 128 + signal.SIGKILL, False
+            return None  # it was gone before the command was sent: a fresh bubblewrap runs it
         finally:
             if init.dead:  # killed (destroy, a stuck kill) or died: the next command starts another
                 self._init = None
@@ -377,7 +386,7 @@ class LocalSandbox(Sandbox):
                 return
         try:
             init, self._init = self._init, None
-            self._init_failed = True
+            self._init_off = True
             if init is not None:
                 init.close()
         finally:
@@ -778,11 +787,7 @@ class LocalBackend(SandboxBackend):
             shutil.rmtree(directory, ignore_errors=True)
             raise
         sandbox = self._sandbox_from_meta(meta)
-        if not sandbox._init_failed:
-            # Its init starts while the caller does other things (an agent waits for the model
-            # before its first command); a command that comes sooner gets a bubblewrap of its own.
-            sandbox._init_starting = True
-            threading.Thread(target=sandbox.start_init, name=f"sandbox-init-{sandbox_id}", daemon=True).start()
+        sandbox.start_init_in_background()
         return sandbox
 
     def _get(self, sandbox_id: str) -> LocalSandbox:

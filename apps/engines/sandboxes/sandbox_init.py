@@ -303,7 +303,7 @@ class InitProcess:
         import selectors
         import subprocess
 
-        proc = _spawner.popen(
+        proc = _popen_in_spawner_thread(
             [*argv, sys_python(), "-I", "-S", "-c", SOURCE, MARK],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd="/", env=env, start_new_session=True,
@@ -348,7 +348,8 @@ class InitProcess:
         `drain_after_kill`, or dies, the init is killed and the exit code is 128+SIGKILL."""
         import selectors
 
-        if self.dead:
+        if self.dead or self.proc.poll() is not None:  # e.g. the OOM killer took it while idle
+            self.dead = True
             raise InitGone("the sandbox's init is gone")
         stdin_fd, stdout_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()  # type: ignore[union-attr]
         request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "stdin": stdin_data is not None}
@@ -395,52 +396,28 @@ class InitProcess:
                                 sink.feed("stderr", payload)  # type: ignore[attr-defined]
                             elif kind == EXIT:
                                 return int(payload), timed_out
+            except OSError:  # its pipes broke: as if it had died
+                self.kill()
+                return 128 + signal.SIGKILL, timed_out
             except BaseException:
                 self.kill()  # an interrupted exchange leaves the protocol out of step
                 raise
 
 
-class _Spawner:
-    """Starts the inits from one thread that lives as long as the process.
+def _popen_in_spawner_thread(argv: list[str], **kwargs: Any) -> "subprocess.Popen[bytes]":
+    """Popen from one thread that lives as long as the process.
 
     bubblewrap's --die-with-parent is a parent-death signal, which Linux sends when the
     *thread* that started the process exits, not the process: an init started from a pool or
-    short-lived thread would die with it. (After a fork the child starts its own thread.)"""
+    short-lived thread would die with it. (After a fork the child gets a thread of its own.)"""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
 
-    def __init__(self) -> None:
-        self._requests: Any = None
-        self._pid = -1
-
-    def popen(self, argv: list[str], **kwargs: Any) -> "subprocess.Popen[bytes]":
-        import queue
-        import threading
-
-        with _spawner_lock:
-            if self._requests is None or self._pid != os.getpid():
-                self._requests, self._pid = queue.SimpleQueue(), os.getpid()
-                threading.Thread(target=self._serve, args=(self._requests,), name="sandbox-init-spawner",
-                                 daemon=True).start()
-            requests = self._requests
-        done = threading.Event()
-        box: list[tuple[bool, Any]] = []
-        requests.put((argv, kwargs, box, done))
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
-    @staticmethod
-    def _serve(requests: Any) -> None:
-        import subprocess
-
-        while True:
-            argv, kwargs, box, done = requests.get()
-            try:
-                box.append((True, subprocess.Popen(argv, **kwargs)))
-            except BaseException as exc:  # handed to the caller's thread
-                box.append((False, exc))
-            done.set()
+    with _spawners_lock:
+        spawner = _spawners.get(os.getpid())
+        if spawner is None:
+            spawner = _spawners[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="sandbox-init-spawner")
+    return spawner.submit(subprocess.Popen, argv, **kwargs).result()
 
 
 def sys_python() -> str:
@@ -453,10 +430,11 @@ if __name__ == "__main__":  # in the sandbox: `python3 -I -S -c SOURCE`
     main()
 else:
     import threading
+    from concurrent.futures import ThreadPoolExecutor
     from typing import Any
 
-    _spawner_lock = threading.Lock()
-    _spawner = _Spawner()
+    _spawners_lock = threading.Lock()
+    _spawners: dict[int, ThreadPoolExecutor] = {}  # by process id
 
     with open(__file__, encoding="utf-8") as _source:
         SOURCE = _source.read()
