@@ -48,6 +48,7 @@ redacted from tool output before it is sent or stored.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -72,6 +73,7 @@ from apps.engines.runtime import (
     get_runtime,
 )
 from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxUnavailable, acquire, get_backend
+from apps.engines.sandboxes.records import record_destroyed
 from trajplatform.redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -106,6 +108,16 @@ def _sandbox_slot(what: str) -> asyncio.Semaphore:
     if what not in slots:
         slots[what] = asyncio.Semaphore(SANDBOXES_AT_ONCE[what])
     return slots[what]
+
+
+@functools.lru_cache(maxsize=256)
+def _validator_for(schema_json: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads(schema_json))
+
+
+def _validator(schema: dict[str, Any]) -> Draft202012Validator:
+    """A tool's argument validator; every episode of a scene offers the same tools."""
+    return _validator_for(json.dumps(schema, sort_keys=True))
 
 
 @dataclass
@@ -296,8 +308,10 @@ class _Episode:
         on_event: Callable[..., Any] | None,
         should_cancel: Callable[[], Any] | None,
         trajectory: Any,
+        run_db: Callable[..., Any] | None = None,
     ):
         self.config = config
+        self.run_db = run_db
         self.llm = llm
         self.sandbox_backend = sandbox_backend
         self.cache_key_extra = cache_key_extra
@@ -399,8 +413,7 @@ class _Episode:
         tools = runtime.tools(config)
         self.result.tools = tools
         self.validators = {
-            t["function"]["name"]: Draft202012Validator(t["function"].get("parameters") or {"type": "object"})
-            for t in tools
+            t["function"]["name"]: _validator(t["function"].get("parameters") or {"type": "object"}) for t in tools
         }
         self.result.messages = [
             {"role": "system", "content": self._system_prompt(runtime, tools)},
@@ -481,7 +494,11 @@ class _Episode:
         try:
             # Shielded: a hard cancel of the episode still lets the destroy run to its end.
             async with _sandbox_slot("destroy"):
-                await asyncio.shield(_in_thread(sandbox.destroy))
+                await asyncio.shield(_in_thread(sandbox.destroy, record=self.run_db is None))
+            if self.run_db is not None:
+                await asyncio.shield(self.run_db(
+                    record_destroyed, backend=sandbox.backend_name, external_id=sandbox.id, reason="destroyed"
+                ))
             self.result.sandbox["destroyed"] = True
             await self.emit("system", f"sandbox {sandbox.id} destroyed", {"id": sandbox.id})
         except Exception as exc:
@@ -760,12 +777,15 @@ async def run_episode(
     on_event: Callable[..., Any] | None = None,
     should_cancel: Callable[[], Any] | None = None,
     trajectory: Any = None,
+    run_db: Callable[..., Any] | None = None,
 ) -> EpisodeResult:
     """Run one agent episode for a task config (Task.config_snapshot()); never raises for
     LLM, sandbox or agent trouble: those are outcomes. `sandbox_backend` is a backend, a
-    backend name, or None for SANDBOX_BACKEND; `trajectory` owns the sandbox's record."""
+    backend name, or None for SANDBOX_BACKEND; `trajectory` owns the sandbox's record.
+    `run_db(fn, **kwargs)`, if given, is awaited to run the sandbox's record write in the
+    caller's ORM thread (a worker's: one writer, no lock waits) instead of the destroying one."""
     episode = _Episode(
         config=config, llm=llm, sandbox_backend=sandbox_backend, cache_key_extra=cache_key_extra,
-        on_event=on_event, should_cancel=should_cancel, trajectory=trajectory,
+        on_event=on_event, should_cancel=should_cancel, trajectory=trajectory, run_db=run_db,
     )
     return await episode.run()

@@ -70,6 +70,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlparse
 
+import httpcore2  # noqa: F401  (httpx2 imports it on an event loop's first request, ~15 ms of its time)
 import httpx2
 import openai
 from django.conf import settings

@@ -580,6 +580,7 @@ class RolloutRunner:
                     on_event=on_event,
                     should_cancel=claim.should_stop,
                     trajectory=trajectory,
+                    run_db=self.db,
                 )
         except TimeoutError as exc:
             if deadline.expired():

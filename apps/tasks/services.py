@@ -500,46 +500,55 @@ def trajectory_logs_append(
     Trajectories that no longer exist are skipped.
     """
     from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
+    from channels.layers import InMemoryChannelLayer, get_channel_layer
     from django.db.models import Max
 
     from apps.tasks.models import Trajectory, TrajectoryLog
     from trajplatform.redaction import redact, secret_values
 
-    batches = {pk: lines for pk, lines in batches.items() if lines}
-    if not batches:
-        return {}
     secrets = secret_values()
+    # Redacted before the transaction: on SQLite the write lock is the whole database's.
+    redacted = {
+        pk: [(kind, redact(message, _secrets=secrets), redact(data, _secrets=secrets)) for kind, message, data in lines]
+        for pk, lines in batches.items() if lines
+    }
+    if not redacted:
+        return {}
     with transaction.atomic():
         ids = list(
-            Trajectory.objects.select_for_update().filter(pk__in=list(batches)).order_by("pk").values_list("pk", flat=True)
+            Trajectory.objects.select_for_update().filter(pk__in=list(redacted)).order_by("pk").values_list("pk", flat=True)
         )
         last = dict(
             TrajectoryLog.objects.filter(trajectory_id__in=ids).order_by().values("trajectory_id")
             .annotate(last=Max("seq")).values_list("trajectory_id", "last")
         )
         rows = [
-            TrajectoryLog(
-                trajectory_id=pk, seq=last.get(pk, 0) + i, kind=kind,
-                message=redact(message, _secrets=secrets), data=redact(data, _secrets=secrets),
-            )
+            TrajectoryLog(trajectory_id=pk, seq=last.get(pk, 0) + i, kind=kind, message=message, data=data)
             for pk in ids
-            for i, (kind, message, data) in enumerate(batches[pk], start=1)
+            for i, (kind, message, data) in enumerate(redacted[pk], start=1)
         ]
         created: dict[int, list[TrajectoryLog]] = {}
         for row in TrajectoryLog.objects.bulk_create(rows):
             created.setdefault(row.trajectory_id, []).append(row)
-        payloads = [
-            (pk, {"type": "log.lines", "trajectory": pk, "lines": [r.as_message() for r in lines]})
-            for pk, lines in created.items()
-        ]
 
         def broadcast() -> None:
             layer = get_channel_layer()
             if layer is None:
                 return
-            for pk, payload in payloads:
-                async_to_sync(layer.group_send)(trajectory_group_name(pk), payload)
+            groups = [(trajectory_group_name(pk), pk) for pk in created]
+            if isinstance(layer, InMemoryChannelLayer):
+                # It lives in this process only: skip groups nobody here has joined (none, in a
+                # worker process; consumers elsewhere tail the database instead).
+                groups = [(group, pk) for group, pk in groups if layer.groups.get(group)]
+            if not groups:
+                return
+
+            async def send_all() -> None:  # one hop into async code for all the groups
+                for group, pk in groups:
+                    lines = [row.as_message() for row in created[pk]]
+                    await layer.group_send(group, {"type": "log.lines", "trajectory": pk, "lines": lines})
+
+            async_to_sync(send_all)()
 
         transaction.on_commit(broadcast)
     return created

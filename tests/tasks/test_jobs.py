@@ -71,7 +71,7 @@ class FakeAgent:
         self.lock = threading.Lock()
 
     async def __call__(self, *, config, llm, sandbox_backend=None, cache_key_extra=None, on_event=None,
-                       should_cancel=None, trajectory=None):
+                       should_cancel=None, trajectory=None, run_db=None):
         with self.lock:
             self.calls.append({"config": config, "cache_key_extra": cache_key_extra, "trajectory": trajectory.pk})
         await on_event("thought", "I will finish", {"step": 1})

@@ -602,12 +602,13 @@ class Sandbox(ABC):
             except Exception:
                 logger.exception("sandbox %s: a cleanup callback failed", self.id)
 
-    def destroy(self) -> None:
-        """Kill everything running in the sandbox and delete it; safe to call twice."""
+    def destroy(self, *, record: bool = True) -> None:
+        """Kill everything running in the sandbox and delete it; safe to call twice. With
+        record=False the caller marks its SandboxRecord (records.record_destroyed) itself."""
         self._run_cleanups()
         if self.destroyed:
             return
-        self.backend.destroy(self.id)
+        self.backend.destroy(self.id, record=record)
         self.destroyed = True
 
     @abstractmethod
@@ -707,12 +708,13 @@ class SandboxBackend(ABC):
         wanted = validate_labels(labels or {}, allow_platform=True)
         return [info for info in self._list(wanted) if all(info.labels.get(k) == v for k, v in wanted.items())]
 
-    def destroy(self, sandbox_id: str, *, reason: str = "destroyed") -> bool:
-        """Destroy a sandbox; True if it existed. Unknown ids and repeats are fine."""
+    def destroy(self, sandbox_id: str, *, reason: str = "destroyed", record: bool = True) -> bool:
+        """Destroy a sandbox; True if it existed. Unknown ids and repeats are fine. record=False
+        leaves its SandboxRecord to the caller."""
         if not isinstance(sandbox_id, str) or not sandbox_id:
             return False
         existed = self._destroy(sandbox_id)
-        if self.records:
+        if self.records and record:
             from apps.engines.sandboxes import records
 
             records.record_destroyed(backend=self.name, external_id=sandbox_id, reason=reason)

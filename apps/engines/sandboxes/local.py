@@ -375,19 +375,19 @@ class LocalSandbox(Sandbox):
         return self._outcome(exit_code, timed_out, started, sink, oom_before)
 
     def _stop_init(self) -> None:
-        """For destroy(): end the init, and never start another for this handle. An idle init is
-        closed (it exits, bubblewrap reaps it); one running a command is killed."""
-        idle = self._init_lock.acquire(blocking=False)
-        if not idle:
-            init = self._init
-            if init is not None:
-                init.kill()  # the command running in it ends now
-            if not self._init_lock.acquire(timeout=DRAIN_AFTER_KILL + 30):  # its drain, or a start
-                return
+        """For destroy(): kill the init (and whatever it runs), never start another for this
+        handle. Killed, not asked to exit: the sandbox goes anyway, and an interpreter's orderly
+        exit costs CPU that a hundred episodes ending together feel."""
+        init = self._init
+        if init is not None:
+            init.kill()
+        if not self._init_lock.acquire(timeout=DRAIN_AFTER_KILL + 30):  # a command's drain, or a start
+            return
         try:
             init, self._init = self._init, None
             self._init_off = True
             if init is not None:
+                init.kill()  # one that was starting meanwhile
                 init.close()
         finally:
             self._init_lock.release()
@@ -490,14 +490,14 @@ class LocalSandbox(Sandbox):
         return StdioCommand(argv=head + shell_argv(argv, limits), env={"PATH": SANDBOX_PATH, **self._env(env)},
                             cwd=self._host_cwd(cwd))
 
-    def destroy(self) -> None:
+    def destroy(self, *, record: bool = True) -> None:
         self._run_cleanups()
         if not self.destroyed:
             self._destroying = True
             self.kill_running()
             self._stop_init()
             self._release_cgroups()
-        super().destroy()
+        super().destroy(record=record)
 
     def kill_running(self) -> None:
         """Kill the commands this handle has running (used by destroy)."""

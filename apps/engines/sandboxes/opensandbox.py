@@ -176,8 +176,8 @@ class OpenSandbox(Sandbox):
         """Release local connections (the remote sandbox is untouched; `destroy` removes it)."""
         self._drop_handle()
 
-    def destroy(self) -> None:
-        super().destroy()
+    def destroy(self, *, record: bool = True) -> None:
+        super().destroy(record=record)
         self._drop_handle()
 
     def _run(
