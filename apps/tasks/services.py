@@ -354,7 +354,7 @@ def trajectory_finish(
         task_id = Trajectory.objects.filter(pk=trajectory_id).values_list("task_id", flat=True).first()
         if task_id is None:
             return None
-        Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True).first()
+        task = Task.objects.select_for_update().filter(pk=task_id).first()
         claimed = Trajectory.objects.filter(
             pk=trajectory_id, status=Trajectory.Status.RUNNING, claim_token=claim_token
         ).update(finished_at=now, heartbeat_at=now, **fields)
@@ -363,19 +363,19 @@ def trajectory_finish(
         # Not the episode just written (it can be megabytes of JSON to decode again): callers
         # want its state; a deferred field still loads if one is read.
         trajectory = Trajectory.objects.defer(*_EPISODE_FIELDS).get(pk=trajectory_id)
-        _maybe_finish_iteration(task_id, trajectory.iteration)
+        _maybe_finish_iteration(task, trajectory.iteration)
     return trajectory
 
 
 _EPISODE_FIELDS = ("messages", "tools", "steps", "verifier_output", "config_snapshot")
 
 
-def _maybe_finish_iteration(task_id: int, iteration: int) -> None:
-    """Inside a transaction: if every trajectory of this (current) iteration is final, move the task on."""
+def _maybe_finish_iteration(task: Task | None, iteration: int) -> None:
+    """Inside a transaction, `task` read under select_for_update in it: if every trajectory of
+    this (current) iteration is final, move the task on."""
     from apps.tasks.models import Trajectory
 
-    task = Task.objects.select_for_update().get(pk=task_id)
-    if task.status != Task.Status.RUNNING or task.current_iteration != iteration:
+    if task is None or task.status != Task.Status.RUNNING or task.current_iteration != iteration:
         return
     if Trajectory.objects.filter(task=task, iteration=iteration).exclude(status__in=Trajectory.FINAL).exists():
         return
@@ -419,7 +419,7 @@ def trajectory_reap(*, trajectory_id: int, stale_before: Any, max_attempts: int)
         task_id = Trajectory.objects.filter(pk=trajectory_id).values_list("task_id", flat=True).first()
         if task_id is None:
             return ""
-        Task.objects.select_for_update().filter(pk=task_id).values_list("pk", flat=True).first()
+        task = Task.objects.select_for_update().filter(pk=task_id).first()
         trajectory = Trajectory.objects.select_for_update().get(pk=trajectory_id)
         last_sign = trajectory.heartbeat_at or trajectory.started_at
         if trajectory.status != Trajectory.Status.RUNNING or (last_sign is not None and last_sign >= stale_before):
@@ -456,7 +456,7 @@ def trajectory_reap(*, trajectory_id: int, stale_before: Any, max_attempts: int)
         )
         trajectory_log_append(trajectory_id=trajectory.pk, lines=[("error", reason, data)])
         audit_record("tasks.rollout_abandon", target=trajectory, data=data)
-        _maybe_finish_iteration(task_id, trajectory.iteration)
+        _maybe_finish_iteration(task, trajectory.iteration)
         return "abandoned"
 
 
