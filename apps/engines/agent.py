@@ -73,7 +73,6 @@ from apps.engines.runtime import (
     get_runtime,
 )
 from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxUnavailable, acquire, get_backend
-from apps.engines.sandboxes.records import record_destroyed
 from trajplatform.redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -308,10 +307,10 @@ class _Episode:
         on_event: Callable[..., Any] | None,
         should_cancel: Callable[[], Any] | None,
         trajectory: Any,
-        run_db: Callable[..., Any] | None = None,
+        on_sandbox_destroyed: Callable[[Any], None] | None = None,
     ):
         self.config = config
-        self.run_db = run_db
+        self.on_sandbox_destroyed = on_sandbox_destroyed
         self.llm = llm
         self.sandbox_backend = sandbox_backend
         self.cache_key_extra = cache_key_extra
@@ -494,17 +493,24 @@ class _Episode:
         try:
             # Shielded: a hard cancel of the episode still lets the destroy run to its end.
             async with _sandbox_slot("destroy"):
-                await asyncio.shield(_in_thread(sandbox.destroy, record=self.run_db is None))
-            if self.run_db is not None:
-                await asyncio.shield(self.run_db(
-                    record_destroyed, backend=sandbox.backend_name, external_id=sandbox.id, reason="destroyed"
-                ))
+                destroying = asyncio.ensure_future(_in_thread(sandbox.destroy, record=self.on_sandbox_destroyed is None))
+                if self.on_sandbox_destroyed is not None:
+                    # From the future, so that a cancelled episode still reports it once it is gone.
+                    destroying.add_done_callback(self._report_destroyed)
+                await asyncio.shield(destroying)
             self.result.sandbox["destroyed"] = True
             await self.emit("system", f"sandbox {sandbox.id} destroyed", {"id": sandbox.id})
         except Exception as exc:
             # The reconciler reaps it (its TTL and its finished owner); say so, don't hide it.
             logger.warning("destroying sandbox %s failed: %s", sandbox.id, exc)
             self.result.sandbox["destroy_error"] = str(exc)
+
+    def _report_destroyed(self, destroying: asyncio.Future[Any]) -> None:
+        if not destroying.cancelled() and destroying.exception() is None and self.on_sandbox_destroyed is not None:
+            try:
+                self.on_sandbox_destroyed(self.sandbox)
+            except Exception:
+                logger.exception("on_sandbox_destroyed failed; the reconciler will mark sandbox %s", self.sandbox.id)
 
     def _lost(self, exc: BaseException, when: str) -> _Stop:
         return _Stop(ERROR, f"infrastructure: sandbox lost {when}: {exc}", kind="infrastructure", retryable=True)
@@ -777,15 +783,18 @@ async def run_episode(
     on_event: Callable[..., Any] | None = None,
     should_cancel: Callable[[], Any] | None = None,
     trajectory: Any = None,
-    run_db: Callable[..., Any] | None = None,
+    on_sandbox_destroyed: Callable[[Any], None] | None = None,
 ) -> EpisodeResult:
     """Run one agent episode for a task config (Task.config_snapshot()); never raises for
     LLM, sandbox or agent trouble: those are outcomes. `sandbox_backend` is a backend, a
     backend name, or None for SANDBOX_BACKEND; `trajectory` owns the sandbox's record.
-    `run_db(fn, **kwargs)`, if given, is awaited to run the sandbox's record write in the
-    caller's ORM thread (a worker's: one writer, no lock waits) instead of the destroying one."""
+    With `on_sandbox_destroyed`, destroying the sandbox leaves its SandboxRecord to the caller:
+    the callback gets the destroyed sandbox (called on the loop, so it must not block) and the
+    caller marks the record (records.records_destroyed), as a worker does together with storing
+    results, in its one ORM thread, instead of from many threads waiting on SQLite's lock."""
     episode = _Episode(
         config=config, llm=llm, sandbox_backend=sandbox_backend, cache_key_extra=cache_key_extra,
-        on_event=on_event, should_cancel=should_cancel, trajectory=trajectory, run_db=run_db,
+        on_event=on_event, should_cancel=should_cancel, trajectory=trajectory,
+        on_sandbox_destroyed=on_sandbox_destroyed,
     )
     return await episode.run()

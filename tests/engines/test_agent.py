@@ -27,6 +27,7 @@ from apps.engines.models import SandboxRecord
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
 from apps.engines.sandboxes import SandboxUnavailable, get_backend
 from apps.engines.sandboxes.local import LocalBackend
+from apps.engines.sandboxes.records import records_destroyed
 from apps.tasks.models import Task
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
@@ -269,6 +270,50 @@ def test_a_scripted_run_records_messages_steps_tokens_and_live_events_in_order(l
     assert [k for k in kinds if k in ("thought", "action", "output")][:3] == ["thought", "action", "output"]
     assert events.items[-1][2]["outcome"] == "success"
     assert all(len(message) <= 200 for _, message, _ in events.items)
+
+
+def test_with_on_sandbox_destroyed_the_caller_marks_the_record(local: Any) -> None:
+    destroyed: list[Any] = []
+    with scripted(HELLO, *HELLO_STEPS) as (_, llm):
+        result = run(config_for(HELLO), llm, on_sandbox_destroyed=destroyed.append, sandbox_backend=local)
+    assert result.outcome == "success" and result.sandbox["destroyed"] is True
+    assert [sandbox.id for sandbox in destroyed] == [result.sandbox["id"]]
+    assert local.list() == []  # the sandbox is gone ...
+    record = SandboxRecord.objects.get(pk=result.sandbox["record_id"])
+    assert record.state in SandboxRecord.LIVE  # ... its record is left to the caller
+    assert records_destroyed(backend="local", external_ids=[result.sandbox["id"]], reason="destroyed") == 1
+    assert_no_sandbox_left(local)
+
+
+def test_an_episode_cancelled_hard_still_reports_its_sandbox_once_it_is_gone(local: Any) -> None:
+    destroyed: list[Any] = []
+    sandbox_ids: list[str] = []
+
+    async def main() -> None:
+        with scripted(HELLO, call("run_shell", command="sleep 30"), call("finish", answer="x")) as (_, llm):
+            def on_event(kind: str, message: str, data: dict[str, Any]) -> None:
+                if kind == "system" and "ready" in message:
+                    sandbox_ids.append(data["id"])
+
+            episode = asyncio.ensure_future(run_episode(
+                config=config_for(HELLO), llm=llm, sandbox_backend=local, on_event=on_event,
+                cache_key_extra={"sample": next(_samples)}, on_sandbox_destroyed=destroyed.append,
+            ))
+            for _ in range(500):  # until the command runs
+                if sandbox_ids and local.list():
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)
+            episode.cancel()  # as the worker's time limit does
+            with pytest.raises(asyncio.CancelledError):
+                await episode
+            for _ in range(500):  # the shielded destroy goes on
+                if destroyed:
+                    break
+                await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert [sandbox.id for sandbox in destroyed] == sandbox_ids and local.list() == []
 
 
 def test_an_async_on_event_and_the_default_backend_work(local: Any) -> None:

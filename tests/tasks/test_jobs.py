@@ -71,7 +71,7 @@ class FakeAgent:
         self.lock = threading.Lock()
 
     async def __call__(self, *, config, llm, sandbox_backend=None, cache_key_extra=None, on_event=None,
-                       should_cancel=None, trajectory=None, run_db=None):
+                       should_cancel=None, trajectory=None, on_sandbox_destroyed=None):
         with self.lock:
             self.calls.append({"config": config, "cache_key_extra": cache_key_extra, "trajectory": trajectory.pk})
         await on_event("thought", "I will finish", {"step": 1})
@@ -414,6 +414,47 @@ def test_an_unstorable_result_is_recorded_as_an_error_not_left_running(make_task
     trajectory = task.trajectories.get()
     assert trajectory.status == "finished" and trajectory.outcome == "error"
     assert trajectory.outcome_reason.startswith("the episode's result could not be stored: TypeError")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_episodes_ending_together_are_stored_in_one_hand_over_and_a_bad_one_fails_alone(
+    make_task, fake_agent, monkeypatch
+):
+    handovers: list[int] = []
+    finish_together = jobs.finish_together
+
+    def counted(items, sandboxes=None):
+        handovers.append(len(items))
+        return finish_together(items, sandboxes)
+
+    monkeypatch.setattr(jobs, "finish_together", counted)
+    gate: dict[str, Any] = {"started": 0}
+
+    async def together(*, trajectory, **kwargs):
+        gate.setdefault("open", asyncio.Event())
+        gate["started"] += 1
+        if gate["started"] == 6:
+            gate["open"].set()
+        await asyncio.wait_for(gate["open"].wait(), 30)
+        if trajectory.sample_index == 2:
+            return FakeResult(messages=[{"role": "assistant", "content": object()}])  # cannot be stored
+        return FakeResult()
+
+    fake_agent(together)
+    task = started(make_task, samples_per_iteration=6)
+    report = jobs.run_rollouts(concurrency=6)
+
+    assert sum(handovers) == 6 and len(handovers) < 6, handovers
+    assert report["success"] == 5
+    by_sample = {t.sample_index: t for t in task.trajectories.all()}
+    assert by_sample[2].outcome == "error"
+    assert by_sample[2].outcome_reason.startswith("the episode's result could not be stored")
+    for sample, trajectory in by_sample.items():
+        assert trajectory.status == "finished"
+        lines = log_lines(trajectory)
+        # Each one's own last lines, in order, before (or with) its final state.
+        assert ("result", "success") in lines and lines.count(("result", "success")) == 1
+        assert lines.index(("action", "finish()")) < lines.index(("result", "success"))
 
 
 # -- cancel ------------------------------------------------------------------------------------

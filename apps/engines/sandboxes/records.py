@@ -98,14 +98,17 @@ def record_failed(*, record_id: int, error: str) -> None:
 
 def record_destroyed(*, backend: str, external_id: str, reason: str) -> bool:
     """Mark the live row of a destroyed sandbox; True if this call made the change."""
-    return bool(
-        SandboxRecord.objects.filter(
-            backend=backend, external_id=external_id, destroyed_at__isnull=True
-        ).update(
-            state=SandboxRecord.State.DESTROYED,
-            destroyed_at=timezone.now(),
-            destroy_reason=reason[:200],
-        )
+    return bool(records_destroyed(backend=backend, external_ids=[external_id], reason=reason))
+
+
+def records_destroyed(*, backend: str, external_ids: list[str], reason: str) -> int:
+    """record_destroyed for many sandboxes of one backend, in one UPDATE; the rows it changed."""
+    return SandboxRecord.objects.filter(
+        backend=backend, external_id__in=external_ids, destroyed_at__isnull=True
+    ).update(
+        state=SandboxRecord.State.DESTROYED,
+        destroyed_at=timezone.now(),
+        destroy_reason=reason[:200],
     )
 
 
