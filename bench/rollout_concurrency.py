@@ -13,7 +13,10 @@ Each episode makes --steps run_shell("true") calls and a finish: --steps + 1 mod
 i.e. how close the worker gets to keeping every rollout waiting on the model all the time.
 Target: >= 0.85 for 128 rollouts at 1 s on this 2-core machine. Also printed: the same rate
 over the steady-state window only (every rollout started, none finished yet; from the live-log
-action rows), and the peak RSS of the worker process.
+action rows), and the peak RSS of the worker process. With --processes N the batch is split over
+N worker processes (as `make worker` runs Q_WORKERS of them), timed from the moment all are
+ready until the last one's job returned: a worker process is long-lived, so its start-up and
+exit are not part of running a batch. --repeat N runs N batches and prints the median as well.
 
 A benchmark, not a test: prints numbers and a verdict, exits 0 either way (1 if it cannot run).
 Throwaway SQLite database in a temporary TRAJ_VAR_DIR unless --database-url is given.
@@ -24,6 +27,7 @@ import argparse
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,12 +56,13 @@ def children_peak_rss_mb() -> float:
 
 
 WORKER_SCRIPT = """
-import sys, django
+import sys, time, django
 django.setup()
 from apps.tasks.jobs import run_rollouts
 print("ready", flush=True)
 sys.stdin.readline()
 run_rollouts(concurrency=int(sys.argv[1]), batch_id=int(sys.argv[2]))
+print("done", time.perf_counter(), flush=True)
 """
 
 
@@ -77,10 +82,15 @@ def run_in_processes(batch_id: int, processes: int, each: int, model_url: str) -
     for worker in workers:
         worker.stdin.write("go\n")  # type: ignore[union-attr]
         worker.stdin.flush()  # type: ignore[union-attr]
+    done = []
     for worker in workers:
-        if worker.wait() != 0:
+        line = worker.stdout.readline().split()  # type: ignore[union-attr]
+        if worker.wait() != 0 or len(line) != 2 or line[0] != "done":
             raise RuntimeError(f"a worker process exited with {worker.returncode}")
-    return time.perf_counter() - started
+        done.append(float(line[1]))  # perf_counter is CLOCK_MONOTONIC: comparable across processes
+    # Until the last worker finished its job; a worker process is long-lived: its exit, like its
+    # start, is not part of running a batch.
+    return max(done) - started
 
 
 class FakeAgent:
@@ -122,68 +132,90 @@ def main() -> int:
     parser.add_argument("--local-init", action="store_true",
                         help="SANDBOX_LOCAL_INIT=1: commands run through each sandbox's init instead of a fresh "
                              "bubblewrap each (the default)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the batch this many times (one model server, a new batch each) and print the "
+                             "median too: this VM's CPU speed drifts by a tenth from minute to minute")
     parser.add_argument("--database-url", help="use this (empty, migratable) database instead of a temporary SQLite")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
     if args.processes > 1 and args.fake_agent:
         parser.error("--fake-agent runs in this process only")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
 
-    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-concurrency-", dir="/var/tmp"))
     n = args.rollouts
+    results: list[float] = []
     try:
         setup_django(tmp, database_url=args.database_url, env={
             "ROLLOUT_CONCURRENCY": str(n), "LLM_MAX_CONCURRENCY": str(n), "LLM_TIMEOUT_S": "300",
             "SANDBOX_LOCAL_INIT": "1" if args.local_init else "0",
         })
-        from django.db.models import Count, Max, Min
         from django.test.utils import override_settings
 
         from apps.tasks import jobs
-        from apps.tasks.jobs import run_rollouts
-        from apps.tasks.models import Trajectory, TrajectoryLog
 
         if args.fake_agent:
             jobs.run_episode = FakeAgent(args.steps, args.latency)
-
         prompt = write_script(tmp / "script.json", args.steps)
         server = ModelServer(tmp / "script.json", fault=f"slow;seconds={args.latency:g}", nice=MODEL_NICE)
         try:
             with override_settings(OFFLINE_MODEL_URL=server.url):
-                batch = make_batch(prompt, n, args.steps, "concurrency")
-                multi = args.processes > 1
-                cpu_before, sandbox_before, server_before = cpu_s(multi), cpu_s(True), server.cpu_s()
-                if multi:
-                    wall = run_in_processes(batch.pk, args.processes, -(-n // args.processes), server.url)
-                else:
-                    started = time.perf_counter()
-                    run_rollouts(batch_id=batch.pk)
-                    wall = time.perf_counter() - started
-                cpu = cpu_s(multi) - cpu_before
-                sandbox_cpu = cpu_s(True) - sandbox_before
-                server_cpu = server.cpu_s() - server_before
+                for run in range(1, args.repeat + 1):
+                    if args.repeat > 1:
+                        print(f"--- run {run} of {args.repeat}")
+                    results.append(run_once(args, prompt, server, f"concurrency-{run}"))
         finally:
             server.stop()
-
-        rows = Trajectory.objects.filter(task__batch=batch)
-        outcomes = ", ".join(f"{o or s}={k}" for o, s, k in rows.order_by().values_list("outcome", "status")
-                             .annotate(k=Count("id")).values_list("outcome", "status", "k"))
-        turns = sum(sum(1 for m in messages if m.get("role") == "assistant")
-                    for messages in rows.values_list("messages", flat=True))
-        window = rows.aggregate(start=Max("started_at"), end=Min("finished_at"))
-        steady_s = steady_turns = 0.0
-        if window["start"] and window["end"] and window["end"] > window["start"]:
-            steady_s = (window["end"] - window["start"]).total_seconds()
-            steady_turns = TrajectoryLog.objects.filter(
-                trajectory__task__batch=batch, kind="action",
-                created_at__gte=window["start"], created_at__lt=window["end"],
-            ).count()
     except Exception as exc:
         print(f"cannot run the benchmark: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
+    if args.repeat > 1:
+        median = statistics.median(results)
+        print(f"=== {args.repeat} runs: efficiency " + ", ".join(f"{e:.3f}" for e in results)
+              + f"; median {median:.3f}, best {max(results):.3f} (target >= {TARGET}) -> "
+              + ("MET" if median >= TARGET else "MISSED") + " on the median")
+    return 0
+
+
+def run_once(args: argparse.Namespace, prompt: str, server: ModelServer, name: str) -> float:
+    """One batch of --rollouts episodes, timed; prints its numbers, returns its efficiency."""
+    from django.db.models import Count, Max, Min
+
+    from apps.tasks.jobs import run_rollouts
+    from apps.tasks.models import Trajectory, TrajectoryLog
+
+    n = args.rollouts
+    load_before = os.getloadavg()[0]
+    batch = make_batch(prompt, n, args.steps, name)
+    multi = args.processes > 1
+    cpu_before, sandbox_before, server_before = cpu_s(multi), cpu_s(True), server.cpu_s()
+    if multi:
+        wall = run_in_processes(batch.pk, args.processes, -(-n // args.processes), server.url)
+    else:
+        started = time.perf_counter()
+        run_rollouts(batch_id=batch.pk)
+        wall = time.perf_counter() - started
+    cpu = cpu_s(multi) - cpu_before
+    sandbox_cpu = cpu_s(True) - sandbox_before
+    server_cpu = server.cpu_s() - server_before
+
+    rows = Trajectory.objects.filter(task__batch=batch)
+    outcomes = ", ".join(f"{o or s}={k}" for o, s, k in rows.order_by().values_list("outcome", "status")
+                         .annotate(k=Count("id")).values_list("outcome", "status", "k"))
+    turns = sum(sum(1 for m in messages if m.get("role") == "assistant")
+                for messages in rows.values_list("messages", flat=True))
+    window = rows.aggregate(start=Max("started_at"), end=Min("finished_at"))
+    steady_s = steady_turns = 0.0
+    if window["start"] and window["end"] and window["end"] > window["start"]:
+        steady_s = (window["end"] - window["start"]).total_seconds()
+        steady_turns = TrajectoryLog.objects.filter(
+            trajectory__task__batch=batch, kind="action",
+            created_at__gte=window["start"], created_at__lt=window["end"],
+        ).count()
 
     ideal = n / args.latency
     rate = turns / wall
@@ -210,7 +242,7 @@ def main() -> int:
     else:
         print(f"worker processes' CPU, sandboxes included: {cpu:.1f}s = {cpu / turns * 1000:.1f} ms per model turn")
         print(f"peak RSS of the largest worker process: {children_peak_rss_mb():.0f} MB")
-    return 0
+    return efficiency
 
 
 if __name__ == "__main__":
