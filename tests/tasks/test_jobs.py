@@ -457,6 +457,24 @@ def test_episodes_ending_together_are_stored_in_one_hand_over_and_a_bad_one_fail
         assert lines.index(("action", "finish()")) < lines.index(("result", "success"))
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_job_freezes_what_existed_before_it_and_collects_young_objects_less_often(make_task, fake_agent):
+    import gc
+
+    seen: dict[str, Any] = {}
+
+    async def look(**kwargs):
+        seen["thresholds"], seen["frozen"] = gc.get_threshold(), gc.get_freeze_count()
+        return FakeResult()
+
+    fake_agent(look)
+    started(make_task)
+    before = gc.get_threshold()
+    jobs.run_rollouts()
+    assert seen["thresholds"] == jobs.JOB_GC_THRESHOLDS and seen["frozen"] > 1000
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0  # as it was, after the job
+
+
 # -- cancel ------------------------------------------------------------------------------------
 
 
