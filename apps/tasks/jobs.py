@@ -472,6 +472,7 @@ class Finisher:
             try:
                 results = await self.run_db(finish_together, [(lines, kwargs) for lines, kwargs, _ in items], sandboxes)
             except BaseException as exc:  # noqa: BLE001 (handed to every waiter, re-raised below if fatal)
+                self.sandboxes[:0] = sandboxes  # for the next hand-over, or close()
                 for _, _, future in items:
                     if not future.done():
                         future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
