@@ -30,7 +30,9 @@ execution, verification); the loop is the same for all of them:
   if the model had said it. `error_kind` and `retryable` tell the worker what happened.
 * After finish the scene's verifier runs (if the task has one): reward 1.0 is a success,
   less a failure with the reward kept; no verifier means success with reward None.
-* The sandbox is created per episode and destroyed in every case. Sandbox calls are
+* The sandbox is created per episode and destroyed in every case (its SandboxRecord is
+  marked by the destroy, or by the caller when it passes `on_sandbox_destroyed`, as a
+  worker does to write it with the episode's result). Sandbox calls are
   synchronous and run in worker threads (asyncio.to_thread), so one event loop can run many
   episodes; so do sync `on_event` / `should_cancel` callables (async ones are awaited).
 
