@@ -508,7 +508,8 @@ class _Episode:
             self.result.sandbox["destroy_error"] = str(exc)
 
     def _report_destroyed(self, destroying: asyncio.Future[Any]) -> None:
-        if not destroying.cancelled() and destroying.exception() is None and self.on_sandbox_destroyed is not None:
+        assert self.on_sandbox_destroyed is not None  # only added then
+        if not destroying.cancelled() and destroying.exception() is None:
             try:
                 self.on_sandbox_destroyed(self.sandbox)
             except Exception:

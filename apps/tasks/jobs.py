@@ -26,9 +26,10 @@ Delivery may be doubled and workers may die, so:
   that poll, without I/O, so a cancel is honoured within CLAIM_POLL_S plus one step.
 * Live-log lines are buffered in memory and written for all trajectories at once every
   LOG_FLUSH_S, and a trajectory's last ones right before its result is stored.
-* Results are stored by one `Finisher`: the episodes that ended while it was writing go to
-  the ORM thread together, with their last log lines in one write and the records of the
-  sandboxes they destroyed (episodes leave those to the job: `on_sandbox_destroyed`).
+* Results (and retries) are stored by one `Finisher`: the episodes that ended while it was
+  writing go to the ORM thread together, with their last log lines in one write and the
+  records of the sandboxes they destroyed (episodes leave those to the job:
+  `on_sandbox_destroyed`).
 * Whatever run_episode raises, the trajectory is finished as an error with the (redacted)
   message; a hung episode is stopped after the task's timeout_s plus a grace period.
 
@@ -374,7 +375,7 @@ class LiveLogs:
 
     async def flush(self) -> None:
         """Write every trajectory's pending lines. (A trajectory's last lines are `take`n and
-        written with its final state, see `lines_then`; that write does not wait for this one:
+        written with its final state, see `Finisher`; that write does not wait for this one:
         the job's single ORM thread (DB_THREADS) runs writes in the order they were handed
         over, so they still land after the earlier lines this flush took.)"""
         async with self.lock:
@@ -387,13 +388,6 @@ class LiveLogs:
                 logger.exception("writing live-log lines failed")
                 failed = batches
             self.put_back(failed)
-
-
-def lines_then(batches: dict[int, list[LogLine]], store: Callable[..., Any], /, **kwargs: Any) -> tuple[Any, Any]:
-    """In the ORM thread: a trajectory's last live-log lines, then its final state (`store`),
-    in one hand-over. Returns (the lines that failed, what `store` returned)."""
-    failed = append_log_lines(batches) if batches else {}
-    return failed, store(**kwargs)
 
 
 def mark_sandboxes_destroyed(sandboxes: list[tuple[str, str]]) -> None:
@@ -409,24 +403,26 @@ def mark_sandboxes_destroyed(sandboxes: list[tuple[str, str]]) -> None:
             logger.exception("marking %d destroyed %s sandbox(es) failed; the reconciler will", len(ids), backend)
 
 
-def finish_together(
-    items: list[tuple[dict[int, list[LogLine]], dict[str, Any]]], sandboxes: list[tuple[str, str]] | None = None
-) -> list[tuple[bool, Any]]:
+Ending = tuple[dict[int, list[LogLine]], Callable[..., Any], dict[str, Any]]  # last lines, store, its kwargs
+
+
+def finish_together(items: list[Ending], sandboxes: list[tuple[str, str]] | None = None) -> list[tuple[bool, Any]]:
     """In the ORM thread: episodes that ended together. The records of the sandboxes destroyed
-    meanwhile are marked, their last live-log lines go in one write, then each
-    trajectory_finish(**kwargs) on its own (one bad result fails only itself). Per item (True,
-    (the lines that failed, what trajectory_finish returned)) or (False, the exception it raised)."""
+    meanwhile are marked, the episodes' last live-log lines go in one write, then each one's
+    final state, `store(**kwargs)` (trajectory_finish or trajectory_retry), on its own (one bad
+    result fails only itself). Per item (True, (the lines that failed, what `store` returned))
+    or (False, the exception it raised)."""
     if sandboxes:
         mark_sandboxes_destroyed(sandboxes)
     merged: dict[int, list[LogLine]] = {}
-    for batches, _ in items:
+    for batches, _, _ in items:
         for pk, lines in batches.items():
             merged.setdefault(pk, []).extend(lines)
     failed = append_log_lines(merged) if merged else {}
     results: list[tuple[bool, Any]] = []
-    for batches, kwargs in items:
+    for batches, store, kwargs in items:
         try:
-            stored = trajectory_finish(**kwargs)
+            stored = store(**kwargs)
         except Exception as exc:
             results.append((False, exc))
         else:
@@ -441,7 +437,7 @@ class Finisher:
 
     def __init__(self, run_db: Callable[..., Any]):
         self.run_db = run_db
-        self.pending: list[tuple[dict[int, list[LogLine]], dict[str, Any], asyncio.Future[Any]]] = []
+        self.pending: list[tuple[Ending, asyncio.Future[Any]]] = []
         self.sandboxes: list[tuple[str, str]] = []  # destroyed, records not marked yet
         self.drainer: asyncio.Task[None] | None = None
 
@@ -457,10 +453,11 @@ class Finisher:
         if sandboxes:
             await self.run_db(mark_sandboxes_destroyed, sandboxes)
 
-    async def store(self, last_lines: dict[int, list[LogLine]], **kwargs: Any) -> tuple[Any, Any]:
-        """trajectory_finish(**kwargs) after `last_lines`; returns (failed lines, its result)."""
+    async def store(self, last_lines: dict[int, list[LogLine]], store: Callable[..., Any], /,
+                    **kwargs: Any) -> tuple[Any, Any]:
+        """`store(**kwargs)` after `last_lines`; returns (the lines that failed, what it returned)."""
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((last_lines, kwargs, future))
+        self.pending.append(((last_lines, store, kwargs), future))
         if self.drainer is None or self.drainer.done():
             self.drainer = asyncio.create_task(self._drain())
         return await asyncio.shield(future)  # a cancelled waiter does not cancel the others' write
@@ -470,16 +467,16 @@ class Finisher:
             items, self.pending = self.pending, []
             sandboxes, self.sandboxes = self.sandboxes, []
             try:
-                results = await self.run_db(finish_together, [(lines, kwargs) for lines, kwargs, _ in items], sandboxes)
+                results = await self.run_db(finish_together, [ending for ending, _ in items], sandboxes)
             except BaseException as exc:  # noqa: BLE001 (handed to every waiter, re-raised below if fatal)
                 self.sandboxes[:0] = sandboxes  # for the next hand-over, or close()
-                for _, _, future in items:
+                for _, future in items:
                     if not future.done():
                         future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
                 if not isinstance(exc, Exception):
                     raise
                 continue
-            for (_, _, future), (ok, value) in zip(items, results):
+            for (_, future), (ok, value) in zip(items, results):
                 if future.done():
                     continue
                 if ok:
@@ -728,8 +725,8 @@ class RolloutRunner:
         if _retryable(result) and trajectory.attempts < settings.ROLLOUT_MAX_ATTEMPTS:
             delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (trajectory.attempts - 1))
             try:
-                failed, retried = await self.db(
-                    lines_then, last_lines, trajectory_retry, trajectory_id=trajectory.pk, claim_token=claim.token,
+                failed, retried = await self.finisher.store(
+                    last_lines, trajectory_retry, trajectory_id=trajectory.pk, claim_token=claim.token,
                     reason=result.outcome_reason or "retryable error", delay_s=delay,
                 )
             except Exception:
@@ -740,7 +737,8 @@ class RolloutRunner:
                 return "retried" if retried is not None else "lost"
         try:
             failed, stored = await self.finisher.store(
-                last_lines, trajectory_id=trajectory.pk, claim_token=claim.token, result=result, error=error,
+                last_lines, trajectory_finish, trajectory_id=trajectory.pk, claim_token=claim.token, result=result,
+                error=error,
             )
             self.logs.put_back(failed)
         except Exception as exc:
@@ -751,8 +749,8 @@ class RolloutRunner:
             logger.exception("trajectory %s: storing the episode failed", trajectory.pk)
             reason = redact(f"the episode's result could not be stored: {type(exc).__name__}: {exc}")
             self.logs.add(trajectory.pk, "error", f"worker: {reason}")
-            failed, stored = await self.db(
-                lines_then, self.logs.take(trajectory.pk), trajectory_finish, trajectory_id=trajectory.pk,
+            failed, stored = await self.finisher.store(
+                self.logs.take(trajectory.pk), trajectory_finish, trajectory_id=trajectory.pk,
                 claim_token=claim.token, result=None, error=reason,
             )
             self.logs.put_back(failed)
