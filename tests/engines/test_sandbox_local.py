@@ -171,6 +171,55 @@ def test_a_cgroup_thread_evicted_from_its_cgroups_refuses_to_start_commands(loca
         assert sandbox.run("true", timeout=30).ok
 
 
+def _status(path: str) -> dict[str, list[str]]:
+    return {key: value.split() for key, value in
+            (line.split(":", 1) for line in Path(path).read_text().splitlines() if ":" in line)}
+
+
+DROPPED = {"NoNewPrivs": ["1"], "CapEff": ["0" * 16], "CapPrm": ["0" * 16]}
+
+
+def test_the_spawner_thread_drops_its_own_credentials_not_the_workers(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = bwrap.host_support()
+    argvs: list[list[str]] = []
+    real_wrap_argv = local.wrap_argv
+    monkeypatch.setattr(local, "wrap_argv", lambda *a, **k: argvs.append(real_wrap_argv(*a, **k)) or argvs[-1])
+    with local_backend.create(SandboxSpec()) as sandbox:
+        if not (sandbox.cgroup.thread_capable and bwrap.thread_privileges_droppable(host)):
+            pytest.skip("no cgroup v1 spawner thread here, or not root: setpriv drops privileges per command")
+        result = sandbox.run("grep -E '^(NoNewPrivs|CapEff|CapPrm):' /proc/self/status; cat /etc/shadow", timeout=30)
+        thread = _status(f"/proc/self/task/{sandbox._spawner._thread.native_id}/status")
+        # The command: the sandbox user, no capabilities, no way back up, and no setpriv exec.
+        assert {k: v.split() for k, v in (line.split(":", 1) for line in result.stdout.splitlines())} == DROPPED
+        assert "Permission denied" in result.stderr
+        assert argvs and not any(host.setpriv in argv for argv in argvs)
+        assert thread["Uid"] == [str(host.uid)] * 4 and thread["Gid"] == [str(host.gid)] * 4
+        assert thread["Groups"] == [] and thread["NoNewPrivs"] == ["1"] and thread["CapEff"] == ["0" * 16]
+    # Only that thread: this one (and the process) is still root with its capabilities.
+    me = _status("/proc/thread-self/status")
+    assert me["Uid"] == ["0"] * 4 and me["NoNewPrivs"] == ["0"] and me["CapEff"] != ["0" * 16]
+    assert Path("/etc/shadow").read_bytes()
+
+
+def test_a_spawner_thread_that_cannot_drop_privileges_leaves_them_to_setpriv(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(uid: int, gid: int) -> None:
+        raise PermissionError(1, "setresuid in the spawner thread failed: Operation not permitted")
+
+    monkeypatch.setattr(bwrap, "drop_thread_privileges", refuse)
+    with local_backend.create(SandboxSpec()) as sandbox:
+        if not (sandbox.cgroup.thread_capable and bwrap.thread_privileges_droppable(bwrap.host_support())):
+            pytest.skip("no cgroup v1 spawner thread here, or not root")
+        result = sandbox.run("id -u; grep -E '^(NoNewPrivs|CapEff):' /proc/self/status", timeout=30)
+        # The thread never started commands half-dropped: the handle joins per command, with setpriv.
+        assert sandbox._thread_failed
+        lines = result.stdout.split()
+        assert lines[0] == str(SANDBOX_UID) and lines[1:] == ["CapEff:", "0" * 16, "NoNewPrivs:", "1"]
+
+
 def test_a_crashed_worker_leaves_no_sandbox_process_running(local_backend: Any) -> None:
     # A worker process dies (SIGKILL, OOM, deploy) mid-command: --die-with-parent takes the
     # sandbox's processes with it; the workspace stays for the reconciler.

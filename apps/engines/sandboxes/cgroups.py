@@ -320,11 +320,14 @@ class SandboxCgroup:
         return 0
 
     def evict_threads(self, uid: int) -> int:
-        """Move worker threads (any task not running as the sandbox user) up to the parent cgroup.
+        """Move worker threads (a task whose process does not run as the sandbox user) up to the
+        parent cgroup.
 
         A CgroupThread of some worker may still sit in the sandbox's cgroups when another
         process destroys the sandbox; the directories cannot be removed while it is there.
-        The thread notices on its next use (`CgroupThread.call` checks its membership).
+        The thread notices on its next use (`CgroupThread.call` checks its membership). The
+        thread itself runs as the sandbox user (it dropped its credentials), so it is told apart
+        by its process: a worker's main thread is not the sandbox user.
         """
         moved = 0
         for directory in self.directories:
@@ -333,7 +336,7 @@ class SandboxCgroup:
             except OSError:
                 continue
             for tid in tids:
-                if _uid_of(int(tid)) not in (uid, None):
+                if _uid_of(_tgid_of(int(tid))) not in (uid, None):
                     try:
                         _write(directory.parent / "tasks", tid)
                         moved += 1
@@ -368,15 +371,25 @@ class SandboxCgroup:
         return bool(self.paths) and all(v == 1 for v in self.versions.values())
 
 
-def _uid_of(pid: int) -> int | None:
+def _status_number(pid: int, key: str) -> int | None:
+    """The first number of a line of /proc/<pid>/status (None if gone or unreadable)."""
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("Uid:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1])
     except (OSError, ValueError):
         pass
     return None
+
+
+def _uid_of(pid: int) -> int | None:
+    return _status_number(pid, "Uid")
+
+
+def _tgid_of(tid: int) -> int:
+    """The process (thread group) a thread belongs to; the tid itself if unknown."""
+    return _status_number(tid, "Tgid") or tid
 
 
 class CgroupJoinError(OSError):
@@ -394,13 +407,17 @@ class CgroupThread:
 
     The thread exits after IDLE_EXIT seconds without work (leaving the cgroups, so they can
     be removed) and is started again on demand. `call(fn)` runs fn on it and returns its result.
+    `prepare`, if given, runs on the thread once it is inside (the local backend drops the
+    thread's credentials there); if it raises, the thread leaves and `call` raises
+    CgroupJoinError.
     """
 
     IDLE_EXIT = 30.0
 
-    def __init__(self, cgroup: SandboxCgroup, name: str):
+    def __init__(self, cgroup: SandboxCgroup, name: str, prepare: Callable[[], None] | None = None):
         self.cgroup = cgroup
         self.name = name
+        self.prepare = prepare
         self._lock = threading.Lock()
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -458,6 +475,13 @@ class CgroupThread:
             failure.append(CgroupJoinError(exc.errno, message))
             ready.set()
             return
+        if self.prepare is not None:
+            try:
+                self.prepare()
+            except OSError as exc:
+                failure.append(CgroupJoinError(exc.errno, f"thread {tid} in {self.cgroup.directories}: {exc}"))
+                ready.set()
+                return  # the thread ends here, which takes it out of the cgroups
         ready.set()
         while True:
             try:
