@@ -220,6 +220,41 @@ def test_a_spawner_thread_that_cannot_drop_privileges_leaves_them_to_setpriv(
         assert lines[0] == str(SANDBOX_UID) and lines[1:] == ["CapEff:", "0" * 16, "NoNewPrivs:", "1"]
 
 
+def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local, "_STARTING", threading.BoundedSemaphore(1))
+    starting: list[int] = []
+    most = [0]
+    real_popen = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        starting.append(1)
+        most[0] = max(most[0], len(starting))
+        try:
+            if "FAIL_START" in args[0]:  # the sandbox env travels as bwrap --setenv
+                raise OSError(24, "Too many open files")
+            return real_popen(*args, **kwargs)
+        finally:
+            starting.pop()
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    with local_backend.create(SandboxSpec()) as sandbox:
+        with pytest.raises(SandboxError, match="could not start a command.*Too many open files"):
+            sandbox.run("true", timeout=30, env={"FAIL_START": "1"})
+        results: list[Any] = []
+        threads = [
+            threading.Thread(target=lambda i=i: results.append(sandbox.run(f"echo {i}", timeout=30)), daemon=True)
+            for i in range(6)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    # The failed start gave its turn back (else these would wait forever); one started at a time.
+    assert sorted(int(r.stdout) for r in results) == list(range(6)) and most[0] == 1
+
+
 def test_a_crashed_worker_leaves_no_sandbox_process_running(local_backend: Any) -> None:
     # A worker process dies (SIGKILL, OOM, deploy) mid-command: --die-with-parent takes the
     # sandbox's processes with it; the workspace stays for the reconciler.
