@@ -316,6 +316,7 @@ class _Episode:
         self.llm = llm
         self.sandbox_backend = sandbox_backend
         self.cache_key_extra = cache_key_extra
+        self.left_cache = False  # a model call of this episode missed the LLM cache
         self.on_event = on_event
         self.on_event_is_async = on_event is not None and (
             inspect.iscoroutinefunction(on_event) or inspect.iscoroutinefunction(getattr(on_event, "__call__", None))
@@ -614,6 +615,8 @@ class _Episode:
                 top_p=config.get("top_p"),
                 model=config.get("model") or None,
                 cache_key_extra=self.cache_key_extra,
+                # After a miss every request carries a reply that was never cached: no lookups.
+                cache_lookup=not self.left_cache,
             ),
             remaining,
         ))
@@ -640,6 +643,7 @@ class _Episode:
         result = self.result
         result.llm_calls += 1
         result.cached_calls += int(chat.cached)
+        self.left_cache = self.left_cache or not chat.cached
         result.prompt_tokens += int(chat.usage.get("prompt_tokens", 0))
         result.completion_tokens += int(chat.usage.get("completion_tokens", 0))
         result.total_tokens += int(chat.usage.get("total_tokens", 0))

@@ -31,6 +31,9 @@ What it does around the openai SDK (which runs with max_retries=0; the retries a
   or every sample of a task at temperature > 0 would replay the first one's answers.
   achat writes behind: the reply is a cache hit in this process at once and is on disk a
   moment later; aclose()/close()/flush_cache_writes() wait for the writes (see _pending_writes).
+  `cache_lookup=False` skips the lookup and still stores the reply: the agent passes it once
+  its episode has had a miss, since every later request carries that fresh reply and cannot
+  have been cached (`use_cache=False` neither reads nor writes).
 * Cost: `cost_usd` = tokens x PRICES_PER_MTOK (USD per million tokens, longest model-name
   prefix wins; settings.LLM_PRICES, if defined, adds or overrides entries). Unknown models and
   the offline model cost 0. On a cache hit cost_usd is what the response cost when it was
@@ -1134,6 +1137,7 @@ class LLMClient:
         timeout: float | None = None,
         cache_key_extra: Any = None,
         use_cache: bool = True,
+        cache_lookup: bool = True,
         extra_headers: dict[str, str] | None = None,
     ) -> ChatResult:
         """One assistant turn for `messages`; raises an LLMError subclass when it cannot."""
@@ -1141,7 +1145,7 @@ class LLMClient:
             messages, tools=tools, tool_choice=tool_choice, temperature=temperature, top_p=top_p,
             max_tokens=max_tokens, model=model, cache_key_extra=cache_key_extra, extra_headers=extra_headers,
         )
-        if use_cache and (hit := self._cache_get(calls)) is not None:
+        if use_cache and cache_lookup and (hit := self._cache_get(calls)) is not None:
             return hit
         failures: list[tuple[_Call, LLMError]] = []
         for i, call in enumerate(calls):
@@ -1170,6 +1174,7 @@ class LLMClient:
         timeout: float | None = None,
         cache_key_extra: Any = None,
         use_cache: bool = True,
+        cache_lookup: bool = True,
         extra_headers: dict[str, str] | None = None,
     ) -> ChatResult:
         """The asyncio twin of chat()."""
@@ -1177,7 +1182,7 @@ class LLMClient:
             messages, tools=tools, tool_choice=tool_choice, temperature=temperature, top_p=top_p,
             max_tokens=max_tokens, model=model, cache_key_extra=cache_key_extra, extra_headers=extra_headers,
         )
-        if use_cache and (hit := await self._acache_get(calls)) is not None:
+        if use_cache and cache_lookup and (hit := await self._acache_get(calls)) is not None:
             return hit
         failures: list[tuple[_Call, LLMError]] = []
         for i, call in enumerate(calls):

@@ -368,6 +368,31 @@ def test_the_same_sample_identity_replays_from_the_llm_cache(local: Any) -> None
     assert_no_sandbox_left(local)
 
 
+def test_after_its_first_cache_miss_an_episode_stops_looking_its_requests_up(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    identity = {"task": 8, "iteration": 1, "sample": 0}
+    lookups: list[bool] = []
+    real_get = LLMClient._acache_get
+
+    async def counting_get(self: LLMClient, calls: Any) -> Any:
+        hit = await real_get(self, calls)
+        lookups.append(hit is not None)
+        return hit
+
+    monkeypatch.setattr(LLMClient, "_acache_get", counting_get)
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        first = run(config_for(HELLO), llm, cache_key_extra=identity)
+        fresh = list(lookups)
+        lookups.clear()
+        again = run(config_for(HELLO), llm, cache_key_extra=identity)
+    # A fresh episode: one lookup (a miss), then none; every reply was still stored, since the
+    # replay is answered from the cache on every turn, each one looked up.
+    assert first.llm_calls == 3 and fresh == [False]
+    assert again.cached_calls == again.llm_calls == 3 and lookups == [True, True, True]
+    assert server.model.chat_requests == 3 and again.messages == first.messages
+
+
 def test_episodes_run_concurrently_on_one_event_loop(local: Any) -> None:
     """A's command waits for a file that only B's end creates: if sandbox calls blocked the
     event loop, B could never finish and A's command would time out."""

@@ -370,6 +370,17 @@ def test_use_cache_false_always_asks(server: Any, waits: Waits) -> None:
 
 
 @pytest.mark.asyncio
+async def test_cache_lookup_false_asks_but_still_stores_the_reply(server: Any, waits: Waits) -> None:
+    client = client_for(waits, offline(server))
+    first = await client.achat(user(), tools=TOOLS, cache_key_extra="s9")
+    asked = await client.achat(user(), tools=TOOLS, cache_key_extra="s9", cache_lookup=False)
+    hit = await client.achat(user(), tools=TOOLS, cache_key_extra="s9")
+    await client.aclose()
+    assert (first.cached, asked.cached, hit.cached) == (False, False, True)
+    assert server.model.chat_requests == 2 and caches["llm"].get(asked.cache_key) is not None
+
+
+@pytest.mark.asyncio
 async def test_achat_reads_and_writes_the_same_cache(server: Any, waits: Waits) -> None:
     client = client_for(waits, offline(server))
     await client.achat(user(), tools=TOOLS, cache_key_extra="s0")
