@@ -58,8 +58,6 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import reduce
-from operator import or_
 from typing import Any, Callable
 
 from django.conf import settings
@@ -212,7 +210,11 @@ def claim_trajectories(n: int, *, worker: str, only: list[int] | None = None,
 
 
 def _claims_q(claims: list[Claim]) -> Q:
-    return reduce(or_, (Q(pk=c.pk, claim_token=c.token) for c in claims))
+    """The rows these claims still hold: pk among theirs and claim_token among theirs. The same
+    rows as OR-ing (pk, token) pairs, since each token is random and was only ever written to
+    its own row; but two IN lists, which the ORM compiles in microseconds where a hundred ORed
+    pairs took tens of milliseconds of the ORM thread on every heartbeat."""
+    return Q(pk__in=[c.pk for c in claims], claim_token__in=[c.token for c in claims])
 
 
 HEARTBEAT_CHUNK = 100  # (pk, token) pairs per statement; SQLite limits expression depth

@@ -247,6 +247,22 @@ def test_limit_caps_how_many_one_job_claims(make_task, fake_agent):
     assert task.trajectories.filter(status="queued").count() == 1
 
 
+def test_heartbeats_and_claim_checks_hold_only_the_claims_still_ours(make_task):
+    task = started(make_task, samples_per_iteration=3)
+    claims = jobs.claim_trajectories(3, worker="here")
+    assert len(claims) == 3
+    kept, requeued, stolen = claims
+    # The reaper re-queued one; another worker holds the third now, with a token of its own.
+    Trajectory.objects.filter(pk=requeued.trajectory.pk).update(status="queued", claim_token="")
+    Trajectory.objects.filter(pk=stolen.trajectory.pk).update(claim_token="f" * 32, worker="there")
+    assert jobs.heartbeat(claims) == {kept.trajectory.pk}
+    assert jobs.claim_states(claims) == {kept.trajectory.pk: "held", requeued.trajectory.pk: "lost",
+                                         stolen.trajectory.pk: "lost"}
+    task.cancel_requested = True
+    task.save(update_fields=["cancel_requested"])
+    assert jobs.claim_states(claims)[kept.trajectory.pk] == "cancel"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_one_job_runs_up_to_concurrency_episodes_at_once(make_task, fake_agent):
     state = {"in_flight": 0, "peak": 0}
