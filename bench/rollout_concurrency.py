@@ -128,7 +128,7 @@ def main() -> int:
                              "machinery alone (claims, live logs, polls, heartbeats, storage) achieves")
     parser.add_argument("--processes", type=int, default=1,
                         help="split the rollouts over this many worker processes (as `make worker` runs Q_WORKERS "
-                             "of them), each running rollouts/processes at once; the target is about 1")
+                             "of them, Q_WORKERS=2 by default), each running rollouts/processes at once")
     parser.add_argument("--local-init", action="store_true",
                         help="SANDBOX_LOCAL_INIT=1: commands run through each sandbox's init instead of a fresh "
                              "bubblewrap each (the default)")
