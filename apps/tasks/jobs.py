@@ -217,7 +217,7 @@ def _claims_q(claims: list[Claim]) -> Q:
     return Q(pk__in=[c.pk for c in claims], claim_token__in=[c.token for c in claims])
 
 
-HEARTBEAT_CHUNK = 100  # (pk, token) pairs per statement; SQLite limits expression depth
+HEARTBEAT_CHUNK = 100  # claims per statement (two IN lists of this many values)
 
 
 def heartbeat(claims: list[Claim]) -> set[int]:

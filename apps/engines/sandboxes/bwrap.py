@@ -22,8 +22,9 @@ Privileges are dropped with `setpriv` rather than Popen(user=...): the latter fo
 fork() of the whole worker (tens of ms for a worker holding a model), setpriv keeps the
 vfork/posix_spawn path. A CgroupThread drops its own credentials instead (Linux keeps them per
 thread; raw syscalls, not libc's process-wide setuid), so what it starts is born as `nobody`
-with no_new_privs, and the setpriv exec (about 2 ms of CPU per command) is saved. Commands run as `nobody`, so the sandbox can read only what is
-world-readable under /usr and /etc (not /etc/shadow, root's home or the project).
+with no_new_privs, and the setpriv exec (about 2 ms of CPU per command) is saved. Commands
+run as `nobody`, so the sandbox can read only what is world-readable under /usr and /etc
+(not /etc/shadow, root's home or the project).
 
 When this module's probe finds no usable bubblewrap (or no setpriv while we are root), the
 local backend refuses to create sandboxes unless SANDBOX_ALLOW_UNISOLATED is set.
