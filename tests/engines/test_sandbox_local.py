@@ -179,28 +179,53 @@ def _status(path: str) -> dict[str, list[str]]:
 DROPPED = {"NoNewPrivs": ["1"], "CapEff": ["0" * 16], "CapPrm": ["0" * 16]}
 
 
-def test_the_spawner_thread_drops_its_own_credentials_not_the_workers(
-    local_backend: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    host = bwrap.host_support()
-    argvs: list[list[str]] = []
-    real_wrap_argv = local.wrap_argv
-    monkeypatch.setattr(local, "wrap_argv", lambda *a, **k: argvs.append(real_wrap_argv(*a, **k)) or argvs[-1])
-    with local_backend.create(SandboxSpec()) as sandbox:
-        if not (sandbox.cgroup.thread_capable and bwrap.thread_privileges_droppable(host)):
-            pytest.skip("no cgroup v1 spawner thread here, or not root: setpriv drops privileges per command")
-        result = sandbox.run("grep -E '^(NoNewPrivs|CapEff|CapPrm):' /proc/self/status; cat /etc/shadow", timeout=30)
-        thread = _status(f"/proc/self/task/{sandbox._spawner._thread.native_id}/status")
-        # The command: the sandbox user, no capabilities, no way back up, and no setpriv exec.
-        assert {k: v.split() for k, v in (line.split(":", 1) for line in result.stdout.splitlines())} == DROPPED
-        assert "Permission denied" in result.stderr
-        assert argvs and not any(host.setpriv in argv for argv in argvs)
-        assert thread["Uid"] == [str(host.uid)] * 4 and thread["Gid"] == [str(host.gid)] * 4
-        assert thread["Groups"] == [] and thread["NoNewPrivs"] == ["1"] and thread["CapEff"] == ["0" * 16]
+def test_drop_thread_privileges_changes_only_the_calling_thread() -> None:
+    seen: dict[str, Any] = {}
+
+    def drop() -> None:
+        bwrap.drop_thread_privileges(SANDBOX_UID, SANDBOX_UID)
+        seen["status"] = _status("/proc/thread-self/status")
+        try:
+            Path("/etc/shadow").read_bytes()
+            seen["shadow"] = "read"
+        except PermissionError:
+            seen["shadow"] = "denied"
+
+    thread = threading.Thread(target=drop)
+    thread.start()
+    thread.join(10)
+    status = seen["status"]
+    assert status["Uid"] == [str(SANDBOX_UID)] * 4 and status["Gid"] == [str(SANDBOX_UID)] * 4
+    assert status["Groups"] == [] and {k: status[k] for k in DROPPED} == DROPPED and seen["shadow"] == "denied"
     # Only that thread: this one (and the process) is still root with its capabilities.
     me = _status("/proc/thread-self/status")
     assert me["Uid"] == ["0"] * 4 and me["NoNewPrivs"] == ["0"] and me["CapEff"] != ["0" * 16]
     assert Path("/etc/shadow").read_bytes()
+
+
+def _spy_wrap_argv(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    argvs: list[list[str]] = []
+    real_wrap_argv = local.wrap_argv
+    monkeypatch.setattr(local, "wrap_argv", lambda *a, **k: argvs.append(real_wrap_argv(*a, **k)) or argvs[-1])
+    return argvs
+
+
+def test_commands_run_dropped_and_from_the_spawner_thread_without_setpriv(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = bwrap.host_support()
+    argvs = _spy_wrap_argv(monkeypatch)
+    with local_backend.create(SandboxSpec()) as sandbox:
+        result = sandbox.run("grep -E '^(NoNewPrivs|CapEff|CapPrm):' /proc/self/status; cat /etc/shadow", timeout=30)
+        # Either way: the sandbox user, no capabilities, no way back up.
+        assert {k: v.split() for k, v in (line.split(":", 1) for line in result.stdout.splitlines())} == DROPPED
+        assert "Permission denied" in result.stderr
+        # From the cgroup v1 spawner thread (which dropped itself) no setpriv exec; else setpriv.
+        assert argvs and any(host.setpriv in argv for argv in argvs) == (not sandbox.cgroup.thread_capable)
+        if sandbox.cgroup.thread_capable:
+            thread = _status(f"/proc/self/task/{sandbox._spawner._thread.native_id}/status")
+            assert thread["Uid"] == [str(host.uid)] * 4 and thread["NoNewPrivs"] == ["1"]
+    assert _status("/proc/thread-self/status")["Uid"] == ["0"] * 4
 
 
 def test_a_spawner_thread_that_cannot_drop_privileges_leaves_them_to_setpriv(
@@ -210,12 +235,13 @@ def test_a_spawner_thread_that_cannot_drop_privileges_leaves_them_to_setpriv(
         raise PermissionError(1, "setresuid in the spawner thread failed: Operation not permitted")
 
     monkeypatch.setattr(bwrap, "drop_thread_privileges", refuse)
+    host = bwrap.host_support()
+    argvs = _spy_wrap_argv(monkeypatch)
     with local_backend.create(SandboxSpec()) as sandbox:
-        if not (sandbox.cgroup.thread_capable and bwrap.thread_privileges_droppable(bwrap.host_support())):
-            pytest.skip("no cgroup v1 spawner thread here, or not root")
         result = sandbox.run("id -u; grep -E '^(NoNewPrivs|CapEff):' /proc/self/status", timeout=30)
-        # The thread never started commands half-dropped: the handle joins per command, with setpriv.
-        assert sandbox._thread_failed
+        # The thread never started a command half-dropped: the handle joins per command, with setpriv.
+        assert sandbox._thread_failed == sandbox.cgroup.thread_capable
+        assert argvs and host.setpriv in argvs[-1]
         lines = result.stdout.split()
         assert lines[0] == str(SANDBOX_UID) and lines[1:] == ["CapEff:", "0" * 16, "NoNewPrivs:", "1"]
 
