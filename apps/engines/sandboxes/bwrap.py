@@ -161,16 +161,18 @@ def drop_thread_privileges(uid: int, gid: int) -> None:
     if numbers is None:
         raise OSError(errno.ENOSYS, f"no per-thread credential calls known for {platform.machine()}")
     libc = ctypes.CDLL(None, use_errno=True)
+    # syscall() and prctl() are variadic and read longs: pass longs, not ctypes' default int.
+    long = ctypes.c_long
     steps = (
-        ("setgroups", (numbers["setgroups"], 0, None)),
-        ("setresgid", (numbers["setresgid"], gid, gid, gid)),
-        ("setresuid", (numbers["setresuid"], uid, uid, uid)),
+        ("setgroups", (long(numbers["setgroups"]), long(0), ctypes.c_void_p(None))),
+        ("setresgid", (long(numbers["setresgid"]), long(gid), long(gid), long(gid))),
+        ("setresuid", (long(numbers["setresuid"]), long(uid), long(uid), long(uid))),
     )
     for name, args in steps:
         if libc.syscall(*args) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"{name} in the spawner thread failed: {os.strerror(err)}")
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if libc.prctl(ctypes.c_int(PR_SET_NO_NEW_PRIVS), *(ctypes.c_ulong(v) for v in (1, 0, 0, 0))) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(NO_NEW_PRIVS) in the spawner thread failed: {os.strerror(err)}")
     status = dict(line.split(":", 1) for line in Path("/proc/thread-self/status").read_text().splitlines()
