@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -228,22 +229,75 @@ def test_commands_run_dropped_and_from_the_spawner_thread_without_setpriv(
     assert _status("/proc/thread-self/status")["Uid"] == ["0"] * 4
 
 
-def test_a_spawner_thread_that_cannot_drop_privileges_leaves_them_to_setpriv(
-    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("failing", ["drop_thread_privileges", "enter_private_network"])
+def test_a_spawner_thread_that_cannot_prepare_leaves_the_work_to_setpriv_and_bwrap(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
-    def refuse(uid: int, gid: int) -> None:
-        raise PermissionError(1, "setresuid in the spawner thread failed: Operation not permitted")
+    def refuse(*args: Any) -> None:
+        raise PermissionError(1, f"{failing} in the spawner thread failed: Operation not permitted")
 
-    monkeypatch.setattr(bwrap, "drop_thread_privileges", refuse)
+    monkeypatch.setattr(bwrap, failing, refuse)
     host = bwrap.host_support()
     argvs = _spy_wrap_argv(monkeypatch)
     with local_backend.create(SandboxSpec()) as sandbox:
-        result = sandbox.run("id -u; grep -E '^(NoNewPrivs|CapEff):' /proc/self/status", timeout=30)
-        # The thread never started a command half-dropped: the handle joins per command, with setpriv.
+        result = sandbox.run("id -u; grep -E '^(NoNewPrivs|CapEff):' /proc/self/status; readlink /proc/self/ns/net",
+                             timeout=30)
+        # The thread never started a command half-prepared: the handle joins per command, with
+        # setpriv, and bwrap makes each command's network namespace.
         assert sandbox._thread_failed == sandbox.cgroup.thread_capable
-        assert argvs and host.setpriv in argvs[-1]
+        assert argvs and host.setpriv in argvs[-1] and "--share-net" not in argvs[-1]
         lines = result.stdout.split()
-        assert lines[0] == str(SANDBOX_UID) and lines[1:] == ["CapEff:", "0" * 16, "NoNewPrivs:", "1"]
+        assert lines[0] == str(SANDBOX_UID) and lines[1:5] == ["CapEff:", "0" * 16, "NoNewPrivs:", "1"]
+        assert lines[5] != _netns("self")
+
+
+def _netns(task: str) -> str:
+    return str(Path(f"/proc/{task}/ns/net").readlink())
+
+
+def test_enter_private_network_moves_only_the_calling_thread_to_a_loopback_only_network() -> None:
+    seen: dict[str, Any] = {}
+
+    def enter() -> None:
+        bwrap.enter_private_network()
+        seen["ns"] = _netns("thread-self")
+        seen["devices"] = [line.split(":")[0].strip() for line in
+                           Path("/proc/thread-self/net/dev").read_text().splitlines()[2:]]
+        with socket.socket() as server:  # the loopback is up: a listener there answers
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            with socket.create_connection(server.getsockname(), timeout=5):
+                seen["loopback"] = "up"
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join(10)
+    assert seen["devices"] == ["lo"] and seen["loopback"] == "up"
+    # Only that thread moved: this one is still in the process's (the host's) namespace.
+    assert seen["ns"] != _netns("thread-self") == _netns("self")
+
+
+def test_a_sandboxs_commands_share_one_network_that_nothing_else_reaches(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argvs = _spy_wrap_argv(monkeypatch)
+    script = ("readlink /proc/self/ns/net; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+              "python3 -c 'import socket, sys; socket.create_connection((\"127.0.0.1\", int(sys.argv[1])), 2)' {port} "
+              "2>/dev/null && echo reached || echo refused")
+    with socket.socket() as host_server:  # a service on the worker's loopback
+        host_server.bind(("127.0.0.1", 0))
+        host_server.listen()
+        port = host_server.getsockname()[1]
+        with local_backend.create(SandboxSpec()) as one, local_backend.create(SandboxSpec()) as other:
+            first, second, third = (sandbox.run(script.format(port=port), timeout=30).stdout.split()
+                                    for sandbox in (one, one, other))
+            shared = one.cgroup.thread_capable
+    # Loopback only, and the worker's loopback is not it.
+    assert [first[1:], second[1:], third[1:]] == [["lo", "refused"]] * 3
+    assert _netns("self") not in {first[0], second[0], third[0]} and first[0] != third[0]
+    # From the spawner thread, one network per sandbox (bwrap keeps it); else one per command.
+    assert (first[0] == second[0]) == shared
+    assert any("--share-net" in argv for argv in argvs) == shared
 
 
 def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(

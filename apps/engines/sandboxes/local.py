@@ -126,6 +126,7 @@ class LocalSandbox(Sandbox):
         self._destroying = False
         self._thread_failed = False
         self._spawner: cgroups.CgroupThread | None = None
+        self._thread_network = False  # the spawner thread makes the sandbox's network namespace
         # The sandbox's init (sandbox_init.py, SANDBOX_LOCAL_INIT): started with the sandbox or
         # on the next command; None until then, and again after it died. `_init_lock` is held
         # while one starts or a command runs in it. `_init_off`: every command gets a fresh
@@ -182,8 +183,12 @@ class LocalSandbox(Sandbox):
             prepare = None
             if bwrap.thread_privileges_droppable(host):
                 uid, gid = host.uid, host.gid
+                own_network = self._thread_network = "--share-net" in host.bwrap_options
 
                 def prepare() -> None:
+                    # Root still: the sandbox's network first, then down to nobody for good.
+                    if own_network:
+                        bwrap.enter_private_network()
                     bwrap.drop_thread_privileges(uid, gid)
 
             self._spawner = cgroups.CgroupThread(self.cgroup, name=f"sandbox-cgroup-{self.id}", prepare=prepare)
@@ -244,7 +249,8 @@ class LocalSandbox(Sandbox):
                 dropped = from_thread and self._cgroup_thread().prepare is not None
                 return wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
                                   cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20,
-                                  ro_binds=self._ro_binds(), privileges_dropped=dropped) + shell_argv(command, limits)
+                                  ro_binds=self._ro_binds(), privileges_dropped=dropped,
+                                  network_ready=dropped and self._thread_network) + shell_argv(command, limits)
 
             argv = isolated_argv(join=use_cgroup and not threaded, from_thread=threaded)
             popen_env = {"PATH": HOST_PATH, "LANG": "C.UTF-8"}
