@@ -262,7 +262,7 @@ CACHES = {
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "TIMEOUT": None,
          "KEY_PREFIX": "llm"}
         if REDIS_URL
-        # Django's file cache without its per-write directory scan (apps.engines.llm).
+        # One SQLite file for the machine's workers (apps.engines.llm.LLMResponseCache).
         else {"BACKEND": "apps.engines.llm.LLMResponseCache", "LOCATION": str(VAR_DIR / "llm-cache"),
               "TIMEOUT": None}
     ),

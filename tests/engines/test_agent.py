@@ -43,7 +43,7 @@ def llm_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No provider from the environment, a private LLM cache, fast retries."""
     for name in PROVIDER_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    cache = {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+    cache = {"BACKEND": "apps.engines.llm.LLMResponseCache",
              "LOCATION": str(tmp_path / "llm-cache"), "TIMEOUT": None}
     with override_settings(LLM_BASE_URL="", LLM_API_KEY="", LLM_MODEL="", LLM_PROVIDERS="", LLM_TIMEOUT_S=10.0,
                            LLM_MAX_RETRIES=2, CACHES={**settings.CACHES, "llm": cache}):

@@ -10,12 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
+from unittest import mock
 
 import pytest
 from django.conf import settings
@@ -61,7 +67,7 @@ def llm_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     for name in PROVIDER_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     llm_cache = {
-        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "BACKEND": "apps.engines.llm.LLMResponseCache",
         "LOCATION": str(tmp_path / "llm-cache"),
         "TIMEOUT": None,
     }
@@ -405,17 +411,94 @@ async def test_achat_writes_behind_and_aclose_waits_for_the_write(server: Any, w
     assert stored is not None and stored["message"] == hit.message
 
 
-def test_llm_response_cache_files_and_djangos_read_each_other(tmp_path: Path) -> None:
+def test_the_llm_response_cache_still_reads_replies_stored_as_files_by_earlier_versions(tmp_path: Path) -> None:
     from django.core.cache.backends.filebased import FileBasedCache
 
     from apps.engines.llm import LLMResponseCache
 
-    ours = LLMResponseCache(str(tmp_path / "c"), {"TIMEOUT": None})
-    django_s = FileBasedCache(str(tmp_path / "c"), {"TIMEOUT": None})
     value = {"message": {"role": "assistant", "content": "x" * 5000 + "ü"}, "usage": {"prompt_tokens": 3}}
-    ours.set("chat:ours", value, None)
-    django_s.set("chat:django", value, None)
-    assert django_s.get("chat:ours") == value and ours.get("chat:django") == value
+    old = FileBasedCache(str(tmp_path / "c"), {"TIMEOUT": None})  # what the cache was: a file per reply
+    old.set("chat:old", value, None)
+    old.set("chat:expired", value, 1)
+    ours = LLMResponseCache(str(tmp_path / "c"), {"TIMEOUT": None})
+    assert ours.get("chat:old") == value and ours.has_key("chat:old")
+    with mock.patch("time.time", return_value=time.time() + 5):
+        assert ours.get("chat:expired") is None
+    assert ours.delete("chat:old") and ours.get("chat:old") is None and old.get("chat:old") is None
+
+
+def test_the_llm_response_cache_keeps_replies_in_one_sqlite_file_shared_by_processes(tmp_path: Path) -> None:
+    from apps.engines.llm import LLMResponseCache
+
+    location = tmp_path / "llm-cache"
+    cache = LLMResponseCache(str(location), {"TIMEOUT": None})
+    assert cache.get("chat:a") is None
+    for n in range(50):
+        cache.set(f"chat:{n}", {"message": {"content": f"reply {n}"}}, None)
+    cache.set("chat:a", {"message": {"content": "hi"}}, None)
+    cache.set("chat:a", {"message": {"content": "again"}}, None)  # replaced
+    assert cache.get("chat:a") == {"message": {"content": "again"}} and cache.get("chat:7")["message"]["content"] == "reply 7"
+    # No file per reply: the SQLite file and its WAL.
+    assert {p.name for p in location.iterdir()} <= {"replies.sqlite3", "replies.sqlite3-wal", "replies.sqlite3-shm"}
+    # Another process (a second worker) reads what this one wrote and writes what this one reads.
+    script = textwrap.dedent(f"""
+        from apps.engines.llm import LLMResponseCache
+        cache = LLMResponseCache({str(location)!r}, {{"TIMEOUT": None}})
+        assert cache.get("chat:a") == {{"message": {{"content": "again"}}}}
+        cache.set("chat:from-child", [1, 2, 3], None)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=settings.BASE_DIR)
+    # Another thread of this process has a connection of its own, to the same file.
+    seen: list[Any] = []
+    thread = threading.Thread(target=lambda: seen.append(LLMResponseCache(str(location), {}).get("chat:from-child")))
+    thread.start()
+    thread.join(30)
+    assert seen == [[1, 2, 3]]
+
+
+def test_the_llm_response_cache_makes_its_file_again_when_it_is_removed_under_it(tmp_path: Path) -> None:
+    from apps.engines.llm import LLMResponseCache
+
+    location = tmp_path / "llm-cache"
+    cache = LLMResponseCache(str(location), {"TIMEOUT": None})
+    cache.set("chat:a", {"n": 1}, None)
+    shutil.rmtree(location)  # cleared by hand while a worker runs
+    assert cache.get("chat:a") is None
+    asyncio.run(cache.aset("chat:b", {"n": 2}, None))  # not into the deleted file
+    assert LLMResponseCache(str(location), {}).get("chat:b") == {"n": 2}
+    assert asyncio.run(cache.aget("chat:b")) == {"n": 2}
+
+
+def test_a_thread_keeps_connections_to_a_few_cache_files_only(tmp_path: Path) -> None:
+    from apps.engines.llm import LLMResponseCache
+
+    caches_ = [LLMResponseCache(str(tmp_path / f"c{n}"), {"TIMEOUT": None}) for n in range(LLMResponseCache.CONNECTIONS_PER_THREAD + 3)]
+    for n, cache in enumerate(caches_):
+        cache.set("chat:n", n, None)
+    held = LLMResponseCache._local.connections
+    assert len(held) == LLMResponseCache.CONNECTIONS_PER_THREAD
+    assert str(tmp_path / "c0" / "replies.sqlite3") not in held
+    assert [cache.get("chat:n") for cache in caches_] == list(range(len(caches_)))  # reopened when needed
+
+
+def test_the_llm_response_cache_honours_timeouts_add_touch_delete_and_clear(tmp_path: Path) -> None:
+    from apps.engines.llm import LLMResponseCache
+
+    cache = LLMResponseCache(str(tmp_path / "c"), {"TIMEOUT": None})
+    now = time.time()
+    cache.set("chat:short", "v", 10)
+    cache.set("chat:forever", "w", None)
+    assert not cache.add("chat:short", "other") and cache.add("chat:new", "n", None)
+    with mock.patch("time.time", return_value=now + 20):
+        assert cache.get("chat:short") is None and cache.get("chat:forever") == "w"
+        assert not cache.touch("chat:short", 100)  # expired: nothing to touch
+        assert cache.add("chat:short", "again", 10)  # an expired key can be added again
+    assert cache.touch("chat:forever", 10)
+    with mock.patch("time.time", return_value=now + 20):
+        assert cache.get("chat:forever") is None
+    assert cache.delete("chat:new") and not cache.delete("chat:new")
+    cache.clear()
+    assert cache.get("chat:short") is None and cache.get("chat:new") is None
 
 
 # -- adaptive concurrency -------------------------------------------------------------------
@@ -709,28 +792,6 @@ def test_secret_values_follow_the_environment_settings_and_registrations(monkeyp
     assert "setting-secret-1234567" not in secret_values()
     register_secret("registered-secret-1234567")
     assert "registered-secret-1234567" in secret_values()
-
-
-def test_the_llm_response_cache_stores_without_listing_its_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from apps.engines.llm import LLMResponseCache
-
-    def listing(self: Any) -> list[str]:
-        raise AssertionError("set() must not list the cache directory")
-
-    monkeypatch.setattr(LLMResponseCache, "_list_cache_files", listing)
-    location = tmp_path / "llm-cache"
-    cache = LLMResponseCache(str(location), {"TIMEOUT": None})
-    assert cache.get("chat:a") is None
-    cache.set("chat:a", {"message": {"content": "hi"}}, None)
-    assert cache.get("chat:a") == {"message": {"content": "hi"}}
-    cache.set("chat:a", {"message": {"content": "again"}}, None)  # replaced atomically
-    assert cache.get("chat:a") == {"message": {"content": "again"}}
-    for leftover in location.iterdir():
-        leftover.unlink()
-    location.rmdir()  # removed under a running worker: the next write recreates it
-    asyncio.run(cache.aset("chat:b", {"n": 2}, None))
-    assert asyncio.run(cache.aget("chat:b")) == {"n": 2}
-    assert [p.suffix for p in location.iterdir()] == [".djcache"]  # no temporary file left behind
 
 
 def test_the_request_body_is_sent_as_given(server: Any, waits: Waits) -> None:

@@ -28,7 +28,7 @@ def offline_model(tmp_path: Path) -> Iterator[OfflineModelServer]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cache = {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+    cache = {"BACKEND": "apps.engines.llm.LLMResponseCache",
              "LOCATION": str(tmp_path / "llm-cache"), "TIMEOUT": None}
     with running_offline_model([CODE_TASKS], port=port) as server, override_settings(
             LLM_BASE_URL="", LLM_API_KEY="", LLM_MODEL="", LLM_PROVIDERS="", LLM_MAX_RETRIES=0,

@@ -40,7 +40,7 @@ def offline_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     for name in PROVIDER_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     url = f"http://127.0.0.1:{free_port()}/v1"
-    cache = {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+    cache = {"BACKEND": "apps.engines.llm.LLMResponseCache",
              "LOCATION": str(tmp_path / "llm-cache"), "TIMEOUT": None}
     with override_settings(LLM_BASE_URL="", LLM_API_KEY="", LLM_MODEL="", LLM_PROVIDERS="", LLM_MAX_RETRIES=1,
                            OFFLINE_MODEL_URL=url, CACHES={**settings.CACHES, "llm": cache}):
