@@ -30,7 +30,8 @@ What it does around the openai SDK (which runs with max_retries=0; the retries a
   trajectory's identity, e.g. {"task": task.pk, "iteration": n, "sample": sample_index},
   or every sample of a task at temperature > 0 would replay the first one's answers.
   Without Redis the cache is one SQLite file (LLMResponseCache). achat writes behind: the
-  reply is a cache hit in this process at once and is stored a moment later; aclose()/close()/flush_cache_writes() wait for the writes (see _pending_writes).
+  reply is a cache hit in this process at once and is stored a moment later;
+  aclose()/close()/flush_cache_writes() wait for the writes (see _pending_writes).
   `cache_lookup=False` skips the lookup and still stores the reply: the agent passes it once
   its episode has had a miss, since every later request carries that fresh reply and cannot
   have been cached (`use_cache=False` neither reads nor writes).
