@@ -642,10 +642,16 @@ class LLMResponseCache(BaseCache):
                            (key, self.get_backend_timeout(timeout), self._pack(value)))
 
     def add(self, key: str, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
-        if self.has_key(key, version):
+        key = self.make_and_validate_key(key, version)
+        if self._legacy_get(key, _MISSING) is not _MISSING:
             return False
-        self.set(key, value, timeout, version)
-        return True
+        # One statement: another process adding the same key at once cannot add it as well.
+        added = self._db().execute(
+            "INSERT INTO replies (key, expires, value) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+            "expires = excluded.expires, value = excluded.value WHERE replies.expires <= ?",
+            (key, self.get_backend_timeout(timeout), self._pack(value), time.time()),
+        )
+        return added.rowcount == 1
 
     def touch(self, key: str, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version)

@@ -218,6 +218,20 @@ def enter_private_network() -> None:
         raise OSError(errno.EIO, "the sandbox network's loopback did not come up")
 
 
+def spawner_keeps_network(host: HostSupport) -> bool:
+    """Whether a spawner thread makes the sandbox's network and bwrap keeps it (--share-net)."""
+    return "--share-net" in host.bwrap_options
+
+
+def prepare_spawner_thread(host: HostSupport) -> None:
+    """What a sandbox's spawner thread (cgroups.CgroupThread) does once, still root, before
+    it starts commands: the sandbox's network namespace (where bwrap can keep it), then down
+    to what setpriv would make a command. `wrap_argv(..., from_spawner=True)` relies on both."""
+    if spawner_keeps_network(host):
+        enter_private_network()
+    drop_thread_privileges(host.uid, host.gid)
+
+
 def reset_host_support() -> None:
     """Forget the probe results (tests, or after installing bubblewrap)."""
     global _host
@@ -262,27 +276,25 @@ def wrap_argv(
     cgroup_procs: list[str] | None = None,
     tmp_bytes: int = 64 << 20,
     ro_binds: tuple[tuple[str, str], ...] = (),
-    privileges_dropped: bool = False,
-    network_ready: bool = False,
+    from_spawner: bool = False,
 ) -> list[str]:
     """Everything before the sandbox's shell: cgroup join, privilege drop, bwrap (if isolated).
 
     `ro_binds` are (host path, sandbox path) pairs bound read-only (a runtime profile's extras,
-    such as the platform's Python packages). `privileges_dropped`: the calling thread already
-    did what setpriv does (`drop_thread_privileges`), so no setpriv. `network_ready`: the
-    calling thread is in the sandbox's own network namespace (`enter_private_network`), so
-    bwrap keeps it (--share-net) rather than making one more.
+    such as the platform's Python packages). `from_spawner`: started from a thread that ran
+    `prepare_spawner_thread`, so it already did what setpriv does (no setpriv) and is in the
+    sandbox's own network namespace, which bwrap keeps (--share-net) rather than making one.
     """
     argv: list[str] = []
     if cgroup_procs:
         # Still root, before anything of the sandbox exists: move this process into the
         # sandbox's cgroups, then exec the rest, which is born inside them.
         argv += ["/bin/sh", "-c", _JOIN_SCRIPT, "join", str(len(cgroup_procs)), *cgroup_procs]
-    if host.drop_privileges and not privileges_dropped:
+    if host.drop_privileges and not from_spawner:
         argv += [host.setpriv, f"--reuid={host.uid}", f"--regid={host.gid}", "--clear-groups", "--no-new-privs", "--"]
     if host.isolated:
         argv += [host.bwrap, "--unshare-all", "--unshare-user"]
-        if network_ready:
+        if from_spawner and spawner_keeps_network(host):
             argv.append("--share-net")
         if "--disable-userns" in host.bwrap_options:
             argv.append("--disable-userns")

@@ -126,7 +126,6 @@ class LocalSandbox(Sandbox):
         self._destroying = False
         self._thread_failed = False
         self._spawner: cgroups.CgroupThread | None = None
-        self._thread_network = False  # the spawner thread makes the sandbox's network namespace
         # The sandbox's init (sandbox_init.py, SANDBOX_LOCAL_INIT): started with the sandbox or
         # on the next command; None until then, and again after it died. `_init_lock` is held
         # while one starts or a command runs in it. `_init_off`: every command gets a fresh
@@ -182,14 +181,9 @@ class LocalSandbox(Sandbox):
             host = self.backend.host()
             prepare = None
             if bwrap.thread_privileges_droppable(host):
-                uid, gid = host.uid, host.gid
-                own_network = self._thread_network = "--share-net" in host.bwrap_options
 
                 def prepare() -> None:
-                    # Root still: the sandbox's network first, then down to nobody for good.
-                    if own_network:
-                        bwrap.enter_private_network()
-                    bwrap.drop_thread_privileges(uid, gid)
+                    bwrap.prepare_spawner_thread(host)
 
             self._spawner = cgroups.CgroupThread(self.cgroup, name=f"sandbox-cgroup-{self.id}", prepare=prepare)
         return self._spawner
@@ -244,13 +238,13 @@ class LocalSandbox(Sandbox):
 
             def isolated_argv(join: bool, from_thread: bool = False) -> list[str]:
                 """join: a root shell joins the cgroups first. from_thread: started from the
-                sandbox's CgroupThread, which may have dropped privileges itself (no setpriv)."""
+                sandbox's CgroupThread, which may have prepared itself (`prepare_spawner_thread`:
+                privileges dropped, the sandbox's network made), so no setpriv and --share-net."""
                 procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if join else None
-                dropped = from_thread and self._cgroup_thread().prepare is not None
+                prepared = from_thread and self._cgroup_thread().prepare is not None
                 return wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
                                   cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20,
-                                  ro_binds=self._ro_binds(), privileges_dropped=dropped,
-                                  network_ready=dropped and self._thread_network) + shell_argv(command, limits)
+                                  ro_binds=self._ro_binds(), from_spawner=prepared) + shell_argv(command, limits)
 
             argv = isolated_argv(join=use_cgroup and not threaded, from_thread=threaded)
             popen_env = {"PATH": HOST_PATH, "LANG": "C.UTF-8"}
