@@ -802,15 +802,19 @@ def test_the_request_body_is_sent_as_given(server: Any, waits: Waits) -> None:
     assert body == {"model": MODEL_NAME, "messages": messages, "tools": TOOLS, "temperature": 0.0}
 
 
-def test_async_calls_spread_over_several_connection_pools(server: Any) -> None:
-    async def run() -> set[int]:
+def test_async_calls_share_one_aiohttp_client_per_event_loop(server: Any) -> None:
+    async def run() -> tuple[set[int], str, bool]:
         client = LLMClient([Provider("offline", server.url, MODEL_NAME)], limiters={})
+        sdk = client._async_client(client.primary)
         try:
-            return {id(client._async_client(client.primary)) for _ in range(10)}
+            ids = {id(client._async_client(client.primary)) for _ in range(10)}
+            result = await client.achat([{"role": "user", "content": PRIMES}], tools=TOOLS, use_cache=False)
+            return ids | {id(sdk)}, type(sdk._client._transport).__name__, bool(result.tool_calls)
         finally:
             await client.aclose()
+            assert sdk.is_closed()
 
-    from apps.engines.llm import CONNECTIONS_PER_SHARD
-
-    with override_settings(LLM_MAX_CONCURRENCY=2 * CONNECTIONS_PER_SHARD):
-        assert len(asyncio.run(run())) == 2
+    ids, transport, answered = asyncio.run(run())
+    assert len(ids) == 1
+    assert transport == "AiohttpTransport"
+    assert answered
