@@ -79,9 +79,9 @@ def write_script(path: Path, steps: int) -> str:
     return prompt
 
 
-# The offline scripted model's own server (apps/engines/offline_model.py: HTTP/1.1 keep-alive, a
-# thread per connection, a listen backlog of 1024), in a child process so that it does not
-# share the worker's GIL. The fault spec "slow;seconds=S" is the model's latency.
+# The offline scripted model's own server (apps/engines/offline_model.py: aiohttp, HTTP/1.1
+# keep-alive, a listen backlog of 1024), in a child process so that it does not share the
+# worker's GIL. The fault spec "slow;seconds=S" is the model's latency.
 SERVER_SCRIPT = """
 import sys
 from apps.engines.offline_model import OfflineModelServer, ScriptedModel, load_scripts

@@ -11,7 +11,8 @@ plain text and calls no tool; it never invents a call.
         ... LLMClient([Provider("offline", server.url, "scripted-reference")]) ...
 
 Endpoints: POST /v1/chat/completions (non-streaming), GET /v1/models, GET /healthz; HTTP/1.1 with
-keep-alive, a thread per connection and a listen backlog for a few hundred clients at once.
+keep-alive (aiohttp's server on one event loop) and a listen backlog for a few hundred clients
+at once.
 
 Reference solutions (files passed with --solutions; a directory means every *.json and
 *.jsonl file in it, recursively, in name order):
@@ -67,20 +68,23 @@ So "500;times=2" fails twice and then answers.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import math
 import re
+import socket
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from aiohttp import web
 
 logger = logging.getLogger(__name__)
 
@@ -542,95 +546,106 @@ class ScriptedModel:
 # -- HTTP -----------------------------------------------------------------------------------
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: OfflineModelServer
-    server_version = "scripted-reference/1"
-    # Keep-alive, as hosted APIs do: a client with a connection pool (the openai SDK) reuses
-    # its connections instead of opening one per request. Every reply has a Content-Length.
-    protocol_version = "HTTP/1.1"
-    timeout = KEEPALIVE_IDLE_S  # an idle keep-alive connection's thread ends after this
-    # Headers and body go out in two writes; with Nagle on, the second waits for the client's
-    # delayed ACK of the first (~40 ms) on a kept-alive connection.
-    disable_nagle_algorithm = True
-
-    def _send(self, reply: Reply) -> None:
-        if reply.delay_s and self.server.stopping.wait(reply.delay_s):
-            self.close_connection = True  # stopping: no reply, and no further request on it
-            return
-        payload = json.dumps(reply.body).encode("utf-8")
-        try:
-            self.send_response(reply.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            for name, value in reply.headers.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its timeout)
-            pass
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        path = self.path.split("?", 1)[0].rstrip("/")
-        if path in ("/v1/models", "/models"):
-            self._send(self.server.model.models())
-        elif path == "/healthz":
-            self._send(Reply(200, {"status": "ok", "model": MODEL_NAME, "scripts": len(self.server.model.registry)}))
-        else:
-            self._send(_error(404, f"no route GET {path}", code="not_found"))
-
-    def do_POST(self) -> None:  # noqa: N802
-        path = self.path.split("?", 1)[0].rstrip("/")
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if path not in ("/v1/chat/completions", "/chat/completions"):
-            self._send(_error(404, f"no route POST {path}", code="not_found"))
-            return
-        try:
-            body = json.loads(raw or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            self._send(_error(400, "the body is not valid JSON"))
-            return
-        headers = {k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"}
-        self._send(self.server.model.chat(body, headers))
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
-        logger.debug("%s " + format, self.address_string(), *args)
+# Request bodies grow with the conversation; a long episode's messages exceed aiohttp's 1 MiB default.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
-class OfflineModelServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer around a ScriptedModel; `url` is the base URL a client needs."""
+class OfflineModelServer:
+    """The ScriptedModel over HTTP: aiohttp's server on an event loop of its own (in the calling
+    thread with `serve_forever`, in a background thread with `start`); `url` is the base URL a
+    client needs. HTTP/1.1 keep-alive as hosted APIs have it, Nagle off, and no thread per
+    connection: a slow reply is a timer, so hundreds of clients waiting on the "slow" fault cost
+    nothing. The socket is bound in the constructor (OSError when the port is taken)."""
 
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
     # The listen backlog: a worker opening a connection per rollout at once (128 and more)
     # must not find it full; the kernel caps it at net.core.somaxconn.
     request_queue_size = 1024
 
     def __init__(self, model: ScriptedModel, host: str = "127.0.0.1", port: int = 0):
         self.model = model
+        self.socket = socket.create_server((host, port), backlog=self.request_queue_size)
+        self.server_address = self.socket.getsockname()
         self.stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        super().__init__((host, port), _Handler)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> OfflineModelServer:
-        # A short poll interval: stop() (shutdown) waits up to one interval.
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="offline-model", daemon=True
+    def serve_forever(self) -> None:
+        """Serve in this thread until stop() (from another thread) or KeyboardInterrupt."""
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._serve(loop))
+        finally:
+            loop.close()
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        # shutdown_timeout 0: stop() drops replies still waiting on a "slow" fault at once.
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_IDLE_S, shutdown_timeout=0)
+        await runner.setup()
+        self._stop = asyncio.Event()
+        try:
+            await web.SockSite(runner, self.socket, backlog=self.request_queue_size).start()
+            self._loop = loop
+            self._ready.set()
+            if not self.stopping.is_set():
+                await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        path = request.path.rstrip("/")
+        if request.method == "GET" and path in ("/v1/models", "/models"):
+            reply = self.model.models()
+        elif request.method == "GET" and path == "/healthz":
+            reply = Reply(200, {"status": "ok", "model": MODEL_NAME, "scripts": len(self.model.registry)})
+        elif request.method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
+            try:
+                body = json.loads(await request.read() or b"null")
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                reply = _error(400, "the body is not valid JSON")
+            else:
+                headers = {k.lower(): v for k, v in request.headers.items() if k.lower() != "authorization"}
+                reply = self.model.chat(body, headers)
+        else:
+            reply = _error(404, f"no route {request.method} {path}", code="not_found")
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)  # stop() cancels it: no reply, the connection closes
+        return web.Response(
+            body=json.dumps(reply.body).encode("utf-8"), status=reply.status, headers=reply.headers,
+            content_type="application/json",
         )
+
+    def start(self) -> OfflineModelServer:
+        """Serve in a daemon thread; returns once the server accepts requests."""
+        self._thread = threading.Thread(target=self.serve_forever, name="offline-model", daemon=True)
         self._thread.start()
+        while not self._ready.wait(0.05):
+            if not self._thread.is_alive():
+                raise RuntimeError("the offline model server did not start")
         return self
 
     def stop(self) -> None:
-        self.stopping.set()  # releases slow replies still sleeping
+        self.stopping.set()
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # the loop has already closed
+                pass
         if self._thread is not None:
-            self.shutdown()
             self._thread.join()
         self.server_close()
+
+    def server_close(self) -> None:
+        self.socket.close()
 
 
 @contextmanager
