@@ -9,6 +9,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,36 @@ def test_a_cgroup_thread_evicted_from_its_cgroups_refuses_to_start_commands(loca
             sandbox._cgroup_thread().call(lambda: "would start a command outside the limits")
         # The handle falls back to joining per command, still inside the limits.
         assert sandbox.run("true", timeout=30).ok
+
+
+def test_cgroup_thread_submit_returns_before_the_thread_is_in_and_failures_reach_the_future() -> None:
+    joined = threading.Event()
+
+    def slow_prepare() -> None:
+        joined.wait(10)
+
+    thread = sandbox_cgroups.CgroupThread(sandbox_cgroups.SandboxCgroup({}, {}), name="t-slow", prepare=slow_prepare)
+    started = time.monotonic()
+    future = thread.submit(threading.get_native_id)
+    skipped = thread.submit(lambda: pytest.fail("a cancelled request ran"))
+    assert time.monotonic() - started < 1 and not future.done()
+    assert skipped.cancel()
+    joined.set()
+    assert future.result(10) != threading.get_native_id()  # ran on the spawner thread
+    assert thread.call(lambda: "again") == "again"
+    thread.stop()
+
+    def failing_prepare() -> None:
+        raise PermissionError(1, "no")
+
+    broken = sandbox_cgroups.CgroupThread(sandbox_cgroups.SandboxCgroup({}, {}), name="t-broken",
+                                          prepare=failing_prepare)
+    futures = [broken.submit(lambda: "never") for _ in range(3)]
+    for f in futures:
+        with pytest.raises(sandbox_cgroups.CgroupJoinError, match="no"):
+            f.result(10)
+    with pytest.raises(sandbox_cgroups.CgroupJoinError):  # a fresh thread, which fails again
+        broken.call(lambda: "never")
 
 
 def _status(path: str) -> dict[str, list[str]]:

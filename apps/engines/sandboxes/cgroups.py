@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 import queue
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -406,10 +407,12 @@ class CgroupThread:
     memory stays charged to the worker (v1 charges the mm owner, the main thread).
 
     The thread exits after IDLE_EXIT seconds without work (leaving the cgroups, so they can
-    be removed) and is started again on demand. `call(fn)` runs fn on it and returns its result.
-    `prepare`, if given, runs on the thread once it is inside (the local backend drops the
-    thread's credentials there); if it raises, the thread leaves and `call` raises
-    CgroupJoinError.
+    be removed) and is started again on demand. `submit(fn)` queues fn to run on it and returns
+    a `concurrent.futures.Future` at once, never waiting for the thread (an event loop awaits
+    it with `asyncio.wrap_future`); `call(fn)` runs fn there and returns its result. `prepare`,
+    if given, runs on the thread once it is inside (the local backend drops the thread's
+    credentials there); if joining or `prepare` fails, the thread leaves and every function
+    queued for it fails with CgroupJoinError.
     """
 
     IDLE_EXIT = 30.0
@@ -422,31 +425,27 @@ class CgroupThread:
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
 
-    def call(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the thread inside the cgroups; CgroupJoinError if the thread cannot join them."""
-        done = threading.Event()
-        box: list[tuple[bool, Any]] = []
+    def submit(self, fn: Callable[[], T]) -> "Future[T]":
+        """Queue `fn` to run on the thread inside the cgroups; returns its future at once.
+
+        The future fails with CgroupJoinError if the thread cannot join the cgroups (or was
+        evicted from them). A future cancelled before the thread takes it up is skipped: `fn`
+        then never runs.
+        """
+        future: Future[T] = Future()
         with self._lock:
             if self._queue is None:
-                self._start()
-            assert self._queue is not None
-            self._queue.put((fn, box, done))
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+                # Not waited for: the join (an RCU grace period) and `prepare` happen on the new
+                # thread, which answers this future like any other if they fail.
+                self._queue = queue.Queue()
+                self._thread = threading.Thread(target=self._loop, args=(self._queue,), name=self.name, daemon=True)
+                self._thread.start()
+            self._queue.put((fn, future))
+        return future
 
-    def _start(self) -> None:
-        ready = threading.Event()
-        failure: list[BaseException] = []
-        requests: queue.Queue = queue.Queue()
-        thread = threading.Thread(target=self._loop, args=(requests, ready, failure), name=self.name, daemon=True)
-        thread.start()
-        ready.wait()
-        if failure:
-            raise failure[0]
-        self._queue, self._thread = requests, thread
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the thread inside the cgroups; CgroupJoinError if the thread cannot join them."""
+        return self.submit(fn).result()
 
     def _inside(self) -> bool:
         """Whether this thread is (still) in every one of the sandbox's cgroups."""
@@ -465,24 +464,40 @@ class CgroupThread:
             for controller, path in self.cgroup.paths.items()
         )
 
-    def _loop(self, requests: queue.Queue, ready: threading.Event, failure: list[BaseException]) -> None:
+    def _leave(self, requests: queue.Queue, error: CgroupJoinError, taken: tuple | None = None) -> None:
+        """The thread cannot serve (never got in, or was evicted): fail `taken` (the request in
+        hand) and everything queued, and go.
+
+        Unhooked first, under the lock, so that nothing more is queued here; the next `submit`
+        starts a fresh thread."""
+        with self._lock:
+            if self._queue is requests:
+                self._queue = self._thread = None
+        item = taken
+        while True:
+            if item is not None and item[1].set_running_or_notify_cancel():
+                item[1].set_exception(error)
+            try:
+                item = requests.get_nowait()
+            except queue.Empty:
+                return
+
+    def _loop(self, requests: queue.Queue) -> None:
         tid = str(threading.get_native_id())
         try:
             for directory in self.cgroup.directories:
                 _write(directory / "tasks", tid)
         except OSError as exc:
             message = f"cannot move thread {tid} into {self.cgroup.directories}: {exc.strerror}"
-            failure.append(CgroupJoinError(exc.errno, message))
-            ready.set()
+            self._leave(requests, CgroupJoinError(exc.errno, message))
             return
         if self.prepare is not None:
             try:
                 self.prepare()
             except OSError as exc:
-                failure.append(CgroupJoinError(exc.errno, f"thread {tid} in {self.cgroup.directories}: {exc}"))
-                ready.set()
-                return  # the thread ends here, which takes it out of the cgroups
-        ready.set()
+                # The thread ends here, which takes it out of the cgroups.
+                self._leave(requests, CgroupJoinError(exc.errno, f"thread {tid} in {self.cgroup.directories}: {exc}"))
+                return
         while True:
             try:
                 item = requests.get(timeout=self.IDLE_EXIT)
@@ -495,27 +510,18 @@ class CgroupThread:
                 return
             if item is None:
                 return
-            fn, box, done = item
+            fn, future = item
             if not self._inside():
                 # Evicted by a destroy from elsewhere: never start a command outside the limits.
-                # Answer everything queued and go; the next call starts a fresh thread.
                 error = CgroupJoinError(errno.ESTALE, f"thread {tid} is no longer in {self.cgroup.directories}")
-                with self._lock:
-                    if self._queue is requests:
-                        self._queue = self._thread = None
-                while item is not None:
-                    item[1].append((False, error))
-                    item[2].set()
-                    try:
-                        item = requests.get_nowait()
-                    except queue.Empty:
-                        item = None
+                self._leave(requests, error, taken=item)
                 return
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller gave up before it ran
             try:
-                box.append((True, fn()))
+                future.set_result(fn())
             except BaseException as exc:  # handed back to the caller's thread
-                box.append((False, exc))
-            done.set()
+                future.set_exception(exc)
 
     def stop(self) -> None:
         """Let the thread leave the cgroups now (before they are removed)."""
