@@ -28,7 +28,6 @@ import math
 import os
 import re
 import secrets
-import selectors
 import shutil
 import signal
 import socket
@@ -38,6 +37,7 @@ import sysconfig
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from pathlib import Path
@@ -46,6 +46,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.engines.sandboxes import bwrap, cgroups
+from apps.engines.sandboxes.pump import CommandPipes, pump_in_thread
 from apps.engines.sandboxes.sandbox_init import InitGone, InitProcess, sys_python
 from apps.engines.sandboxes.base import (
     PLATFORM_PYTHON_PATH,
@@ -98,6 +99,58 @@ EXIT_IS_DIR = 45
 
 def _now() -> datetime:
     return datetime.now(dt_timezone.utc)
+
+
+@dataclass
+class _Launch:
+    """One command ready to start in a fresh bubblewrap (`LocalSandbox._launch`).
+
+    `info_r`/`info_w`: bwrap's --info-fd pipe (-1 unisolated); `info_w` goes to bwrap and is
+    closed once it started, `info_r` becomes the Running's. `threaded`: started from the
+    sandbox's CgroupThread (born in its cgroups) rather than by a shell that joins them.
+    `oom_before`: the memory cgroup's OOM kills so far (None without cgroups).
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    stdin: bool
+    info_r: int = -1
+    info_w: int = -1
+    use_cgroup: bool = False
+    threaded: bool = False
+    oom_before: int | None = None
+
+    def spawn(self) -> tuple[subprocess.Popen, float]:
+        """Start it on the calling thread (the CgroupThread when `threaded`): (the process, the
+        time.monotonic() it started at). Takes its turn in _STARTING first; the command's time
+        starts once its turn came, so waiting for it does not eat the command's timeout."""
+        with _STARTING:
+            started = time.monotonic()
+            proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.cwd,
+                env=self.env,
+                start_new_session=True,
+                pass_fds=(self.info_w,) if self.info_w >= 0 else (),
+            )
+        return proc, started
+
+    def spawned(self) -> None:
+        """It started: bwrap has its copy of the info pipe's write end; ours goes."""
+        if self.info_w >= 0:
+            os.close(self.info_w)
+            self.info_w = -1
+
+    def close(self) -> None:
+        """It never started: close both ends of the info pipe."""
+        self.spawned()
+        if self.info_r >= 0:
+            os.close(self.info_r)
+            self.info_r = -1
 
 
 # --- the sandbox -------------------------------------------------------------------------------
@@ -228,75 +281,31 @@ class LocalSandbox(Sandbox):
                 self._init_lock.release()
             if outcome is not None:
                 return outcome
-        host = self.backend.host()
-        limits = self._limits(timeout)
-        use_cgroup = self.isolated and bool(self.cgroup.paths)
-        info_r = info_w = -1
-        threaded = use_cgroup and self.cgroup.thread_capable and not self._thread_failed
-        if self.isolated:
-            info_r, info_w = os.pipe()
-
-            def isolated_argv(join: bool, from_thread: bool = False) -> list[str]:
-                """join: a root shell joins the cgroups first. from_thread: started from the
-                sandbox's CgroupThread, which may have prepared itself (`prepare_spawner_thread`:
-                privileges dropped, the sandbox's network made), so no setpriv and --share-net."""
-                procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if join else None
-                prepared = from_thread and self._cgroup_thread().prepare is not None
-                return wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
-                                  cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20,
-                                  ro_binds=self._ro_binds(), from_spawner=prepared) + shell_argv(command, limits)
-
-            argv = isolated_argv(join=use_cgroup and not threaded, from_thread=threaded)
-            popen_env = {"PATH": HOST_PATH, "LANG": "C.UTF-8"}
-            popen_cwd = "/"
-        else:
-            argv = wrap_argv(host, workspace=None, cwd=cwd, env={}) + shell_argv(command, limits)
-            popen_env = {"PATH": SANDBOX_PATH, **self._env(env)}
-            popen_cwd = self._host_cwd(cwd)
-            if not os.path.isdir(popen_cwd):
-                return Outcome(exit_code=1, timed_out=False, duration_ms=0, note=f"cwd {cwd} does not exist")
-        oom_before = self.cgroup.oom_kills() if use_cgroup else 0
-
-        def start(args: list[str]) -> subprocess.Popen:
-            return subprocess.Popen(
-                args,
-                stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=popen_cwd,
-                env=popen_env,
-                start_new_session=True,
-                pass_fds=(info_w,) if info_w >= 0 else (),
-            )
-
-        _STARTING.acquire()
-        started = time.monotonic()
+        launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None)
+        if isinstance(launch, Outcome):
+            return launch
         try:
-            if threaded:
+            if launch.threaded:
                 try:
-                    proc = self._cgroup_thread().call(lambda: start(argv))
+                    proc, started = self._cgroup_thread().call(launch.spawn)
                 except cgroups.CgroupJoinError as exc:
-                    # The thread could not join the cgroups: join per command instead.
-                    logger.warning("sandbox %s: cgroup thread unavailable (%s); joining per command", self.id, exc)
-                    self._thread_failed = True
-                    threaded = False
-                    argv = isolated_argv(join=True)
-                    proc = start(argv)
+                    launch.close()
+                    self._cgroup_thread_failed(exc)
+                    launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None)
+                    assert isinstance(launch, _Launch) and not launch.threaded
+                    proc, started = launch.spawn()
             else:
-                proc = start(argv)
+                proc, started = launch.spawn()
         except OSError as exc:
-            if info_r >= 0:
-                os.close(info_r)
+            launch.close()
             raise SandboxError(f"could not start a command in sandbox {self.id}: {exc}") from exc
-        finally:
-            _STARTING.release()
-            if info_w >= 0:
-                os.close(info_w)
-        running = Running(proc, info_r)
+        launch.spawned()
+        running = Running(proc, launch.info_r)
         with self._procs_lock:
             self._procs.add(running)
         try:
-            timed_out = self._pump(running, sink, started + timeout, stdin_data)
+            timed_out = pump_in_thread(CommandPipes(running, sink, stdin_data, label=f"sandbox {self.id}"),
+                                       started + timeout, DRAIN_AFTER_KILL)
             exit_code = proc.wait()
         finally:
             running.close_info()
@@ -309,8 +318,40 @@ class LocalSandbox(Sandbox):
                 except subprocess.TimeoutExpired:
                     running.kill_monitor()
                     proc.wait()
-        join_failed = use_cgroup and not threaded and running.child_pid is None
-        return self._outcome(exit_code, timed_out, started, sink, oom_before if use_cgroup else None, join_failed)
+        join_failed = launch.use_cgroup and not launch.threaded and running.child_pid is None
+        return self._outcome(exit_code, timed_out, started, sink, launch.oom_before, join_failed)
+
+    def _launch(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
+                stdin: bool) -> "_Launch | Outcome":
+        """A command of a fresh bubblewrap (or, unisolated, a plain process), ready to start: its
+        argv, environment, info pipe, and whether the sandbox's CgroupThread starts it. An
+        Outcome instead when it cannot run at all (an unisolated cwd that does not exist)."""
+        host = self.backend.host()
+        limits = self._limits(timeout)
+        use_cgroup = self.isolated and bool(self.cgroup.paths)
+        threaded = use_cgroup and self.cgroup.thread_capable and not self._thread_failed
+        if not self.isolated:
+            popen_cwd = self._host_cwd(cwd)
+            if not os.path.isdir(popen_cwd):
+                return Outcome(exit_code=1, timed_out=False, duration_ms=0, note=f"cwd {cwd} does not exist")
+            return _Launch(argv=wrap_argv(host, workspace=None, cwd=cwd, env={}) + shell_argv(command, limits),
+                           env={"PATH": SANDBOX_PATH, **self._env(env)}, cwd=popen_cwd, stdin=stdin)
+        # join: a root shell joins the cgroups first. Started from the sandbox's CgroupThread,
+        # which may have dropped privileges itself: then no setpriv, and its network is ready.
+        procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if use_cgroup and not threaded else None
+        dropped = threaded and self._cgroup_thread().prepare is not None
+        info_r, info_w = os.pipe()
+        argv = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
+                         cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds(),
+                         from_spawner=dropped)
+        return _Launch(argv=argv + shell_argv(command, limits), env={"PATH": HOST_PATH, "LANG": "C.UTF-8"}, cwd="/",
+                       stdin=stdin, info_r=info_r, info_w=info_w, use_cgroup=use_cgroup, threaded=threaded,
+                       oom_before=self.cgroup.oom_kills() if use_cgroup else None)
+
+    def _cgroup_thread_failed(self, exc: cgroups.CgroupJoinError) -> None:
+        """The spawner thread could not join the cgroups: this handle joins per command from now on."""
+        logger.warning("sandbox %s: cgroup thread unavailable (%s); joining per command", self.id, exc)
+        self._thread_failed = True
 
     def _outcome(self, exit_code: int, timed_out: bool, started: float, sink: Any, oom_before: int | None,
                  join_failed: bool = False) -> Outcome:
@@ -410,87 +451,6 @@ class LocalSandbox(Sandbox):
         finally:
             self._init_lock.release()
 
-    def _pump(self, running: Running, sink: Any, deadline: float, stdin_data: bytes | None) -> bool:
-        """Read stdout/stderr until both close; kill at the deadline. True if it timed out."""
-        proc = running.proc
-        sel = selectors.DefaultSelector()
-        names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}  # type: ignore[union-attr]
-        for fd in names:
-            sel.register(fd, selectors.EVENT_READ)
-        if running.info_fd >= 0:
-            sel.register(running.info_fd, selectors.EVENT_READ)
-        pending = memoryview(stdin_data) if stdin_data is not None else None
-        stdin_fd = -1
-        if pending is not None:
-            assert proc.stdin is not None
-            if len(pending):
-                stdin_fd = proc.stdin.fileno()
-                os.set_blocking(stdin_fd, False)
-                sel.register(stdin_fd, selectors.EVENT_WRITE)
-            else:
-                proc.stdin.close()
-        timed_out = False
-        escalate_at: float | None = None
-        give_up_at: float | None = None
-        try:
-            while any(fd in sel.get_map() for fd in names):
-                now = time.monotonic()
-                if not timed_out and now >= deadline:
-                    timed_out = True
-                    running.kill()
-                    escalate_at, give_up_at = now + 1.0, now + DRAIN_AFTER_KILL
-                if escalate_at is not None and now >= escalate_at and not running.killed_monitor:
-                    running.kill_monitor()
-                if give_up_at is not None and now >= give_up_at:
-                    logger.warning(
-                        "sandbox %s: output pipes still open %.0fs after kill; abandoning them", self.id, DRAIN_AFTER_KILL
-                    )
-                    break
-                if not timed_out:
-                    next_event = deadline
-                elif not running.killed_monitor and escalate_at is not None:
-                    next_event = escalate_at
-                else:
-                    next_event = give_up_at or now
-                for key, _ in sel.select(max(0.0, min(next_event - now, 1.0))):
-                    fd = key.fd
-                    if fd == stdin_fd:
-                        assert pending is not None and proc.stdin is not None
-                        try:
-                            written = os.write(fd, pending[:65536])
-                        except BrokenPipeError:
-                            written = len(pending)
-                        pending = pending[written:]
-                        if not len(pending):
-                            sel.unregister(fd)
-                            stdin_fd = -1
-                            proc.stdin.close()
-                        continue
-                    data = os.read(fd, 65536)
-                    if fd == running.info_fd:
-                        if not running.take_info(data):
-                            sel.unregister(fd)  # EOF (or bwrap failed before the sandbox existed)
-                        continue
-                    if not data:
-                        sel.unregister(fd)
-                        continue
-                    sink.feed(names[fd], data)
-        except BaseException:
-            running.kill()
-            raise
-        finally:
-            sel.close()
-            if running.child_pid is None and running.info_fd >= 0:
-                # Written right after the clone, so it is there by now if the sandbox ever existed.
-                os.set_blocking(running.info_fd, False)
-                try:
-                    running.take_info(os.read(running.info_fd, 4096))
-                except BlockingIOError:
-                    pass
-            if proc.stdin is not None and not proc.stdin.closed:
-                proc.stdin.close()
-        return timed_out
-
     def _stdio_command(self, argv: list[str], *, lifetime: float, cwd: str, env: dict[str, str]) -> StdioCommand:
         # The same chain as `_execute` (cgroup join, nobody, bwrap, the limits shell), started by
         # the caller's process API: the process joins the cgroups itself (no spawner thread),
@@ -536,6 +496,10 @@ class LocalSandbox(Sandbox):
     ) -> ExecResult:
         collector = OutputCollector(max_output_bytes, on_output)
         outcome = self._execute(command, timeout=timeout, cwd=cwd, env=env, sink=collector)
+        return self._result(collector, outcome, timeout)
+
+    def _result(self, collector: OutputCollector, outcome: Outcome, timeout: float) -> ExecResult:
+        """The ExecResult of a finished command: its output, and what ended it if not itself."""
         collector.close()
         killed_by: str | None = None
         note = outcome.note
