@@ -2,6 +2,8 @@
 and on the OpenSandbox backend (the real SDK against the loopback fake in opensandbox_fake.py)."""
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import uuid
 from typing import Any
@@ -76,6 +78,25 @@ def test_non_zero_exit_is_reported_with_both_streams(backend: Any) -> None:
     # A list is an argv: no shell, no word splitting, no expansion.
     assert argv.exit_code == 0 and argv.stdout == "a b|$HOME|c|\n"
     assert signalled.exit_code == 128 + 15
+
+
+def test_arun_gives_what_run_gives(backend: Any) -> None:
+    # The awaitable twin: on the loop itself where the backend can, else `run` in a worker thread.
+    calls: list[dict[str, Any]] = [
+        dict(cmd="echo out; echo err >&2; exit 7", timeout=30),
+        dict(cmd=["printf", "%s|", "a b", "$HOME"], timeout=30, env={"X": "1"}),
+        dict(cmd="echo started; sleep 30; echo never", timeout=1),
+    ]
+    with backend.create(SandboxSpec(labels=_labels())) as sandbox:
+        expected = [sandbox.run(**kwargs) for kwargs in calls]
+
+        async def main() -> list[ExecResult]:
+            return [await sandbox.arun(**kwargs) for kwargs in calls]
+
+        got = asyncio.run(main())
+    assert [dataclasses.replace(r, duration_ms=0) for r in got] == [
+        dataclasses.replace(r, duration_ms=0) for r in expected]
+    assert got[0].exit_code == 7 and got[2].killed_by == "timeout"
 
 
 def test_timeout_kills_the_command_and_the_sandbox_stays_usable(backend: Any) -> None:

@@ -1,6 +1,7 @@
 """Local backend specifics: refusing without isolation, recorded downgrades, cgroups, cleanup."""
 from __future__ import annotations
 
+import asyncio
 import shutil
 import signal
 import socket
@@ -331,9 +332,9 @@ def test_a_sandboxs_commands_share_one_network_that_nothing_else_reaches(
     assert any("--share-net" in argv for argv in argvs) == shared
 
 
-def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(
-    local_backend: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _one_turn_to_start(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One turn in local._STARTING, and a Popen that fails for a command with FAIL_START in its
+    env; returns [the most starts that were ever under way at once]."""
     monkeypatch.setattr(local, "_STARTING", threading.BoundedSemaphore(1))
     starting: list[int] = []
     most = [0]
@@ -345,11 +346,19 @@ def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(
         try:
             if "FAIL_START" in args[0]:  # the sandbox env travels as bwrap --setenv
                 raise OSError(24, "Too many open files")
+            time.sleep(0.01)  # widen the window in which a second start would overlap
             return real_popen(*args, **kwargs)
         finally:
             starting.pop()
 
     monkeypatch.setattr(local.subprocess, "Popen", popen)
+    return most
+
+
+def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    most = _one_turn_to_start(monkeypatch)
     with local_backend.create(SandboxSpec()) as sandbox:
         with pytest.raises(SandboxError, match="could not start a command.*Too many open files"):
             sandbox.run("true", timeout=30, env={"FAIL_START": "1"})
@@ -364,6 +373,38 @@ def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(
             thread.join(60)
     # The failed start gave its turn back (else these would wait forever); one started at a time.
     assert sorted(int(r.stdout) for r in results) == list(range(6)) and most[0] == 1
+
+
+def test_aruns_take_turns_to_start_without_blocking_the_loop(local_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where arun starts commands on the sandboxes' spawner threads (see test_sandbox_arun), each
+    # waits for its turn there; elsewhere in a worker thread. Never on the event loop.
+    most = _one_turn_to_start(monkeypatch)
+    turn = local._STARTING
+    sandboxes = [local_backend.create(SandboxSpec()) for _ in range(3)]
+    try:
+        async def main() -> tuple[list[Any], float]:
+            with pytest.raises(SandboxError, match="could not start a command.*Too many open files"):
+                await sandboxes[0].arun("true", timeout=30, env={"FAIL_START": "1"})
+            # Held by the test: nobody may start, yet the loop must keep running.
+            assert turn.acquire(timeout=5)
+            release = threading.Timer(10, turn.release)  # never hang the test on a blocked loop
+            release.start()
+            tasks = [asyncio.create_task(sb.arun(f"echo {i}", timeout=30)) for i in range(4) for sb in sandboxes]
+            slept = time.monotonic()
+            await asyncio.sleep(0.2)
+            slept = time.monotonic() - slept
+            release.cancel()
+            assert slept < 5, "the loop waited for the turn"
+            assert not any(task.done() for task in tasks)
+            turn.release()
+            return await asyncio.gather(*tasks), slept
+
+        results, slept = asyncio.run(main())
+    finally:
+        for sb in sandboxes:
+            sb.destroy()
+    # The failed start gave its turn back; one started at a time; the loop was never blocked.
+    assert sorted(int(r.stdout) for r in results) == sorted(list(range(4)) * 3) and most[0] == 1
 
 
 def test_a_crashed_worker_leaves_no_sandbox_process_running(local_backend: Any) -> None:

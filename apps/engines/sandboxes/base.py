@@ -1,17 +1,19 @@
 """The sandbox interface both backends implement: spec, result, handle, backend, errors.
 
-Everything here is synchronous and backend-neutral. A backend subclasses `SandboxBackend`
-(`_create`, `_get`, `_list`, `_destroy`) and `Sandbox` (`_run`, `_write_file`,
-`_read_file`); the public methods here validate arguments, normalise paths and results and
-keep the `SandboxRecord` rows in step, so the two backends behave the same to callers.
+Everything here is backend-neutral and synchronous but for `Sandbox.arun`, the awaitable
+twin of `run`. A backend subclasses `SandboxBackend` (`_create`, `_get`, `_list`, `_destroy`)
+and `Sandbox` (`_run`, `_write_file`, `_read_file`, optionally `_arun`); the public methods
+here validate arguments, normalise paths and results and keep the `SandboxRecord` rows in
+step, so the two backends behave the same to callers.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import posixpath
 import re
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
@@ -182,7 +184,7 @@ class SandboxSpec:
 
 @dataclass(frozen=True)
 class ExecResult:
-    """The outcome of one `Sandbox.run`.
+    """The outcome of one `Sandbox.run` (or `arun`).
 
     `exit_code` is the command's status, 128+N when a signal N ended it (shell convention on
     both backends), None when the platform killed it on its deadline (`timed_out`). `stdout`
@@ -422,6 +424,22 @@ def _command_list(cmd: str | list[str]) -> str | list[str]:
     raise SandboxError(f"command must be a string or a list of strings, got {type(cmd).__name__}")
 
 
+@dataclass(frozen=True)
+class RunCall:
+    """One `run`/`arun` call, checked and normalised (`Sandbox._run_call`): an absolute `cwd`,
+    `env` on top of the spec's, `timeout` in seconds. `kwargs()` are `Sandbox._run`'s."""
+
+    command: str | list[str]
+    timeout: float
+    cwd: str
+    env: dict[str, str]
+    on_output: OutputCallback | None
+    max_output_bytes: int
+
+    def kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 class Sandbox(ABC):
     """A live sandbox. Use as a context manager to destroy it on exit."""
 
@@ -486,6 +504,43 @@ class Sandbox(ABC):
         `timeout` (seconds) is a hard wall-clock deadline; `on_output(stream, line)` is called
         live from the calling thread for each output line, up to `max_output_bytes` per stream.
         """
+        return self._run(**self._run_call(cmd, timeout=timeout, cwd=cwd, env=env, on_output=on_output,
+                                          max_output_bytes=max_output_bytes).kwargs())
+
+    async def arun(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        on_output: OutputCallback | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """`run` for a caller on an asyncio event loop: the same arguments, checks and result.
+
+        The arguments are checked on the loop (SandboxError at once, as `run` raises). Where the
+        backend can, the command runs without a thread of its own (the local backend's fresh
+        bubblewraps: see `LocalSandbox._arun`) and `on_output` is called on the loop's thread,
+        so it must not block; elsewhere `run` runs in a worker thread and `on_output` is called
+        there. Cancelling the awaiting task kills the command where the backend runs it on the
+        loop; on the thread path the command runs on to its end (destroy the sandbox to stop it).
+        """
+        return await self._arun(self._run_call(cmd, timeout=timeout, cwd=cwd, env=env, on_output=on_output,
+                                               max_output_bytes=max_output_bytes))
+
+    def _run_call(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout: float | timedelta,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        on_output: OutputCallback | None,
+        max_output_bytes: int,
+    ) -> RunCall:
+        """`run`'s and `arun`'s checks: the call for `_run`/`_arun`, or SandboxError
+        (SandboxNotFound once the sandbox was destroyed)."""
         command = _command_list(cmd)
         if isinstance(timeout, timedelta):
             timeout = timeout.total_seconds()
@@ -495,15 +550,9 @@ class Sandbox(ABC):
             raise SandboxError(f"max_output_bytes must be a positive integer, got {max_output_bytes!r}")
         if self.destroyed:
             raise SandboxNotFound(f"sandbox {self.id} was destroyed")
-        run_env = {**self.spec.env, **validate_env(env)}
-        return self._run(
-            command,
-            timeout=float(timeout),
-            cwd=sandbox_path(cwd) if cwd else WORKDIR,
-            env=run_env,
-            on_output=on_output,
-            max_output_bytes=max_output_bytes,
-        )
+        return RunCall(command=command, timeout=float(timeout), cwd=sandbox_path(cwd) if cwd else WORKDIR,
+                       env={**self.spec.env, **validate_env(env)}, on_output=on_output,
+                       max_output_bytes=max_output_bytes)
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Create or replace a file (parents are created) with `data` and permission `mode`."""
@@ -622,6 +671,12 @@ class Sandbox(ABC):
         on_output: OutputCallback | None,
         max_output_bytes: int,
     ) -> ExecResult: ...
+
+    async def _arun(self, call: RunCall) -> ExecResult:
+        """`arun`'s backend hook, given the checked call. This default, which every backend has,
+        runs `_run` in a worker thread (asyncio.to_thread); a backend overrides it where it can
+        run the command on the event loop itself."""
+        return await asyncio.to_thread(self._run, **call.kwargs())
 
     @abstractmethod
     def _write_file(self, path: str, data: bytes, mode: int) -> None: ...

@@ -16,6 +16,11 @@ The bubblewrap is built by `bwrap.py` (read its docstring for the exact chain): 
 (setpriv), every namespace unshared and a minimal read-only root, born inside the sandbox's
 cgroups; each command's rlimits are set by its own /bin/sh.
 
+`arun` (the awaitable `run`) needs no thread of its own for a fresh bubblewrap started by the
+sandbox's spawner thread (cgroups.CgroupThread, cgroup v1): the event loop awaits the start on
+that thread, then pumps the pipes and waits for the exit itself (pump.py). With the init, when
+unisolated or without the spawner thread it runs `run` in a worker thread, like any backend.
+
 When bubblewrap or user namespaces are unavailable `create` refuses with
 SandboxUnavailable, unless SANDBOX_ALLOW_UNISOLATED is set: then commands run as plain
 processes (still as `nobody` with rlimits when we are root) and every sandbox records the
@@ -23,6 +28,7 @@ downgrade.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -37,6 +43,7 @@ import sysconfig
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -46,7 +53,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.engines.sandboxes import bwrap, cgroups
-from apps.engines.sandboxes.pump import CommandPipes, pump_in_thread
+from apps.engines.sandboxes.pump import CommandPipes, pidfd_supported, pump_in_thread, pump_on_loop
 from apps.engines.sandboxes.sandbox_init import InitGone, InitProcess, sys_python
 from apps.engines.sandboxes.base import (
     PLATFORM_PYTHON_PATH,
@@ -55,6 +62,7 @@ from apps.engines.sandboxes.base import (
     ExecResult,
     OutputCallback,
     OutputCollector,
+    RunCall,
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -103,7 +111,8 @@ def _now() -> datetime:
 
 @dataclass
 class _Launch:
-    """One command ready to start in a fresh bubblewrap (`LocalSandbox._launch`).
+    """One command ready to start in a fresh bubblewrap (`LocalSandbox._launch`), shared by the
+    thread path (`_execute`) and the event loop's (`_aexecute`).
 
     `info_r`/`info_w`: bwrap's --info-fd pipe (-1 unisolated); `info_w` goes to bwrap and is
     closed once it started, `info_r` becomes the Running's. `threaded`: started from the
@@ -151,6 +160,23 @@ class _Launch:
         if self.info_r >= 0:
             os.close(self.info_r)
             self.info_r = -1
+
+    def abandon(self, start: "Future[tuple[subprocess.Popen, float]]") -> None:
+        """Its caller went away (cancelled) while `start` was under way: once `start` is done,
+        kill what it started and reap it, and close the pipes. Called in the thread that
+        finished `start` (the CgroupThread), or the caller's if it was already done."""
+        try:
+            proc = start.result()[0] if not start.cancelled() and start.exception() is None else None
+            if proc is not None:
+                # Its sandbox's pid 1 is not known yet: the monitor's group (--die-with-parent
+                # takes the sandbox along), which dies at once.
+                Running(proc).kill_monitor()
+                proc.wait()
+                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
+        finally:
+            self.close()
 
 
 # --- the sandbox -------------------------------------------------------------------------------
@@ -267,7 +293,7 @@ class LocalSandbox(Sandbox):
 
         In the sandbox's init when it is free (see sandbox_init.py), else (the init is busy with
         another command of this sandbox, cannot start, or the sandbox is unisolated) in a
-        bubblewrap of its own."""
+        bubblewrap of its own. Blocks the calling thread; `_aexecute` is the event loop's twin."""
         self._check_alive()
         if self.isolated and not self._init_off and (
             self._init_lock.acquire(blocking=False)
@@ -352,6 +378,60 @@ class LocalSandbox(Sandbox):
         """The spawner thread could not join the cgroups: this handle joins per command from now on."""
         logger.warning("sandbox %s: cgroup thread unavailable (%s); joining per command", self.id, exc)
         self._thread_failed = True
+
+    def _loop_capable(self) -> bool:
+        """Whether `arun` can start and pump a command on the event loop (`_aexecute`): isolated,
+        every command in a fresh bubblewrap (the init's protocol, InitProcess.run, blocks its
+        thread), started by the sandbox's CgroupThread (the loop's own thread must not fork a
+        bubblewrap, nor wait for its turn to), and a pidfd to wait for its exit on."""
+        return (self.isolated and self._init_off and bool(self.cgroup.paths) and self.cgroup.thread_capable
+                and not self._thread_failed and pidfd_supported())
+
+    async def _aexecute(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
+                        sink: Any, stdin_data: bytes | None = None) -> Outcome | None:
+        """`_execute` for a caller on an event loop, without a thread of its own: the sandbox's
+        CgroupThread starts the bubblewrap (the loop awaits that), and the loop pumps its pipes
+        and waits for its exit (pump.pump_on_loop). `sink` is fed, and `on_output` called, on
+        the loop's thread.
+
+        None when this command cannot run that way (see `_loop_capable`, and a CgroupThread that
+        could not join the cgroups): nothing ran, and the caller takes the thread path.
+        Cancelled: the command is killed and the cancellation propagates."""
+        self._check_alive()
+        launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None)
+        if isinstance(launch, Outcome):
+            return launch
+        if not launch.threaded:  # the thread failed since the caller looked
+            launch.close()
+            return None
+        start = self._cgroup_thread().submit(launch.spawn)
+        try:
+            proc, started = await asyncio.wrap_future(start)
+        except cgroups.CgroupJoinError as exc:
+            launch.close()
+            self._cgroup_thread_failed(exc)
+            return None
+        except OSError as exc:
+            launch.close()
+            raise SandboxError(f"could not start a command in sandbox {self.id}: {exc}") from exc
+        except asyncio.CancelledError:
+            # A start the thread had not taken up is skipped (wrap_future cancelled it); one
+            # under way is killed, and reaped, as soon as it is done.
+            start.add_done_callback(lambda _: launch.abandon(start))
+            raise
+        launch.spawned()
+        running = Running(proc, launch.info_r)
+        pipes = CommandPipes(running, sink, stdin_data, label=f"sandbox {self.id}")
+        with self._procs_lock:
+            self._procs.add(running)
+        try:
+            timed_out = await pump_on_loop(pipes, started + timeout, DRAIN_AFTER_KILL)
+            exit_code = proc.wait()  # it exited (pump_on_loop saw it): returns at once
+        finally:
+            running.close_info()
+            with self._procs_lock:
+                self._procs.discard(running)
+        return self._outcome(exit_code, timed_out, started, sink, launch.oom_before)
 
     def _outcome(self, exit_code: int, timed_out: bool, started: float, sink: Any, oom_before: int | None,
                  join_failed: bool = False) -> Outcome:
@@ -497,6 +577,18 @@ class LocalSandbox(Sandbox):
         collector = OutputCollector(max_output_bytes, on_output)
         outcome = self._execute(command, timeout=timeout, cwd=cwd, env=env, sink=collector)
         return self._result(collector, outcome, timeout)
+
+    async def _arun(self, call: RunCall) -> ExecResult:
+        """`arun`: on the event loop itself (`_aexecute`) where the sandbox allows it, else the
+        thread path every backend has (the sandbox's init, no CgroupThread, unisolated)."""
+        if self._loop_capable():
+            collector = OutputCollector(call.max_output_bytes, call.on_output)
+            outcome = await self._aexecute(call.command, timeout=call.timeout, cwd=call.cwd, env=call.env,
+                                           sink=collector)
+            if outcome is not None:
+                return self._result(collector, outcome, call.timeout)
+            # The CgroupThread could not join (logged; nothing ran): the thread path from here on.
+        return await super()._arun(call)
 
     def _result(self, collector: OutputCollector, outcome: Outcome, timeout: float) -> ExecResult:
         """The ExecResult of a finished command: its output, and what ended it if not itself."""
