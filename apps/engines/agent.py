@@ -32,9 +32,11 @@ execution, verification); the loop is the same for all of them:
   less a failure with the reward kept; no verifier means success with reward None.
 * The sandbox is created per episode and destroyed in every case (its SandboxRecord is
   marked by the destroy, or by the caller when it passes `on_sandbox_destroyed`, as a
-  worker does to write it with the episode's result). Sandbox calls are
-  synchronous and run in worker threads (asyncio.to_thread), so one event loop can run many
-  episodes; so do sync `on_event` / `should_cancel` callables (async ones are awaited).
+  worker does to write it with the episode's result). Tool calls are awaited through the
+  runtime's `aexecute_tool` (code_exec's run_shell runs its command on the event loop, without
+  a thread: `Sandbox.arun`); the other sandbox calls are synchronous and run in worker threads
+  (asyncio.to_thread), so one event loop can run many episodes; so do sync `on_event` /
+  `should_cancel` callables (async ones are awaited).
 
 `on_event(kind, message, data)` gets "system", "thought", "action", "output", "error" and,
 last of all, "result" events, live, in order.
@@ -61,7 +63,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.db import close_old_connections
 from jsonschema import Draft202012Validator
 
 from apps.engines.llm import LLMClient, LLMError
@@ -74,6 +75,7 @@ from apps.engines.runtime import (
     ToolResult,
     get_runtime,
 )
+from apps.engines.runtime import in_thread as _in_thread  # sandbox I/O and sync callbacks
 from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxUnavailable, acquire, get_backend
 from trajplatform.redaction import redact
 
@@ -281,18 +283,6 @@ def _api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
-
-
-async def _in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Run a synchronous call in a worker thread (sandbox I/O, ORM work in callbacks)."""
-
-    def call() -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            close_old_connections()  # this thread's DB connection, per CONN_MAX_AGE
-
-    return await asyncio.to_thread(call)
 
 
 # --- the episode ------------------------------------------------------------------------------
@@ -708,9 +698,8 @@ class _Episode:
         if error is None and result is None:
             await self._sandbox_ready()
             try:
-                result = await _in_thread(
-                    runtime.execute_tool, name, args, self.sandbox, self.config,
-                    timeout=min(self.step_timeout, remaining),
+                result = await runtime.aexecute_tool(
+                    name, args, self.sandbox, self.config, timeout=min(self.step_timeout, remaining),
                 )
             except ToolError as exc:
                 error = str(exc)

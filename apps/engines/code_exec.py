@@ -218,6 +218,28 @@ def score(result: ExecResult) -> tuple[float, dict[str, Any]]:
     return reward, details
 
 
+def _shell_call(command: str, config: dict[str, Any], timeout: float | None) -> tuple[str, float]:
+    """A run_shell call's command, checked (ToolError: the agent's mistake), and its time limit."""
+    if not command.strip():
+        raise ToolError("command is empty")
+    if "\0" in command:
+        raise ToolError("command contains a NUL byte")
+    return command, float(timeout if timeout is not None else config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S)
+
+
+def _shell_result(result: ExecResult, limit: float) -> ToolResult:
+    """A run_shell call's ToolResult: the model's view of the command, and the step's record."""
+    extra = {"killed_by": result.killed_by} if result.killed_by else {}
+    return ToolResult(
+        output=format_exec_result(result, limit),
+        exit_code=result.exit_code,
+        duration_ms=result.duration_ms,
+        truncated=result.truncated,
+        timed_out=result.timed_out,
+        extra=extra,
+    )
+
+
 # --- the runtime ------------------------------------------------------------------------------
 
 
@@ -285,22 +307,20 @@ class CodeExecRuntime(SceneRuntime):
             return self._read_file(args["path"], sandbox)
         raise ToolError(f"unknown tool {name!r}")
 
+    async def aexecute_tool(
+        self, name: str, args: dict[str, Any], sandbox: Sandbox, config: dict[str, Any], *, timeout: float | None = None
+    ) -> ToolResult:
+        """run_shell is awaited on the event loop (`Sandbox.arun`: no worker thread where the
+        sandbox allows it); the file tools take the default's worker thread."""
+        if name == "run_shell":
+            command, limit = _shell_call(args["command"], config, timeout)
+            result = await sandbox.arun(command, timeout=limit, max_output_bytes=COMMAND_MAX_OUTPUT_BYTES)
+            return _shell_result(result, limit)
+        return await super().aexecute_tool(name, args, sandbox, config, timeout=timeout)
+
     def _run_shell(self, command: str, sandbox: Sandbox, config: dict[str, Any], timeout: float | None) -> ToolResult:
-        if not command.strip():
-            raise ToolError("command is empty")
-        if "\0" in command:
-            raise ToolError("command contains a NUL byte")
-        limit = float(timeout if timeout is not None else config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S)
-        result = sandbox.run(command, timeout=limit, max_output_bytes=COMMAND_MAX_OUTPUT_BYTES)
-        extra = {"killed_by": result.killed_by} if result.killed_by else {}
-        return ToolResult(
-            output=format_exec_result(result, limit),
-            exit_code=result.exit_code,
-            duration_ms=result.duration_ms,
-            truncated=result.truncated,
-            timed_out=result.timed_out,
-            extra=extra,
-        )
+        command, limit = _shell_call(command, config, timeout)
+        return _shell_result(sandbox.run(command, timeout=limit, max_output_bytes=COMMAND_MAX_OUTPUT_BYTES), limit)
 
     def _write_file(self, path: str, content: str, sandbox: Sandbox) -> ToolResult:
         if not path or "\0" in path:

@@ -2,7 +2,10 @@
 
 A scene runtime provides tools, a system prompt, a sandbox spec, set-up, tool execution and
 verification; it never runs its own copy of the loop. Its methods are synchronous (the
-sandbox interface is), and the loop calls the ones that touch a sandbox in a worker thread.
+sandbox interface is), and the loop calls the ones that touch a sandbox in a worker thread
+(`in_thread`), but for tool calls: the loop awaits `aexecute_tool`, which runs
+`execute_tool` in a worker thread unless the runtime awaits the tool itself (code_exec's
+run_shell awaits `Sandbox.arun`, which runs the command without a thread of its own).
 
     runtime = get_runtime("code_exec")          # NoEngineError for a scene without an engine
     runtime.tools(config)                       # OpenAI function schemas
@@ -10,6 +13,7 @@ sandbox interface is), and the loop calls the ones that touch a sandbox in a wor
     runtime.sandbox_spec(config)                # None: the scene needs no sandbox
     runtime.setup(sandbox, config)              # SetupError: the task's set-up is unusable
     runtime.execute_tool(name, args, sandbox, config, timeout=s) -> ToolResult
+    await runtime.aexecute_tool(name, args, sandbox, config, timeout=s) -> ToolResult
     runtime.verify(sandbox, config, final_answer) -> (reward | None, verifier_output)
     runtime.is_finish(name); runtime.finish_answer(args)
 
@@ -21,9 +25,13 @@ file, a bad path: the message goes back to the model as the tool's result);
 """
 from __future__ import annotations
 
+import asyncio
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.db import close_old_connections
 
 from apps.engines.scenes import SCENES
 
@@ -60,6 +68,18 @@ class ToolResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run a synchronous call in a worker thread (sandbox I/O, ORM work in callbacks)."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()  # this thread's DB connection, per CONN_MAX_AGE
+
+    return await asyncio.to_thread(call)
+
+
 class SceneRuntime:
     """Base class of scene runtimes; subclasses set `scene_id` and implement the hooks."""
 
@@ -83,6 +103,15 @@ class SceneRuntime:
         self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *, timeout: float | None = None
     ) -> ToolResult:
         raise NotImplementedError
+
+    async def aexecute_tool(
+        self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *, timeout: float | None = None
+    ) -> ToolResult:
+        """`execute_tool` for the agent loop, which awaits it; the same arguments, result and errors.
+
+        This default runs `execute_tool` in a worker thread (`in_thread`). A runtime overrides
+        it for the tools it can await without a thread, and hands the others to this one."""
+        return await in_thread(self.execute_tool, name, args, sandbox, config, timeout=timeout)
 
     def verify(self, sandbox: Any, config: dict[str, Any], final_answer: str) -> tuple[float | None, dict[str, Any]]:
         """(reward, verifier_output) after finish; (None, {}) when the task has no verifier."""
