@@ -8,7 +8,11 @@ Measures wall time (median and p90 over --runs, after a short warm-up) of:
 - `true` and `/usr/bin/python3 -c pass` run in an existing sandbox (`sandbox.run`), each
   beside the same command started without isolation (`subprocess.run`, same pipes), the two
   alternating run by run so that background load affects both alike;
-- a whole lifecycle, create + run `true` + destroy, beside the bare `true`.
+- a whole lifecycle, create + run `true` + destroy, beside the bare `true`;
+- `--concurrent N` (default 64) `true` commands at once over 8 sandboxes, through `run` in
+  worker threads (asyncio.to_thread, as the agent loop called it before `arun`) and through
+  `arun` on one event loop, the two alternating round by round: this process's CPU (all its
+  threads, not the sandboxes') per command, and the wall time of a round.
 
 Target (issue 3): isolation adds <= 10 ms median per command. This is a benchmark, not a
 test: it prints numbers and a verdict and exits 0 either way (1 only if it cannot run).
@@ -18,6 +22,7 @@ does; without it the lifecycle is the sandbox work alone.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import statistics
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -64,10 +70,44 @@ def bare(argv: list[str]) -> Callable[[], object]:
     return run
 
 
+def measure_concurrent(sandboxes: list, commands: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """`commands` `true` commands at once over `sandboxes`, `rounds` times each way, alternating:
+    `run` in worker threads (one thread per command, as the rollout job's pool has) and `arun`.
+    Returns, per way, (this process's CPU ms per command, median wall ms per round)."""
+
+    async def via_threads() -> None:
+        await asyncio.gather(*[asyncio.to_thread(sandboxes[i % len(sandboxes)].run, ["true"], timeout=30)
+                               for i in range(commands)])
+
+    async def via_arun() -> None:
+        await asyncio.gather(*[sandboxes[i % len(sandboxes)].arun(["true"], timeout=30) for i in range(commands)])
+
+    ways = {"run in threads": via_threads, "arun on the loop": via_arun}
+    cpu = {name: 0.0 for name in ways}
+    walls: dict[str, list[float]] = {name: [] for name in ways}
+    loop = asyncio.new_event_loop()
+    pool = ThreadPoolExecutor(commands)
+    loop.set_default_executor(pool)
+    try:
+        for round_ in range(rounds + 1):
+            for name, way in ways.items():
+                cpu_before, wall_before = time.process_time(), time.perf_counter()
+                loop.run_until_complete(way())
+                if round_:  # the first round warms up (threads, spawner threads)
+                    cpu[name] += time.process_time() - cpu_before
+                    walls[name].append((time.perf_counter() - wall_before) * 1000)
+    finally:
+        loop.close()
+        pool.shutdown()
+    return {name: (cpu[name] * 1000 / (commands * rounds), statistics.median(walls[name])) for name in ways}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--records", action="store_true", help="also write SandboxRecord rows (migrated DB needed)")
+    parser.add_argument("--concurrent", type=int, default=64, help="commands at once in the run/arun comparison")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of the run/arun comparison, each way")
     args = parser.parse_args()
 
     import django
@@ -116,6 +156,13 @@ def main() -> int:
         ):
             plain_ms, isolated_ms = measure_pair(plain, isolated, args.runs)
             rows.append((label, summary(plain_ms), summary(isolated_ms)))
+        sandboxes = [backend.create(SandboxSpec()) for _ in range(8)]
+        try:
+            loop_path = sandboxes[0]._loop_capable()
+            concurrent = measure_concurrent(sandboxes, args.concurrent, args.rounds)
+        finally:
+            for each in sandboxes:
+                each.destroy()
     finally:
         sandbox.destroy()
         shutil.rmtree(root, ignore_errors=True)
@@ -136,6 +183,11 @@ def main() -> int:
         added = iso_med - plain_med
         verdict = "meets" if added <= TARGET_MS else "MISSES"
         print(f"{label}: isolation adds {added:.2f} ms median per command; {verdict} the <= {TARGET_MS:g} ms target")
+    print()
+    print(f"{args.concurrent} x `true` at once over 8 sandboxes, {args.rounds} rounds each way, alternating "
+          f"(arun {'on the event loop' if loop_path else 'falls back to a worker thread on this host'}):")
+    for name, (cpu_ms, wall_ms) in concurrent.items():
+        print(f"  {name:<18} worker CPU {cpu_ms:6.2f} ms per command, median round {wall_ms:7.1f} ms")
     return 0
 
 
