@@ -117,26 +117,31 @@ def test_arun_runs_on_the_loop_without_a_thread_where_the_host_allows(
     real_to_thread = asyncio.to_thread
 
     async def spy_to_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        to_thread_calls.append(fn)
+        to_thread_calls.append(getattr(fn, "__func__", fn))
         return await real_to_thread(fn, *args, **kwargs)
 
     monkeypatch.setattr(asyncio, "to_thread", spy_to_thread)
     with local_backend.create(SandboxSpec()) as sandbox:
         callback_threads: set[int] = set()
 
-        async def main() -> ExecResult:
-            return await sandbox.arun("echo one; echo two", timeout=30,
-                                      on_output=lambda s, l: callback_threads.add(threading.get_ident()))
+        async def main() -> list[ExecResult]:
+            return [await sandbox.arun(f"echo {n}; echo two", timeout=30,
+                                       on_output=lambda s, l: callback_threads.add(threading.get_ident()))
+                    for n in ("one", "again")]
 
-        result = asyncio.run(main())
+        first, second = asyncio.run(main())
         capable = _loop_path_expected(sandbox)
-    assert result.ok and result.stdout == "one\ntwo\n"
+    assert first.ok and first.stdout == "one\ntwo\n" and second.stdout == "again\ntwo\n"
     if capable:
-        # No pool thread anywhere: not the thread path, no to_thread, callbacks on the loop's thread.
-        assert calls == [] and to_thread_calls == [] and callback_threads == {threading.get_ident()}
+        # No pool thread for the command: not the thread path, callbacks on the loop's thread.
+        # The one hop: starting the spawner thread before the first command (a thread start
+        # waits for the new thread to get the GIL); the second command finds it running.
+        assert calls == [] and callback_threads == {threading.get_ident()}
+        assert to_thread_calls == [sandbox_cgroups.CgroupThread.start]
     else:
         # No CgroupThread (cgroup v2 or none): run() in a worker thread.
-        assert len(calls) == 1 and calls[0] is not threading.current_thread() and len(to_thread_calls) == 1
+        assert len(calls) == 2 and all(thread is not threading.current_thread() for thread in calls)
+        assert len(to_thread_calls) == 2
         assert callback_threads and threading.get_ident() not in callback_threads
 
 

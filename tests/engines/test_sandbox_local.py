@@ -181,7 +181,10 @@ def test_cgroup_thread_submit_returns_before_the_thread_is_in_and_failures_reach
         joined.wait(10)
 
     thread = sandbox_cgroups.CgroupThread(sandbox_cgroups.SandboxCgroup({}, {}), name="t-slow", prepare=slow_prepare)
+    assert not thread.running
     started = time.monotonic()
+    thread.start()  # up, though still preparing
+    assert thread.running
     future = thread.submit(threading.get_native_id)
     skipped = thread.submit(lambda: pytest.fail("a cancelled request ran"))
     assert time.monotonic() - started < 1 and not future.done()
@@ -190,6 +193,7 @@ def test_cgroup_thread_submit_returns_before_the_thread_is_in_and_failures_reach
     assert future.result(10) != threading.get_native_id()  # ran on the spawner thread
     assert thread.call(lambda: "again") == "again"
     thread.stop()
+    assert not thread.running
 
     def failing_prepare() -> None:
         raise PermissionError(1, "no")

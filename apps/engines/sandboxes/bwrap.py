@@ -382,12 +382,19 @@ class Outcome:
 
 
 class Running:
-    """One started command: the Popen of bwrap's monitor and, once known, the sandbox's pid 1."""
+    """One started command: the Popen of bwrap's monitor and, once known, the sandbox's pid 1.
+
+    `info_fd` is the (non-blocking) read end of bwrap's --info-fd, which names pid 1 right
+    after the clone. It is read on demand (`read_info`: before a kill, and once the command
+    is done), not watched: nothing needs pid 1 sooner, and a watched fd costs every command
+    system calls on the thread that pumps it.
+    """
 
     def __init__(self, proc: subprocess.Popen, info_fd: int = -1):
         self.proc = proc
         self.info_fd = info_fd
         self._info = b""
+        self._info_lock = threading.Lock()  # a kill from destroy() may read it beside the pump
         self.child_pid: int | None = None
         self.killed_monitor = False
 
@@ -404,10 +411,22 @@ class Running:
         self.child_pid = pid if isinstance(pid, int) else None
         return False
 
+    def read_info(self) -> None:
+        """Take what bwrap has written to --info-fd so far; never blocks. `child_pid` stays None
+        until the info is complete (and for good if the sandbox never existed)."""
+        with self._info_lock:
+            while self.child_pid is None and self.info_fd >= 0:
+                try:
+                    if not self.take_info(os.read(self.info_fd, 4096)):
+                        return
+                except BlockingIOError:
+                    return
+
     def close_info(self) -> None:
-        if self.info_fd >= 0:
-            os.close(self.info_fd)
-            self.info_fd = -1
+        with self._info_lock:
+            if self.info_fd >= 0:
+                os.close(self.info_fd)
+                self.info_fd = -1
 
     def kill(self) -> None:
         """SIGKILL the sandbox.
@@ -420,6 +439,7 @@ class Running:
         """
         if self.proc.poll() is not None:
             return
+        self.read_info()
         if self.child_pid is not None:
             try:
                 # Safe from pid reuse: while the monitor lives it has not reaped pid 1.

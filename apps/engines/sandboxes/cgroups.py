@@ -408,8 +408,9 @@ class CgroupThread:
 
     The thread exits after IDLE_EXIT seconds without work (leaving the cgroups, so they can
     be removed) and is started again on demand. `submit(fn)` queues fn to run on it and returns
-    a `concurrent.futures.Future` at once, never waiting for the thread (an event loop awaits
-    it with `asyncio.wrap_future`); `call(fn)` runs fn there and returns its result. `prepare`,
+    a `concurrent.futures.Future` (an event loop awaits it with `asyncio.wrap_future`, having
+    started the thread with `start` in a worker thread); `call(fn)` runs fn there and returns
+    its result. `prepare`,
     if given, runs on the thread once it is inside (the local backend drops the thread's
     credentials there); if joining or `prepare` fails, the thread leaves and every function
     queued for it fails with CgroupJoinError.
@@ -425,8 +426,30 @@ class CgroupThread:
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread is up: `submit` then only queues."""
+        return self._queue is not None
+
+    def start(self) -> None:
+        """Start the thread unless it is up. `Thread.start` waits until the new thread runs,
+        i.e. until it got the GIL, milliseconds on a busy worker: a caller that must not wait
+        (an event loop) calls this in a worker thread before it submits."""
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._queue is None:
+            # The join (an RCU grace period) and `prepare` are not waited for: they happen on
+            # the new thread, which fails what was queued for it if they fail.
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._loop, args=(self._queue,), name=self.name, daemon=True)
+            self._thread.start()
+
     def submit(self, fn: Callable[[], T]) -> "Future[T]":
-        """Queue `fn` to run on the thread inside the cgroups; returns its future at once.
+        """Queue `fn` to run on the thread inside the cgroups; returns its future without
+        waiting for the thread to join them, nor for `fn` (but it starts the thread if it is
+        not up: see `start`).
 
         The future fails with CgroupJoinError if the thread cannot join the cgroups (or was
         evicted from them). A future cancelled before the thread takes it up is skipped: `fn`
@@ -434,12 +457,8 @@ class CgroupThread:
         """
         future: Future[T] = Future()
         with self._lock:
-            if self._queue is None:
-                # Not waited for: the join (an RCU grace period) and `prepare` happen on the new
-                # thread, which answers this future like any other if they fail.
-                self._queue = queue.Queue()
-                self._thread = threading.Thread(target=self._loop, args=(self._queue,), name=self.name, daemon=True)
-                self._thread.start()
+            self._start_locked()
+            assert self._queue is not None
             self._queue.put((fn, future))
         return future
 

@@ -161,22 +161,29 @@ class _Launch:
             os.close(self.info_r)
             self.info_r = -1
 
-    def abandon(self, start: "Future[tuple[subprocess.Popen, float]]") -> None:
-        """Its caller went away (cancelled) while `start` was under way: once `start` is done,
-        kill what it started and reap it, and close the pipes. Called in the thread that
-        finished `start` (the CgroupThread), or the caller's if it was already done."""
-        try:
-            proc = start.result()[0] if not start.cancelled() and start.exception() is None else None
-            if proc is not None:
-                # Its sandbox's pid 1 is not known yet: the monitor's group (--die-with-parent
-                # takes the sandbox along), which dies at once.
-                Running(proc).kill_monitor()
-                proc.wait()
-                for stream in (proc.stdin, proc.stdout, proc.stderr):
-                    if stream is not None:
-                        stream.close()
-        finally:
-            self.close()
+
+def _abandon_process(launch: _Launch, proc: subprocess.Popen) -> None:
+    """Kill a command nobody will pump, reap it and close its pipes. Its sandbox's pid 1 is not
+    known yet: the monitor's group goes (--die-with-parent takes the sandbox along), at once."""
+    try:
+        Running(proc).kill_monitor()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    finally:
+        launch.close()
+
+
+def _abandon_start(start: "Future[tuple[_Launch, subprocess.Popen, float, int] | None]") -> None:
+    """`_aexecute` was cancelled while `start` was under way: once it is done, kill what it
+    started (`_abandon_process`) and close the pidfd. Called on the thread that finished
+    `start` (the CgroupThread), or the cancelled caller's if it was done already."""
+    if start.cancelled() or start.exception() is not None or start.result() is None:
+        return  # nothing started (a failed start closed its pipes itself)
+    launch, proc, _, pidfd = start.result()  # type: ignore[misc]
+    os.close(pidfd)
+    _abandon_process(launch, proc)
 
 
 # --- the sandbox -------------------------------------------------------------------------------
@@ -367,6 +374,7 @@ class LocalSandbox(Sandbox):
         procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if use_cgroup and not threaded else None
         dropped = threaded and self._cgroup_thread().prepare is not None
         info_r, info_w = os.pipe()
+        os.set_blocking(info_r, False)  # read on demand (Running.read_info)
         argv = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
                          cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds(),
                          from_spawner=dropped)
@@ -390,48 +398,75 @@ class LocalSandbox(Sandbox):
     async def _aexecute(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
                         sink: Any, stdin_data: bytes | None = None) -> Outcome | None:
         """`_execute` for a caller on an event loop, without a thread of its own: the sandbox's
-        CgroupThread starts the bubblewrap (the loop awaits that), and the loop pumps its pipes
-        and waits for its exit (pump.pump_on_loop). `sink` is fed, and `on_output` called, on
-        the loop's thread.
+        CgroupThread prepares and starts the bubblewrap (`_start_on_spawner`; the loop awaits
+        that), and the loop pumps its pipes and waits for its exit (pump.pump_on_loop). `sink`
+        is fed, and `on_output` called, on the loop's thread.
 
         None when this command cannot run that way (see `_loop_capable`, and a CgroupThread that
         could not join the cgroups): nothing ran, and the caller takes the thread path.
         Cancelled: the command is killed and the cancellation propagates."""
         self._check_alive()
-        launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None)
-        if isinstance(launch, Outcome):
-            return launch
-        if not launch.threaded:  # the thread failed since the caller looked
-            launch.close()
-            return None
-        start = self._cgroup_thread().submit(launch.spawn)
+        spawner = self._cgroup_thread()
+        if not spawner.running:  # the first command, or the first after it idled out
+            await asyncio.to_thread(spawner.start)  # which waits for the new thread to get the GIL
+        start = spawner.submit(lambda: self._start_on_spawner(
+            command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None))
         try:
-            proc, started = await asyncio.wrap_future(start)
+            started_command = await asyncio.wrap_future(start)
         except cgroups.CgroupJoinError as exc:
-            launch.close()
             self._cgroup_thread_failed(exc)
             return None
         except OSError as exc:
-            launch.close()
             raise SandboxError(f"could not start a command in sandbox {self.id}: {exc}") from exc
         except asyncio.CancelledError:
             # A start the thread had not taken up is skipped (wrap_future cancelled it); one
             # under way is killed, and reaped, as soon as it is done.
-            start.add_done_callback(lambda _: launch.abandon(start))
+            start.add_done_callback(_abandon_start)
             raise
-        launch.spawned()
+        if started_command is None:  # the thread failed since the caller looked
+            return None
+        launch, proc, started, pidfd = started_command
         running = Running(proc, launch.info_r)
         pipes = CommandPipes(running, sink, stdin_data, label=f"sandbox {self.id}")
         with self._procs_lock:
             self._procs.add(running)
         try:
-            timed_out = await pump_on_loop(pipes, started + timeout, DRAIN_AFTER_KILL)
+            timed_out = await pump_on_loop(pipes, started + timeout, DRAIN_AFTER_KILL, pidfd)
             exit_code = proc.wait()  # it exited (pump_on_loop saw it): returns at once
         finally:
             running.close_info()
             with self._procs_lock:
                 self._procs.discard(running)
         return self._outcome(exit_code, timed_out, started, sink, launch.oom_before)
+
+    def _start_on_spawner(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
+                          stdin: bool) -> "tuple[_Launch, subprocess.Popen, float, int] | None":
+        """On the sandbox's CgroupThread, for `_aexecute`: prepare the command, start it, open a
+        pidfd for its exit; (the launch, the process, its start time, the pidfd). None if the
+        thread may no longer start it (the handle joins per command now).
+
+        Here, not on the loop's thread: each of these system calls (a pipe, a cgroup file read,
+        the fork, closes) gives the GIL away and then waits to get it back, and on a busy worker
+        every episode on the loop would wait with it."""
+        launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+        assert isinstance(launch, _Launch), "isolated: a command always has a launch"
+        if not launch.threaded:
+            launch.close()
+            return None
+        try:
+            proc, started = launch.spawn()
+        except BaseException:
+            launch.close()
+            raise
+        launch.spawned()
+        try:
+            # Before anyone else could reap it (it is registered for kill_running only later): a
+            # pidfd stays valid, and becomes readable, once the process exited.
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            _abandon_process(launch, proc)
+            raise
+        return launch, proc, started, pidfd
 
     def _outcome(self, exit_code: int, timed_out: bool, started: float, sink: Any, oom_before: int | None,
                  join_failed: bool = False) -> Outcome:

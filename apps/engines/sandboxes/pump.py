@@ -1,10 +1,10 @@
 """Pumping one running command's pipes, from a worker thread or on an event loop.
 
-A started command (`bwrap.Running`) has up to four pipes to serve until it is done: stdout
-and stderr into the sink, bwrap's --info-fd (the sandbox's pid 1, so that a kill reaches the
-whole sandbox), and stdin when there is data for it. Its deadline kills it; one second
-later, if it is still there, its bwrap monitor is killed too; DRAIN_AFTER_KILL (the caller's
-`drain_after_kill`) after the kill, pipes that something still holds open are abandoned.
+A started command (`bwrap.Running`) has up to three pipes to serve until it is done: stdout
+and stderr into the sink, and stdin when there is data for it (bwrap's --info-fd is read on
+demand, see Running). Its deadline kills it; one second later, if it is still there, its
+bwrap monitor is killed too; DRAIN_AFTER_KILL (the caller's `drain_after_kill`) after the
+kill, pipes that something still holds open are abandoned.
 
 `CommandPipes` is that logic, once. Two drivers wait on the pipes and call it:
 
@@ -55,18 +55,12 @@ class CommandPipes:
             else:
                 proc.stdin.close()
 
-    def readers(self) -> list[int]:
-        """The fds to wait on for reading: the open outputs and the info fd."""
-        return [*self.open_outputs, *([self.running.info_fd] if self.running.info_fd >= 0 else [])]
-
     def read(self, fd: int) -> bool:
-        """Take what `fd` has; False once it is done (EOF, or the info is complete): stop waiting on it."""
+        """Take what output `fd` has; False at its EOF: stop waiting on it."""
         try:
             data = os.read(fd, READ_CHUNK)
         except BlockingIOError:  # a spurious wake-up of a non-blocking fd
             return True
-        if fd == self.running.info_fd:
-            return self.running.take_info(data)  # False at EOF (or bwrap failed before the sandbox existed)
         if not data:
             self.open_outputs.discard(fd)
             return False
@@ -105,17 +99,12 @@ class CommandPipes:
         self.open_outputs.clear()
 
     def finish(self) -> None:
-        """Once pumping ends, however: take the info bwrap wrote (if not read yet), close our pipe ends.
+        """Once pumping ends, however: take the info bwrap wrote, close our pipe ends.
 
         The info is written right after the clone, so it is there by now if the sandbox ever
         existed; `child_pid` None then means it never did (see `LocalSandbox._outcome`)."""
         running = self.running
-        if running.child_pid is None and running.info_fd >= 0:
-            os.set_blocking(running.info_fd, False)
-            try:
-                running.take_info(os.read(running.info_fd, 4096))
-            except BlockingIOError:
-                pass
+        running.read_info()
         proc = running.proc
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None and not stream.closed:
@@ -128,7 +117,7 @@ def pump_in_thread(pipes: CommandPipes, deadline: float, drain_after_kill: float
     process. Any exception (from the sink's `on_output`, say) kills the command and propagates."""
     running = pipes.running
     sel = selectors.DefaultSelector()
-    for fd in pipes.readers():
+    for fd in pipes.open_outputs:
         sel.register(fd, selectors.EVENT_READ)
     if pipes.stdin_fd >= 0:
         sel.register(pipes.stdin_fd, selectors.EVENT_WRITE)
@@ -174,13 +163,14 @@ def pidfd_supported() -> bool:
     return True
 
 
-async def pump_on_loop(pipes: CommandPipes, deadline: float, drain_after_kill: float) -> bool:
+async def pump_on_loop(pipes: CommandPipes, deadline: float, drain_after_kill: float, pidfd: int) -> bool:
     """`pump_in_thread` on the running event loop, and the wait for the process's exit.
 
-    Readers for the outputs and the info fd, a writer for stdin, a pidfd for the exit, timers
-    for the deadline, the escalation and the give-up: nothing blocks the loop, and no thread is
-    involved. Returns once both outputs closed (or were abandoned) and the process exited, so
-    that `proc.wait()` then returns at once; True if the deadline (time.monotonic()) killed it.
+    Readers for the outputs, a writer for stdin, `pidfd` (the process's, which this takes
+    over) for the exit, timers for the deadline, the escalation and the give-up: nothing blocks
+    the loop, and no thread is involved. Returns once both outputs closed (or were abandoned)
+    and the process exited, so that `proc.wait()` then returns at once; True if the deadline
+    (time.monotonic()) killed it.
 
     Cancelled, or when the sink's `on_output` raises: the command is killed, its pipes closed,
     and the exception propagates at once; the process is reaped on the loop when it exits
@@ -189,13 +179,6 @@ async def pump_on_loop(pipes: CommandPipes, deadline: float, drain_after_kill: f
     """
     loop = asyncio.get_running_loop()
     running = pipes.running
-    try:
-        # Opened before anyone else could reap the process (the caller registers it for
-        # kill_running only afterwards): a pidfd stays valid, and readable, once it exited.
-        pidfd = os.pidfd_open(running.proc.pid)
-    except OSError:
-        running.kill()
-        raise
     done: asyncio.Future[None] = loop.create_future()
     exited = False
     readers: set[int] = set()
@@ -253,7 +236,7 @@ async def pump_on_loop(pipes: CommandPipes, deadline: float, drain_after_kill: f
 
     stdin_fd = pipes.stdin_fd
     try:
-        for fd in pipes.readers():
+        for fd in list(pipes.open_outputs):
             os.set_blocking(fd, False)  # a read must never block the loop
             loop.add_reader(fd, guarded(on_read), fd)
             readers.add(fd)
