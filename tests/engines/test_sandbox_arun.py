@@ -168,6 +168,29 @@ def test_arun_takes_the_thread_path_in_init_mode(local_init_backend: Any, monkey
         assert (calls == []) == _loop_path_expected(sandbox)
 
 
+def test_arun_takes_the_thread_path_while_the_process_holds_many_sandboxes(
+    local_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _spy_execute(monkeypatch)
+    monkeypatch.setattr(local, "LOOP_COMMANDS_MAX_SANDBOXES", 2)
+    sandboxes = [local_backend.create(SandboxSpec()) for _ in range(3)]
+    try:
+        expected_loop = _loop_path_expected(sandboxes[0])
+        crowded = asyncio.run(sandboxes[0].arun("echo crowded", timeout=30))
+        # Three live handles: a worker with many rollouts; the command went to a worker thread.
+        assert crowded.ok and crowded.stdout == "crowded\n"
+        assert len(calls) == 1 and calls[0] is not threading.current_thread()
+        sandboxes.pop().destroy()
+        calls.clear()
+        quiet = asyncio.run(sandboxes[0].arun("echo quiet", timeout=30))
+        # Two left: on the loop where this host allows it.
+        assert quiet.ok and quiet.stdout == "quiet\n"
+        assert (calls == []) == expected_loop
+    finally:
+        for sandbox in sandboxes:
+            sandbox.destroy()
+
+
 def test_a_spawner_thread_that_cannot_join_sends_arun_down_the_thread_path(
     local_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
