@@ -99,7 +99,14 @@ def run(config: dict[str, Any], llm: LLMClient, **kw: Any) -> EpisodeResult:
     # A fresh sample identity per run: the LLM cache would otherwise replay an earlier run's
     # answers to the same prompt (which is what it is for).
     kw.setdefault("cache_key_extra", {"task": 1, "iteration": 1, "sample": next(_samples)})
-    return asyncio.run(run_episode(config=config, llm=llm, **kw))
+
+    async def episode() -> EpisodeResult:
+        try:
+            return await run_episode(config=config, llm=llm, **kw)
+        finally:
+            await llm.aclose()  # this loop's HTTP sessions, as a worker's job closes them
+
+    return asyncio.run(episode())
 
 
 @contextmanager
@@ -311,6 +318,7 @@ def test_an_episode_cancelled_hard_still_reports_its_sandbox_once_it_is_gone(loc
                 if destroyed:
                     break
                 await asyncio.sleep(0.02)
+            await llm.aclose()
 
     asyncio.run(main())
     assert [sandbox.id for sandbox in destroyed] == sandbox_ids and local.list() == []
@@ -410,11 +418,15 @@ def test_episodes_run_concurrently_on_one_event_loop(local: Any) -> None:
             local.get(a_sandbox["id"]).write_file("go", b"")
 
     async def both(llm_a: LLMClient, llm_b: LLMClient) -> list[EpisodeResult]:
-        return await asyncio.gather(
-            run_episode(config=config_for(waiting, step_timeout_s=20.0), llm=llm_a, sandbox_backend=local,
-                        on_event=a_events),
-            run_episode(config=config_for(quick), llm=llm_b, sandbox_backend=local, on_event=b_events),
-        )
+        try:
+            return await asyncio.gather(
+                run_episode(config=config_for(waiting, step_timeout_s=20.0), llm=llm_a, sandbox_backend=local,
+                            on_event=a_events),
+                run_episode(config=config_for(quick), llm=llm_b, sandbox_backend=local, on_event=b_events),
+            )
+        finally:
+            await llm_a.aclose()
+            await llm_b.aclose()
 
     with scripted(waiting, *a_steps) as (_, llm_a), scripted(quick, *HELLO_STEPS) as (_, llm_b):
         a, b = asyncio.run(both(llm_a, llm_b))

@@ -12,6 +12,7 @@ import dataclasses
 import subprocess
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import pytest
@@ -23,6 +24,14 @@ from apps.engines.sandboxes.local import LocalBackend, LocalSandbox
 from tests.engines.conftest import sandbox_user_processes, wait_for_no_sandbox_processes
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
+
+
+@pytest.fixture(autouse=True)
+def fresh_handle_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which path a command takes depends on the live sandbox handles of the process
+    (LOOP_COMMANDS_MAX_SANDBOXES): count only this test's, not those earlier tests left to the
+    garbage collector."""
+    monkeypatch.setattr(local, "_live_handles", weakref.WeakSet())
 
 
 @pytest.fixture(params=["this host", "no spawner thread"])

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
+from django.db import close_old_connections
+
 if TYPE_CHECKING:  # pragma: no cover
     from apps.engines.models import SandboxRecord
 
@@ -676,7 +678,14 @@ class Sandbox(ABC):
         """`arun`'s backend hook, given the checked call. This default, which every backend has,
         runs `_run` in a worker thread (asyncio.to_thread); a backend overrides it where it can
         run the command on the event loop itself."""
-        return await asyncio.to_thread(self._run, **call.kwargs())
+
+        def run() -> ExecResult:
+            try:
+                return self._run(**call.kwargs())
+            finally:
+                close_old_connections()  # this worker thread's DB connection (records), per CONN_MAX_AGE
+
+        return await asyncio.to_thread(run)
 
     @abstractmethod
     def _write_file(self, path: str, data: bytes, mode: int) -> None: ...

@@ -415,7 +415,9 @@ class LocalSandbox(Sandbox):
         None when this command cannot run that way (see `_loop_capable`, and a CgroupThread that
         could not join the cgroups): nothing ran, and the caller takes the thread path.
         Cancelled: the command is killed and the cancellation propagates."""
-        self._check_alive()
+        if self._gone():
+            # SandboxNotFound; its cgroup release joins the spawner thread: not on the loop.
+            await asyncio.to_thread(self._check_alive)
         spawner = self._cgroup_thread()
         if not spawner.running:  # the first command, or the first after it idled out
             await asyncio.to_thread(spawner.start)  # which waits for the new thread to get the GIL
@@ -430,8 +432,17 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"could not start a command in sandbox {self.id}: {exc}") from exc
         except asyncio.CancelledError:
             # A start the thread had not taken up is skipped (wrap_future cancelled it); one
-            # under way is killed, and reaped, as soon as it is done.
-            start.add_done_callback(_abandon_start)
+            # under way is killed, and reaped, as soon as it is done: on the thread that
+            # finishes it, or in a worker thread if it is done already (the reaping waits).
+            loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
+
+            def abandon(done: "Future[Any]") -> None:
+                if threading.get_ident() == loop_thread:
+                    loop.run_in_executor(None, _abandon_start, done)
+                else:
+                    _abandon_start(done)
+
+            start.add_done_callback(abandon)
             raise
         if started_command is None:  # the thread failed since the caller looked
             return None
@@ -458,6 +469,8 @@ class LocalSandbox(Sandbox):
         Here, not on the loop's thread: each of these system calls (a pipe, a cgroup file read,
         the fork, closes) gives the GIL away and then waits to get it back, and on a busy worker
         every episode on the loop would wait with it."""
+        if self._gone():  # destroyed while this waited for the thread: start nothing
+            raise SandboxNotFound(f"local sandbox {self.id} does not exist (destroyed?)")
         launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
         assert isinstance(launch, _Launch), "isolated: a command always has a launch"
         if not launch.threaded:

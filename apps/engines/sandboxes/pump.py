@@ -259,6 +259,7 @@ async def pump_on_loop(pipes: CommandPipes, deadline: float, drain_after_kill: f
         pipes.finish()
         if exited:
             os.close(pidfd)
+            running.proc.poll()  # it exited: reap it now, however the pumping ended (cannot block)
         else:
             _reap_when_it_exits(loop, running, pidfd, drain_after_kill)
     return pipes.timed_out
