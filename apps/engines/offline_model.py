@@ -578,13 +578,13 @@ class OfflineModelServer:
 
     def serve_forever(self) -> None:
         """Serve in this thread until stop() (from another thread) or KeyboardInterrupt."""
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(self._serve(loop))
-        finally:
-            loop.close()
+        # asyncio.Runner: Ctrl-C in the main thread cancels the server task, which closes its
+        # connections before the loop closes, and then raises KeyboardInterrupt here.
+        with asyncio.Runner() as runner:
+            runner.run(self._serve())
 
-    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/{path:.*}", self._handle)
         # shutdown_timeout 0: stop() drops replies still waiting on a "slow" fault at once.

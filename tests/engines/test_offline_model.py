@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -237,6 +238,8 @@ def test_the_management_command_serves_the_bundled_solutions() -> None:
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "offline_model", "--port", "0", "--solutions", str(EXAMPLES)],
         cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As a terminal's foreground job has it (a background job of a script ignores SIGINT).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         banner = proc.stdout.readline()
@@ -244,10 +247,16 @@ def test_the_management_command_serves_the_bundled_solutions() -> None:
         assert "offline stand-in" in banner and expected in banner, proc.stderr.read() if not banner else banner
         url = banner.rsplit(" at ", 1)[1].split()[0]
         assert url.startswith("http://127.0.0.1:")
-        assert httpx.get(f"{url}/models").json()["data"][0]["id"] == MODEL_NAME
+        with httpx.Client() as client:  # a kept-alive connection is still open at Ctrl-C
+            assert client.get(f"{url}/models").json()["data"][0]["id"] == MODEL_NAME
+            # Ctrl-C: the server closes its connections and the command ends quietly.
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 0
+        assert proc.stderr.read() == ""
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
         proc.stdout.close()
         proc.stderr.close()
 
