@@ -25,14 +25,11 @@ file, a bad path: the message goes back to the model as the tool's result);
 """
 from __future__ import annotations
 
-import asyncio
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import close_old_connections
-
+from apps.engines.sandboxes.base import in_thread
 from apps.engines.scenes import SCENES
 
 
@@ -66,18 +63,6 @@ class ToolResult:
     truncated: bool = False
     timed_out: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Run a synchronous call in a worker thread (sandbox I/O, ORM work in callbacks)."""
-
-    def call() -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            close_old_connections()  # this thread's DB connection, per CONN_MAX_AGE
-
-    return await asyncio.to_thread(call)
 
 
 class SceneRuntime:

@@ -94,3 +94,27 @@ def test_the_default_runs_execute_tool_in_a_worker_thread() -> None:
 
     result = asyncio.run(main())
     assert result.output.startswith("hi (timeout 2.5) in ") and not result.output.endswith(f" {threading.get_ident()}")
+
+
+def test_in_thread_closes_the_worker_threads_database_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sandboxes' thread path (Sandbox._arun) and the agent's sync calls share it: a worker
+    # thread that touched the ORM (sandbox records) must not keep its connection past CONN_MAX_AGE.
+    from apps.engines.sandboxes import base
+
+    closed_in: list[int] = []
+    monkeypatch.setattr(base, "close_old_connections", lambda: closed_in.append(threading.get_ident()))
+
+    def work(x: int) -> tuple[int, int]:
+        return x * 2, threading.get_ident()
+
+    def fail() -> None:
+        raise ValueError("boom")
+
+    async def main() -> tuple[int, int]:
+        with pytest.raises(ValueError, match="boom"):
+            await base.in_thread(fail)
+        return await base.in_thread(work, 21)
+
+    value, ran_in = asyncio.run(main())
+    assert value == 42 and ran_in != threading.get_ident()
+    assert len(closed_in) == 2 and ran_in in closed_in and threading.get_ident() not in closed_in

@@ -426,6 +426,19 @@ def _command_list(cmd: str | list[str]) -> str | list[str]:
     raise SandboxError(f"command must be a string or a list of strings, got {type(cmd).__name__}")
 
 
+async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run a synchronous call in a worker thread (sandbox I/O, ORM work in callbacks); the
+    thread's database connection is closed after it, per CONN_MAX_AGE."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return await asyncio.to_thread(call)
+
+
 @dataclass(frozen=True)
 class RunCall:
     """One `run`/`arun` call, checked and normalised (`Sandbox._run_call`): an absolute `cwd`,
@@ -523,9 +536,9 @@ class Sandbox(ABC):
 
         The arguments are checked on the loop (SandboxError at once, as `run` raises). Where the
         backend can, the command runs without a thread of its own (the local backend's fresh
-        bubblewraps: see `LocalSandbox._arun`) and `on_output` is called on the loop's thread,
-        so it must not block; elsewhere `run` runs in a worker thread and `on_output` is called
-        there. Cancelling the awaiting task kills the command where the backend runs it on the
+        bubblewraps in a process with few sandboxes: see `LocalSandbox._arun`) and `on_output`
+        is called on the loop's thread, so it must not block; elsewhere `run` runs in a worker
+        thread and `on_output` is called there. Cancelling the awaiting task kills the command where the backend runs it on the
         loop; on the thread path the command runs on to its end (destroy the sandbox to stop it).
         """
         return await self._arun(self._run_call(cmd, timeout=timeout, cwd=cwd, env=env, on_output=on_output,
@@ -676,16 +689,9 @@ class Sandbox(ABC):
 
     async def _arun(self, call: RunCall) -> ExecResult:
         """`arun`'s backend hook, given the checked call. This default, which every backend has,
-        runs `_run` in a worker thread (asyncio.to_thread); a backend overrides it where it can
-        run the command on the event loop itself."""
-
-        def run() -> ExecResult:
-            try:
-                return self._run(**call.kwargs())
-            finally:
-                close_old_connections()  # this worker thread's DB connection (records), per CONN_MAX_AGE
-
-        return await asyncio.to_thread(run)
+        runs `_run` in a worker thread (`in_thread`); a backend overrides it where it can run the
+        command on the event loop itself."""
+        return await in_thread(self._run, **call.kwargs())
 
     @abstractmethod
     def _write_file(self, path: str, data: bytes, mode: int) -> None: ...

@@ -410,10 +410,9 @@ class CgroupThread:
     be removed) and is started again on demand. `submit(fn)` queues fn to run on it and returns
     a `concurrent.futures.Future` (an event loop awaits it with `asyncio.wrap_future`, having
     started the thread with `start` in a worker thread); `call(fn)` runs fn there and returns
-    its result. `prepare`,
-    if given, runs on the thread once it is inside (the local backend drops the thread's
-    credentials there); if joining or `prepare` fails, the thread leaves and every function
-    queued for it fails with CgroupJoinError.
+    its result. `prepare`, if given, runs on the thread once it is inside (the local backend
+    drops the thread's credentials there); if joining or `prepare` fails, the thread leaves and
+    every function queued for it fails with CgroupJoinError.
     """
 
     IDLE_EXIT = 30.0

@@ -17,9 +17,10 @@ The bubblewrap is built by `bwrap.py` (read its docstring for the exact chain): 
 cgroups; each command's rlimits are set by its own /bin/sh.
 
 `arun` (the awaitable `run`) needs no thread of its own for a fresh bubblewrap started by the
-sandbox's spawner thread (cgroups.CgroupThread, cgroup v1): the event loop awaits the start on
-that thread, then pumps the pipes and waits for the exit itself (pump.py). With the init, when
-unisolated or without the spawner thread it runs `run` in a worker thread, like any backend.
+sandbox's spawner thread (cgroups.CgroupThread, cgroup v1) while the process holds few
+sandboxes (LOOP_COMMANDS_MAX_SANDBOXES): the event loop awaits the start on that thread, then
+pumps the pipes and waits for the exit itself (pump.py). With more sandboxes, with the init,
+when unisolated or without the spawner thread it runs `run` in a worker thread, like any backend.
 
 When bubblewrap or user namespaces are unavailable `create` refuses with
 SandboxUnavailable, unless SANDBOX_ALLOW_UNISOLATED is set: then commands run as plain
