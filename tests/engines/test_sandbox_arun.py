@@ -143,10 +143,9 @@ def test_arun_runs_on_the_loop_without_a_thread_where_the_host_allows(
     assert first.ok and first.stdout == "one\ntwo\n" and second.stdout == "again\ntwo\n"
     if capable:
         # No pool thread for the command: not the thread path, callbacks on the loop's thread.
-        # The one hop: starting the spawner thread before the first command (a thread start
-        # waits for the new thread to get the GIL); the second command finds it running.
+        # Not even a hop to start the spawner thread: it started with the sandbox.
         assert calls == [] and callback_threads == {threading.get_ident()}
-        assert to_thread_calls == [sandbox_cgroups.CgroupThread.start]
+        assert to_thread_calls == []
     else:
         # No CgroupThread (cgroup v2 or none): run() in a worker thread.
         assert len(calls) == 2 and all(thread is not threading.current_thread() for thread in calls)

@@ -174,6 +174,24 @@ def test_a_cgroup_thread_evicted_from_its_cgroups_refuses_to_start_commands(loca
         assert sandbox.run("true", timeout=30).ok
 
 
+def test_a_new_sandbox_starts_its_spawner_thread_before_the_first_command(local_backend: Any) -> None:
+    # Its cgroup join (an RCU grace period), credentials and network namespace are made while
+    # the caller does other things (an agent waits for the model's first turn), not in the
+    # first command's time.
+    with local_backend.create(SandboxSpec()) as sandbox:
+        if not sandbox.cgroup.thread_capable:
+            assert sandbox._spawner is None  # commands join the cgroups each: nothing to start
+            return
+        spawner = sandbox._spawner
+        assert spawner is not None and spawner.running
+        thread = spawner._thread
+        assert thread is not None and thread.is_alive()
+        assert sandbox.run("true", timeout=30).ok
+        assert sandbox._spawner is spawner and spawner._thread is thread  # the first command used it
+    thread.join(5)
+    assert not thread.is_alive()  # destroy let it go
+
+
 def test_cgroup_thread_submit_returns_before_the_thread_is_in_and_failures_reach_the_future() -> None:
     joined = threading.Event()
 

@@ -420,7 +420,7 @@ class LocalSandbox(Sandbox):
             # SandboxNotFound; its cgroup release joins the spawner thread: not on the loop.
             await asyncio.to_thread(self._check_alive)
         spawner = self._cgroup_thread()
-        if not spawner.running:  # the first command, or the first after it idled out
+        if not spawner.running:  # idled out, or a handle from get(): create() starts it
             await asyncio.to_thread(spawner.start)  # which waits for the new thread to get the GIL
         start = spawner.submit(lambda: self._start_on_spawner(
             command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None))
@@ -531,11 +531,18 @@ class LocalSandbox(Sandbox):
         weakref.finalize(self, init.close)
         return init
 
-    def start_init_in_background(self) -> None:
-        """Start the init in a thread of its own, now rather than on the first command (the
-        caller does other things meanwhile: an agent waits for the model's first turn). A
-        command that comes sooner waits for it."""
+    def start_in_background(self) -> None:
+        """Get ready for the first command now rather than when it comes (the caller does other
+        things meanwhile: an agent waits for the model's first turn); a command that comes sooner
+        waits for what is still starting.
+
+        With a fresh bubblewrap per command, that is the sandbox's spawner thread: its join of
+        the cgroups (an RCU grace period), its credentials and its network namespace. A worker
+        whose episodes all start together would otherwise pay them in the burst of everyone's
+        first command. With SANDBOX_LOCAL_INIT, it is the init, started in a thread of its own."""
         if self._init_off:
+            if self.isolated and self.cgroup.paths and self.cgroup.thread_capable and not self._thread_failed:
+                self._cgroup_thread().start()
             return
         self._init_starting = True
 
@@ -922,7 +929,7 @@ class LocalBackend(SandboxBackend):
             shutil.rmtree(directory, ignore_errors=True)
             raise
         sandbox = self._sandbox_from_meta(meta)
-        sandbox.start_init_in_background()
+        sandbox.start_in_background()
         return sandbox
 
     def _get(self, sandbox_id: str) -> LocalSandbox:
