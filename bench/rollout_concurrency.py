@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark how many rollouts one worker process drives at once (issue: rollouts, benchmark b).
 
-    .venv/bin/python bench/rollout_concurrency.py [--rollouts 128] [--steps 10] [--latency 1.0]
+    .venv/bin/python bench/rollout_concurrency.py [--rollouts 128] [--steps 10] [--latency 1.0] [--rounds 1]
 
 Runs --rollouts trajectories at once in ONE run_rollouts job (ROLLOUT_CONCURRENCY = --rollouts,
 LLM_MAX_CONCURRENCY raised to match) against the offline scripted model answering every request
@@ -17,6 +17,13 @@ action rows), and the peak RSS of the worker process. With --processes N the bat
 N worker processes (as `make worker` runs Q_WORKERS of them), timed from the moment all are
 ready until the last one's job returned: a worker process is long-lived, so its start-up and
 exit are not part of running a batch. --repeat N runs N batches and prints the median as well.
+
+The verdict is on one batch of --rollouts episodes, all started together: its wall time
+includes their first turns, whose answers all arrive at once, and its end, when fewer and
+fewer are left running. --rounds K queues K times as many episodes for the same --rollouts
+slots (a slot that frees claims the next one, as a worker does in a long batch) and prints,
+besides that batch's own rate, the rate while every slot was busy (from the moment the first
+--rollouts had started until the last episode started; from the live-log action rows).
 
 A benchmark, not a test: prints numbers and a verdict, exits 0 either way (1 if it cannot run).
 Throwaway SQLite database in a temporary TRAJ_VAR_DIR unless --database-url is given.
@@ -132,6 +139,9 @@ def main() -> int:
     parser.add_argument("--local-init", action="store_true",
                         help="SANDBOX_LOCAL_INIT=1: commands run through each sandbox's init instead of a fresh "
                              "bubblewrap each (the default)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="queue this many episodes per slot (rounds x rollouts in all, rollouts at once); "
+                             "the steady-state line is then the rate while every slot was busy")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the batch this many times (one model server, a new batch each) and print the "
                              "median too: this VM's CPU speed drifts by a tenth from minute to minute")
@@ -142,6 +152,8 @@ def main() -> int:
         parser.error("--fake-agent runs in this process only")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-concurrency-", dir="/var/tmp"))
     n = args.rollouts
@@ -176,8 +188,9 @@ def main() -> int:
     if args.repeat > 1:
         median = statistics.median(results)
         print(f"=== {args.repeat} runs: efficiency " + ", ".join(f"{e:.3f}" for e in results)
-              + f"; median {median:.3f}, best {max(results):.3f} (target >= {TARGET}) -> "
-              + ("MET" if median >= TARGET else "MISSED") + " on the median")
+              + f"; median {median:.3f}, best {max(results):.3f}"
+              + ((f" (target >= {TARGET}) -> " + ("MET" if median >= TARGET else "MISSED") + " on the median")
+                 if args.rounds == 1 else ""))
     return 0
 
 
@@ -190,7 +203,7 @@ def run_once(args: argparse.Namespace, prompt: str, server: ModelServer, name: s
 
     n = args.rollouts
     load_before = os.getloadavg()[0]
-    batch = make_batch(prompt, n, args.steps, name)
+    batch = make_batch(prompt, n * args.rounds, args.steps, name)
     multi = args.processes > 1
     cpu_before, sandbox_before, server_before = cpu_s(multi), cpu_s(True), server.cpu_s()
     if multi:
@@ -208,7 +221,11 @@ def run_once(args: argparse.Namespace, prompt: str, server: ModelServer, name: s
                          .annotate(k=Count("id")).values_list("outcome", "status", "k"))
     turns = sum(sum(1 for m in messages if m.get("role") == "assistant")
                 for messages in rows.values_list("messages", flat=True))
-    window = rows.aggregate(start=Max("started_at"), end=Min("finished_at"))
+    if args.rounds == 1:  # from the last start to the first end: all of them running
+        window = rows.aggregate(start=Max("started_at"), end=Min("finished_at"))
+    else:  # from the moment every slot had an episode until the queue ran dry
+        starts = sorted(t for t in rows.values_list("started_at", flat=True) if t is not None)
+        window = {"start": starts[n - 1], "end": starts[-1]} if len(starts) >= n else {"start": None, "end": None}
     steady_s = steady_turns = 0.0
     if window["start"] and window["end"] and window["end"] > window["start"]:
         steady_s = (window["end"] - window["start"]).total_seconds()
@@ -224,13 +241,18 @@ def run_once(args: argparse.Namespace, prompt: str, server: ModelServer, name: s
             else "real agent loop, LLM client, local sandbox "
             + ("(commands through each sandbox's init)" if args.local_init else "(a fresh bubblewrap per command)"))
     where = "one worker process" if args.processes == 1 else f"{args.processes} worker processes"
-    print(f"{n} rollouts at once in {where}, model latency {args.latency:g}s, "
+    queued = "" if args.rounds == 1 else f" ({n * args.rounds} queued: {args.rounds} per slot)"
+    print(f"{n} rollouts at once{queued} in {where}, model latency {args.latency:g}s, "
           f"{args.steps} run_shell steps + finish each; {what}; {os.cpu_count()} CPUs")
     print(f"outcomes: {outcomes}; load average before the run {load_before:.1f}")
     print(f"model turns: {turns} in {wall:.2f}s = {rate:.1f}/s; ideal {ideal:.1f}/s")
-    print(f"efficiency: {efficiency:.3f}  (target >= {TARGET}) -> {'MET' if efficiency >= TARGET else 'MISSED'}")
+    if args.rounds == 1:
+        print(f"efficiency: {efficiency:.3f}  (target >= {TARGET}) -> {'MET' if efficiency >= TARGET else 'MISSED'}")
+    else:
+        print(f"efficiency: {efficiency:.3f}  ({args.rounds} episodes per slot; the target is judged on one batch "
+              "of --rollouts, --rounds 1)")
     if steady_s:
-        print(f"steady state (all {n} running): {steady_turns:.0f} turns in {steady_s:.2f}s = "
+        print(f"steady state (all {n} slots busy): {steady_turns:.0f} turns in {steady_s:.2f}s = "
               f"{steady_turns / steady_s:.1f}/s, efficiency {steady_turns / steady_s / ideal:.3f}")
     print(f"model server CPU (the benchmark's stand-in for a remote model, on the same cores): "
           f"{server_cpu / turns * 1000:.1f} ms per model turn")
