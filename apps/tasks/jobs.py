@@ -71,6 +71,7 @@ from apps.tasks.models import Task, Trajectory, TrajectoryLog
 from trajplatform.schedules import ensure_schedule
 from apps.tasks.services import (
     dispatch_rollouts,
+    trajectories_finish,
     trajectory_finish,
     trajectory_log_append,
     trajectory_logs_append,
@@ -411,8 +412,9 @@ Ending = tuple[dict[int, list[LogLine]], Callable[..., Any], dict[str, Any]]  # 
 def finish_together(items: list[Ending], sandboxes: list[tuple[str, str]] | None = None) -> list[tuple[bool, Any]]:
     """In the ORM thread: episodes that ended together. The records of the sandboxes destroyed
     meanwhile are marked, the episodes' last live-log lines go in one write, then each one's
-    final state, `store(**kwargs)` (trajectory_finish or trajectory_retry), on its own (one bad
-    result fails only itself). Per item (True, (the lines that failed, what `store` returned))
+    final state, `store(**kwargs)` (trajectory_finish or trajectory_retry): the finishes all in
+    one transaction (trajectories_finish), or, if that fails, each on its own (one bad result
+    fails only itself). Per item (True, (the lines that failed, what `store` returned))
     or (False, the exception it raised)."""
     if sandboxes:
         mark_sandboxes_destroyed(sandboxes)
@@ -421,10 +423,18 @@ def finish_together(items: list[Ending], sandboxes: list[tuple[str, str]] | None
         for pk, lines in batches.items():
             merged.setdefault(pk, []).extend(lines)
     failed = append_log_lines(merged) if merged else {}
-    results: list[tuple[bool, Any]] = []
-    for batches, store, kwargs in items:
+    together: dict[int, Any] = {}
+    finishes = [i for i, (_, store, _) in enumerate(items) if store is trajectory_finish]
+    if len(finishes) > 1:
         try:
-            stored = store(**kwargs)
+            together = dict(zip(finishes, trajectories_finish([items[i][2] for i in finishes])))
+        except Exception:
+            logger.info("storing %d episodes together failed; storing them one by one", len(finishes),
+                        exc_info=True)
+    results: list[tuple[bool, Any]] = []
+    for i, (batches, store, kwargs) in enumerate(items):
+        try:
+            stored = together[i] if i in together else store(**kwargs)
         except Exception as exc:
             results.append((False, exc))
         else:

@@ -346,25 +346,51 @@ def trajectory_finish(
     reaper gave up on changes nothing. When this was the iteration's last trajectory,
     `on_iteration_finished` moves the task on in the same transaction.
     """
+    return trajectories_finish([{"trajectory_id": trajectory_id, "claim_token": claim_token, "result": result,
+                                 "error": error}])[0]
+
+
+def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]":
+    """`trajectory_finish` for several episodes in one transaction; per item (its keyword
+    arguments) the stored trajectory or None. A worker stores the episodes that ended together
+    this way: a dozen statements per episode become one UPDATE each plus a few for all, which
+    matters when a hundred end within a second and each statement waits for the GIL.
+
+    One item that cannot be stored makes the whole call raise (nothing is written): the caller
+    then stores them one by one (apps.tasks.jobs.finish_together).
+    """
     from apps.tasks.models import Trajectory
 
-    fields = _redacted_result_fields(result, error)
+    fields = [_redacted_result_fields(item.get("result"), item.get("error", "")) for item in items]
     now = timezone.now()
     with transaction.atomic():
-        task_id = Trajectory.objects.filter(pk=trajectory_id).values_list("task_id", flat=True).first()
-        if task_id is None:
-            return None
-        task = Task.objects.select_for_update().filter(pk=task_id).first()
-        claimed = Trajectory.objects.filter(
-            pk=trajectory_id, status=Trajectory.Status.RUNNING, claim_token=claim_token
-        ).update(finished_at=now, heartbeat_at=now, **fields)
-        if not claimed:
-            return None
-        # Not the episode just written (it can be megabytes of JSON to decode again): callers
-        # want its state; a deferred field still loads if one is read.
-        trajectory = Trajectory.objects.defer(*_EPISODE_FIELDS).get(pk=trajectory_id)
-        _maybe_finish_iteration(task, trajectory.iteration)
-    return trajectory
+        task_of = dict(Trajectory.objects.filter(pk__in=[item["trajectory_id"] for item in items])
+                       .values_list("pk", "task_id"))
+        tasks = Task.objects.select_for_update().filter(pk__in=set(task_of.values())).order_by("pk").in_bulk()
+        claimed = [
+            item["trajectory_id"] for item, values in zip(items, fields)
+            if item["trajectory_id"] in task_of and Trajectory.objects.filter(
+                pk=item["trajectory_id"], status=Trajectory.Status.RUNNING, claim_token=item["claim_token"],
+            ).update(finished_at=now, heartbeat_at=now, **values)
+        ]
+        # Not the episodes just written (they can be megabytes of JSON to decode again): callers
+        # want their state; a deferred field still loads if one is read.
+        stored = Trajectory.objects.defer(*_EPISODE_FIELDS).in_bulk(claimed)
+        ending = {(t.task_id, t.iteration) for t in stored.values()}
+        ending = {(task_id, iteration) for task_id, iteration in ending
+                  if (task := tasks.get(task_id)) is not None and task.status == Task.Status.RUNNING
+                  and task.current_iteration == iteration}
+        if ending:
+            rows: dict[tuple[int, int], list[tuple[str, str]]] = {key: [] for key in ending}
+            for task_id, iteration, status, outcome in Trajectory.objects.filter(
+                task_id__in={task_id for task_id, _ in ending}
+            ).values_list("task_id", "iteration", "status", "outcome"):
+                if (task_id, iteration) in rows:
+                    rows[(task_id, iteration)].append((status, outcome))
+            for (task_id, _), states in sorted(rows.items()):
+                if all(status in Trajectory.FINAL for status, _ in states):
+                    on_iteration_finished(tasks[task_id], outcomes=Counter(o or s for s, o in states))
+    return [stored.get(item["trajectory_id"]) for item in items]
 
 
 _EPISODE_FIELDS = ("messages", "tools", "steps", "verifier_output", "config_snapshot")
@@ -382,20 +408,22 @@ def _maybe_finish_iteration(task: Task | None, iteration: int) -> None:
     on_iteration_finished(task)
 
 
-def on_iteration_finished(task: Task) -> Task:
+def on_iteration_finished(task: Task, *, outcomes: "Counter[str] | None" = None) -> Task:
     """Hand a finished iteration to the review agent: the task moves to "reviewing".
 
     Called (inside the finishing transaction, with the task row locked and running) when the
     last trajectory of the current iteration reaches a final state. The review job
     (apps.reviews.jobs.review_iteration, enqueued on commit) scores the iteration's
     trajectories and then completes the task, fails it, or proposes changes and starts the
-    next iteration (see apps.reviews.services.iteration_conclude).
+    next iteration (see apps.reviews.services.iteration_conclude). `outcomes` (outcome or
+    status -> count) when the caller has just read them.
     """
     from apps.reviews.jobs import enqueue_review
     from apps.tasks.models import Trajectory
 
-    rows = Trajectory.objects.filter(task=task, iteration=task.current_iteration).values_list("status", "outcome")
-    outcomes: Counter[str] = Counter(outcome or status for status, outcome in rows)
+    if outcomes is None:
+        rows = Trajectory.objects.filter(task=task, iteration=task.current_iteration).values_list("status", "outcome")
+        outcomes = Counter(outcome or status for status, outcome in rows)
     task.status = Task.Status.REVIEWING
     task.error = ""
     task.save(update_fields=["status", "error", "updated_at"])

@@ -32,6 +32,7 @@ from apps.tasks.services import (
     task_cancel,
     task_start_iteration,
     tasks_enqueue,
+    trajectories_finish,
     trajectory_finish,
 )
 from trajplatform.audit import AuditEvent, audit_events_for
@@ -573,6 +574,51 @@ def test_a_worker_that_lost_its_claim_stops_and_stores_nothing(make_task, fake_a
     trajectory.refresh_from_db()
     assert trajectory.status == "queued" and trajectory.final_answer == ""
     assert trajectory_finish(trajectory_id=trajectory.pk, claim_token="not-the-token", result=FakeResult()) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_episodes_stored_together_skip_a_lost_claim_and_end_each_iteration_once(make_task):
+    pair, single, half = (started(make_task, samples_per_iteration=2), started(make_task),
+                          started(make_task, samples_per_iteration=2))
+    OrmQ.objects.all().delete()
+    tokens = {c.pk: c.token for c in jobs.claim_trajectories(10, worker="w")}
+    first, second = pair.trajectories.order_by("sample_index")
+    [alone] = single.trajectories.all()
+    started_half, _ = half.trajectories.order_by("sample_index")
+
+    stored = trajectories_finish([
+        {"trajectory_id": first.pk, "claim_token": tokens[first.pk], "result": FakeResult()},
+        {"trajectory_id": alone.pk, "claim_token": "not-the-token", "result": FakeResult()},
+        {"trajectory_id": second.pk, "claim_token": tokens[second.pk],
+         "result": FakeResult(outcome="failure", reward=0.0)},
+        {"trajectory_id": started_half.pk, "claim_token": tokens[started_half.pk], "result": None, "error": "boom"},
+    ])
+
+    assert [t.pk if t else None for t in stored] == [first.pk, None, second.pk, started_half.pk]
+    assert [t.outcome for t in stored if t] == ["success", "failure", "error"]
+    assert Trajectory.objects.get(pk=alone.pk).status == "running"  # the lost claim wrote nothing
+    statuses = {t.pk: t.status for t in Task.objects.all()}
+    assert statuses == {pair.pk: Task.Status.REVIEWING, single.pk: Task.Status.RUNNING,
+                        half.pk: Task.Status.RUNNING}
+    ends = AuditEvent.objects.filter(action="tasks.iteration_finish")
+    assert [(e.target_id, e.data["outcomes"]) for e in ends] == [(str(pair.pk), {"failure": 1, "success": 1})]
+    assert [row.task["args"] for row in OrmQ.objects.all() if row.task["func"] == REVIEW_JOB] == [(pair.pk, 1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_episodes_stored_together_are_all_or_nothing(make_task):
+    task = started(make_task, samples_per_iteration=2)
+    tokens = {c.pk: c.token for c in jobs.claim_trajectories(10, worker="w")}
+    good, bad = task.trajectories.order_by("sample_index")
+    unstorable = FakeResult(reward="not a number")  # refused by the UPDATE, after the good one's
+    with pytest.raises((TypeError, ValueError)):
+        trajectories_finish([
+            {"trajectory_id": good.pk, "claim_token": tokens[good.pk], "result": FakeResult()},
+            {"trajectory_id": bad.pk, "claim_token": tokens[bad.pk], "result": unstorable},
+        ])
+    assert set(task.trajectories.values_list("status", flat=True)) == {"running"}
+    task.refresh_from_db()
+    assert task.status == Task.Status.RUNNING
 
 
 def _make_stale(trajectory: Trajectory, seconds: float = 3600) -> None:
