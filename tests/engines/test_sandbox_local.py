@@ -192,6 +192,23 @@ def test_a_new_sandbox_starts_its_spawner_thread_before_the_first_command(local_
     assert not thread.is_alive()  # destroy let it go
 
 
+def test_a_command_outlives_the_spawner_threads_idle_time(local_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The commands the spawner thread starts get bubblewrap's parent-death signal when that
+    # thread exits: it must not idle out while one of them still runs (it did, at 30 s: exit 137).
+    monkeypatch.setattr(sandbox_cgroups.CgroupThread, "IDLE_EXIT", 0.2)
+    with local_backend.create(SandboxSpec()) as sandbox:
+        if not sandbox.cgroup.thread_capable:
+            assert sandbox._spawner is None  # each command joins the cgroups: no thread to outlive
+            return
+        result = sandbox.run("sleep 1.2; echo still here", timeout=30)
+        assert (result.exit_code, result.stdout, result.killed_by) == (0, "still here\n", None)
+        thread = sandbox._spawner._thread
+        assert thread is not None
+        thread.join(5)  # idle and childless now: it goes
+        assert not thread.is_alive() and not sandbox._spawner.running
+        assert sandbox.run("echo again", timeout=30).stdout == "again\n"  # and comes back on demand
+
+
 def test_cgroup_thread_submit_returns_before_the_thread_is_in_and_failures_reach_the_future() -> None:
     joined = threading.Event()
 

@@ -397,6 +397,15 @@ class CgroupJoinError(OSError):
     """A CgroupThread could not move itself into the sandbox's cgroups."""
 
 
+def _has_children() -> bool:
+    """Whether the calling thread has child processes that are not reaped yet (running, or
+    exited and waiting for their parent's wait). Linux lists them per thread."""
+    try:
+        return bool(Path("/proc/thread-self/children").read_text().strip())
+    except OSError:  # no CONFIG_PROC_CHILDREN: never leave while something may still run
+        return True
+
+
 class CgroupThread:
     """A thread that lives in one sandbox's cgroup v1 hierarchies; what it starts is born there.
 
@@ -406,8 +415,10 @@ class CgroupThread:
     spawns inherits that thread's cgroups at birth, with no migration at all. The worker's
     memory stays charged to the worker (v1 charges the mm owner, the main thread).
 
-    The thread exits after IDLE_EXIT seconds without work (leaving the cgroups, so they can
-    be removed) and is started again on demand. `submit(fn)` queues fn to run on it and returns
+    The thread exits after IDLE_EXIT seconds without work and without a child process still
+    running (leaving the cgroups, so they can be removed) and is started again on demand:
+    a process it started gets bwrap's parent-death signal when the thread exits, so a command
+    that runs longer than IDLE_EXIT keeps it. `submit(fn)` queues fn to run on it and returns
     a `concurrent.futures.Future` (an event loop awaits it with `asyncio.wrap_future`, having
     started the thread with `start` in a worker thread); `call(fn)` runs fn there and returns
     its result. `prepare`, if given, runs on the thread once it is inside (the local backend
@@ -520,6 +531,11 @@ class CgroupThread:
             try:
                 item = requests.get(timeout=self.IDLE_EXIT)
             except queue.Empty:
+                if _has_children():
+                    # What it started dies with it (a parent-death signal is sent when the
+                    # *thread* that forked exits: bwrap's --die-with-parent), so it stays
+                    # while a command it started still runs, however long that takes.
+                    continue
                 with self._lock:
                     if not requests.empty():
                         continue
