@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import signal
 import socket
@@ -11,6 +12,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +209,17 @@ def test_a_command_outlives_the_spawner_threads_idle_time(local_backend: Any, mo
         thread.join(5)  # idle and childless now: it goes
         assert not thread.is_alive() and not sandbox._spawner.running
         assert sandbox.run("echo again", timeout=30).stdout == "again\n"  # and comes back on demand
+
+
+def test_a_dropped_handle_is_not_kept_by_its_spawner_thread(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec()) as sandbox:
+        other = local_backend.get(sandbox.id)
+        assert other.run("true", timeout=30).ok and asyncio.run(other.arun("true", timeout=30)).ok
+        spawner, handle = other._spawner, weakref.ref(other)
+        del other
+        gc.collect()
+        # The thread, still up for its idle time, no longer holds the last function it ran.
+        assert handle() is None and (spawner is None or spawner.running)
 
 
 def test_cgroup_thread_submit_returns_before_the_thread_is_in_and_failures_reach_the_future() -> None:

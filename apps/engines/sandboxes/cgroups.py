@@ -556,6 +556,9 @@ class CgroupThread:
                 future.set_result(fn())
             except BaseException as exc:  # handed back to the caller's thread
                 future.set_exception(exc)
+            # Not kept while the thread waits for the next one: `fn` may hold its caller (a
+            # sandbox handle, which must be collectable once dropped).
+            del item, fn, future
 
     def stop(self) -> None:
         """Let the thread leave the cgroups now (before they are removed)."""
