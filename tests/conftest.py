@@ -1,10 +1,13 @@
 """Shared fixtures: users in each role, and a factory for tasks."""
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any, Callable
 
 import pytest
+
+_batch_numbers = itertools.count(1)  # fixture batches need unique names
 
 # Nothing in the suite may reach the internet or spawn real external tools.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -63,7 +66,7 @@ def make_task(db: Any) -> Callable[..., Any]:
 
     def _make(**fields: Any) -> Task:
         if "batch" not in fields:
-            fields["batch"] = Batch.objects.create(name="fixture batch")
+            fields["batch"] = Batch.objects.create(name=f"fixture batch {next(_batch_numbers)}")
         fields.setdefault("scene", "code_exec")
         fields.setdefault("prompt", "Print the first ten primes.")
         return Task.objects.create(**fields)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +22,7 @@ from apps.engines.scenes import SCENE_CHOICES
 class Batch(models.Model):
     """A named submission of tasks: who submitted what, from which file, when."""
 
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, unique=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="batches"
     )
@@ -171,6 +172,9 @@ class Trajectory(models.Model):
         FAILURE = "failure", "failure"
         ERROR = "error", "error"
 
+    # The trajectory's identity outside this database (the LLM response cache is keyed on it):
+    # primary keys repeat across databases, a UUID does not.
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="trajectories")
     iteration = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)])
     sample_index = models.PositiveSmallIntegerField(default=0)
@@ -203,6 +207,9 @@ class Trajectory(models.Model):
     claim_token = models.CharField(max_length=64, blank=True, editable=False)
     attempts = models.PositiveSmallIntegerField(
         default=0, help_text="times a worker has claimed it (the reaper re-queues up to ROLLOUT_MAX_ATTEMPTS)"
+    )
+    worker_losses = models.PositiveSmallIntegerField(
+        default=0, help_text="claims that ended because their worker died (not counted against the attempts)"
     )
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
