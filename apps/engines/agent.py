@@ -641,10 +641,13 @@ class _Episode:
         result.model, result.provider = chat.model, chat.provider
         return chat
 
-    def _parse_arguments(self, name: str, raw: Any) -> tuple[dict[str, Any] | None, str | None]:
-        """(arguments, None) or (None, the error to tell the model)."""
-        if name not in self.validators:
-            return None, f"unknown tool {name!r}; available tools: {', '.join(self.validators)}"
+    def _parse_arguments(self, name: str, raw: Any) -> tuple[Any, str | None, str]:
+        """(arguments, error, error kind): the arguments as parsed (the raw value when they are
+        not JSON), the error to tell the model or None, and what went wrong: "" (nothing),
+        "unknown_tool", "unparseable_arguments" (not JSON) or "invalid_arguments" (JSON that
+        breaks the tool's schema, a non-object included). The review checks count on the kind."""
+        args: Any = raw
+        not_json = ""
         if isinstance(raw, dict):
             args = raw
         elif raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -653,16 +656,18 @@ class _Episode:
             try:
                 args = json.loads(raw)
             except json.JSONDecodeError as exc:
-                return None, f"the arguments of {name} are not valid JSON ({exc.msg} at character {exc.pos})"
-        else:
-            return None, f"the arguments of {name} must be a JSON object"
+                not_json = f"the arguments of {name} are not valid JSON ({exc.msg} at character {exc.pos})"
+        if name not in self.validators:
+            return args, f"unknown tool {name!r}; available tools: {', '.join(self.validators)}", "unknown_tool"
+        if not_json:
+            return args, not_json, "unparseable_arguments"
         if not isinstance(args, dict):
-            return None, f"the arguments of {name} must be a JSON object, got {type(args).__name__}"
+            return args, f"the arguments of {name} must be a JSON object, got {type(args).__name__}", "invalid_arguments"
         problems = sorted(self.validators[name].iter_errors(args), key=lambda e: list(e.absolute_path))
         if problems:
             where = "".join(f".{p}" for p in problems[0].absolute_path)
-            return None, f"invalid arguments for {name}{where}: {problems[0].message}"
-        return args, None
+            return args, f"invalid arguments for {name}{where}: {problems[0].message}", "invalid_arguments"
+        return args, None, ""
 
     def _record_skipped(self, call: dict[str, Any], fn: dict[str, Any], common: dict[str, Any], output: str) -> None:
         self.result.steps.append({
@@ -677,12 +682,16 @@ class _Episode:
     ) -> str:
         """Execute one tool call, record its step, and return the text the model gets back."""
         index = len(self.result.steps)
-        args, error = self._parse_arguments(name, raw_args)
+        args, error, error_kind = self._parse_arguments(name, raw_args)
+        # The arguments as parsed whenever they are JSON (a schema violation keeps its object),
+        # the raw text only when they are not; `error_kind` says which check the step is for.
         step: dict[str, Any] = {
             "index": index, "turn": self.turns, "tool_call_id": call_id, "tool": name,
-            "arguments": args if args is not None else raw_args, "format": fmt, **common,
+            "arguments": args, "format": fmt, **common,
             "output": "", "exit_code": None, "duration_ms": 0, "truncated": False, "timed_out": False,
         }
+        if error_kind:
+            step["error_kind"] = error_kind
         await self.emit("action", f"{name}({_short(json.dumps(step['arguments'], ensure_ascii=False), 160)})",
                         {"index": index, "tool": name, "arguments": step["arguments"]})
         result: ToolResult | None = None

@@ -195,6 +195,27 @@ def _check(count: int, detail: str, **extra: Any) -> dict[str, Any]:
     return {"fired": count > 0, "count": count, "detail": detail if count else "", **extra}
 
 
+def _call_error_kind(step: dict[str, Any], validators: dict[str, Any]) -> str:
+    """What was wrong with a step's tool call: "unparseable_arguments", "unknown_tool",
+    "invalid_arguments" or "". The agent loop records the kind on the step (`error_kind`) with
+    the arguments as parsed; steps stored before it did are read from their error text."""
+    kind = str(step.get("error_kind") or "")
+    if kind in ("unparseable_arguments", "unknown_tool", "invalid_arguments"):
+        return kind
+    if kind:  # e.g. "infrastructure": the call itself was fine
+        return ""
+    name, error, args = str(step.get("tool") or ""), str(step.get("error") or ""), step.get("arguments")
+    if "not valid JSON" in error:
+        return "unparseable_arguments"
+    if error.startswith("unknown tool") or (validators and name and name not in validators):
+        return "unknown_tool"
+    if error.startswith("invalid arguments") or "must be a JSON object" in error:
+        return "invalid_arguments"
+    if name in validators and isinstance(args, dict) and any(True for _ in validators[name].iter_errors(args)):
+        return "invalid_arguments"
+    return ""
+
+
 def run_checks(trajectory: Any) -> dict[str, Any]:
     """Every deterministic check on a finished trajectory: {check id: {fired, count, detail, penalty}}."""
     steps = [s for s in (trajectory.steps if isinstance(trajectory.steps, list) else []) if isinstance(s, dict)]
@@ -212,14 +233,12 @@ def run_checks(trajectory: Any) -> dict[str, Any]:
 
     unparseable, unknown, invalid = [], [], []
     for step in steps:
-        name, error, args = str(step.get("tool") or ""), str(step.get("error") or ""), step.get("arguments")
-        if "not valid JSON" in error or (isinstance(args, str) and args.strip() and "arguments" in error):
+        kind = _call_error_kind(step, validators)
+        if kind == "unparseable_arguments":
             unparseable.append(step.get("index"))
-        elif error.startswith("unknown tool") or (validators and name and name not in validators):
-            unknown.append(name or "?")
-        elif error.startswith("invalid arguments") or (
-            name in validators and isinstance(args, dict) and any(True for _ in validators[name].iter_errors(args))
-        ):
+        elif kind == "unknown_tool":
+            unknown.append(str(step.get("tool") or "") or "?")
+        elif kind == "invalid_arguments":
             invalid.append(step.get("index"))
     checks["unparseable_calls"] = _check(len(unparseable), f"steps {unparseable}")
     checks["unknown_tools"] = _check(len(unknown), f"called {sorted(set(unknown))}; offered {sorted(validators)}")

@@ -520,6 +520,29 @@ def test_invalid_arguments_and_unknown_tools_are_tool_errors(local: Any) -> None
     assert_no_sandbox_left(local)
 
 
+SCHEMA_BREAKING_CALLS = (
+    {"content": None, "tool_calls": [native_call("c1", "write_file", {"path": "a.txt"})]},
+    {"content": None, "tool_calls": [native_call("c2", "run_shell", {"command": 5})]},
+    {"content": None, "tool_calls": [native_call("c3", "run_shell", [1, 2])]},
+    {"content": None, "tool_calls": [native_call("c4", "run_shell", '{"command": "ls"')]},
+    {"content": None, "tool_calls": [native_call("c5", "finish", {"answer": "gave up"})]},
+)
+
+
+def test_a_step_records_parsed_arguments_and_whether_they_were_unparseable_or_broke_the_schema(local: Any) -> None:
+    with canned(*SCHEMA_BREAKING_CALLS) as (_, llm):
+        result = run(config_for("Anything."), llm)
+    assert result.outcome == "success"
+    steps = result.steps[:4]
+    assert [s.get("error_kind") for s in steps] == [
+        "invalid_arguments", "invalid_arguments", "invalid_arguments", "unparseable_arguments"]
+    # The arguments as the model meant them, not the JSON text, whenever they parse.
+    assert [s["arguments"] for s in steps[:3]] == [{"path": "a.txt"}, {"command": 5}, [1, 2]]
+    assert steps[3]["arguments"] == '{"command": "ls"'  # only unparseable text stays a string
+    assert "error_kind" not in result.steps[4]
+    assert_no_sandbox_left(local)
+
+
 def test_never_finishing_is_a_failure_naming_max_steps(local: Any) -> None:
     with scripted(HELLO, *HELLO_STEPS) as (_, llm):
         result = run(config_for(HELLO, max_steps=4, model=f"{MODEL_NAME}+fault=never_finish"), llm)

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +14,7 @@ from apps.engines.llm import LLMUnavailable
 from apps.engines.offline_model import JUDGE_MARKER as OFFLINE_JUDGE_MARKER
 from apps.reviews import review_agent
 from apps.reviews.review_agent import JudgeFailed, draft_proposals, judge, overall_score, run_checks
+from tests.engines.test_agent import llm_env  # noqa: F401 - a fixture
 from tests.reviews.factories import auto_review, finished_trajectory
 
 pytestmark = pytest.mark.django_db
@@ -70,6 +74,46 @@ def test_each_check_fires_on_its_evidence(make_task):
     assert checks["limit_exhausted"]["limit"] == "max_steps"
     assert "e-mail address in steps [5]" in checks["sensitive_data"]["detail"]
     assert checks["unhandled_errors"]["penalty"] == 15  # 5 each, capped
+
+
+@pytest.fixture
+def sandbox_root(settings):
+    """A private SANDBOX_ROOT under /var/tmp (the sandbox user must be able to enter its parents)."""
+    root = Path(tempfile.mkdtemp(prefix="t-review-", dir="/var/tmp"))
+    root.chmod(0o711)
+    settings.SANDBOX_ROOT, settings.SANDBOX_ALLOW_UNISOLATED, settings.SANDBOX_POOL_SIZE = root, False, 0
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("llm_env", "sandbox_root")
+def test_call_checks_count_schema_violations_and_malformed_calls_the_real_loop_recorded(make_task):
+    """3 calls that break their tool's schema and 1 malformed call, through apps.engines.agent:
+    the step kinds the loop writes are what the checks count."""
+    from apps.engines.sandboxes import get_backend
+    from tests.engines.test_agent import SCHEMA_BREAKING_CALLS, canned, config_for, run
+
+    task = make_task(prompt="Anything.")
+    with canned(*SCHEMA_BREAKING_CALLS) as (_, llm):
+        result = run(config_for(task.prompt), llm, sandbox_backend=get_backend("local", records=False))
+    trajectory = finished_trajectory(task, steps=result.steps, tools=result.tools, messages=result.messages,
+                                     outcome=result.outcome, reward=result.reward, final_answer=result.final_answer)
+    checks = run_checks(trajectory)
+    calls = {k: checks[k]["count"] for k in ("unparseable_calls", "unknown_tools", "invalid_arguments")
+             if checks[k]["fired"]}
+    assert calls == {"invalid_arguments": 3, "unparseable_calls": 1}
+    assert checks["invalid_arguments"]["detail"] == "steps [0, 1, 2]"
+
+
+def test_call_checks_read_steps_stored_before_the_loop_recorded_error_kinds(make_task):
+    """Rows written by the old loop: a schema violation kept the JSON text as its arguments."""
+    steps = [_step(i, "run_shell", '{"command": 5}', exit_code=None,
+                   error="invalid arguments for run_shell.command: 5 is not of type 'string'") for i in range(3)]
+    steps.append(_step(3, "run_shell", '{"command": "ls"', exit_code=None,
+                       error="the arguments of run_shell are not valid JSON (x at character 1)"))
+    checks = run_checks(finished_trajectory(make_task(), steps=steps))
+    assert (checks["invalid_arguments"]["count"], checks["unparseable_calls"]["count"]) == (3, 1)
 
 
 def test_a_failed_verifier_and_an_error_outcome_fire(make_task):
