@@ -1,13 +1,23 @@
 """The audit log is append-only, and the task services write exactly one row per change."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pytest
+from django.core.management import call_command
+from django.db import IntegrityError, connection, models, transaction
 
 from apps.tasks.models import Task
 from apps.tasks.services import TransitionError, task_cancel, task_requeue
-from trajplatform.audit import ACTIONS, AuditEvent, AuditEventError, audit_events_for, audit_record
+from trajplatform.audit import (
+    ACTIONS,
+    AUDIT_TABLE,
+    AuditEvent,
+    AuditEventError,
+    append_only_triggers_installed,
+    audit_events_for,
+    audit_record,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -61,11 +71,87 @@ def test_without_an_actor_the_row_says_system() -> None:
     assert (stored.actor, stored.actor_repr, stored.target_type, stored.target_id) == (None, "system", "", "")
 
 
-def test_actor_repr_survives_the_user_being_deleted(event: AuditEvent, reviewer: Any) -> None:
-    username = reviewer.username
+def test_deleting_a_user_leaves_their_rows_as_written(event: AuditEvent, reviewer: Any) -> None:
+    """The triggers refuse any UPDATE, so deleting a user must not touch the audit table."""
+    username, user_id = reviewer.username, reviewer.pk
     reviewer.delete()
     stored = AuditEvent.objects.get(pk=event.pk)
-    assert stored.actor is None and stored.actor_repr == username
+    assert stored.actor is None and stored.actor_id == user_id and stored.actor_repr == username
+    assert AuditEvent.objects.select_related("actor").get(pk=event.pk).actor is None
+
+
+# --- the database refuses too (migration 0004) ----------------------------------------------------
+
+
+def _unchanged(event: AuditEvent) -> None:
+    stored = models.QuerySet(AuditEvent).get(pk=event.pk)
+    assert (stored.action, stored.actor_repr, stored.data) == ("tasks.task_create", event.actor_repr, {"n": 1})
+
+
+def _refused_by_the_database(write: Callable[[], Any]) -> None:
+    # A savepoint per attempt: on PostgreSQL a failed statement aborts the enclosing transaction.
+    with pytest.raises(IntegrityError, match="append-only"):
+        with transaction.atomic():
+            write()
+
+
+def test_the_triggers_are_installed_after_migrating() -> None:
+    assert append_only_triggers_installed(connection)
+
+
+def test_the_orm_refuses_upserts_and_bulk_updates(event: AuditEvent) -> None:
+    twin = AuditEvent(pk=event.pk, actor_repr="mallory", action="tasks.task_cancel", data={})
+    with pytest.raises(AuditEventError, match="append-only"):
+        AuditEvent.objects.bulk_create([twin], update_conflicts=True, unique_fields=["id"],
+                                       update_fields=["actor_repr", "action", "data"])
+    with pytest.raises(AuditEventError, match="append-only"):
+        AuditEvent.objects.bulk_create([twin], ignore_conflicts=True)
+    with pytest.raises(AuditEventError, match="append-only"):
+        AuditEvent.objects.bulk_update([twin], ["action"])
+    with pytest.raises(AuditEventError, match="append-only"):
+        AuditEvent._base_manager.filter(pk=event.pk).update(action="tasks.task_cancel")
+    with pytest.raises(AuditEventError, match="append-only"):
+        AuditEvent._base_manager.all().delete()
+    _unchanged(event)
+
+
+def test_the_database_refuses_an_upsert_over_an_existing_row(event: AuditEvent) -> None:
+    twin = AuditEvent(pk=event.pk, actor_repr="mallory", action="tasks.task_cancel", data={})
+    _refused_by_the_database(lambda: models.QuerySet(AuditEvent).bulk_create(
+        [twin], update_conflicts=True, unique_fields=["id"], update_fields=["actor_repr", "action", "data"]))
+    _unchanged(event)
+
+
+def test_the_database_refuses_updates_and_deletes_past_the_orm(event: AuditEvent) -> None:
+    plain = models.QuerySet(AuditEvent)  # a queryset without the model's refusals
+    _refused_by_the_database(lambda: plain.filter(pk=event.pk).update(action="tasks.task_cancel"))
+    _refused_by_the_database(lambda: plain.filter(pk=event.pk).delete())
+    _refused_by_the_database(lambda: models.Model.delete(event))
+    with connection.cursor() as cursor:
+        _refused_by_the_database(lambda: cursor.execute(
+            f"UPDATE {AUDIT_TABLE} SET action = %s, data = %s WHERE id = %s", ["tasks.task_cancel", "{}", event.pk]))
+        _refused_by_the_database(lambda: cursor.execute(f"DELETE FROM {AUDIT_TABLE}"))
+        if connection.vendor == "postgresql":
+            _refused_by_the_database(lambda: cursor.execute(f"TRUNCATE {AUDIT_TABLE}"))
+    _unchanged(event)
+
+
+def test_rows_can_still_be_added(event: AuditEvent) -> None:
+    audit_record("tasks.task_cancel", data={"n": 2})
+    AuditEvent.objects.bulk_create([AuditEvent(actor_repr="system", action="tasks.task_requeue")])
+    assert AuditEvent.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_flush_empties_the_table_and_leaves_it_guarded(make_task: Any, reviewer: Any) -> None:
+    audit_record("tasks.task_create", actor=reviewer, target=make_task())
+    call_command("flush", interactive=False, verbosity=0)
+    assert not AuditEvent.objects.exists()
+    assert append_only_triggers_installed(connection)
+    event = audit_record("tasks.task_create")
+    with connection.cursor() as cursor:
+        _refused_by_the_database(lambda: cursor.execute(f"DELETE FROM {AUDIT_TABLE}"))
+    assert AuditEvent.objects.filter(pk=event.pk).exists()
 
 
 # --- task services --------------------------------------------------------------------------------

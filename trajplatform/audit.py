@@ -3,7 +3,13 @@
 Services write one `AuditEvent` per state change, inside their own transaction, through
 `audit_record`. Action names are a closed set registered in `ACTIONS`; an unregistered name
 is a programming error and raises. Rows are never edited or deleted: the model, its
-queryset and the admin all refuse.
+queryset and the admin all refuse, and so does the database: triggers installed by migration
+0004 (APPEND_ONLY_SQL) abort any UPDATE or DELETE of the table (and TRUNCATE on PostgreSQL),
+whatever path the statement took (`bulk_create(update_conflicts=True)`, a plain QuerySet, raw
+SQL). Only `manage.py flush`, which empties every table, lifts them inside its transaction.
+
+Deleting a user writes nothing here: `actor` keeps the deleted user's id (no database
+constraint, DO_NOTHING) and reads as None, and `actor_repr` still names them.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
+from django.db.models.fields.related_descriptors import ForwardManyToOneDescriptor
 
 # action name -> what it records. Add new actions here, next to their service.
 ACTIONS: dict[str, str] = {
@@ -65,10 +72,38 @@ class AuditEventQuerySet(models.QuerySet):
     def delete(self) -> tuple[int, dict[str, int]]:
         raise AuditEventError("audit events are append-only: delete() is refused")
 
+    def bulk_update(self, objs: Any, fields: Any, batch_size: int | None = None) -> int:
+        raise AuditEventError("audit events are append-only: bulk_update() is refused")
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if kwargs.get("update_conflicts") or kwargs.get("ignore_conflicts"):
+            raise AuditEventError("audit events are append-only: bulk_create() may not resolve conflicts")
+        return super().bulk_create(objs, *args, **kwargs)
+
+
+class _ActorDescriptor(ForwardManyToOneDescriptor):
+    """`event.actor` is None once the user is deleted (the id stays in `actor_id`)."""
+
+    def __get__(self, instance: Any, cls: Any = None) -> Any:
+        try:
+            return super().__get__(instance, cls)
+        except self.field.related_model.DoesNotExist:
+            self.field.set_cached_value(instance, None)
+            return None
+
+
+class ActorField(models.ForeignKey):
+    """A foreign key that reads as None when its row is gone."""
+
+    forward_related_accessor_class = _ActorDescriptor
+
 
 class AuditEvent(models.Model):
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    # Deleting a user must not UPDATE audit rows (the database refuses): no constraint, no
+    # ON DELETE action; the id stays and actor_repr names the user.
+    actor = ActorField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="+",
     )
     # Kept as text so the row still says who acted after the user is deleted.
     actor_repr = models.CharField(max_length=200)
@@ -83,6 +118,7 @@ class AuditEvent(models.Model):
 
     class Meta:
         app_label = "trajplatform"
+        base_manager_name = "objects"  # Django's internal paths get the refusing queryset too
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["target_type", "target_id", "-created_at"], name="audit_target_idx")]
 
@@ -96,6 +132,61 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AuditEventError("audit events are append-only: delete() is refused")
+
+
+# The database's own refusal (migration 0004). SQLite's RAISE(ABORT) and PostgreSQL's
+# restrict_violation both reach Django as IntegrityError.
+AUDIT_TABLE = "trajplatform_auditevent"
+_REFUSAL = "audit events are append-only"
+APPEND_ONLY_SQL: dict[str, list[str]] = {
+    "sqlite": [
+        f"CREATE TRIGGER {AUDIT_TABLE}_no_update BEFORE UPDATE ON {AUDIT_TABLE} "
+        f"BEGIN SELECT RAISE(ABORT, '{_REFUSAL}: UPDATE is refused'); END",
+        f"CREATE TRIGGER {AUDIT_TABLE}_no_delete BEFORE DELETE ON {AUDIT_TABLE} "
+        f"BEGIN SELECT RAISE(ABORT, '{_REFUSAL}: DELETE is refused'); END",
+    ],
+    "postgresql": [
+        f"CREATE FUNCTION {AUDIT_TABLE}_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"RAISE EXCEPTION '{_REFUSAL}: % is refused', TG_OP USING ERRCODE = 'restrict_violation'; END $$",
+        f"CREATE TRIGGER {AUDIT_TABLE}_no_change BEFORE UPDATE OR DELETE ON {AUDIT_TABLE} "
+        f"FOR EACH ROW EXECUTE FUNCTION {AUDIT_TABLE}_refuse()",
+        f"CREATE TRIGGER {AUDIT_TABLE}_no_truncate BEFORE TRUNCATE ON {AUDIT_TABLE} "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {AUDIT_TABLE}_refuse()",
+    ],
+}
+DROP_APPEND_ONLY_SQL: dict[str, list[str]] = {
+    "sqlite": [f"DROP TRIGGER IF EXISTS {AUDIT_TABLE}_no_update", f"DROP TRIGGER IF EXISTS {AUDIT_TABLE}_no_delete"],
+    "postgresql": [f"DROP FUNCTION IF EXISTS {AUDIT_TABLE}_refuse() CASCADE"],
+}
+
+
+def _run(connection: Any, statements: dict[str, list[str]]) -> None:
+    if connection.vendor not in statements:
+        raise AuditEventError(f"no append-only triggers for the {connection.vendor} database; add them")
+    with connection.cursor() as cursor:
+        for sql in statements[connection.vendor]:
+            cursor.execute(sql)
+
+
+def append_only_triggers_installed(connection: Any) -> bool:
+    """Whether the refusing triggers are in place on this database."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s", [AUDIT_TABLE])
+            return cursor.fetchone()[0] == 2
+        cursor.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND NOT tgisinternal",
+                       [AUDIT_TABLE])
+        return cursor.fetchone()[0] == 2
+
+
+def install_append_only_triggers(connection: Any) -> None:
+    """Create the triggers that refuse UPDATE / DELETE (/ TRUNCATE) of the audit table."""
+    _run(connection, APPEND_ONLY_SQL)
+
+
+def drop_append_only_triggers(connection: Any) -> None:
+    """Remove them (migrating backwards, or `flush` inside its own transaction)."""
+    _run(connection, DROP_APPEND_ONLY_SQL)
 
 
 def target_type_of(obj: models.Model) -> str:
