@@ -3,8 +3,8 @@
 `trajectories_import(path_or_file=..., actor=...)` checks the whole file first and reports
 every bad line as `FILE:LINE: reason`; only a clean file is written, in one transaction, with
 one audit row. Tasks are recreated once per source task id (the file's lines of one task must
-agree on its definition); each source batch name becomes a new batch of that name, unless
-`batch_name` puts everything in one batch. The latest automatic and human review of each
+agree on its definition); each source batch name becomes a new batch of that name (refused if
+a batch of that name exists), unless `batch_name` puts everything in one batch. The latest automatic and human review of each
 trajectory come back too; a human review's reviewer must exist here (by username).
 Imported tasks are `completed`: they are data, not work for the queue.
 """
@@ -244,6 +244,12 @@ def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None
         errors, sha256, _ = _check_file(fp, label, checker, default_batch)
         if errors:
             raise RawImportError(errors)
+        # Batch names are unique: an import never adds to an existing batch.
+        taken = sorted(Batch.objects.filter(name__in={d["batch"][:200] for _, d in checker.tasks.values()})
+                       .values_list("name", flat=True))
+        if taken:
+            raise RawImportError([f"batch {name!r} already exists; pass a new batch name (--batch NAME)"
+                                  for name in taken])
         fp.seek(0)
         result = RawImportResult(sha256=sha256)
         user = actor if getattr(actor, "is_authenticated", False) else None

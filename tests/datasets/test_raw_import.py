@@ -29,8 +29,9 @@ def raw_export(ids: list[int]) -> bytes:
 @pytest.fixture
 def exported(make_task: Any, reviewer: Any, tmp_path: Path) -> tuple[list[int], Path]:
     verifier = {"command": "python3 -m pytest -q", "files": {"test_p.py": "def test(): pass\n"}}
-    other_batch = Batch.objects.create(name="second batch")
-    t1 = make_task(prompt="Écris primes.py ✓", external_id="primes", scene_config={"verifier": verifier})
+    first_batch, other_batch = Batch.objects.create(name="fixture batch"), Batch.objects.create(name="second batch")
+    t1 = make_task(prompt="Écris primes.py ✓", batch=first_batch, external_id="primes",
+                   scene_config={"verifier": verifier})
     t2 = make_task(prompt="Sort the CSV", batch=other_batch, external_id="csv", temperature=0.2, max_steps=9)
     ids = []
     for task in (t1, t2):
@@ -45,6 +46,23 @@ def exported(make_task: Any, reviewer: Any, tmp_path: Path) -> tuple[list[int], 
     return ids, path
 
 
+def _free_source_names() -> None:
+    """Rename the exported batches, so importing under the source batch names is allowed."""
+    for batch in Batch.objects.all():
+        batch.name = f"{batch.name} (before import)"
+        batch.save(update_fields=["name"])
+
+
+def test_source_batch_names_that_exist_are_refused_and_nothing_is_written(exported: tuple[list[int], Path]) -> None:
+    _, path = exported
+    counts = (Batch.objects.count(), Task.objects.count(), Trajectory.objects.count())
+    with pytest.raises(RawImportError) as refused:
+        trajectories_import(path_or_file=path, actor=None)
+    assert refused.value.errors == [f"batch {n!r} already exists; pass a new batch name (--batch NAME)"
+                                    for n in ("fixture batch", "second batch")]
+    assert (Batch.objects.count(), Task.objects.count(), Trajectory.objects.count()) == counts
+
+
 def _without_ids(data: bytes) -> list[dict[str, Any]]:
     records = []
     for line in data.splitlines():
@@ -57,6 +75,7 @@ def _without_ids(data: bytes) -> list[dict[str, Any]]:
 def test_round_trip_export_import_export_is_identical(exported: tuple[list[int], Path], admin_user_role: Any) -> None:
     ids, path = exported
     before = set(Trajectory.objects.values_list("pk", flat=True))
+    _free_source_names()
     result = trajectories_import(path_or_file=path, actor=admin_user_role)
     assert (result.trajectory_count, result.task_count, result.review_count, result.rehashed) == (4, 2, 4, 0)
     assert sorted(b.name for b in result.batches) == ["fixture batch", "second batch"]
@@ -131,6 +150,7 @@ def test_conflicting_task_definitions_and_external_ids_are_refused(exported: tup
     for r in records[2:]:
         r["task"]["external_id"] = "primes"
     _write(bad, records)
+    _free_source_names()
     trajectories_import(path_or_file=bad, actor=None)  # two source batches: fine
     with pytest.raises(RawImportError, match="external ids must be unique within a batch"):
         trajectories_import(path_or_file=bad, actor=None, batch_name="one")
@@ -142,6 +162,7 @@ def test_edited_content_is_hashed_again(exported: tuple[list[int], Path]) -> Non
     records[0]["final_answer"] = "edited"
     edited = path.with_name("edited.jsonl")
     _write(edited, records)
+    _free_source_names()
     result = trajectories_import(path_or_file=edited, actor=None)
     assert result.rehashed == 1
     t = Trajectory.objects.get(final_answer="edited")

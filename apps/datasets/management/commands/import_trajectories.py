@@ -16,7 +16,8 @@ class Command(BaseCommand):
         "Import trajectories from FILE, a JSONL file in our raw export format "
         "(dataset_export --format raw), with their tasks and latest reviews. The whole file is "
         "checked first; every bad line is reported as FILE:LINE: reason and nothing is written. "
-        "Each source batch becomes a new batch of the same name unless --batch is given. "
+        "Each source batch becomes a new batch of the same name unless --batch is given "
+        "(a name that already exists is refused). "
         "Human reviews need their reviewer's account to exist here."
     )
 
