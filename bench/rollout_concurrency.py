@@ -136,9 +136,6 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=1,
                         help="split the rollouts over this many worker processes (as `make worker` runs Q_WORKERS "
                              "of them, Q_WORKERS=2 by default), each running rollouts/processes at once")
-    parser.add_argument("--local-init", action="store_true",
-                        help="SANDBOX_LOCAL_INIT=1: commands run through each sandbox's init instead of a fresh "
-                             "bubblewrap each (the default)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="queue this many episodes per slot (rounds x rollouts in all, rollouts at once); "
                              "the steady-state line is then the rate while every slot was busy")
@@ -161,7 +158,6 @@ def main() -> int:
     try:
         setup_django(tmp, database_url=args.database_url, env={
             "ROLLOUT_CONCURRENCY": str(n), "LLM_MAX_CONCURRENCY": str(n), "LLM_TIMEOUT_S": "300",
-            "SANDBOX_LOCAL_INIT": "1" if args.local_init else "0",
         })
         from django.test.utils import override_settings
 
@@ -238,8 +234,7 @@ def run_once(args: argparse.Namespace, prompt: str, server: ModelServer, name: s
     rate = turns / wall
     efficiency = rate / ideal
     what = ("FAKE agent (a sleep per step, no LLM client, no sandbox)" if args.fake_agent
-            else "real agent loop, LLM client, local sandbox "
-            + ("(commands through each sandbox's init)" if args.local_init else "(a fresh bubblewrap per command)"))
+            else "real agent loop, LLM client, local sandbox (a fresh bubblewrap per command)")
     where = "one worker process" if args.processes == 1 else f"{args.processes} worker processes"
     queued = "" if args.rounds == 1 else f" ({n * args.rounds} queued: {args.rounds} per slot)"
     print(f"{n} rollouts at once{queued} in {where}, model latency {args.latency:g}s, "

@@ -125,6 +125,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "trajplatform.api.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -224,9 +225,6 @@ SANDBOX_BACKEND = env_str("SANDBOX_BACKEND", "local")
 SANDBOX_ALLOW_UNISOLATED = env_bool("SANDBOX_ALLOW_UNISOLATED", False)
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", "/var/tmp/trajplatform-sandboxes"))
 SANDBOX_POOL_SIZE = env_int("SANDBOX_POOL_SIZE", 0)
-# Local backend: run a sandbox's commands through its long-lived init (sandbox_init.py) instead
-# of a fresh bubblewrap each (the default, as the sandbox design asks).
-SANDBOX_LOCAL_INIT = env_bool("SANDBOX_LOCAL_INIT", False)
 OPENSANDBOX_URL = env_str("OPENSANDBOX_URL")
 OPENSANDBOX_API_KEY = env_str("OPENSANDBOX_API_KEY")
 OPENSANDBOX_USE_SERVER_PROXY = env_bool("OPENSANDBOX_USE_SERVER_PROXY", False)
@@ -312,6 +310,12 @@ CACHES["api"] = (
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50)
 API_MAX_PAGE_SIZE = env_int("API_MAX_PAGE_SIZE", 500)
 API_MAX_TASKS_PER_REQUEST = env_int("API_MAX_TASKS_PER_REQUEST", 1000)
+# Client input limits, checked before anything is parsed (trajplatform/json_limits.py): a body
+# larger than API_MAX_BODY_BYTES is a JSON 413 (API) / 400 (console forms), JSON nested deeper
+# than API_MAX_JSON_DEPTH levels a 400.
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 32 << 20)
+API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 64)
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "trajplatform.api.TokenAuthentication",

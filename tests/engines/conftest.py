@@ -10,7 +10,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from apps.engines.sandboxes import sandbox_init
 from tests.engines.opensandbox_fake import FakeOpenSandbox
 
 SANDBOX_UID = 65534
@@ -83,30 +82,18 @@ def opensandbox_backend(db: Any, fake: FakeOpenSandbox, settings: Any) -> Iterat
     backend.close()
 
 
-@pytest.fixture
-def local_init_backend(db: Any, settings: Any) -> Any:
-    """The local backend running commands through each sandbox's init (SANDBOX_LOCAL_INIT)."""
-    from apps.engines.sandboxes import get_backend
-
-    settings.SANDBOX_LOCAL_INIT = True
-    return get_backend("local")
-
-
-@pytest.fixture(params=["local", "local_init", "opensandbox"])
+@pytest.fixture(params=["local", "opensandbox"])
 def backend(request: pytest.FixtureRequest, db: Any) -> Any:
-    """Each backend in turn (the local one in both command modes): the conformance suite runs
-    once per backend."""
+    """Each backend in turn: the conformance suite runs once per backend."""
     # `db` is requested here, statically: requested only through getfixturevalue, pytest-django
     # leaves the connection on the development database.
     return request.getfixturevalue(f"{request.param}_backend")
 
 
-def sandbox_user_processes(root: Path | str | None = None, *, but_the_init: bool = False) -> list[tuple[int, str]]:
+def sandbox_user_processes(root: Path | str | None = None) -> list[tuple[int, str]]:
     """(pid, command line) of the sandbox user's processes that belong to sandboxes under `root`
     (default: this test's SANDBOX_ROOT): each bwrap binding a workspace there, and everything
-    below it. Scoped so that sandboxes of other test runs on a shared machine do not count.
-    `but_the_init`: leave out each live sandbox's init and its bwrap (what remains between
-    commands), so that what counts is what commands left behind."""
+    below it. Scoped so that sandboxes of other test runs on a shared machine do not count."""
     if root is None:
         from django.conf import settings
 
@@ -129,17 +116,14 @@ def sandbox_user_processes(root: Path | str | None = None, *, but_the_init: bool
         below = {pid for pid, (ppid, uid, _) in table.items() if ppid in ours and uid == SANDBOX_UID} - ours
         grew = bool(below)
         ours |= below
-    if but_the_init:
-        ours = {pid for pid in ours if not table[pid][2].endswith(sandbox_init.MARK)}
     return sorted((pid, table[pid][2]) for pid in ours)
 
 
-def wait_for_no_sandbox_processes(timeout: float = 5.0, root: Path | str | None = None, *,
-                                  but_the_init: bool = False) -> list[tuple[int, str]]:
+def wait_for_no_sandbox_processes(timeout: float = 5.0, root: Path | str | None = None) -> list[tuple[int, str]]:
     """Poll until none of our sandboxes' processes is left (the kernel tears namespaces down async)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = sandbox_user_processes(root, but_the_init=but_the_init)
+        left = sandbox_user_processes(root)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

@@ -153,29 +153,6 @@ def test_arun_runs_on_the_loop_without_a_thread_where_the_host_allows(
         assert callback_threads and threading.get_ident() not in callback_threads
 
 
-def test_arun_takes_the_thread_path_in_init_mode(local_init_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _spy_execute(monkeypatch)
-    in_init: list[Any] = []
-    real = LocalSandbox._execute_in_init
-
-    def spy(self: LocalSandbox, *args: Any, **kwargs: Any) -> Any:
-        in_init.append(real(self, *args, **kwargs))
-        return in_init[-1]
-
-    monkeypatch.setattr(LocalSandbox, "_execute_in_init", spy)
-    with local_init_backend.create(SandboxSpec()) as sandbox:
-        init_usable = not sandbox._init_off
-        assert sandbox._loop_capable() is not init_usable or not _loop_path_expected(sandbox)
-        results = [asyncio.run(sandbox.arun("echo in-init", timeout=30)) for _ in range(2)]
-    assert all(r.ok and r.stdout == "in-init\n" for r in results)
-    if init_usable:
-        # Explicitly the thread path (a worker thread, not the loop's), and the init ran them.
-        assert len(calls) == 2 and all(thread is not threading.current_thread() for thread in calls)
-        assert len(in_init) == 2 and all(outcome is not None for outcome in in_init)
-    else:  # the init cannot start here: fresh bubblewraps, on the loop where the host allows
-        assert (calls == []) == _loop_path_expected(sandbox)
-
-
 def test_arun_takes_the_thread_path_while_the_process_holds_many_sandboxes(
     local_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

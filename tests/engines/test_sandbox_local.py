@@ -22,7 +22,7 @@ from django.conf import settings
 from apps.engines.models import SandboxRecord
 from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxSpec, SandboxUnavailable, get_backend
 from apps.engines.sandboxes import cgroups as sandbox_cgroups
-from apps.engines.sandboxes import bwrap, local, sandbox_init
+from apps.engines.sandboxes import bwrap, local
 from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
@@ -515,105 +515,9 @@ def test_invalid_arguments_are_refused_before_anything_runs(local_backend: Any) 
             sandbox.write_file("/etc/passwd", b"root::0:0::/:/bin/sh")
 
 
-# -- the sandbox's init (sandbox_init.py) ----------------------------------------------------------
-
-
-@pytest.fixture
-def with_init(settings: Any) -> None:
-    settings.SANDBOX_LOCAL_INIT = True
-
-
-def _init_pids() -> list[int]:
-    return [pid for pid, cmd in sandbox_user_processes() if cmd.startswith("/usr/bin/python3")
-            and cmd.endswith(sandbox_init.MARK)]
-
-
-def test_commands_run_in_one_init_per_sandbox_and_a_busy_init_gets_a_bubblewrap_beside_it(local_backend: Any, with_init: None) -> None:
-    with local_backend.create(SandboxSpec()) as sandbox:
-        first = sandbox.run("echo $PPID", timeout=30)
-        second = sandbox.run("echo $PPID", timeout=30)
-        # Both are children of the sandbox's pid 1, the init; one init for this sandbox.
-        assert first.stdout == second.stdout == "1\n"
-        assert len(_init_pids()) == 1
-        started = threading.Event()
-        results: list[Any] = []
-        thread = threading.Thread(target=lambda: results.append(
-            sandbox.run("echo up; sleep 2; echo $PPID", timeout=30, on_output=lambda s, line: started.set())))
-        thread.start()
-        assert started.wait(30)
-        # The init is busy: this one runs in a bubblewrap of its own (its sh is pid 1 there).
-        beside = sandbox.run("echo $$; cat /proc/1/cmdline | tr '\\0' ' '", timeout=30)
-        thread.join(30)
-        assert beside.ok and beside.stdout.startswith("1\n/bin/sh -c")
-        assert results[0].stdout == "up\n1\n"
-    assert wait_for_no_sandbox_processes() == []
-
-
-def test_a_dead_init_fails_the_command_in_flight_and_the_next_command_gets_a_new_one(local_backend: Any, with_init: None) -> None:
-    with local_backend.create(SandboxSpec()) as sandbox:
-        assert sandbox.run("true", timeout=30).ok
-        [init_pid] = _init_pids()
-        started = threading.Event()
-        results: list[Any] = []
-        thread = threading.Thread(target=lambda: results.append(
-            sandbox.run("echo up; sleep 300", timeout=600, on_output=lambda s, line: started.set())))
-        thread.start()
-        assert started.wait(30)
-        subprocess.run(["kill", "-9", str(init_pid)], check=True)  # e.g. the OOM killer's choice
-        thread.join(30)
-        assert not thread.is_alive()
-        assert results[0].exit_code == 137 and not results[0].timed_out
-        after = sandbox.run("echo $PPID", timeout=30)
-        assert after.stdout == "1\n"
-        assert _init_pids() != [init_pid] and len(_init_pids()) == 1
-
-
-def test_a_handle_dropped_without_destroy_takes_its_init_along(local_backend: Any, with_init: None) -> None:
-    import gc
-
-    sandbox = local_backend.create(SandboxSpec())
-    sandbox_id = sandbox.id
-    assert sandbox.run("true", timeout=30).ok and len(_init_pids()) == 1
-    del sandbox
-    gc.collect()
-    assert wait_for_no_sandbox_processes() == []  # the sandbox lives on; nothing runs in it
-    again = local_backend.get(sandbox_id)
-    assert again.run("echo still here", timeout=30).stdout == "still here\n"
-    again.destroy()
-    assert wait_for_no_sandbox_processes() == []
-
-
-def test_the_init_refuses_to_run_anywhere_but_as_pid_1_of_a_sandbox() -> None:
-    # It SIGKILLs every process it can see when a command ends: outside a sandbox's own pid
-    # namespace that would be the host's. A bystander must survive it.
-    bystander = subprocess.Popen(["sleep", "60"])
-    try:
-        done = subprocess.run([sandbox_init.sys_python(), "-I", "-S", "-c", sandbox_init.SOURCE, sandbox_init.MARK],
-                              input=b"", capture_output=True, timeout=30)
-        assert done.returncode == 1 and b"refusing to run as pid" in done.stderr and done.stdout == b""
-        assert bystander.poll() is None
-    finally:
-        bystander.kill()
-        bystander.wait()
-
-
 def test_by_default_every_command_gets_a_fresh_bubblewrap(local_backend: Any) -> None:
     with local_backend.create(SandboxSpec()) as sandbox:
         first = sandbox.run("echo $$ $PPID; cat /proc/1/cmdline | tr '\\0' ' '", timeout=30)
         # The command's shell is pid 1 of its own sandbox; nothing waits between commands.
         assert first.stdout.startswith("1 0\n/bin/sh -c")
         assert wait_for_no_sandbox_processes() == []
-
-
-def test_an_init_that_died_while_idle_costs_the_next_command_nothing(local_backend: Any, with_init: None) -> None:
-    with local_backend.create(SandboxSpec()) as sandbox:
-        assert sandbox.run("true", timeout=30).ok
-        [init_pid] = _init_pids()
-        subprocess.run(["kill", "-9", str(init_pid)], check=True)
-        sandbox._init.proc.wait(30)  # its bubblewrap goes with it
-        # The command was never sent to the dead init: it runs, in a bubblewrap of its own.
-        after = sandbox.run("echo ran; echo $PPID", timeout=30)
-        assert after.ok and after.stdout == "ran\n0\n"
-        # And the next one gets a new init.
-        assert sandbox.run("echo $PPID", timeout=30).stdout == "1\n"
-        assert len(_init_pids()) == 1 and _init_pids() != [init_pid]

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,18 +17,14 @@ from django.conf import settings
 from apps.engines.sandboxes import SandboxError, SandboxSpec
 from apps.engines.sandboxes import cgroups as sandbox_cgroups
 from apps.engines.sandboxes.local import LocalBackend
-from apps.engines.sandboxes import sandbox_init
 from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
 
 
-@pytest.fixture(params=["fresh bubblewrap", "init"])
-def hostile(request: pytest.FixtureRequest, settings: Any, sandbox_root_dir: Path) -> Iterator[Any]:
-    """A small local sandbox (no DB rows needed here), in both command modes (a fresh
-    bubblewrap per command, the default; the sandbox's init, SANDBOX_LOCAL_INIT); afterwards
-    the host must be clean."""
-    settings.SANDBOX_LOCAL_INIT = request.param == "init"
+@pytest.fixture
+def hostile(settings: Any, sandbox_root_dir: Path) -> Iterator[Any]:
+    """A small local sandbox (no DB rows needed here); afterwards the host must be clean."""
     assert sandbox_user_processes(sandbox_root_dir) == [], "an earlier sandbox test leaked processes"
     backend = LocalBackend(records=False)
     sandbox = backend.create(SandboxSpec(memory_mb=128, pids=48, max_file_mb=16, cpu=1))
@@ -238,10 +235,8 @@ def test_daemons_die_with_the_command(hostile: Any, settings: Any) -> None:
     )
     # If a daemon kept the sandbox alive, the run would wait for it and time out.
     assert result.ok and not result.timed_out and result.stdout == "started\n"
-    # Between commands nothing is left (with the init: only it and its bubblewrap).
-    assert wait_for_no_sandbox_processes(but_the_init=True) == []
-    left = [cmd.split()[0] for _, cmd in sandbox_user_processes()]
-    assert left == (["/usr/bin/bwrap", "/usr/bin/python3"] if settings.SANDBOX_LOCAL_INIT else [])
+    # Between commands nothing is left.
+    assert wait_for_no_sandbox_processes() == []
     assert hostile.run("ps -e -o comm= | grep -c sleep || true", timeout=30).stdout == "0\n"
 
 
@@ -256,13 +251,41 @@ def test_proc_shows_only_the_sandbox(hostile: Any, settings: Any) -> None:
     )
     lines = result.stdout.splitlines()
     assert int(lines[0]) < 10  # only the sandbox's own few processes
-    # pid 1 is the sandbox's own: the command's shell, or the sandbox's init; never the host's.
-    if settings.SANDBOX_LOCAL_INIT:
-        assert lines[1] == f"/usr/bin/python3 {sandbox_init.MARK}"
-    else:
-        assert lines[1].startswith("/bin/sh ")
+    # pid 1 is the sandbox's own: the command's shell, never the host's.
+    assert lines[1].startswith("/bin/sh ")
     assert "SEES-HOST-PID-42" not in result.stdout
     assert "workspace" in result.stdout and "work\n" not in result.stdout  # /proc/1/root is the sandbox root
     assert "shadow: Permission denied" in result.stderr
     assert "sysrq-trigger" in result.stderr and "randomize_va_space" in result.stderr
     assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
+
+
+def test_a_process_a_command_leaves_behind_cannot_rewrite_the_verifiers_files_later(
+    hostile: Any, settings: Any
+) -> None:
+    # Issue 20, 9(a): with the removed SANDBOX_LOCAL_INIT, a command could ptrace the sandbox's
+    # long-lived init, neutralise its kills and leave a process that rewrote the verifier's files
+    # after the command ended (a failing check reported PASSED). There is one way to run a
+    # command now, whatever that old setting says: the command's own shell is pid 1 of a fresh
+    # sandbox, and everything in it dies with it.
+    settings.SANDBOX_LOCAL_INIT = True
+    hostile.write_file("check.py", b"assert False\n")
+    result = hostile.run(
+        ["python3", "-c", """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(1.5)
+        with open("/workspace/check.py", "w") as fh:
+            fh.write("assert True\\n")
+    os._exit(0)
+print("left a writer behind", flush=True)
+"""],
+        timeout=30,
+    )
+    assert result.ok and "left a writer behind" in result.stdout, result
+    assert hostile.run("cat /proc/1/cmdline | tr '\\0' ' '", timeout=30).stdout.startswith("/bin/sh -c")
+    time.sleep(2.5)
+    assert hostile.read_file("check.py") == b"assert False\n"
+    assert wait_for_no_sandbox_processes() == []

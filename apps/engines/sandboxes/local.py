@@ -2,15 +2,8 @@
 
 A sandbox is a directory `SANDBOX_ROOT/<id>/` holding `meta.json` (root-only) and
 `workspace/` (owned by the sandbox user), plus, where the host allows it, a cgroup per
-controller. By default nothing runs between commands: each `run` starts one fresh bubblewrap
-over the workspace and everything it started is gone when it returns (4-5 ms of CPU).
-
-With SANDBOX_LOCAL_INIT=1 a sandbox instead keeps one bubblewrap, started when the sandbox is
-created, whose pid 1 is the sandbox's init (sandbox_init.py): it starts each command and,
-when the command returns, kills everything it left running and empties /tmp and /dev/shm
-(about 1 ms of CPU per command). The sandbox's root, /dev and hostname then persist between
-commands. A command that arrives while the init is busy with another gets a fresh
-bubblewrap of its own.
+controller. Nothing runs between commands: each `run` starts one fresh bubblewrap over the
+workspace and everything it started is gone when it returns (4-5 ms of CPU).
 
 The bubblewrap is built by `bwrap.py` (read its docstring for the exact chain): as `nobody`
 (setpriv), every namespace unshared and a minimal read-only root, born inside the sandbox's
@@ -19,8 +12,7 @@ cgroups; each command's rlimits are set by its own /bin/sh.
 `arun` (the awaitable `run`) needs no thread of its own for a fresh bubblewrap started by the
 sandbox's spawner thread (cgroups.CgroupThread, cgroup v1) while the process holds few
 sandboxes (LOOP_COMMANDS_MAX_SANDBOXES): the event loop awaits the start on that thread, then
-pumps the pipes and waits for the exit itself (pump.py). With more sandboxes, with the init,
-when unisolated or without the spawner thread it runs `run` in a worker thread, like any backend.
+pumps the pipes and waits for the exit itself (pump.py). With more sandboxes, when unisolated or without the spawner thread it runs `run` in a worker thread, like any backend.
 
 When bubblewrap or user namespaces are unavailable `create` refuses with
 SandboxUnavailable, unless SANDBOX_ALLOW_UNISOLATED is set: then commands run as plain
@@ -55,7 +47,6 @@ from django.conf import settings
 
 from apps.engines.sandboxes import bwrap, cgroups
 from apps.engines.sandboxes.pump import CommandPipes, pidfd_supported, pump_in_thread, pump_on_loop
-from apps.engines.sandboxes.sandbox_init import InitGone, InitProcess, sys_python
 from apps.engines.sandboxes.base import (
     PLATFORM_PYTHON_PATH,
     PLATFORM_PYTHON_PROFILE,
@@ -222,14 +213,6 @@ class LocalSandbox(Sandbox):
         self._destroying = False
         self._thread_failed = False
         self._spawner: cgroups.CgroupThread | None = None
-        # The sandbox's init (sandbox_init.py, SANDBOX_LOCAL_INIT): started with the sandbox or
-        # on the next command; None until then, and again after it died. `_init_lock` is held
-        # while one starts or a command runs in it. `_init_off`: every command gets a fresh
-        # bubblewrap (the setting is off, the init cannot start here, or the sandbox is going).
-        self._init: InitProcess | None = None
-        self._init_lock = threading.Lock()
-        self._init_off = not (self.isolated and settings.SANDBOX_LOCAL_INIT)
-        self._init_starting = False
         _live_handles.add(self)
 
     # -- limits and argv -----------------------------------------------------------------
@@ -307,24 +290,10 @@ class LocalSandbox(Sandbox):
         sink: Any,
         stdin_data: bytes | None = None,
     ) -> Outcome:
-        """Run one command in the sandbox, pump its output into `sink`, enforce the deadline.
-
-        In the sandbox's init when it is free (see sandbox_init.py), else (the init is busy with
-        another command of this sandbox, cannot start, or the sandbox is unisolated) in a
-        bubblewrap of its own. Blocks the calling thread; `_aexecute` is the event loop's twin."""
+        """Run one command in a fresh bubblewrap (unisolated: a plain process), pump its output
+        into `sink`, enforce the deadline. Blocks the calling thread; `_aexecute` is the event
+        loop's twin."""
         self._check_alive()
-        if self.isolated and not self._init_off and (
-            self._init_lock.acquire(blocking=False)
-            # Starting (see create): worth waiting for; busy with a command: do not wait.
-            or (self._init_starting and self._init_lock.acquire(timeout=InitProcess.READY_TIMEOUT))
-        ):
-            try:
-                outcome = self._execute_in_init(command, timeout=timeout, cwd=cwd, env=env, sink=sink,
-                                                stdin_data=stdin_data)
-            finally:
-                self._init_lock.release()
-            if outcome is not None:
-                return outcome
         launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None)
         if isinstance(launch, Outcome):
             return launch
@@ -400,10 +369,9 @@ class LocalSandbox(Sandbox):
 
     def _loop_capable(self) -> bool:
         """Whether `arun` can start and pump a command on the event loop (`_aexecute`): isolated,
-        every command in a fresh bubblewrap (the init's protocol, InitProcess.run, blocks its
-        thread), started by the sandbox's CgroupThread (the loop's own thread must not fork a
+        started by the sandbox's CgroupThread (the loop's own thread must not fork a
         bubblewrap, nor wait for its turn to), and a pidfd to wait for its exit on."""
-        return (self.isolated and self._init_off and bool(self.cgroup.paths) and self.cgroup.thread_capable
+        return (self.isolated and bool(self.cgroup.paths) and self.cgroup.thread_capable
                 and not self._thread_failed and pidfd_supported())
 
     async def _aexecute(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
@@ -508,94 +476,16 @@ class LocalSandbox(Sandbox):
         code = 128 - exit_code if exit_code < 0 else exit_code
         return Outcome(exit_code=code, timed_out=False, duration_ms=duration_ms, oom_kills=oom)
 
-    # -- the sandbox's init ------------------------------------------------------------------
-
-    def _start_init(self) -> InitProcess | None:
-        """Start the init (a bubblewrap like a command's, with sandbox_init as its pid 1), born
-        in the sandbox's cgroups through the joining shell. None, for good, if it cannot start."""
-        host = self.backend.host()
-        if not os.path.exists(sys_python()):
-            self._init_off = True
-            return None
-        procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if self.cgroup.paths else None
-        argv = wrap_argv(host, workspace=str(self.workspace), cwd=WORKDIR, env=self._env({}), cgroup_procs=procs,
-                         tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds())
-        try:
-            init = InitProcess.start(argv, env={"PATH": HOST_PATH, "LANG": "C.UTF-8"})
-        except (OSError, InitGone) as exc:
-            logger.warning("sandbox %s: its init did not start (%s); every command gets a bubblewrap of its own",
-                           self.id, exc)
-            self._init_off = True
-            return None
-        # A handle dropped without destroy() (the sandbox lives on) must not leave its init behind.
-        weakref.finalize(self, init.close)
-        return init
-
     def start_in_background(self) -> None:
         """Get ready for the first command now rather than when it comes (the caller does other
         things meanwhile: an agent waits for the model's first turn); a command that comes sooner
         waits for what is still starting.
 
-        With a fresh bubblewrap per command, that is the sandbox's spawner thread: its join of
-        the cgroups (an RCU grace period), its credentials and its network namespace. A worker
-        whose episodes all start together would otherwise pay them in the burst of everyone's
-        first command. With SANDBOX_LOCAL_INIT, it is the init, started in a thread of its own."""
-        if self._init_off:
-            if self.isolated and self.cgroup.paths and self.cgroup.thread_capable and not self._thread_failed:
-                self._cgroup_thread().start()
-            return
-        self._init_starting = True
-
-        def start() -> None:
-            try:
-                with self._init_lock:
-                    if self._init is None and not self._init_off and not self._gone():
-                        self._init = self._start_init()
-            finally:
-                self._init_starting = False
-
-        threading.Thread(target=start, name=f"sandbox-init-{self.id}", daemon=True).start()
-
-    def _execute_in_init(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
-                         sink: Any, stdin_data: bytes | None) -> Outcome | None:
-        """`_execute` in the init (the caller holds `_init_lock`); None if there is no init."""
-        init = self._init
-        if init is None:
-            init = self._init = self._start_init()
-            if init is None:
-                return None
-        use_cgroup = bool(self.cgroup.paths)
-        oom_before = self.cgroup.oom_kills() if use_cgroup else None
-        started = time.monotonic()
-        try:
-            exit_code, timed_out = init.run(shell_argv(command, self._limits(timeout)), cwd=cwd, env=self._env(env),
-                                            stdin_data=stdin_data, sink=sink, deadline=started + timeout,
-                                            drain_after_kill=DRAIN_AFTER_KILL)
-        except InitGone:
-            return None  # it was gone before the command was sent: a fresh bubblewrap runs it
-        finally:
-            if init.dead:  # killed (destroy, a stuck kill) or died: the next command starts another
-                self._init = None
-                init.close()
-        return self._outcome(exit_code, timed_out, started, sink, oom_before)
-
-    def _stop_init(self) -> None:
-        """For destroy(): kill the init (and whatever it runs), never start another for this
-        handle. Killed, not asked to exit: the sandbox goes anyway, and an interpreter's orderly
-        exit costs CPU that a hundred episodes ending together feel."""
-        init = self._init
-        if init is not None:
-            init.kill()
-        if not self._init_lock.acquire(timeout=DRAIN_AFTER_KILL + 30):  # a command's drain, or a start
-            return
-        try:
-            init, self._init = self._init, None
-            self._init_off = True
-            if init is not None:
-                init.kill()  # one that was starting meanwhile
-                init.close()
-        finally:
-            self._init_lock.release()
+        That is the sandbox's spawner thread: its join of the cgroups (an RCU grace period), its
+        credentials and its network namespace. A worker whose episodes all start together would
+        otherwise pay them in the burst of everyone's first command."""
+        if self.isolated and self.cgroup.paths and self.cgroup.thread_capable and not self._thread_failed:
+            self._cgroup_thread().start()
 
     def _stdio_command(self, argv: list[str], *, lifetime: float, cwd: str, env: dict[str, str]) -> StdioCommand:
         # The same chain as `_execute` (cgroup join, nobody, bwrap, the limits shell), started by
@@ -620,7 +510,6 @@ class LocalSandbox(Sandbox):
         if not self.destroyed:
             self._destroying = True
             self.kill_running()
-            self._stop_init()
             self._release_cgroups()
         super().destroy(record=record)
 
@@ -648,7 +537,7 @@ class LocalSandbox(Sandbox):
     async def _arun(self, call: RunCall) -> ExecResult:
         """`arun`: on the event loop itself (`_aexecute`) where the sandbox allows it and this
         process has few sandboxes (LOOP_COMMANDS_MAX_SANDBOXES), else the thread path every
-        backend has (the sandbox's init, no CgroupThread, unisolated, many sandboxes)."""
+        backend has (no CgroupThread, unisolated, many sandboxes)."""
         if len(_live_handles) <= LOOP_COMMANDS_MAX_SANDBOXES and self._loop_capable():
             collector = OutputCollector(call.max_output_bytes, call.on_output)
             outcome = await self._aexecute(call.command, timeout=call.timeout, cwd=call.cwd, env=call.env,
