@@ -310,8 +310,8 @@ class CodeExecRuntime(SceneRuntime):
     async def aexecute_tool(
         self, name: str, args: dict[str, Any], sandbox: Sandbox, config: dict[str, Any], *, timeout: float | None = None
     ) -> ToolResult:
-        """run_shell is awaited on the event loop (`Sandbox.arun`: no worker thread where the
-        sandbox allows it); the file tools take the default's worker thread."""
+        """run_shell through `Sandbox.arun` (its arguments checked on the loop, the command run in a
+        worker thread); the file tools take the default's worker thread."""
         if name == "run_shell":
             command, limit = _shell_call(args["command"], config, timeout)
             result = await sandbox.arun(command, timeout=limit, max_output_bytes=COMMAND_MAX_OUTPUT_BYTES)

@@ -11,7 +11,7 @@ import pytest
 
 from apps.engines.code_exec import CodeExecRuntime
 from apps.engines.runtime import SceneRuntime, ToolError, ToolResult
-from apps.engines.sandboxes import SandboxSpec, local
+from apps.engines.sandboxes import SandboxSpec
 from apps.engines.sandboxes.local import LocalSandbox
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
@@ -24,7 +24,6 @@ def test_run_shell_awaits_arun_and_answers_as_execute_tool_does(
 ) -> None:
     runtime = CodeExecRuntime()
     with local_backend.create(SandboxSpec()) as sandbox:
-        loop_path = sandbox._loop_capable()
         calls = [("echo out; echo err >&2; exit 3", None), ("sleep 5", 0.5)]
         expected = [runtime.execute_tool("run_shell", {"command": c}, sandbox, CONFIG, timeout=t) for c, t in calls]
         runs: list[str] = []
@@ -39,8 +38,7 @@ def test_run_shell_awaits_arun_and_answers_as_execute_tool_does(
     assert [dataclasses.replace(r, duration_ms=0) for r in got] == [
         dataclasses.replace(r, duration_ms=0) for r in expected]
     assert got[0].output.startswith("exit_code: 3") and got[1].timed_out and got[1].extra == {"killed_by": "timeout"}
-    assert runs == []  # never Sandbox.run: arun (on the loop, or its own thread path)
-    assert loop_path == (sandbox.cgroup.thread_capable and local.pidfd_supported())
+    assert runs == []  # never Sandbox.run: arun (which runs `_run` in a worker thread)
 
 
 def test_run_shell_refuses_the_same_commands_either_way(local_backend: Any) -> None:
@@ -97,7 +95,7 @@ def test_the_default_runs_execute_tool_in_a_worker_thread() -> None:
 
 
 def test_in_thread_closes_the_worker_threads_database_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The sandboxes' thread path (Sandbox._arun) and the agent's sync calls share it: a worker
+    # Sandbox.arun and the agent's sync calls share it: a worker
     # thread that touched the ORM (sandbox records) must not keep its connection past CONN_MAX_AGE.
     from apps.engines.sandboxes import base
 

@@ -428,8 +428,7 @@ def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(
 
 
 def test_aruns_take_turns_to_start_without_blocking_the_loop(local_backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Where arun starts commands on the sandboxes' spawner threads (see test_sandbox_arun), each
-    # waits for its turn there; elsewhere in a worker thread. Never on the event loop.
+    # arun's commands wait for their turn in worker threads, never on the event loop.
     most = _one_turn_to_start(monkeypatch)
     turn = local._STARTING
     sandboxes = [local_backend.create(SandboxSpec()) for _ in range(3)]

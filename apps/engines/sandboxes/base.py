@@ -2,7 +2,7 @@
 
 Everything here is backend-neutral and synchronous but for `Sandbox.arun`, the awaitable
 twin of `run`. A backend subclasses `SandboxBackend` (`_create`, `_get`, `_list`, `_destroy`)
-and `Sandbox` (`_run`, `_write_file`, `_read_file`, optionally `_arun`); the public methods
+and `Sandbox` (`_run`, `_write_file`, `_read_file`); the public methods
 here validate arguments, normalise paths and results and keep the `SandboxRecord` rows in
 step, so the two backends behave the same to callers.
 """
@@ -534,15 +534,14 @@ class Sandbox(ABC):
     ) -> ExecResult:
         """`run` for a caller on an asyncio event loop: the same arguments, checks and result.
 
-        The arguments are checked on the loop (SandboxError at once, as `run` raises). Where the
-        backend can, the command runs without a thread of its own (the local backend's fresh
-        bubblewraps in a process with few sandboxes: see `LocalSandbox._arun`) and `on_output`
-        is called on the loop's thread, so it must not block; elsewhere `run` runs in a worker
-        thread and `on_output` is called there. Cancelling the awaiting task kills the command where the backend runs it on the
-        loop; on the thread path the command runs on to its end (destroy the sandbox to stop it).
+        The arguments are checked on the loop (SandboxError at once, as `run` raises); the command
+        then runs in a worker thread (`in_thread`), where `on_output` is called. Cancelling the
+        awaiting task does not stop the command: it runs on to its end (destroy the sandbox to
+        stop it).
         """
-        return await self._arun(self._run_call(cmd, timeout=timeout, cwd=cwd, env=env, on_output=on_output,
-                                               max_output_bytes=max_output_bytes))
+        call = self._run_call(cmd, timeout=timeout, cwd=cwd, env=env, on_output=on_output,
+                              max_output_bytes=max_output_bytes)
+        return await in_thread(self._run, **call.kwargs())
 
     def _run_call(
         self,
@@ -554,7 +553,7 @@ class Sandbox(ABC):
         on_output: OutputCallback | None,
         max_output_bytes: int,
     ) -> RunCall:
-        """`run`'s and `arun`'s checks: the call for `_run`/`_arun`, or SandboxError
+        """`run`'s and `arun`'s checks: the call for `_run`, or SandboxError
         (SandboxNotFound once the sandbox was destroyed)."""
         command = _command_list(cmd)
         if isinstance(timeout, timedelta):
@@ -686,12 +685,6 @@ class Sandbox(ABC):
         on_output: OutputCallback | None,
         max_output_bytes: int,
     ) -> ExecResult: ...
-
-    async def _arun(self, call: RunCall) -> ExecResult:
-        """`arun`'s backend hook, given the checked call. This default, which every backend has,
-        runs `_run` in a worker thread (`in_thread`); a backend overrides it where it can run the
-        command on the event loop itself."""
-        return await in_thread(self._run, **call.kwargs())
 
     @abstractmethod
     def _write_file(self, path: str, data: bytes, mode: int) -> None: ...

@@ -419,9 +419,7 @@ class CgroupThread:
     running (leaving the cgroups, so they can be removed) and is started again on demand:
     a process it started gets bwrap's parent-death signal when the thread exits, so a command
     that runs longer than IDLE_EXIT keeps it. `submit(fn)` queues fn to run on it and returns
-    a `concurrent.futures.Future` (an event loop awaits it with `asyncio.wrap_future`, having
-    started the thread with `start` in a worker thread); `call(fn)` runs fn there and returns
-    its result. `prepare`, if given, runs on the thread once it is inside (the local backend
+    a `concurrent.futures.Future`; `call(fn)` runs fn there and returns its result. `prepare`, if given, runs on the thread once it is inside (the local backend
     drops the thread's credentials there); if joining or `prepare` fails, the thread leaves and
     every function queued for it fails with CgroupJoinError.
     """
@@ -442,9 +440,8 @@ class CgroupThread:
         return self._queue is not None
 
     def start(self) -> None:
-        """Start the thread unless it is up. `Thread.start` waits until the new thread runs,
-        i.e. until it got the GIL, milliseconds on a busy worker: a caller that must not wait
-        (an event loop) calls this in a worker thread before it submits."""
+        """Start the thread unless it is up (`Thread.start` waits until the new thread runs,
+        i.e. until it got the GIL, milliseconds on a busy worker)."""
         with self._lock:
             self._start_locked()
 

@@ -9,11 +9,6 @@ The bubblewrap is built by `bwrap.py` (read its docstring for the exact chain): 
 (setpriv), every namespace unshared and a minimal read-only root, born inside the sandbox's
 cgroups; each command's rlimits are set by its own /bin/sh.
 
-`arun` (the awaitable `run`) needs no thread of its own for a fresh bubblewrap started by the
-sandbox's spawner thread (cgroups.CgroupThread, cgroup v1) while the process holds few
-sandboxes (LOOP_COMMANDS_MAX_SANDBOXES): the event loop awaits the start on that thread, then
-pumps the pipes and waits for the exit itself (pump.py). With more sandboxes, when unisolated or without the spawner thread it runs `run` in a worker thread, like any backend.
-
 When bubblewrap or user namespaces are unavailable `create` refuses with
 SandboxUnavailable, unless SANDBOX_ALLOW_UNISOLATED is set: then commands run as plain
 processes (still as `nobody` with rlimits when we are root) and every sandbox records the
@@ -21,7 +16,6 @@ downgrade.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -35,8 +29,6 @@ import subprocess
 import sysconfig
 import threading
 import time
-import weakref
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -46,7 +38,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.engines.sandboxes import bwrap, cgroups
-from apps.engines.sandboxes.pump import CommandPipes, pidfd_supported, pump_in_thread, pump_on_loop
+from apps.engines.sandboxes.pump import CommandPipes, pump_in_thread
 from apps.engines.sandboxes.base import (
     PLATFORM_PYTHON_PATH,
     PLATFORM_PYTHON_PROFILE,
@@ -54,7 +46,6 @@ from apps.engines.sandboxes.base import (
     ExecResult,
     OutputCallback,
     OutputCollector,
-    RunCall,
     Sandbox,
     SandboxBackend,
     SandboxError,
@@ -93,15 +84,6 @@ DRAIN_AFTER_KILL = 5.0
 # rollouts whose model turns end together would otherwise start 128 commands at once, each
 # waiting for the others (measured: fewer at once, each done sooner). Running is not limited.
 _STARTING = threading.BoundedSemaphore(max(2, 2 * (os.cpu_count() or 1)))
-# `arun` awaits a command on the event loop only while this process holds at most this many
-# live sandbox handles (a worker running a rollout or two). There every system call the loop's
-# thread makes gives up the GIL, which nothing else then wants, and awaiting the command there
-# saves two thread hand-offs (measured: 0.56 against 0.51 of the bare loop's steps/s at
-# concurrency 1). With many sandboxes, the loop serves many episodes and the threads want the
-# GIL too: each of those system calls would stall every episode, and the thread path is faster
-# (measured with 64 rollouts per worker: 0.81-0.84 against 0.85-0.87 of the model's pace).
-LOOP_COMMANDS_MAX_SANDBOXES = 2
-_live_handles: "weakref.WeakSet[LocalSandbox]" = weakref.WeakSet()
 EXIT_NOT_FOUND = 44
 EXIT_IS_DIR = 45
 
@@ -112,8 +94,7 @@ def _now() -> datetime:
 
 @dataclass
 class _Launch:
-    """One command ready to start in a fresh bubblewrap (`LocalSandbox._launch`), shared by the
-    thread path (`_execute`) and the event loop's (`_aexecute`).
+    """One command ready to start in a fresh bubblewrap (`LocalSandbox._launch`, `_execute`).
 
     `info_r`/`info_w`: bwrap's --info-fd pipe (-1 unisolated); `info_w` goes to bwrap and is
     closed once it started, `info_r` becomes the Running's. `threaded`: started from the
@@ -163,30 +144,6 @@ class _Launch:
             self.info_r = -1
 
 
-def _abandon_process(launch: _Launch, proc: subprocess.Popen) -> None:
-    """Kill a command nobody will pump, reap it and close its pipes. Its sandbox's pid 1 is not
-    known yet: the monitor's group goes (--die-with-parent takes the sandbox along), at once."""
-    try:
-        Running(proc).kill_monitor()
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    finally:
-        launch.close()
-
-
-def _abandon_start(start: "Future[tuple[_Launch, subprocess.Popen, float, int] | None]") -> None:
-    """`_aexecute` was cancelled while `start` was under way: once it is done, kill what it
-    started (`_abandon_process`) and close the pidfd. Called on the thread that finished
-    `start` (the CgroupThread), or the cancelled caller's if it was done already."""
-    if start.cancelled() or start.exception() is not None or start.result() is None:
-        return  # nothing started (a failed start closed its pipes itself)
-    launch, proc, _, pidfd = start.result()  # type: ignore[misc]
-    os.close(pidfd)
-    _abandon_process(launch, proc)
-
-
 # --- the sandbox -------------------------------------------------------------------------------
 
 
@@ -213,7 +170,6 @@ class LocalSandbox(Sandbox):
         self._destroying = False
         self._thread_failed = False
         self._spawner: cgroups.CgroupThread | None = None
-        _live_handles.add(self)
 
     # -- limits and argv -----------------------------------------------------------------
 
@@ -291,8 +247,7 @@ class LocalSandbox(Sandbox):
         stdin_data: bytes | None = None,
     ) -> Outcome:
         """Run one command in a fresh bubblewrap (unisolated: a plain process), pump its output
-        into `sink`, enforce the deadline. Blocks the calling thread; `_aexecute` is the event
-        loop's twin."""
+        into `sink`, enforce the deadline. Blocks the calling thread (`arun` runs it in a worker thread)."""
         self._check_alive()
         launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None)
         if isinstance(launch, Outcome):
@@ -367,99 +322,6 @@ class LocalSandbox(Sandbox):
         logger.warning("sandbox %s: cgroup thread unavailable (%s); joining per command", self.id, exc)
         self._thread_failed = True
 
-    def _loop_capable(self) -> bool:
-        """Whether `arun` can start and pump a command on the event loop (`_aexecute`): isolated,
-        started by the sandbox's CgroupThread (the loop's own thread must not fork a
-        bubblewrap, nor wait for its turn to), and a pidfd to wait for its exit on."""
-        return (self.isolated and bool(self.cgroup.paths) and self.cgroup.thread_capable
-                and not self._thread_failed and pidfd_supported())
-
-    async def _aexecute(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
-                        sink: Any, stdin_data: bytes | None = None) -> Outcome | None:
-        """`_execute` for a caller on an event loop, without a thread of its own: the sandbox's
-        CgroupThread prepares and starts the bubblewrap (`_start_on_spawner`; the loop awaits
-        that), and the loop pumps its pipes and waits for its exit (pump.pump_on_loop). `sink`
-        is fed, and `on_output` called, on the loop's thread.
-
-        None when this command cannot run that way (see `_loop_capable`, and a CgroupThread that
-        could not join the cgroups): nothing ran, and the caller takes the thread path.
-        Cancelled: the command is killed and the cancellation propagates."""
-        if self._gone():
-            # SandboxNotFound; its cgroup release joins the spawner thread: not on the loop.
-            await asyncio.to_thread(self._check_alive)
-        spawner = self._cgroup_thread()
-        if not spawner.running:  # idled out, or a handle from get(): create() starts it
-            await asyncio.to_thread(spawner.start)  # which waits for the new thread to get the GIL
-        start = spawner.submit(lambda: self._start_on_spawner(
-            command, timeout=timeout, cwd=cwd, env=env, stdin=stdin_data is not None))
-        try:
-            started_command = await asyncio.wrap_future(start)
-        except cgroups.CgroupJoinError as exc:
-            self._cgroup_thread_failed(exc)
-            return None
-        except OSError as exc:
-            raise SandboxError(f"could not start a command in sandbox {self.id}: {exc}") from exc
-        except asyncio.CancelledError:
-            # A start the thread had not taken up is skipped (wrap_future cancelled it); one
-            # under way is killed, and reaped, as soon as it is done: on the thread that
-            # finishes it, or in a worker thread if it is done already (the reaping waits).
-            loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
-
-            def abandon(done: "Future[Any]") -> None:
-                if threading.get_ident() == loop_thread:
-                    loop.run_in_executor(None, _abandon_start, done)
-                else:
-                    _abandon_start(done)
-
-            start.add_done_callback(abandon)
-            raise
-        if started_command is None:  # the thread failed since the caller looked
-            return None
-        launch, proc, started, pidfd = started_command
-        running = Running(proc, launch.info_r)
-        pipes = CommandPipes(running, sink, stdin_data, label=f"sandbox {self.id}")
-        with self._procs_lock:
-            self._procs.add(running)
-        try:
-            timed_out = await pump_on_loop(pipes, started + timeout, DRAIN_AFTER_KILL, pidfd)
-            exit_code = proc.wait()  # it exited (pump_on_loop saw it): returns at once
-        finally:
-            running.close_info()
-            with self._procs_lock:
-                self._procs.discard(running)
-        return self._outcome(exit_code, timed_out, started, sink, launch.oom_before)
-
-    def _start_on_spawner(self, command: str | list[str], *, timeout: float, cwd: str, env: dict[str, str],
-                          stdin: bool) -> "tuple[_Launch, subprocess.Popen, float, int] | None":
-        """On the sandbox's CgroupThread, for `_aexecute`: prepare the command, start it, open a
-        pidfd for its exit; (the launch, the process, its start time, the pidfd). None if the
-        thread may no longer start it (the handle joins per command now).
-
-        Here, not on the loop's thread: each of these system calls (a pipe, a cgroup file read,
-        the fork, closes) gives the GIL away and then waits to get it back, and on a busy worker
-        every episode on the loop would wait with it."""
-        if self._gone():  # destroyed while this waited for the thread: start nothing
-            raise SandboxNotFound(f"local sandbox {self.id} does not exist (destroyed?)")
-        launch = self._launch(command, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
-        assert isinstance(launch, _Launch), "isolated: a command always has a launch"
-        if not launch.threaded:
-            launch.close()
-            return None
-        try:
-            proc, started = launch.spawn()
-        except BaseException:
-            launch.close()
-            raise
-        launch.spawned()
-        try:
-            # Before anyone else could reap it (it is registered for kill_running only later): a
-            # pidfd stays valid, and becomes readable, once the process exited.
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError:
-            _abandon_process(launch, proc)
-            raise
-        return launch, proc, started, pidfd
-
     def _outcome(self, exit_code: int, timed_out: bool, started: float, sink: Any, oom_before: int | None,
                  join_failed: bool = False) -> Outcome:
         duration_ms = int((time.monotonic() - started) * 1000)
@@ -505,7 +367,6 @@ class LocalSandbox(Sandbox):
                             cwd=self._host_cwd(cwd))
 
     def destroy(self, *, record: bool = True) -> None:
-        _live_handles.discard(self)
         self._run_cleanups()
         if not self.destroyed:
             self._destroying = True
@@ -533,19 +394,6 @@ class LocalSandbox(Sandbox):
         collector = OutputCollector(max_output_bytes, on_output)
         outcome = self._execute(command, timeout=timeout, cwd=cwd, env=env, sink=collector)
         return self._result(collector, outcome, timeout)
-
-    async def _arun(self, call: RunCall) -> ExecResult:
-        """`arun`: on the event loop itself (`_aexecute`) where the sandbox allows it and this
-        process has few sandboxes (LOOP_COMMANDS_MAX_SANDBOXES), else the thread path every
-        backend has (no CgroupThread, unisolated, many sandboxes)."""
-        if len(_live_handles) <= LOOP_COMMANDS_MAX_SANDBOXES and self._loop_capable():
-            collector = OutputCollector(call.max_output_bytes, call.on_output)
-            outcome = await self._aexecute(call.command, timeout=call.timeout, cwd=call.cwd, env=call.env,
-                                           sink=collector)
-            if outcome is not None:
-                return self._result(collector, outcome, call.timeout)
-            # The CgroupThread could not join (logged; nothing ran): the thread path from here on.
-        return await super()._arun(call)
 
     def _result(self, collector: OutputCollector, outcome: Outcome, timeout: float) -> ExecResult:
         """The ExecResult of a finished command: its output, and what ended it if not itself."""

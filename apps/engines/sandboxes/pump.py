@@ -1,22 +1,14 @@
-"""Pumping one running command's pipes, from a worker thread or on an event loop.
+"""Pumping one running command's pipes from the thread that runs it.
 
 A started command (`bwrap.Running`) has up to three pipes to serve until it is done: stdout
 and stderr into the sink, and stdin when there is data for it (bwrap's --info-fd is read on
 demand, see Running). Its deadline kills it; one second later, if it is still there, its
 bwrap monitor is killed too; DRAIN_AFTER_KILL (the caller's `drain_after_kill`) after the
-kill, pipes that something still holds open are abandoned.
-
-`CommandPipes` is that logic, once. Two drivers wait on the pipes and call it:
-
-- `pump_in_thread`: a selector loop in the calling thread (`LocalSandbox.run`);
-- `pump_on_loop`: the running asyncio event loop's readers, writer and timers, plus a pidfd
-  for the process's exit (`LocalSandbox.arun`): no thread is involved, and `on_output` is
-  called on the loop's thread.
+kill, pipes that something still holds open are abandoned. `CommandPipes` is what to do when
+each pipe is ready; `pump_in_thread` waits on them in the calling thread (`LocalSandbox.run`).
 """
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import os
 import selectors
@@ -151,134 +143,3 @@ def pump_in_thread(pipes: CommandPipes, deadline: float, drain_after_kill: float
         sel.close()
         pipes.finish()
     return pipes.timed_out
-
-
-@functools.cache
-def pidfd_supported() -> bool:
-    """Whether this kernel (and seccomp policy) gives pidfds, which `pump_on_loop` waits on."""
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
-async def pump_on_loop(pipes: CommandPipes, deadline: float, drain_after_kill: float, pidfd: int) -> bool:
-    """`pump_in_thread` on the running event loop, and the wait for the process's exit.
-
-    Readers for the outputs, a writer for stdin, `pidfd` (the process's, which this takes
-    over) for the exit, timers for the deadline, the escalation and the give-up: nothing blocks
-    the loop, and no thread is involved. Returns once both outputs closed (or were abandoned)
-    and the process exited, so that `proc.wait()` then returns at once; True if the deadline
-    (time.monotonic()) killed it.
-
-    Cancelled, or when the sink's `on_output` raises: the command is killed, its pipes closed,
-    and the exception propagates at once; the process is reaped on the loop when it exits
-    (its monitor killed if it is still there `drain_after_kill` later), as `pump_in_thread`'s
-    caller does in its thread.
-    """
-    loop = asyncio.get_running_loop()
-    running = pipes.running
-    done: asyncio.Future[None] = loop.create_future()
-    exited = False
-    readers: set[int] = set()
-    timers: list[asyncio.TimerHandle] = []
-
-    def guarded(fn: Any) -> Any:
-        # A loop callback's exception would reach the loop's handler, and the awaiting task
-        # would wait forever: hand it to the task instead (as the thread driver's raise does).
-        def call(*args: Any) -> None:
-            try:
-                fn(*args)
-            except Exception as exc:
-                if not done.done():
-                    done.set_exception(exc)
-        return call
-
-    def settle() -> None:
-        if exited and not pipes.open_outputs and not done.done():
-            done.set_result(None)
-
-    def stop_reading(fd: int) -> None:
-        loop.remove_reader(fd)
-        readers.discard(fd)
-
-    def on_read(fd: int) -> None:
-        if not pipes.read(fd):
-            stop_reading(fd)
-            settle()
-
-    def on_write() -> None:
-        fd = pipes.stdin_fd
-        if not pipes.write():
-            loop.remove_writer(fd)
-
-    def on_exit() -> None:
-        nonlocal exited
-        exited = True
-        stop_reading(pidfd)
-        settle()
-
-    def on_deadline() -> None:
-        if not pipes.open_outputs:
-            return  # the outputs closed: the command is done but for its exit, as in the thread driver
-        pipes.expire()
-        timers.append(loop.call_later(ESCALATE_AFTER_KILL, guarded(pipes.escalate)))
-        timers.append(loop.call_later(drain_after_kill, guarded(on_give_up)))
-
-    def on_give_up() -> None:
-        if not pipes.open_outputs:
-            return
-        for fd in list(readers - {pidfd}):
-            stop_reading(fd)
-        pipes.give_up(drain_after_kill)
-        settle()
-
-    stdin_fd = pipes.stdin_fd
-    try:
-        for fd in list(pipes.open_outputs):
-            os.set_blocking(fd, False)  # a read must never block the loop
-            loop.add_reader(fd, guarded(on_read), fd)
-            readers.add(fd)
-        if stdin_fd >= 0:
-            loop.add_writer(stdin_fd, guarded(on_write))
-        loop.add_reader(pidfd, guarded(on_exit))
-        readers.add(pidfd)
-        timers.append(loop.call_later(max(0.0, deadline - time.monotonic()), guarded(on_deadline)))
-        await done
-    except BaseException:
-        running.kill()
-        raise
-    finally:
-        for fd in readers - {pidfd}:
-            loop.remove_reader(fd)
-        if stdin_fd >= 0:
-            loop.remove_writer(stdin_fd)
-        for timer in timers:
-            timer.cancel()
-        pipes.finish()
-        if exited:
-            os.close(pidfd)
-            running.proc.poll()  # it exited: reap it now, however the pumping ended (cannot block)
-        else:
-            _reap_when_it_exits(loop, running, pidfd, drain_after_kill)
-    return pipes.timed_out
-
-
-def _reap_when_it_exits(loop: asyncio.AbstractEventLoop, running: Running, pidfd: int, drain_after_kill: float) -> None:
-    """A killed command that has not exited yet: reap it on the loop when it does, and kill its
-    monitor if it is still there `drain_after_kill` from now. Never blocks the loop."""
-
-    def escalate() -> None:
-        if running.proc.poll() is None:  # not reaped meanwhile (its pid, the monitor's group, is still ours)
-            running.kill_monitor()
-
-    escalation = loop.call_later(drain_after_kill, escalate)
-
-    def reap() -> None:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-        escalation.cancel()
-        running.proc.wait()  # it exited: returns at once
-
-    loop.add_reader(pidfd, reap)  # replaces the exit reader, if one is still registered
