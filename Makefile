@@ -57,7 +57,20 @@ $(VENV)/.installed: requirements.lock
 
 install: apt-run $(VENV)/.installed
 
-install-test: apt-test $(VENV)/.installed
+# The consumers' own code for the export tests (docs/exports.md): TRL into the virtualenv, and
+# LLaMA-Factory without its dependencies into $(VENV)/llamafactory, which only its test puts on
+# sys.path (its full install pulls a CUDA torch and older transformers/datasets; it runs on ours).
+# PyPI's torchaudio (imported by LLaMA-Factory's data module) is a CUDA build: its compiled
+# extension is removed, and torchaudio then imports without it.
+$(VENV)/.installed-consumers: $(VENV)/.installed requirements-test-trl.lock requirements-test-llamafactory.lock
+	$(PY) -m pip install -q -r requirements-test-trl.lock
+	rm -rf $(VENV)/llamafactory
+	$(PY) -m pip install -q --no-deps --target $(VENV)/llamafactory -r requirements-test-llamafactory.lock
+	rm -f $(VENV)/llamafactory/torchaudio/lib/*.so
+	@if $(PY) -m pip list 2>/dev/null | grep -qi '^nvidia-'; then echo "CUDA wheels crept in; check requirements-test-*.lock" >&2; exit 1; fi
+	@touch $@
+
+install-test: apt-test $(VENV)/.installed $(VENV)/.installed-consumers
 
 migrate: install
 	$(PY) manage.py migrate --no-input -v0
@@ -75,7 +88,8 @@ demo: migrate
 	@echo
 	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
 	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. Under Tasks > Batches: 'demo' (the example"
-	@echo "tasks, imported and queued), 'demo-rollouts' (24 code tasks run by the offline scripted-reference"
+	@echo "tasks of every scene, imported and not started: its Start action queues them for the worker),"
+	@echo "'demo-rollouts' (24 code tasks run by the offline scripted-reference"
 	@echo "model in the local sandbox, then reviewed) and 'demo-envscaler' (15 MCP environment tasks)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
 	@echo "Dataset 'demo-code' v1: http://$(HOST):$(PORT)/datasets/ (export in var/exports/)"

@@ -95,16 +95,35 @@ def test_sharegpt_positions_parallel_calls_and_thoughts(pair: tuple[Any, Any]) -
     turns = line["conversations"]
     assert [t["from"] for t in turns] == ["human"] + ["function_call", "observation"] * 4 + ["function_call"]
     first = turns[1]["value"]
-    assert first.startswith("<think>Je vais écrire le fichier puis lister le dossier.</think>[")
-    calls = json.loads(first.split("</think>", 1)[1])
+    # LLaMA-Factory's default thought words, newlines included: its function formatter finds them
+    # exactly and parses the rest as JSON.
+    assert first.startswith("<think>\nJe vais écrire le fichier puis lister le dossier.\n</think>\n\n[")
+    calls = json.loads(first.split("\n</think>\n\n", 1)[1])
     assert [c["name"] for c in calls] == ["write_file", "run_shell"] and calls[1]["arguments"] == {"command": "ls"}
     assert json.loads(turns[2]["value"]) == ["wrote 25 bytes to primes.py", ""]  # parallel results, one turn
-    assert turns[-1]["value"].startswith("<think>Done. Finishing.</think>")
+    assert turns[-1]["value"].startswith("<think>\nDone. Finishing.\n</think>\n\n{")
     assert json.loads(turns[-1]["value"].split("</think>")[1])["name"] == "finish"  # its acknowledgement is dropped
     assert line["system"] == SYSTEM
     assert [t["name"] for t in json.loads(line["tools"])] == ["run_shell", "write_file", "read_file", "finish"]
     assert [t["from"] for t in failing["conversations"]] == ["human", "function_call", "observation",
                                                             "function_call", "observation", "gpt"]
+
+
+def test_sharegpt_tools_without_parameters_and_text_that_would_end_the_thought(make_task: Any) -> None:
+    tools = TOOLS + [{"type": "function", "function": {"name": "list_env", "description": "List variables."}},
+                     {"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}}]
+    fine = make_trajectory(make_task(), tools=tools)
+    messages, steps = rich_episode("x_")
+    messages[2]["content"] = "I think.\n</think>\n\nThen I act."
+    closing = make_trajectory(make_task(), messages=messages, steps=steps)
+    result, (line,), _ = export("sharegpt", [fine.pk, closing.pk])
+    specs = {t["name"]: t for t in json.loads(line["tools"])}
+    # LLaMA-Factory's default tool format reads parameters.properties of every tool.
+    assert specs["list_env"]["parameters"] == {"type": "object", "properties": {}}
+    assert specs["ping"]["parameters"] == {"type": "object", "properties": {}}
+    assert specs["write_file"]["parameters"] == TOOLS[1]["function"]["parameters"]
+    assert [e["trajectory_id"] for e in result.excluded] == [closing.pk]
+    assert "thought end" in result.excluded[0]["reason"]
 
 
 def test_alpaca_pairs_each_model_turn_with_what_came_before(pair: tuple[Any, Any]) -> None:
@@ -266,6 +285,9 @@ BAD_LINES = [
     ("sharegpt", _set("conversations.3.value", '{"name": "fly", "arguments": {}}'), "'fly' is not in tools"),
     ("sharegpt", _set("tools", []), "JSON list encoded as a string"),
     ("sharegpt", _set("conversations.2.from", "human"), "a function_call must be followed by its observation"),
+    ("sharegpt", _set("conversations.1.value", '<think>x</think>{"name": "read_file", "arguments": {}}'),
+     "LLaMA-Factory's thought words"),
+    ("sharegpt", _set("tools", '[{"name": "read_file"}]'), "object schema with properties"),
     ("alpaca", _set("output", ""), "line.output"),
     ("alpaca", _set("history.0", ["only one"]), "line.history"),
     ("rl", _set("prompt.1.content", "something else"), "leading messages"),

@@ -297,7 +297,11 @@ def validate_agentjet(obj: Any) -> list[str]:
 
 # -- sharegpt (LLaMA-Factory) -----------------------------------------------------------
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# LLaMA-Factory's default thought words (Template.thought_words, used by qwen, llama3, qwen3,
+# deepseekr1 and most templates): its FunctionFormatter finds the thought with exactly these
+# strings and parses the rest of a function_call value as JSON, so a thought written without
+# the newlines makes the whole load fail ("Invalid JSON format in function message").
+THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"
 _HUMAN_SIDE = ("human", "observation")
 _MODEL_SIDE = ("gpt", "function_call")
 
@@ -334,6 +338,9 @@ def render_sharegpt(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
             if msg.get("content"):
                 # Text beside tool calls has no turn of its own in ShareGPT; LLaMA-Factory's
                 # function formatter keeps text wrapped in the template's thought words.
+                if THINK_CLOSE in msg["content"]:
+                    raise RenderError(f"messages[{i}]: text beside a tool call contains LLaMA-Factory's "
+                                      f"thought end {THINK_CLOSE!r}, which would end the thought early")
                 value = f"{THINK_OPEN}{msg['content']}{THINK_CLOSE}{value}"
             turns.append({"from": "function_call", "value": value})
         else:
@@ -341,18 +348,36 @@ def render_sharegpt(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
     flush_results()
     while turns and turns[-1]["from"] in _HUMAN_SIDE:
         turns.pop()  # a conversation must end on the model's turn (e.g. finish's acknowledgement)
-    line: Line = {"conversations": turns, "tools": dumps_compact(function_specs(record.get("tools") or []))}
+    line: Line = {"conversations": turns, "tools": dumps_compact(_sharegpt_tools(record))}
     if system and ctx["include_system"]:
         line["system"] = "\n\n".join(system)
     return line
 
 
+def _sharegpt_tools(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The function specs, each with a `parameters.properties` object: LLaMA-Factory's default
+    tool format (deepseekr1 and others) reads it from every tool. A function without parameters
+    takes none, which is an object schema with no properties."""
+    specs = []
+    for fn in function_specs(record.get("tools") or []):
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        elif not isinstance(params, dict) or not isinstance(params.get("properties", {}), dict):
+            raise RenderError(f"tools: {fn['name']}: parameters are not an object schema")
+        elif "properties" not in params:
+            params = {**params, "properties": {}}
+        specs.append({**fn, "parameters": params})
+    return specs
+
+
 def split_thought(value: str) -> tuple[str, str]:
-    """(thought, rest) of a function_call value that may start with <think>...</think>."""
-    if value.startswith(THINK_OPEN) and THINK_CLOSE in value:
-        end = value.index(THINK_CLOSE)
-        return value[len(THINK_OPEN):end], value[end + len(THINK_CLOSE):]
-    return "", value
+    """(thought, rest) of a function_call value that may start with THINK_OPEN...THINK_CLOSE,
+    split where LLaMA-Factory splits it (the first THINK_CLOSE)."""
+    end = value.find(THINK_CLOSE, len(THINK_OPEN)) if value.startswith(THINK_OPEN) else -1
+    if end < 0:
+        return "", value
+    return value[len(THINK_OPEN):end], value[end + len(THINK_CLOSE):]
 
 
 def validate_sharegpt(obj: Any) -> list[str]:
@@ -367,8 +392,12 @@ def validate_sharegpt(obj: Any) -> list[str]:
         for i, fn in enumerate(tools):
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
                 problems.append(f"line.tools[{i}]: must be a function spec with a name")
-            else:
-                names.add(fn["name"])
+                continue
+            names.add(fn["name"])
+            params = fn.get("parameters")
+            if not isinstance(params, dict) or not isinstance(params.get("properties"), dict):
+                problems.append(f"line.tools[{i}].parameters: must be an object schema with properties "
+                                "(LLaMA-Factory's default tool format reads them)")
     if "system" in obj and not isinstance(obj["system"], str):
         problems.append("line.system: must be a string")
     turns = obj.get("conversations")
@@ -403,6 +432,9 @@ def _check_function_call(at: str, value: str, names: set[str]) -> list[str]:
     calls = _loads(body)
     calls = [calls] if isinstance(calls, dict) else calls
     if not isinstance(calls, list) or not calls:
+        if value.startswith("<think>"):
+            return [f"{at}.value: a thought must be written {THINK_OPEN!r} text {THINK_CLOSE!r} "
+                    "(LLaMA-Factory's thought words), then the JSON calls"]
         return [f"{at}.value: must be a JSON object {{name, arguments}} or a list of them"]
     problems = []
     for call in calls:
