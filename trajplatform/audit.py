@@ -47,6 +47,7 @@ ACTIONS: dict[str, str] = {
     "reviews.proposal_create": "a change for a task's next iteration was proposed (tier set by the server policy)",
     "reviews.proposal_apply": "a green proposal was applied to the task automatically",
     "reviews.proposal_decide": "a person approved, rejected or chose an option of a yellow or red proposal",
+    "reviews.proposal_withdraw": "the person who proposed a change withdrew it (it is rejected)",
     "reviews.human_verdict": "a reviewer recorded a verdict (accept, reject, needs fix) on a trajectory",
     "reviews.loop_end": "a person ended a task's review loop early",
     "reviews.policy_change": "an admin created, changed or deleted a rule of the three-tier risk policy",

@@ -131,6 +131,57 @@ def classify(field: str, value: Any, table: dict[str, Rule] | None = None) -> st
     return rule.tier if within(rule, value) else rule.out_of_bounds_tier
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _why_refused(field: str, value: Any, rule: Rule | None) -> str:
+    if rule is None:
+        return f"no enabled policy rule covers {field}, so it is never changed"
+    if rule.tier == REFUSE and within(rule, value):
+        return f"the policy refuses every change to {field}"
+    if rule.allowed_values and value not in rule.allowed_values:
+        return f"it is not one of the allowed values ({', '.join(map(str, rule.allowed_values))})"
+    low = "-inf" if rule.min_value is None else f"{rule.min_value:g}"
+    high = "inf" if rule.max_value is None else f"{rule.max_value:g}"
+    what = "its length is" if isinstance(value, str) else "it is"
+    return f"{what} outside the policy's bounds {low} to {high}"
+
+
+def require_allowed(field: str, value: Any, *, tier: str, table: dict[str, Rule] | None = None) -> None:
+    """Raise ValidationError unless the policy lets a proposal of `tier` set `field` to `value`:
+    the value is within the rule's bounds and allowed values, or its out-of-bounds tier is no
+    higher than `tier` (a reviewer's yellow decision never applies a red value)."""
+    table = rules() if table is None else table
+    actual = classify(field, value, table)
+    if actual == REFUSE:
+        raise ValidationError(f"the policy does not allow changing {field} to {_shown(value)}: "
+                              f"{_why_refused(field, value, table.get(field))}")
+    if TIER_ORDER[actual] > TIER_ORDER[tier]:
+        raise ValidationError(f"changing {field} to {_shown(value)} is a {actual} change; "
+                              f"a {tier} proposal cannot apply it")
+
+
+def validate_proposal(task: Any, field: str, to_value: Any, options: Any = (),
+                      table: dict[str, Rule] | None = None) -> str:
+    """The tier of proposing `field` -> `to_value` with these options; ValidationError when the
+    field, the value or any option is invalid for the task or not allowed at that tier."""
+    table = rules() if table is None else table
+    check_value(task, field, to_value)
+    tier = classify(field, to_value, table)
+    require_allowed(field, to_value, tier=tier, table=table)
+    if not isinstance(options, (list, tuple)):
+        raise ValidationError("options must be a list of values")
+    for index, option in enumerate(options):
+        try:
+            check_value(task, field, option)
+            require_allowed(field, option, tier=tier, table=table)
+        except ValidationError as exc:
+            raise ValidationError(f"option {index}: {'; '.join(exc.messages)}") from None
+    return tier
+
+
 def impact_note(field: str, table: dict[str, Rule] | None = None) -> str:
     table = rules() if table is None else table
     rule = table.get(field)
@@ -170,9 +221,11 @@ def check_value(task: Any, field: str, value: Any) -> None:
         raise ValidationError("expected_tools: must be a list of tool names")
 
 
-def apply_change(task: Any, field: str, value: Any) -> str:
-    """Set `field` to `value` on the (locked, unsaved) task; returns the model field to save."""
+def apply_change(task: Any, field: str, value: Any, *, tier: str, table: dict[str, Rule] | None = None) -> str:
+    """Set `field` to `value` on the (locked, unsaved) task, checked again against the field and
+    the policy as it is now (a proposal of `tier` may apply it); returns the model field to save."""
     check_value(task, field, value)
+    require_allowed(field, value, tier=tier, table=table)
     if field.startswith(SCENE_PREFIX):
         config = dict(task.scene_config or {})
         config[field[len(SCENE_PREFIX):]] = value

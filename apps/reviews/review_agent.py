@@ -519,14 +519,17 @@ def _alternatives(task: Any, field_name: str, current: Any, to: Any, table: dict
     return []
 
 
-def _options(task: Any, draft_field: str, current: Any, to: Any, extra: list[Any], table: dict[str, policy.Rule]) -> list[Any]:
-    """2-4 distinct valid values (the proposed one first) a reviewer can pick from."""
+def _options(task: Any, draft_field: str, current: Any, to: Any, extra: list[Any], table: dict[str, policy.Rule],
+             tier: str) -> list[Any]:
+    """2-4 distinct valid values (the proposed one first) a reviewer can pick from, each one the
+    policy allows at the draft's tier."""
     options: list[Any] = []
     for value in [to, *extra, *_alternatives(task, draft_field, current, to, table)]:
-        if value == current or value in options or policy.classify(draft_field, value, table) == policy.REFUSE:
+        if value == current or value in options:
             continue
         try:
             policy.check_value(task, draft_field, value)
+            policy.require_allowed(draft_field, value, tier=tier, table=table)
         except ValidationError:
             continue
         options.append(value)
@@ -547,7 +550,7 @@ def _draft(task: Any, field_name: str, to: Any, rationale: str, proposer: str, t
     tier = policy.classify(field_name, to, table)
     if tier == policy.REFUSE:
         return None
-    options = _options(task, field_name, current, to, extra_options or [], table) if tier == policy.YELLOW else []
+    options = _options(task, field_name, current, to, extra_options or [], table, tier) if tier == policy.YELLOW else []
     return Draft(field=field_name, to_value=to, from_value=current, tier=tier, options=options, rationale=rationale,
                  proposer=proposer, impact_note=policy.impact_note(field_name, table))
 

@@ -201,7 +201,7 @@ def iteration_conclude(*, task_id: int, iteration: int) -> Task | None:
             )
             audit_record("reviews.proposal_create", target=proposal, data=_proposal_data(proposal))
             if draft.tier == policy.GREEN:
-                changed.append(policy.apply_change(task, draft.field, draft.to_value))
+                changed.append(policy.apply_change(task, draft.field, draft.to_value, tier=policy.GREEN))
                 proposal.status = Proposal.Status.APPLIED
                 proposal.decided_at = now
                 proposal.chosen_option = draft.to_value
@@ -268,8 +268,10 @@ def _same_decision(proposal: Proposal, actor: Any, decision: str, chosen: Any) -
 def proposal_decide(*, proposal: Proposal, actor: Any, decision: str, option: Any = None, comment: str = "") -> Proposal:
     """Approve, reject or choose an option of a pending yellow/red proposal the actor may decide.
 
-    Approve/choose applies the value to the task (validated; nothing is written if it is not
-    valid). A repeat of the same decision by the same person returns the proposal unchanged
+    Approve/choose applies the value to the task, validated again against the field and the
+    policy at the proposal's tier (nothing is written if it is not allowed). The person who
+    proposed a change may always reject it (a withdrawal, audited as such) but never approve
+    their own red change. A repeat of the same decision by the same person returns the proposal unchanged
     (no audit row); any other decision on a decided proposal raises AlreadyDecided naming who
     decided. When it was the task's last pending proposal, the next iteration starts."""
     if decision not in DECISIONS:
@@ -278,7 +280,9 @@ def proposal_decide(*, proposal: Proposal, actor: Any, decision: str, option: An
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=proposal.task_id)
         proposal = Proposal.objects.select_for_update(of=("self",)).select_related("decided_by").get(pk=proposal.pk)
-        if not can_decide(actor, proposal):
+        own = proposal.proposed_by_id is not None and proposal.proposed_by_id == getattr(actor, "pk", None)
+        withdraw = own and decision == "reject"  # the proposer may always take their proposal back
+        if not can_decide(actor, proposal) and not withdraw:
             who = "an approver" if proposal.tier == Proposal.Tier.RED else "a reviewer or approver"
             raise PermissionDenied(f"{proposal.tier} proposals are decided by {who}")
         chosen = None if decision == "reject" else _chosen(proposal, decision, option)
@@ -290,12 +294,12 @@ def proposal_decide(*, proposal: Proposal, actor: Any, decision: str, option: An
                 raise AlreadyDecided(f"already decided by {proposal.decided_by.get_username()} "
                                      f"({proposal.status} at {when})")
             raise AlreadyDecided(f"proposal {proposal.pk} is already {proposal.get_status_display()}")
-        if (proposal.tier == Proposal.Tier.RED and proposal.proposed_by_id is not None
-                and proposal.proposed_by_id == actor.pk):
-            raise PermissionDenied("a red change cannot be approved by the person who proposed it")
+        if proposal.tier == Proposal.Tier.RED and own and not withdraw:
+            raise PermissionDenied("a red change cannot be approved by the person who proposed it "
+                                   "(they may withdraw it: reject)")
         if decision != "reject":
             try:
-                field = policy.apply_change(task, proposal.field, chosen)
+                field = policy.apply_change(task, proposal.field, chosen, tier=proposal.tier)
             except ValidationError as exc:
                 raise DecisionError("; ".join(exc.messages)) from None
             task.save(update_fields=[field, "updated_at"])
@@ -305,9 +309,10 @@ def proposal_decide(*, proposal: Proposal, actor: Any, decision: str, option: An
         proposal.chosen_option = chosen
         proposal.comment = comment
         proposal.save(update_fields=["status", "decided_by", "decided_at", "chosen_option", "comment"])
-        audit_record("reviews.proposal_decide", actor=actor, target=proposal,
-                     data={**_proposal_data(proposal), "decision": decision})
-        webhook("proposal.decided", {**_proposal_data(proposal), "decision": decision})
+        decided = "withdraw" if withdraw else decision
+        audit_record("reviews.proposal_withdraw" if withdraw else "reviews.proposal_decide", actor=actor,
+                     target=proposal, data={**_proposal_data(proposal), "decision": decided})
+        webhook("proposal.decided", {**_proposal_data(proposal), "decision": decided})
         still_pending = Proposal.objects.filter(task=task, status=Proposal.Status.PENDING).exists()
         if not still_pending and task.status == Task.Status.WAITING_APPROVAL:
             _start_next(task, actor=actor)
@@ -318,7 +323,9 @@ def proposal_propose(*, task: Task, actor: Any, field: str, to_value: Any, optio
                      rationale: str = "") -> Proposal:
     """A person proposes a change for a task waiting for approval; the policy sets the tier.
 
-    Green changes are applied at once (as the review agent's are); yellow and red ones wait."""
+    The value and every option must be valid for the field and allowed by the policy at that tier
+    (DecisionError otherwise, nothing written). Green changes are applied at once (as the review
+    agent's are); yellow and red ones wait."""
     if not getattr(actor, "is_authenticated", False) or not actor.has_perm("reviews.decide_yellow_proposal"):
         raise PermissionDenied("proposing changes needs the reviewer role")
     with transaction.atomic():
@@ -328,12 +335,9 @@ def proposal_propose(*, task: Task, actor: Any, field: str, to_value: Any, optio
             raise TransitionError(f"task {task.pk} is {task.status}; people propose changes while it waits for approval")
         try:
             current = policy.current_value(task, field)
-            policy.check_value(task, field, to_value)
+            tier = policy.validate_proposal(task, field, to_value, options or [])
         except ValidationError as exc:
             raise DecisionError("; ".join(exc.messages)) from None
-        tier = policy.classify(field, to_value)
-        if tier == policy.REFUSE:
-            raise DecisionError(f"the policy does not allow changing {field} to {to_value!r}")
         proposal = Proposal.objects.create(
             task=task, iteration=task.current_iteration, field=field, from_value=current, to_value=to_value,
             options=list(options or ([to_value] if tier == policy.YELLOW else [])), tier=tier,
@@ -342,7 +346,7 @@ def proposal_propose(*, task: Task, actor: Any, field: str, to_value: Any, optio
         )
         audit_record("reviews.proposal_create", actor=actor, target=proposal, data=_proposal_data(proposal))
         if tier == policy.GREEN:
-            task.save(update_fields=[policy.apply_change(task, field, to_value), "updated_at"])
+            task.save(update_fields=[policy.apply_change(task, field, to_value, tier=tier), "updated_at"])
             proposal.status = Proposal.Status.APPLIED
             proposal.decided_at = timezone.now()
             proposal.chosen_option = to_value

@@ -86,12 +86,52 @@ def test_bad_bounds_are_refused():
 
 def test_apply_change_validates_and_sets_the_field(make_task):
     task = make_task(scene_config={})
-    assert policy.apply_change(task, "max_steps", 30) == "max_steps" and task.max_steps == 30
-    assert policy.apply_change(task, "scene_config.image", "python:3.12") == "scene_config"
+    assert policy.apply_change(task, "max_steps", 30, tier="green") == "max_steps" and task.max_steps == 30
+    assert policy.apply_change(task, "scene_config.image", "python:3.12", tier="red") == "scene_config"
     assert task.scene_config == {"image": "python:3.12"}
     with pytest.raises(ValidationError, match="does not accept"):
-        policy.apply_change(task, "scene_config.network", "egress")  # code_exec's schema has no such key
+        policy.apply_change(task, "scene_config.network", "egress", tier="red")  # not in code_exec's schema
     with pytest.raises(ValidationError, match="temperature"):
-        policy.apply_change(task, "temperature", 5.0)
+        policy.apply_change(task, "temperature", 5.0, tier="red")
     with pytest.raises(ValidationError, match="not a task config field"):
-        policy.apply_change(task, "status", "completed")
+        policy.apply_change(task, "status", "completed", tier="red")
+
+
+@pytest.mark.parametrize("field, value, tier, message", [
+    ("model", "unlisted-model-xyz", "yellow", "not one of the allowed values"),
+    ("quality_threshold", 5, "yellow", "outside the policy's bounds 50 to 100"),
+    ("prompt", "x" * 20001, "yellow", "its length is outside the policy's bounds 1 to 20000"),
+    ("max_tokens", 200_000, "yellow", "is a red change; a yellow proposal cannot apply it"),
+    ("max_steps", 61, "green", "is a yellow change; a green proposal cannot apply it"),
+])
+def test_apply_change_refuses_what_the_policy_does_not_allow(make_task, field, value, tier, message):
+    task = make_task(quality_threshold=70)
+    before = policy.current_value(task, field)
+    with pytest.raises(ValidationError, match=message):
+        policy.apply_change(task, field, value, tier=tier)
+    assert policy.current_value(task, field) == before
+
+
+def test_apply_change_uses_the_policy_as_it_is_now(make_task):
+    task = make_task()
+    assert policy.apply_change(task, "model", "gpt-4o-mini", tier="yellow") == "model"
+    PolicyRule.objects.filter(field="model").update(allowed_values=["deepseek-chat"])
+    with pytest.raises(ValidationError, match="allowed values"):
+        policy.apply_change(task, "model", "gemini-2.5-flash", tier="yellow")
+    PolicyRule.objects.filter(field="model").update(enabled=False)
+    with pytest.raises(ValidationError, match="no enabled policy rule covers model"):
+        policy.apply_change(task, "model", "deepseek-chat", tier="red")
+
+
+def test_validate_proposal_names_the_first_bad_option(make_task):
+    task = make_task()
+    assert policy.validate_proposal(task, "quality_threshold", 70, [70, 90]) == "yellow"
+    assert policy.validate_proposal(task, "max_tokens", 4000) == "red"
+    with pytest.raises(ValidationError, match=r"option 1: the policy does not allow changing quality_threshold to 5"):
+        policy.validate_proposal(task, "quality_threshold", 70, [70, 5])
+    with pytest.raises(ValidationError, match="option 1: changing max_steps to 61 is a yellow change; a green"):
+        policy.validate_proposal(task, "max_steps", 30, [30, 61])
+    with pytest.raises(ValidationError, match="option 0: max_steps: "):
+        policy.validate_proposal(task, "max_steps", 30, ["many"])
+    with pytest.raises(ValidationError, match="options must be a list"):
+        policy.validate_proposal(task, "model", "deepseek-chat", "deepseek-chat")

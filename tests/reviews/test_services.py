@@ -11,7 +11,8 @@ from django.db import connection
 from django_q.models import OrmQ, Schedule
 
 from apps.reviews import jobs as review_jobs
-from apps.reviews.models import Proposal, Review
+from apps.reviews import policy
+from apps.reviews.models import PolicyRule, Proposal, Review
 from apps.reviews.services import (
     AlreadyDecided,
     DecisionError,
@@ -215,6 +216,101 @@ def test_bad_decisions_write_nothing(make_task, approver):
         proposal_decide(proposal=bad, actor=approver, decision="approve")
     assert Proposal.objects.filter(status="pending").count() == 3
     assert not AuditEvent.objects.filter(action="reviews.proposal_decide").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field, to_value, options, message", [
+    ("model", "gpt-4o-mini", ["gpt-4o-mini", "unlisted-model-xyz"], "option 1: .*not one of the allowed values"),
+    ("model", "unlisted-model-xyz", [], "does not allow changing model to 'unlisted-model-xyz'"),
+    ("quality_threshold", 70, [70, 5], "option 1: .*quality_threshold to 5: it is outside the policy's bounds"),
+    ("quality_threshold", 5, [], "bounds 50 to 100"),
+    ("max_steps", 30, [61], "option 0: changing max_steps to 61 is a yellow change; a green proposal"),
+    ("max_tokens", 4000, "4000", "options must be a list"),
+])
+def test_a_proposal_whose_value_or_options_the_policy_refuses_writes_nothing(make_task, approver, field, to_value,
+                                                                             options, message):
+    w = waiting_task(make_task)
+    before = Task.objects.get(pk=w["task"].pk)
+    with pytest.raises(DecisionError, match=message):
+        proposal_propose(task=w["task"], actor=approver, field=field, to_value=to_value, options=options)
+    assert Proposal.objects.count() == 2 and not AuditEvent.objects.exists()
+    after = Task.objects.get(pk=w["task"].pk)
+    assert (after.model, after.quality_threshold, after.max_steps) == (before.model, before.quality_threshold,
+                                                                      before.max_steps)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field, to_value, options, decision, message", [
+    ("model", "unlisted-model-xyz", ["unlisted-model-xyz"], "approve", "not one of the allowed values"),
+    ("model", "deepseek-chat", ["deepseek-chat", "unlisted-model-xyz"], "choose", "not one of the allowed values"),
+    ("quality_threshold", 5, [5], "approve", "outside the policy's bounds 50 to 100"),
+    ("max_tokens", 200_000, [200_000], "approve", "is a red change; a yellow proposal cannot apply it"),
+])
+def test_a_decision_applies_only_what_the_policy_allows(make_task, approver, field, to_value, options, decision,
+                                                        message):
+    """Rows written past proposal_propose (or before a rule was tightened) are checked again."""
+    w = waiting_task(make_task)
+    task = w["task"]
+    before = policy.current_value(task, field)
+    stored = Proposal.objects.create(task=task, iteration=1, field=field, from_value=before, to_value=to_value,
+                                     options=options, tier="yellow", proposer="review-agent")
+    with pytest.raises(DecisionError, match=message):
+        proposal_decide(proposal=stored, actor=approver, decision=decision, option=len(options) - 1)
+    assert policy.current_value(Task.objects.get(pk=task.pk), field) == before
+    assert Proposal.objects.get(pk=stored.pk).status == "pending"
+    assert not AuditEvent.objects.filter(action="reviews.proposal_decide").exists()
+
+
+@pytest.mark.django_db
+def test_a_rule_tightened_after_proposing_is_applied_at_decision_time(make_task, reviewer):
+    w = waiting_task(make_task)
+    PolicyRule.objects.filter(field="model").update(allowed_values=["gpt-4o-mini"])
+    with pytest.raises(DecisionError, match="deepseek-chat.*not one of the allowed values"):
+        proposal_decide(proposal=w["yellow"], actor=reviewer, decision="approve")
+    proposal_decide(proposal=w["yellow"], actor=reviewer, decision="choose", option=1)
+    assert Task.objects.get(pk=w["task"].pk).model == "gpt-4o-mini"
+
+
+@pytest.mark.django_db
+def test_the_proposer_may_withdraw_a_red_change_but_never_approve_it(make_task, reviewer, approver,
+                                                                    django_capture_on_commit_callbacks):
+    w = waiting_task(make_task)
+    mine = proposal_propose(task=w["task"], actor=approver, field="max_tokens", to_value=50_000)
+    with pytest.raises(PermissionDenied, match="person who proposed it"):
+        proposal_decide(proposal=mine, actor=approver, decision="approve")
+    withdrawn = proposal_decide(proposal=mine, actor=approver, decision="reject", comment="not needed after all")
+    assert (withdrawn.status, withdrawn.decided_by, withdrawn.chosen_option) == ("rejected", approver, None)
+    event = audit_events_for(mine).latest("id")
+    assert (event.action, event.actor, event.data["decision"]) == ("reviews.proposal_withdraw", approver, "withdraw")
+    assert event.data["comment"] == "not needed after all"
+    assert proposal_decide(proposal=mine, actor=approver, decision="reject").pk == mine.pk  # repeat: no-op
+    assert audit_events_for(mine).count() == 2
+
+    # A reviewer may propose a red change they could never sign off, and take it back.
+    theirs = proposal_propose(task=w["task"], actor=reviewer, field="timeout_s", to_value=900.0)
+    assert theirs.tier == "red"
+    with pytest.raises(PermissionDenied, match="decided by an approver"):
+        proposal_decide(proposal=theirs, actor=reviewer, decision="approve")
+    proposal_decide(proposal=theirs, actor=reviewer, decision="reject")
+    assert Proposal.objects.get(pk=theirs.pk).status == "rejected"
+    assert audit_events_for(theirs).latest("id").action == "reviews.proposal_withdraw"
+    assert Task.objects.get(pk=w["task"].pk).max_tokens != 50_000
+
+
+@pytest.mark.django_db
+def test_the_api_answers_400_for_an_option_the_policy_refuses(make_task, approver):
+    from rest_framework.test import APIClient
+
+    w = waiting_task(make_task)
+    stored = Proposal.objects.create(task=w["task"], iteration=1, field="quality_threshold", from_value=80,
+                                     to_value=70, options=[70, 5], tier="yellow", proposer="review-agent")
+    client = APIClient()
+    client.force_authenticate(approver)
+    response = client.post(f"/api/v1/proposals/{stored.pk}/decide", {"decision": "choose", "option": 1},
+                           format="json")
+    assert response.status_code == 400, response.content
+    assert "outside the policy's bounds" in response.json()["error"]["message"]
+    assert Task.objects.get(pk=w["task"].pk).quality_threshold == 80
 
 
 @pytest.mark.django_db(transaction=True)
