@@ -238,6 +238,9 @@ ROLLOUT_CONCURRENCY = env_int("ROLLOUT_CONCURRENCY", 8)
 ROLLOUT_HEARTBEAT_S = env_float("ROLLOUT_HEARTBEAT_S", 10.0)
 ROLLOUT_STALE_S = env_float("ROLLOUT_STALE_S", 120.0)
 ROLLOUT_MAX_ATTEMPTS = env_int("ROLLOUT_MAX_ATTEMPTS", 3)
+# A claim whose worker died (killed, restarted, out of memory) does not count against the
+# attempts: the trajectory is re-queued, and ends as an error after this many such losses.
+ROLLOUT_MAX_WORKER_LOSSES = env_int("ROLLOUT_MAX_WORKER_LOSSES", 10)
 
 # --- LLM ------------------------------------------------------------------------------
 # With neither LLM_BASE_URL nor LLM_API_KEY set, the platform talks to the offline scripted

@@ -21,9 +21,20 @@ def register_rollout_schedules(sender: AppConfig, using: str = "default", **kwar
     ensure_schedules(using=using)
 
 
+def reap_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
+    """django-q2's post_spawn, in each worker process it starts: re-queue what dead rollout
+    processes of this host held and dispatch a job (apps.tasks.jobs.on_worker_start)."""
+    from apps.tasks.jobs import on_worker_start
+
+    on_worker_start()
+
+
 class TasksConfig(AppConfig):
     name = "apps.tasks"
     label = "tasks"
 
     def ready(self) -> None:
+        from django_q.signals import post_spawn
+
         post_migrate.connect(register_rollout_schedules, sender=self, dispatch_uid="tasks.register_rollout_schedules")
+        post_spawn.connect(reap_at_worker_start, dispatch_uid="tasks.reap_at_worker_start")

@@ -5,9 +5,13 @@
                                 loop, claiming more as slots free, until nothing claimable is left
                                 (or `limit` claims, or half the django-q2 timeout has passed)
     run_rollout(trajectory_id)  the same for one trajectory; a no-op unless it is still queued
-    reap_stale_rollouts()       scheduled every minute: running trajectories whose heartbeat is
-                                older than ROLLOUT_STALE_S are re-queued (fewer than
-                                ROLLOUT_MAX_ATTEMPTS claims so far) or finished as an error
+    reap_stale_rollouts()       scheduled every minute: running trajectories whose worker process
+                                (on this host) is gone or whose heartbeat is older than
+                                ROLLOUT_STALE_S are re-queued behind the queue, after a back-off,
+                                or finished as an error after ROLLOUT_MAX_WORKER_LOSSES such
+                                losses (reap_dead_workers / trajectory_reap)
+    on_worker_start()           django-q2's post_spawn: a worker that starts re-queues what its
+                                dead predecessors on this host held and dispatches a job
     ensure_schedules()          register the reaper's and the sandbox reconciler's Schedules (idempotent); called from
                                 post_migrate (apps.tasks.apps), so `make worker` and every deploy
                                 that migrates has it, and again by `manage.py synthesize`
@@ -17,6 +21,12 @@ Delivery may be doubled and workers may die, so:
 * A claim is a compare-and-swap queued -> running that stamps a fresh `claim_token`; a second
   delivery of the same job finds nothing queued and returns. On PostgreSQL the candidate query
   also skips rows another worker has locked (SKIP LOCKED), so parallel jobs rarely collide.
+* A worker process that dies leaves its claims running: the next worker process to start on
+  the same host (`on_worker_start`, django-q2's post_spawn) or the reaper re-queues those whose
+  process is gone at once, the reaper also those without a heartbeat for ROLLOUT_STALE_S. Such
+  a loss is counted in `worker_losses`, not against ROLLOUT_MAX_ATTEMPTS (episode attempts =
+  attempts - worker_losses); the trajectory goes behind the queue (CLAIM_ORDER by queued_at)
+  after a short back-off, and ends as an error after ROLLOUT_MAX_WORKER_LOSSES losses.
 * While a trajectory runs, the job's bookkeeping task bumps `heartbeat_at` every
   ROLLOUT_HEARTBEAT_S for every claim it still holds (one UPDATE for all of them), and every
   CLAIM_POLL_S reads their tasks' `cancel_requested` and whether each claim is still held (one
@@ -52,6 +62,7 @@ import secrets
 import socket
 import threading
 import time
+from pathlib import Path
 from collections import Counter
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +120,15 @@ EPISODE_GRACE_S = 60.0
 # RETRY_BASE_S * 2**(attempt-1) seconds, at most RETRY_MAX_S.
 RETRY_BASE_S = 30.0
 RETRY_MAX_S = 600.0
+# A job whose queue is empty but for trajectories that become due within CLAIM_WAIT_S waits for
+# them instead of ending (the scheduler that would dispatch a later job ticks every 30 s).
+CLAIM_WAIT_S = 20.0
+# A trajectory whose worker died is claimable again after
+# WORKER_LOSS_BACKOFF_S * 2**(losses-1) seconds, at most WORKER_LOSS_BACKOFF_MAX_S: a worker
+# that keeps dying on the same trajectory (it exhausts the memory, say) is not restarted into
+# it at once, and at most ROLLOUT_MAX_WORKER_LOSSES such deaths end it as an error.
+WORKER_LOSS_BACKOFF_S = 2.0
+WORKER_LOSS_BACKOFF_MAX_S = CLAIM_WAIT_S
 
 # The agent loop, looked up at call time: tests replace this attribute with a fake; None means
 # apps.engines.agent.run_episode.
@@ -164,19 +184,69 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def claimable() -> Any:
+# The names of the RolloutRunners running in this process (host:pid:token): a claim with this
+# process's pid but another token was left by a dead process whose pid this one reuses.
+_live_runners: set[str] = set()
+_live_runners_lock = threading.Lock()
+
+
+def _process_started_at(pid: int) -> float | None:
+    """When process `pid` started (epoch seconds), from /proc; None if unknown (or it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":  # a zombie: dead, only not waited for yet
+            return float("inf")
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def holder_alive(worker: str, claimed_at: Any) -> bool:
+    """Whether the process that claimed a trajectory as `worker` (host:pid:token, on this host)
+    may still run: its pid exists and that process is not younger than the claim. A pid
+    reused by a later process (in a restarted container pids start over) counts as dead."""
+    try:
+        pid = int(worker.split(":")[1])
+    except (IndexError, ValueError):
+        return True  # not a name this module wrote: leave it to the heartbeat
+    if pid == os.getpid():
+        with _live_runners_lock:
+            return worker in _live_runners
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process: it exists
+    started = _process_started_at(pid)
+    if started is None or claimed_at is None:
+        return True
+    return started <= claimed_at.timestamp() + 1.0  # /proc's boot time has a 1 s resolution
+
+
+def claimable(*, due: bool = True) -> Any:
     """Queued trajectories a worker may start now: their task is running, not being cancelled,
-    they belong to its current iteration, and they are due (a retry waits out its backoff)."""
-    return Trajectory.objects.filter(
-        Q(queued_at__isnull=True) | Q(queued_at__lte=timezone.now()),
+    they belong to its current iteration, and they are due (a retry or a trajectory whose
+    worker died waits out its backoff). due=False: also those still waiting."""
+    rows = Trajectory.objects.filter(
         status=Trajectory.Status.QUEUED,
         task__status=Task.Status.RUNNING,
         task__cancel_requested=False,
         iteration=F("task__current_iteration"),
     )
+    if due:
+        rows = rows.filter(Q(queued_at__isnull=True) | Q(queued_at__lte=timezone.now()))
+    return rows
 
 
-CLAIM_ORDER = ("-task__priority", "created_at", "id")
+# Highest task priority first, then first queued first: a trajectory queued again (after a
+# retryable error or its worker's death) gets a new queued_at and goes behind every one queued
+# before it, so after a crash the trajectories that were running do not take the next claims
+# again and absorb the next crash too.
+CLAIM_ORDER = ("-task__priority", F("queued_at").asc(nulls_first=True), "created_at", "id")
 
 
 def claim_trajectories(n: int, *, worker: str, only: list[int] | None = None,
@@ -576,6 +646,8 @@ class RolloutRunner:
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
+        with _live_runners_lock:
+            _live_runners.add(self.worker)
         try:
             self.sandbox_pool.start_threads()
             with _job_gc(), asyncio.Runner() as runner:
@@ -588,6 +660,8 @@ class RolloutRunner:
         finally:
             self.db_pool.shutdown(wait=False, cancel_futures=True)
             self.sandbox_pool.shutdown(wait=False, cancel_futures=True)
+            with _live_runners_lock:
+                _live_runners.discard(self.worker)
         return {"worker": self.worker, "claimed": self.claimed, "wall_s": round(time.monotonic() - started, 3),
                 **dict(self.counts)}
 
@@ -597,6 +671,15 @@ class RolloutRunner:
         if self.batch_id is not None:
             queryset = queryset.filter(task__batch_id=self.batch_id)
         return queryset
+
+    def _due_in(self) -> float | None:
+        """Seconds until the first trajectory this job may claim becomes due (0 if one is due
+        now), None if none is queued."""
+        first = (self._scoped(claimable(due=False)).order_by(F("queued_at").asc(nulls_first=True))
+                 .values_list("queued_at", flat=True).first())
+        if first is None and not self._scoped(claimable(due=False)).exists():
+            return None
+        return 0.0 if first is None else max(0.0, (first - timezone.now()).total_seconds())
 
     async def db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -611,6 +694,7 @@ class RolloutRunner:
         running = self.running
         keeper = asyncio.create_task(self._bookkeeping())
         exhausted = False
+        wake_at: float | None = None  # nothing due now; claim again then
         try:
             while True:
                 room = self.concurrency - len(running)
@@ -618,7 +702,8 @@ class RolloutRunner:
                     room = min(room, self.limit - self.claimed)
                 if self.stop is not None and self.stop.is_set():
                     exhausted = True
-                if not exhausted and room > 0:
+                if not exhausted and room > 0 and (wake_at is None or time.monotonic() >= wake_at):
+                    wake_at = None
                     if time.monotonic() >= budget_end:
                         exhausted = True
                         if await self.db(self._scoped(claimable()).exists):
@@ -634,11 +719,19 @@ class RolloutRunner:
                             claims = []
                         self.claimed += len(claims)
                         exhausted = not claims
+                        if exhausted and self.limit is None:
+                            wait = await self.db(self._due_in)
+                            if wait is not None and wait <= CLAIM_WAIT_S and time.monotonic() + wait < budget_end:
+                                exhausted, wake_at = False, time.monotonic() + max(wait, 0.05)
                         for claim in claims:
                             running[asyncio.create_task(self._run_one(claim, llm))] = claim
-                if not running:
+                if not running and (exhausted or wake_at is None):
                     break
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
+                if not running:
+                    await asyncio.sleep(min(timeout or 0.0, CLAIM_POLL_S))  # CLAIM_POLL_S: `stop` is seen
+                    continue
+                done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for finished in done:
                     claim = running.pop(finished)
                     try:
@@ -699,10 +792,12 @@ class RolloutRunner:
         """Run one claimed trajectory to a stored end; returns its outcome (or 'cancelled'/'lost')."""
         trajectory = claim.trajectory
         on_event = self.logs.on_event_for(trajectory.pk)
+        attempt = episode_attempts(trajectory)
+        lost = f"; {trajectory.worker_losses} earlier claim(s) lost with their worker" if trajectory.worker_losses else ""
         self.logs.add(
             trajectory.pk, "system",
-            f"claimed by worker {self.worker} (attempt {trajectory.attempts} of {settings.ROLLOUT_MAX_ATTEMPTS})",
-            {"worker": self.worker, "attempt": trajectory.attempts},
+            f"claimed by worker {self.worker} (attempt {attempt} of {settings.ROLLOUT_MAX_ATTEMPTS}{lost})",
+            {"worker": self.worker, "attempt": attempt, "worker_losses": trajectory.worker_losses},
         )
         config = trajectory.config_snapshot or trajectory.task.config_snapshot()
         limit_s = _episode_limit_s(config)
@@ -734,8 +829,8 @@ class RolloutRunner:
         # Its log lines go in before its final state (in the same hand-over to the ORM thread),
         # so a reader never sees a finished trajectory whose last lines are still missing.
         last_lines = self.logs.take(trajectory.pk)
-        if _retryable(result) and trajectory.attempts < settings.ROLLOUT_MAX_ATTEMPTS:
-            delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (trajectory.attempts - 1))
+        if _retryable(result) and attempt < settings.ROLLOUT_MAX_ATTEMPTS:
+            delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1))
             try:
                 failed, retried = await self.finisher.store(
                     last_lines, trajectory_retry, trajectory_id=trajectory.pk, claim_token=claim.token,
@@ -772,6 +867,12 @@ class RolloutRunner:
         return stored.outcome or stored.status
 
 
+def episode_attempts(trajectory: Trajectory) -> int:
+    """The claims that count against ROLLOUT_MAX_ATTEMPTS: all of them but those whose worker
+    died under them (Trajectory.worker_losses)."""
+    return max(0, trajectory.attempts - trajectory.worker_losses)
+
+
 def _retryable(result: Any) -> bool:
     return (
         result is not None
@@ -802,35 +903,77 @@ def run_rollout(trajectory_id: int) -> dict[str, Any]:
     return run_rollouts(limit=1, concurrency=1, trajectory_ids=[trajectory_id])
 
 
+def _reap(pk: int, report: Counter[str], **how: Any) -> None:
+    try:
+        done = trajectory_reap(
+            trajectory_id=pk, max_worker_losses=settings.ROLLOUT_MAX_WORKER_LOSSES,
+            backoff_s=(WORKER_LOSS_BACKOFF_S, WORKER_LOSS_BACKOFF_MAX_S), dispatch=False, **how,
+        )
+    except Exception:
+        logger.exception("reaping trajectory %s failed", pk)
+        report["errors"] += 1
+        return
+    if done:
+        report[done] += 1
+
+
+def reap_dead_workers(report: Counter[str] | None = None) -> Counter[str]:
+    """Re-queue (or end, after ROLLOUT_MAX_WORKER_LOSSES) the running trajectories claimed by a
+    process of this host that no longer runs, at once: a restarted worker need not wait out
+    ROLLOUT_STALE_S for what its dead predecessor held. Counts "requeued" / "abandoned"."""
+    report = Counter() if report is None else report
+    host = socket.gethostname()
+    held = Trajectory.objects.filter(status=Trajectory.Status.RUNNING, worker__startswith=f"{host}:")
+    for pk, worker, started_at in list(held.values_list("pk", "worker", "started_at")):
+        if not holder_alive(worker, started_at):
+            _reap(pk, report, dead_worker=worker)
+    return report
+
+
 def reap_stale_rollouts(dispatch: bool = True) -> dict[str, int]:
-    """Re-queue or fail running trajectories without a heartbeat for ROLLOUT_STALE_S; retire
-    queued ones that can never run; re-dispatch a queue that no job seems to be serving
-    (unless dispatch=False: a caller that runs the rollouts itself)."""
+    """Re-queue or fail running trajectories whose worker process on this host is gone or that
+    sent no heartbeat for ROLLOUT_STALE_S; retire queued ones that can never run; dispatch a
+    job for what was re-queued, or for a queue that no job seems to be serving (unless
+    dispatch=False: a caller that runs the rollouts itself)."""
     stale_before = timezone.now() - timedelta(seconds=settings.ROLLOUT_STALE_S)
+    report = reap_dead_workers()
     stale = Trajectory.objects.filter(status=Trajectory.Status.RUNNING).filter(
         Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True, started_at__lt=stale_before)
         | Q(heartbeat_at__isnull=True, started_at__isnull=True)
     )
-    report: Counter[str] = Counter()
     for pk in list(stale.values_list("pk", flat=True)):
-        try:
-            done = trajectory_reap(trajectory_id=pk, stale_before=stale_before,
-                                   max_attempts=settings.ROLLOUT_MAX_ATTEMPTS)
-        except Exception:
-            logger.exception("reaping trajectory %s failed", pk)
-            report["errors"] += 1
-            continue
-        if done:
-            report[done] += 1
+        _reap(pk, report, stale_before=stale_before)
     report["retired"] = retire_unrunnable()
     # A claimable trajectory queued for longer than the stale limit has no job serving it (a
     # lost broker message, or a `synthesize --wait` that was interrupted): dispatch one.
-    if dispatch and claimable().filter(queued_at__lt=stale_before).exists():
+    if dispatch and (report["requeued"] or claimable().filter(queued_at__lt=stale_before).exists()):
         transaction.on_commit(dispatch_rollouts)
         report["dispatched"] = 1
     result = {k: report.get(k, 0) for k in ("requeued", "abandoned", "retired", "dispatched", "errors")}
     if any(result.values()):
         logger.info("rollout reaper: %s", result)
+    return result
+
+
+def on_worker_start(**kwargs: Any) -> dict[str, int]:
+    """A django-q2 worker process started (signal post_spawn): re-queue what dead rollout
+    processes of this host held, and dispatch a job if anything is claimable, so that work
+    resumes now, not after the reaper's schedule, ROLLOUT_STALE_S, the scheduler's tick or the
+    broker's redelivery of jobs the dead cluster had taken (Q_TIMEOUT + 300 s)."""
+    result = {"requeued": 0, "abandoned": 0, "errors": 0, "dispatched": 0}
+    try:
+        report = reap_dead_workers()
+        result.update({k: report.get(k, 0) for k in ("requeued", "abandoned", "errors")})
+        if report["requeued"] or claimable(due=False).exists():
+            dispatch_rollouts()
+            result["dispatched"] = 1
+    except Exception:  # the worker must start whatever happens here; the reaper tries again
+        logger.exception("reaping the dead workers' rollouts at worker start failed")
+        result["errors"] += 1
+    finally:
+        connections.close_all()
+    if any(result.values()):
+        logger.info("worker start: %s", result)
     return result
 
 

@@ -437,12 +437,18 @@ def on_iteration_finished(task: Task, *, outcomes: "Counter[str] | None" = None)
     return task
 
 
-def trajectory_reap(*, trajectory_id: int, stale_before: Any, max_attempts: int) -> str:
-    """Re-queue (attempts < max_attempts) or finish as an error a running trajectory whose
-    heartbeat is older than `stale_before`. Returns "requeued", "abandoned" or "" (it moved
-    on meanwhile: finished, or its heartbeat advanced)."""
+def trajectory_reap(*, trajectory_id: int, max_worker_losses: int, stale_before: Any = None, dead_worker: str = "",
+                    backoff_s: tuple[float, float] = (0.0, 0.0), dispatch: bool = True) -> str:
+    """A running trajectory lost its worker: the process `dead_worker` that holds it is gone, or
+    (stale_before) its heartbeat is older than that. Count the loss in `worker_losses` (not
+    against the attempts) and queue it again, claimable after base * 2**(losses-1) seconds (at
+    most max; backoff_s = (base, max)) and behind every trajectory queued before; after
+    `max_worker_losses` losses finish it as an error. Returns "requeued", "abandoned" or "" (it
+    moved on meanwhile: finished, re-claimed, or its heartbeat advanced)."""
     from apps.tasks.models import Trajectory
 
+    if not dead_worker and stale_before is None:
+        raise ValueError("trajectory_reap needs dead_worker or stale_before")
     with transaction.atomic():
         task_id = Trajectory.objects.filter(pk=trajectory_id).values_list("task_id", flat=True).first()
         if task_id is None:
@@ -450,37 +456,49 @@ def trajectory_reap(*, trajectory_id: int, stale_before: Any, max_attempts: int)
         task = Task.objects.select_for_update().filter(pk=task_id).first()
         trajectory = Trajectory.objects.select_for_update().get(pk=trajectory_id)
         last_sign = trajectory.heartbeat_at or trajectory.started_at
-        if trajectory.status != Trajectory.Status.RUNNING or (last_sign is not None and last_sign >= stale_before):
+        if trajectory.status != Trajectory.Status.RUNNING:
+            return ""
+        if dead_worker and trajectory.worker != dead_worker:
+            return ""
+        if not dead_worker and last_sign is not None and last_sign >= stale_before:
             return ""
         since = f"{last_sign:%Y-%m-%d %H:%M:%S %Z}" if last_sign is not None else "it started"
         who = trajectory.worker or "unknown worker"
+        what = f"{who}'s process is gone" if dead_worker else f"{who} sent no heartbeat since {since}"
         current = Trajectory.objects.filter(
             pk=trajectory.pk, status=Trajectory.Status.RUNNING, claim_token=trajectory.claim_token
         )
         now = timezone.now()
+        losses = trajectory.worker_losses + 1
         data = {
             "worker": who,
             "last_heartbeat": last_sign.isoformat() if last_sign is not None else None,
+            "process_gone": bool(dead_worker),
             "attempts": trajectory.attempts,
-            "max_attempts": max_attempts,
+            "worker_losses": losses,
+            "max_worker_losses": max_worker_losses,
         }
-        if trajectory.attempts < max_attempts:
+        if losses < max_worker_losses:
+            base, most = backoff_s
+            delay = min(most, base * 2 ** (losses - 1))
+            data["delay_s"] = round(delay, 1)
             current.update(
                 status=Trajectory.Status.QUEUED, worker="", claim_token="", heartbeat_at=None, started_at=None,
-                queued_at=now,
+                queued_at=now + timedelta(seconds=delay), worker_losses=losses,
             )
-            message = (f"worker lost: {who} sent no heartbeat since {since}; re-queued "
-                       f"(attempt {trajectory.attempts} of {max_attempts} used)")
+            message = (f"worker lost: {what}; re-queued, claimable in {delay:.0f}s (worker loss {losses} of "
+                       f"{max_worker_losses}; not counted against the attempts)")
             trajectory_log_append(trajectory_id=trajectory.pk, lines=[("system", message, data)])
             audit_record("tasks.rollout_requeue", target=trajectory, data=data)
-            transaction.on_commit(dispatch_rollouts)
+            if dispatch:
+                transaction.on_commit(lambda: dispatch_rollouts(delay_s=delay))
             return "requeued"
-        reason = (f"worker lost: no heartbeat since {since} (last worker {who}), "
-                  f"gave up after {trajectory.attempts} attempts")
+        reason = (f"worker lost: {what} (last worker {who}); gave up after {losses} worker losses "
+                  f"(ROLLOUT_MAX_WORKER_LOSSES={max_worker_losses})")
         trajectory.outcome = Trajectory.Outcome.ERROR
         current.update(
             status=Trajectory.Status.FINISHED, outcome=Trajectory.Outcome.ERROR, outcome_reason=reason, error=reason,
-            finished_at=now, content_sha256=trajectory.compute_content_sha256(),
+            finished_at=now, content_sha256=trajectory.compute_content_sha256(), worker_losses=losses,
         )
         trajectory_log_append(trajectory_id=trajectory.pk, lines=[("error", reason, data)])
         audit_record("tasks.rollout_abandon", target=trajectory, data=data)

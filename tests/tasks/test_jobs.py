@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -385,14 +386,14 @@ def test_a_retryable_error_is_queued_again_with_backoff_and_then_succeeds(make_t
     assert AuditEvent.objects.filter(action="tasks.rollout_retry", target_id=str(trajectory.pk)).count() == 1
 
 
+async def sandbox_lost(**kwargs: Any) -> FakeResult:
+    return FakeResult(outcome="error", outcome_reason="sandbox lost", retryable=True)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_retry_waits_out_its_backoff_and_the_last_attempt_stores_the_error(make_task, fake_agent, settings):
     settings.ROLLOUT_MAX_ATTEMPTS = 2
-
-    async def down(**kwargs):
-        return FakeResult(outcome="error", outcome_reason="sandbox lost", retryable=True)
-
-    fake_agent(down)
+    fake_agent(sandbox_lost)
     task = started(make_task)
     assert jobs.run_rollouts()["retried"] == 1
     trajectory = task.trajectories.get()
@@ -625,38 +626,142 @@ def _make_stale(trajectory: Trajectory, seconds: float = 3600) -> None:
     Trajectory.objects.filter(pk=trajectory.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
 
 
+def _make_due(trajectory: Trajectory) -> None:
+    Trajectory.objects.filter(pk=trajectory.pk).update(queued_at=timezone.now() - timedelta(seconds=1))
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_reaper_requeues_a_stale_trajectory_then_gives_up_with_a_readable_reason(make_task, settings):
+def test_the_reaper_requeues_a_stale_trajectory_then_gives_up_after_the_worker_loss_cap(make_task, settings):
     settings.ROLLOUT_MAX_ATTEMPTS = 3
+    settings.ROLLOUT_MAX_WORKER_LOSSES = 3
     task = started(make_task)
     trajectory = task.trajectories.get()
-    for attempt in (1, 2):
+    for loss in (1, 2):
         [claim] = jobs.claim_trajectories(1, worker="ghost-host:4242")
-        assert claim.trajectory.attempts == attempt
+        assert claim.trajectory.attempts == loss
         _make_stale(trajectory)
+        before = timezone.now()
         assert jobs.reap_stale_rollouts()["requeued"] == 1
         trajectory.refresh_from_db()
         assert (trajectory.status, trajectory.worker, trajectory.claim_token) == ("queued", "", "")
+        assert (trajectory.attempts, trajectory.worker_losses) == (loss, loss)
+        backoff = jobs.WORKER_LOSS_BACKOFF_S * 2 ** (loss - 1)  # 2 s, then 4 s
+        assert trajectory.queued_at >= before + timedelta(seconds=backoff)
+        assert not jobs.claimable().filter(pk=trajectory.pk).exists()  # waiting out its back-off
+        _make_due(trajectory)
     requeues = AuditEvent.objects.filter(action="tasks.rollout_requeue", target_id=str(trajectory.pk))
     assert requeues.count() == 2
     assert requeues.first().data["worker"] == "ghost-host:4242"
-    assert any("worker lost: ghost-host:4242 sent no heartbeat since" in m for _, m in log_lines(trajectory))
+    assert any("worker lost: ghost-host:4242 sent no heartbeat since" in m and "worker loss 1 of 3" in m
+               and "not counted against the attempts" in m for _, m in log_lines(trajectory))
 
     [claim] = jobs.claim_trajectories(1, worker="ghost-host:4242")
     _make_stale(trajectory)
     heartbeat = Trajectory.objects.get(pk=trajectory.pk).heartbeat_at
     assert jobs.reap_stale_rollouts()["abandoned"] == 1
     trajectory.refresh_from_db()
-    assert trajectory.status == "finished" and trajectory.outcome == "error"
+    assert trajectory.status == "finished" and trajectory.outcome == "error" and trajectory.worker_losses == 3
     assert trajectory.outcome_reason == (
-        f"worker lost: no heartbeat since {heartbeat:%Y-%m-%d %H:%M:%S %Z} (last worker ghost-host:4242), "
-        "gave up after 3 attempts")
+        f"worker lost: ghost-host:4242 sent no heartbeat since {heartbeat:%Y-%m-%d %H:%M:%S %Z} "
+        "(last worker ghost-host:4242); gave up after 3 worker losses (ROLLOUT_MAX_WORKER_LOSSES=3)")
     task.refresh_from_db()
     assert task.status == Task.Status.REVIEWING  # the review agent weighs the error
     assert AuditEvent.objects.filter(action="tasks.rollout_abandon", target_id=str(trajectory.pk)).count() == 1
     # A late result from the lost worker changes nothing.
     assert trajectory_finish(trajectory_id=trajectory.pk, claim_token=claim.token, result=FakeResult()) is None
     assert jobs.reap_stale_rollouts()["abandoned"] == 0  # idempotent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_lost_with_their_worker_do_not_burn_the_episode_attempts(make_task, fake_agent, settings):
+    settings.ROLLOUT_MAX_ATTEMPTS = 2
+    fake_agent(sandbox_lost)
+    task = started(make_task)
+    trajectory = task.trajectories.get()
+    for _ in range(2):  # two workers died under it
+        jobs.claim_trajectories(1, worker="ghost-host:4242")
+        _make_stale(trajectory)
+        assert jobs.reap_stale_rollouts()["requeued"] == 1
+        _make_due(trajectory)
+    assert jobs.run_rollouts()["retried"] == 1  # its first episode attempt of 2: retried, not ended
+    trajectory.refresh_from_db()
+    assert (trajectory.status, trajectory.attempts, trajectory.worker_losses) == ("queued", 3, 2)
+    assert any("(attempt 1 of 2; 2 earlier claim(s) lost with their worker)" in m for _, m in log_lines(trajectory))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_requeued_trajectory_goes_behind_those_never_tried(make_task, monkeypatch):
+    monkeypatch.setattr(jobs, "WORKER_LOSS_BACKOFF_S", 0.0)
+    first, second = started(make_task), started(make_task)
+    [claim] = jobs.claim_trajectories(1, worker="ghost-host:4242")
+    assert claim.trajectory.task_id == first.pk  # oldest first
+    _make_stale(claim.trajectory)
+    assert jobs.reap_stale_rollouts()["requeued"] == 1
+    assert jobs.claimable().filter(pk=claim.pk).exists()  # due at once, but behind the queue
+    assert [c.trajectory.task_id for c in jobs.claim_trajectories(2, worker="w")] == [second.pk, first.pk]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_starting_worker_requeues_what_dead_processes_of_its_host_held_and_kicks_the_queue(make_task, settings):
+    settings.ROLLOUT_STALE_S = 3600  # the heartbeats are fresh: only the dead processes count
+    host = socket.gethostname()
+    tasks = [started(make_task) for _ in range(5)]
+    OrmQ.objects.all().delete()
+    younger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        holders = {
+            "dead": f"{host}:{_dead_pid()}:aaaaaa",
+            "reused pid": f"{host}:{os.getpid()}:bbbbbb",  # this process runs no such job
+            "younger than the claim": f"{host}:{younger.pid}:cccccc",
+            "alive": f"{host}:{os.getppid()}:dddddd",
+            "elsewhere": f"other-host:{_dead_pid()}:eeeeee",
+        }
+        claimed = {}
+        for task, (label, worker) in zip(tasks, holders.items()):
+            [claim] = jobs.claim_trajectories(1, worker=worker, only=[task.trajectories.get().pk])
+            claimed[label] = claim.pk
+        Trajectory.objects.filter(pk=claimed["younger than the claim"]).update(
+            started_at=timezone.now() - timedelta(minutes=5))
+        from django_q.signals import post_spawn
+
+        post_spawn.send(sender="django_q", proc_name="Process-test")  # what a django-q2 worker sends
+    finally:
+        younger.kill()
+        younger.wait()
+    status = dict(Trajectory.objects.values_list("pk", "status"))
+    assert {label: status[pk] for label, pk in claimed.items()} == {
+        "dead": "queued", "reused pid": "queued", "younger than the claim": "queued",
+        "alive": "running", "elsewhere": "running"}
+    reaped = Trajectory.objects.get(pk=claimed["dead"])
+    assert (reaped.worker_losses, reaped.attempts) == (1, 1)
+    assert any(f"worker lost: {holders['dead']}'s process is gone" in m for _, m in log_lines(reaped))
+    assert [row.task["func"] for row in OrmQ.objects.all()] == [ROLLOUT_JOB]  # one job, dispatched now
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_starting_worker_dispatches_nothing_for_an_empty_queue(make_task):
+    OrmQ.objects.all().delete()
+    assert jobs.on_worker_start() == {"requeued": 0, "abandoned": 0, "errors": 0, "dispatched": 0}
+    assert not OrmQ.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_waits_for_work_due_within_claim_wait_s_and_not_longer(make_task, fake_agent):
+    agent = fake_agent()
+    soon, later = started(make_task), started(make_task)
+    Trajectory.objects.filter(task=soon).update(queued_at=timezone.now() + timedelta(seconds=0.5))
+    Trajectory.objects.filter(task=later).update(queued_at=timezone.now() + timedelta(seconds=jobs.CLAIM_WAIT_S + 30))
+    started_at = time.monotonic()
+    report = jobs.run_rollouts()
+    assert report["success"] == 1 and [c["trajectory"] for c in agent.calls] == [soon.trajectories.get().pk]
+    assert time.monotonic() - started_at < 10
+    assert later.trajectories.get().status == "queued"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -724,12 +829,13 @@ def test_a_killed_workers_trajectory_is_picked_up_by_the_reaper_and_finished(mak
     trajectory.refresh_from_db()
     assert trajectory.status == "running" and trajectory.attempts == 1  # left behind by the dead worker
 
-    settings.ROLLOUT_STALE_S = 0  # every heartbeat is already too old
+    # Its heartbeat is fresh; the process that held it is gone: re-queued without waiting.
     assert jobs.reap_stale_rollouts()["requeued"] == 1
     agent = fake_agent()
-    assert jobs.run_rollouts()["success"] == 1
+    assert jobs.run_rollouts()["success"] == 1  # after the back-off, in the same job
     trajectory.refresh_from_db()
-    assert (trajectory.status, trajectory.outcome, trajectory.attempts) == ("finished", "success", 2)
+    assert (trajectory.status, trajectory.outcome, trajectory.attempts, trajectory.worker_losses) == (
+        "finished", "success", 2, 1)
     assert len(agent.calls) == 1
     task.refresh_from_db()
     assert task.status == Task.Status.REVIEWING
