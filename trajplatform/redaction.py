@@ -9,7 +9,7 @@
   `MIN_SECRET_LENGTH` are not matched by value: a 3-character "key" would blank out ordinary
   words (placeholders such as vLLM's "EMPTY" are not secrets anyway);
 * key shapes wherever they appear: `sk-...` (OpenAI, DeepSeek, Anthropic), `AIza...` (Google),
-  `hf_...`, GitHub tokens, `Bearer <token>`;
+  `hf_...`, GitHub tokens, the platform's own API tokens (`trj_...`), `Bearer <token>`;
 * values after secret-looking labels (unless labels=False): `api_key=<value>`,
   `"api_key": "<value>"`, `password: <value>`, `?key=<value>` in URLs, the password in
   `scheme://user:password@host` URLs, and in dicts the whole value of a key named like a
@@ -18,6 +18,17 @@
 
 `RedactingFilter` is a logging.Filter that applies the same to each record's message, traceback
 and stack; `install_log_filter(name)` puts one on a logger (idempotent).
+
+Write time: `storable(value)` / `storable_count(value)` is what every write path applies to text
+it stores (task prompts, judge prompts, errors, live-log lines, an episode's messages, steps and
+verifier output), so a secret is never in the database and SQLite and PostgreSQL store the same
+thing. On top of `redact` it replaces what PostgreSQL's text and jsonb columns refuse (a NUL
+byte, "unsupported Unicode escape sequence") and what neither database can encode (a lone UTF-16
+surrogate, UnicodeEncodeError) with U+FFFD REPLACEMENT CHARACTER, in strings and dict keys at any
+depth; a valid surrogate pair is joined into its character first. `storable_count` also returns
+how many characters were replaced, for the caller to record next to the text. Input a person
+submits (a prompt, a filter spec) is refused instead: `unstorable_fields(value)` names the
+fields that hold such characters, for a clear validation error.
 """
 from __future__ import annotations
 
@@ -45,6 +56,8 @@ _KEY_SHAPES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bAIza[0-9A-Za-z_\-]{30,}"), REDACTED),
     (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), REDACTED),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), REDACTED),
+    # trajplatform API tokens: "trj_" + token_urlsafe(32) (43 characters).
+    (re.compile(r"\btrj_[A-Za-z0-9_\-]{20,}"), REDACTED),
     # PEM private keys (RSA, EC, OPENSSH, PGP ...), up to their END line or the end of the text.
     (
         re.compile(
@@ -57,7 +70,7 @@ _KEY_SHAPES: list[tuple[re.Pattern[str], str]] = [
 ]
 # Text without any of these substrings cannot match a key shape above (each pattern starts
 # with one of them), so redact_text skips the shape patterns for it: most text has none.
-_KEY_SHAPE_HINT = re.compile(r"(?i:bearer)\s|sk-|AIza|hf_|gh[pousr]_|-----BEGIN ")
+_KEY_SHAPE_HINT = re.compile(r"(?i:bearer)\s|sk-|AIza|hf_|gh[pousr]_|trj_|-----BEGIN ")
 # Values after a secret-looking label: right for logs and errors, too eager for a model's own
 # output (an agent writing `password = "..."` into a config file is doing its task).
 _LABELLED: list[tuple[re.Pattern[str], str]] = [
@@ -203,6 +216,100 @@ def redact(value: Any, *, labels: bool = True, _secrets: list[str] | None = None
     if isinstance(value, tuple):
         return tuple(redact(item, labels=labels, _secrets=secrets) for item in value)
     return value
+
+
+# --- write time: storable text -------------------------------------------------------------
+
+REPLACEMENT = "\ufffd"
+# NUL: PostgreSQL text and jsonb refuse it. Surrogates: no UTF-8 encoding exists for them.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _storable_text(text: str, secrets: list[str], labels: bool) -> tuple[str, int]:
+    replaced = 0
+    if _UNSTORABLE.search(text):
+        if _SURROGATE.search(text):
+            # Join valid pairs ("\ud83d\ude00" -> one emoji); only lone halves remain to replace.
+            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+        text, replaced = _UNSTORABLE.subn(REPLACEMENT, text)
+    return redact_text(text, secrets, labels=labels), replaced
+
+
+def storable_count(value: Any, *, labels: bool = True, _secrets: list[str] | None = None) -> tuple[Any, int]:
+    """(copy of `value` ready to store, number of characters replaced with U+FFFD).
+
+    The copy is `redact(value, labels=labels)` with every NUL byte and lone surrogate, in
+    strings and in dict keys at any depth, replaced by U+FFFD (see the module docstring).
+    """
+    secrets = secret_values() if _secrets is None else _secrets
+    if isinstance(value, str):
+        return _storable_text(value, secrets, labels)
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        total = 0
+        for key, item in value.items():
+            if isinstance(key, str):
+                key, n = _storable_text(key, [], False)  # keys are names: replace, never redact
+                total += n
+            if labels and isinstance(key, str) and isinstance(item, str) and item and _SECRET_DICT_KEY.match(key):
+                out[key] = REDACTED
+                continue
+            out[key], n = storable_count(item, labels=labels, _secrets=secrets)
+            total += n
+        return out, total
+    if isinstance(value, (list, tuple)):
+        items = []
+        total = 0
+        for item in value:
+            item, n = storable_count(item, labels=labels, _secrets=secrets)
+            items.append(item)
+            total += n
+        return (items if isinstance(value, list) else tuple(items)), total
+    return value, 0
+
+
+def storable(value: Any, *, labels: bool = True, _secrets: list[str] | None = None) -> Any:
+    """`storable_count(value)` without the count: for text where no count is recorded."""
+    return storable_count(value, labels=labels, _secrets=_secrets)[0]
+
+
+def unstorable_reason(text: str) -> str | None:
+    """Why this text cannot be stored as given (a NUL byte, a lone surrogate), or None."""
+    match = _UNSTORABLE.search(text)
+    if match is None:
+        return None
+    if match.group() == "\x00":
+        return f"contains a NUL byte (U+0000) at character {match.start()}, which cannot be stored; remove it"
+    joined = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    lone = _SURROGATE.search(joined)
+    if lone is None:
+        return None
+    return (f"contains a lone UTF-16 surrogate (U+{ord(lone.group()):04X}), which is not valid Unicode "
+            "and cannot be stored; send the character it was meant to be")
+
+
+def unstorable_fields(value: Any, path: str = "") -> list[tuple[str, str]]:
+    """(path, reason) for every string or dict key in `value` that cannot be stored as given.
+
+    Paths look like `prompt`, `scene_config.files[2]`; `path` is the prefix for the value itself.
+    """
+    problems: list[tuple[str, str]] = []
+    if isinstance(value, str):
+        reason = unstorable_reason(value)
+        if reason:
+            problems.append((path or "value", reason))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            label = key
+            if isinstance(key, str) and (reason := unstorable_reason(key)):
+                problems.append((path or "value", f"a key {reason}"))
+                label = storable(key, labels=False, _secrets=[])
+            problems.extend(unstorable_fields(item, f"{path}.{label}" if path else str(label)))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problems.extend(unstorable_fields(item, f"{path}[{i}]"))
+    return problems
 
 
 class RedactingFilter(logging.Filter):

@@ -30,6 +30,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from apps.engines.scenes import SCENES
 from apps.tasks.models import Batch
+from trajplatform.redaction import unstorable_fields
 
 KNOWN_KEYS = (
     "scenes", "batches", "models", "min_score", "accepted_only", "success_only", "min_reward",
@@ -154,6 +155,9 @@ def validate_filter_spec(raw: Any, *, default_seed: int = 0) -> dict[str, Any]:
         raw = {}
     if not isinstance(raw, dict):
         raise FilterSpecError({"filter_spec": "must be a JSON object"})
+    unstorable = unstorable_fields(raw)  # a NUL byte reaches PostgreSQL as a DataError otherwise
+    if unstorable:
+        raise FilterSpecError(dict(unstorable))
     errors: dict[str, str] = {}
     unknown = sorted(set(raw) - set(KNOWN_KEYS))
     if unknown:

@@ -35,6 +35,7 @@ from apps.reviews.models import Proposal, Review
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import TransitionError
 from trajplatform.audit import audit_record
+from trajplatform.redaction import storable
 
 REVIEW_AGENT = "review-agent"
 DECISIONS = ("approve", "reject", "choose")
@@ -103,6 +104,10 @@ def review_store(*, review: Review, checks: dict[str, Any], result: Any = None, 
             "error": str(failure), "judge_model": (failure.model or "")[:200], "judge_prompt": failure.prompt,
             "judge_raw": failure.raw,
         }
+    # The judge prompt quotes the task and the episode, the raw answer may echo them: stored as
+    # trajectories are (configured secrets redacted, NUL and lone surrogates replaced).
+    fields = {name: storable(value, labels=name == "error") for name, value in fields.items()}
+    checks = storable(checks, labels=False)
     with transaction.atomic():
         won = Review.objects.filter(
             pk=review.pk, attempts=review.attempts, status__in=[Review.Status.PENDING, Review.Status.JUDGE_FAILED],

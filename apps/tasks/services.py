@@ -4,13 +4,14 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 from itertools import islice
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from django.db import transaction
 from django.utils import timezone
 
 from apps.tasks.models import Batch, Task
 from trajplatform.audit import audit_record
+from trajplatform.redaction import secret_values, storable, storable_count, unstorable_fields
 
 
 class TransitionError(Exception):
@@ -58,6 +59,18 @@ def task_requeue(*, task: Task, actor: Any, reason: str = "") -> Task:
 IMPORT_CHUNK_SIZE = 2000
 
 
+def _storable_task_rows(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Task field dicts as stored: configured secrets and key shapes (an LLM key, `trj_` tokens)
+    redacted, labelled values kept (a prompt may be about passwords). Text that cannot be stored
+    (a NUL byte, a lone surrogate) is refused with TaskCreateError, not altered: it is input."""
+    secrets = secret_values()
+    for i, fields in enumerate(rows):
+        problems = unstorable_fields(fields)
+        if problems:
+            raise TaskCreateError([(f"tasks[{i}].{field}", reason) for field, reason in problems])
+        yield storable(fields, labels=False, _secrets=secrets)
+
+
 def batch_import(
     *,
     rows: Iterable[dict[str, Any]],
@@ -84,7 +97,7 @@ def batch_import(
         )
         now = timezone.now()
         by_scene: Counter[str] = Counter()
-        iterator = iter(rows)
+        iterator = _storable_task_rows(rows)
         while chunk := list(islice(iterator, IMPORT_CHUNK_SIZE)):
             tasks = [
                 Task(batch=batch, created_by=user, status=Task.Status.QUEUED, queued_at=now, **fields)
@@ -288,35 +301,55 @@ def tasks_enqueue(*, batch: Batch | None = None, tasks: Any = None, actor: Any =
     return started
 
 
-def _redacted_result_fields(result: Any, error: str) -> dict[str, Any]:
-    """The Trajectory columns an episode result (or an error) sets, with secrets redacted."""
+REPLACED_CHARS = "replaced_chars"  # the step key counting characters replaced at write time
+
+
+def _storable_result_fields(result: Any, error: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """The Trajectory columns an episode result (or an error) sets, made storable (secrets
+    redacted, NUL bytes and lone surrogates replaced with U+FFFD: trajplatform.redaction.storable),
+    and how many characters were replaced per column. A step whose own text had replacements
+    carries the count under "replaced_chars", so an export says where the U+FFFD came from."""
     from decimal import Decimal
 
     from apps.tasks.models import Trajectory
-    from trajplatform.redaction import redact, secret_values
 
     secrets = secret_values()
+    replaced: dict[str, int] = {}
+
+    def store(column: str, value: Any, labels: bool = False) -> Any:
+        value, n = storable_count(value, labels=labels, _secrets=secrets)
+        if n:
+            replaced[column] = replaced.get(column, 0) + n
+        return value
+
     Outcome = Trajectory.Outcome
     if result is None:
-        reason = redact(error or "the episode ended without a result", _secrets=secrets)
+        reason = store("error", error or "the episode ended without a result", labels=True)
         fields: dict[str, Any] = {
             "status": Trajectory.Status.FINISHED, "outcome": Outcome.ERROR, "outcome_reason": reason, "error": reason,
         }
     else:
+        steps = []
+        for step in result.steps or []:
+            before = replaced.get("steps", 0)
+            step = store("steps", step)
+            if replaced.get("steps", 0) > before and isinstance(step, dict):
+                step[REPLACED_CHARS] = replaced["steps"] - before
+            steps.append(step)
         # Model output and tool output are training data: keep labelled values (an agent may
         # write `password = ...` as part of its task), strip configured secrets and key shapes.
         fields = {
-            "messages": redact(list(result.messages or []), labels=False, _secrets=secrets),
-            "tools": redact(list(result.tools or []), labels=False, _secrets=secrets),
-            "steps": redact(list(result.steps or []), labels=False, _secrets=secrets),
-            "final_answer": redact(result.final_answer or "", labels=False, _secrets=secrets),
-            "verifier_output": redact(dict(result.verifier_output or {}), labels=False, _secrets=secrets),
-            "outcome_reason": redact(result.outcome_reason or "", _secrets=secrets),
+            "messages": store("messages", list(result.messages or [])),
+            "tools": store("tools", list(result.tools or [])),
+            "steps": steps,
+            "final_answer": store("final_answer", result.final_answer or ""),
+            "verifier_output": store("verifier_output", dict(result.verifier_output or {})),
+            "outcome_reason": store("outcome_reason", result.outcome_reason or "", labels=True),
             "prompt_tokens": max(0, int(result.prompt_tokens or 0)),
             "completion_tokens": max(0, int(result.completion_tokens or 0)),
             "total_tokens": max(0, int(result.total_tokens or 0)),
             "cost_usd": Decimal(str(result.cost_usd or 0)),
-            "model": redact(result.model or "", _secrets=secrets)[:200],
+            "model": store("model", result.model or "", labels=True)[:200],
         }
         if result.cancelled:
             fields.update(status=Trajectory.Status.CANCELLED, outcome="", reward=None)
@@ -331,7 +364,7 @@ def _redacted_result_fields(result: Any, error: str) -> dict[str, Any]:
                           error=reason, reward=None)
     content = Trajectory(**{k: v for k, v in fields.items() if k in Trajectory.CONTENT_FIELDS})
     fields["content_sha256"] = content.compute_content_sha256()
-    return fields
+    return fields, replaced
 
 
 def trajectory_finish(
@@ -361,7 +394,8 @@ def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]
     """
     from apps.tasks.models import Trajectory
 
-    fields = [_redacted_result_fields(item.get("result"), item.get("error", "")) for item in items]
+    made = [_storable_result_fields(item.get("result"), item.get("error", "")) for item in items]
+    fields = [values for values, _ in made]
     now = timezone.now()
     with transaction.atomic():
         task_of = dict(Trajectory.objects.filter(pk__in=[item["trajectory_id"] for item in items])
@@ -376,6 +410,13 @@ def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]
         # Not the episodes just written (they can be megabytes of JSON to decode again): callers
         # want their state; a deferred field still loads if one is read.
         stored = Trajectory.objects.defer(*_EPISODE_FIELDS).in_bulk(claimed)
+        notes = {
+            item["trajectory_id"]: [("system", f"stored with {sum(replaced.values())} character(s) that cannot be "
+                                    "stored (NUL bytes, lone surrogates) replaced by U+FFFD", {REPLACED_CHARS: replaced})]
+            for item, (_, replaced) in zip(items, made) if replaced and item["trajectory_id"] in stored
+        }
+        if notes:
+            trajectory_logs_append(batches=notes)
         ending = {(t.task_id, t.iteration) for t in stored.values()}
         ending = {(task_id, iteration) for task_id, iteration in ending
                   if (task := tasks.get(task_id)) is not None and task.status == Task.Status.RUNNING
@@ -511,9 +552,8 @@ def trajectory_retry(*, trajectory_id: int, claim_token: str, reason: str, delay
     429, a lost sandbox), claimable after delay_s; None if the claim was lost. The caller
     checks the attempt budget; the failed attempt's episode is not kept (its log lines are)."""
     from apps.tasks.models import Trajectory
-    from trajplatform.redaction import redact
 
-    reason = redact(reason)
+    reason = storable(reason)
     now = timezone.now()
     with transaction.atomic():
         claimed = Trajectory.objects.filter(
@@ -542,7 +582,8 @@ def trajectory_logs_append(
 
     The trajectory rows are locked (in pk order) so a per-trajectory sequence never forks
     under two writers; each trajectory's lines get its next sequence numbers; messages and
-    data are redacted; each trajectory's group gets its own "log.lines" message after commit.
+    data are made storable (trajplatform.redaction.storable); each trajectory's group gets its
+    own "log.lines" message after commit.
     Trajectories that no longer exist are skipped.
     """
     from asgiref.sync import async_to_sync
@@ -550,12 +591,13 @@ def trajectory_logs_append(
     from django.db.models import Max
 
     from apps.tasks.models import Trajectory, TrajectoryLog
-    from trajplatform.redaction import redact, secret_values
 
     secrets = secret_values()
-    # Redacted before the transaction: on SQLite the write lock is the whole database's.
+    # Made storable (secrets redacted, NUL and lone surrogates replaced: a line is never dropped
+    # for its bytes) before the transaction: on SQLite the write lock is the whole database's.
     redacted = {
-        pk: [(kind, redact(message, _secrets=secrets), redact(data, _secrets=secrets)) for kind, message, data in lines]
+        pk: [(kind, storable(message, _secrets=secrets), storable(data, _secrets=secrets))
+             for kind, message, data in lines]
         for pk, lines in batches.items() if lines
     }
     if not redacted:
@@ -629,6 +671,7 @@ def _validated_items(items: list[Any], allowed_scenes: Any) -> list[dict[str, An
         errors.extend((f"tasks[{i}].{f}", r) for f, r in problems)
         if fields is None:
             continue
+        errors.extend((f"tasks[{i}].{f}", r) for f, r in unstorable_fields(fields))
         if allowed_scenes is not None and fields["scene"] not in allowed_scenes:
             errors.append((f"tasks[{i}].scene", f"scene {fields['scene']!r} is not enabled on this platform; "
                            f"enabled: {', '.join(sorted(allowed_scenes)) or 'none'}"))
@@ -656,7 +699,7 @@ def tasks_create(
     """
     if not isinstance(items, list) or not items:
         raise TaskCreateError([("tasks", "must be a non-empty list of task objects")])
-    rows = _validated_items(items, allowed_scenes)
+    rows = list(_storable_task_rows(_validated_items(items, allowed_scenes)))
     user = actor if getattr(actor, "is_authenticated", False) else None
     batch_name = (batch_name or "").strip()[:200]
     with transaction.atomic():
