@@ -1,7 +1,7 @@
 """The agent loop every scene shares: model turn -> tool calls -> results, until finish or a limit.
 
     result = await run_episode(config=task.config_snapshot(), llm=LLMClient(),
-                               cache_key_extra={"task": task.pk, "iteration": 1, "sample": 0},
+                               cache_key_extra=cache_identity(trajectory.uuid),
                                on_event=log_line, should_cancel=cancel_requested, trajectory=row)
 
 Scenes plug in through `apps.engines.runtime` (tools, prompt, sandbox spec, set-up, tool
@@ -38,6 +38,12 @@ execution, verification); the loop is the same for all of them:
   (asyncio.to_thread), so one event loop can run many episodes; so do sync `on_event` /
   `should_cancel` callables (async ones are awaited).
 
+* Model answers are cached under `cache_key_extra` (the worker passes the trajectory's UUID):
+  a retried episode replays its own. Config key `replay_of` (a trajectory's UUID) makes the
+  episode an explicit replay of that trajectory's recorded answers (re-judging it, or
+  regenerating after a prompt change: a request that changed is asked anew); it is announced
+  in the live log and recorded on every step (`llm.replay_of`) and in the config snapshot.
+
 `on_event(kind, message, data)` gets "system", "thought", "action", "output", "error" and,
 last of all, "result" events, live, in order.
 
@@ -65,7 +71,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from apps.engines.llm import LLMClient, LLMError
+from apps.engines.llm import LLMClient, LLMError, cache_identity
 from apps.engines.runtime import (
     InfrastructureError,
     NoEngineError,
@@ -306,6 +312,7 @@ class _Episode:
         self.llm = llm
         self.sandbox_backend = sandbox_backend
         self.cache_key_extra = cache_key_extra
+        self.replay_of = config.get("replay_of") or ""  # checked and applied when the episode starts
         self.left_cache = False  # a model call of this episode missed the LLM cache
         self.on_event = on_event
         self.on_event_is_async = on_event is not None and (
@@ -401,6 +408,15 @@ class _Episode:
             raise _Stop(ERROR, f"tool_mode must be one of {', '.join(TOOL_MODES)}, got {self.tool_mode!r}", kind="config")
         if not isinstance(config.get("prompt"), str) or not config["prompt"].strip():
             raise _Stop(ERROR, "the task has no prompt", kind="config")
+        if self.replay_of:
+            try:
+                self.cache_key_extra = cache_identity(self.replay_of)
+            except ValueError:
+                raise _Stop(ERROR, f"replay_of must be a trajectory's UUID, got {self.replay_of!r}",
+                            kind="config") from None
+            self.replay_of = self.cache_key_extra["trajectory"]
+            await self.emit("system", f"explicit replay of trajectory {self.replay_of}'s recorded model answers",
+                            {"replay_of": self.replay_of})
 
         tools = runtime.tools(config)
         self.result.tools = tools
@@ -546,6 +562,7 @@ class _Episode:
                 "latency_ms": chat.latency_ms, "attempts": chat.attempts, "cached": chat.cached,
                 "provider": chat.provider, "model": chat.model, "usage": dict(chat.usage),
                 "finish_reason": chat.finish_reason,
+                **({"replay_of": self.replay_of} if self.replay_of else {}),
             }
             if reasoning:
                 await self.emit("thought", reasoning, {"turn": self.turns, "reasoning": True,

@@ -2,7 +2,7 @@
 
     client = LLMClient()                       # providers from settings (resolve_providers)
     result = client.chat(messages, tools=tools, temperature=0.7,
-                         cache_key_extra={"task": 12, "iteration": 1, "sample": 0})
+                         cache_key_extra=cache_identity(trajectory.uuid))
     result.message      # {"role": "assistant", "content": ..., "tool_calls": [...]} (plain dicts)
     result.provider, result.model, result.usage, result.cost_usd, result.cached, result.attempts
     result = await client.achat(...)           # the same, on openai.AsyncOpenAI
@@ -27,8 +27,12 @@ What it does around the openai SDK (which runs with max_retries=0; the retries a
   (model, messages, tools, tool_choice, temperature, top_p, max_tokens, cache_key_extra). A
   resumed batch or a replay gets the stored answer without an HTTP request (`cached=True`,
   `attempts=0`). `cache_key_extra` must differ between samples that should differ: pass the
-  trajectory's identity, e.g. {"task": task.pk, "iteration": n, "sample": sample_index},
-  or every sample of a task at temperature > 0 would replay the first one's answers.
+  trajectory's identity, `cache_identity(trajectory.uuid)`, or every sample of a task at
+  temperature > 0 would replay the first one's answers. Never a primary key: the cache is
+  shared by every database on the machine (or the Redis), and a fresh database numbers its
+  rows from 1 again, so a new trajectory would be served another database's answers. A
+  retried or resumed trajectory (same UUID) replays its own answers; replaying another
+  trajectory's is explicit (the episode's `replay_of` config key, recorded as such).
   Without Redis the cache is one SQLite file (LLMResponseCache). achat writes behind: the
   reply is a cache hit in this process at once and is stored a moment later;
   aclose()/close()/flush_cache_writes() wait for the writes (see _pending_writes).
@@ -63,6 +67,7 @@ import sqlite3
 import ssl
 import threading
 import time
+import uuid
 import weakref
 import zlib
 from collections import OrderedDict, deque
@@ -690,6 +695,12 @@ _MISSING = object()
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def cache_identity(trajectory_uuid: Any) -> dict[str, str]:
+    """The `cache_key_extra` of a trajectory's model calls: its UUID, unique across databases
+    (a primary key is not), so no other trajectory is ever served its answers."""
+    return {"trajectory": str(uuid.UUID(str(trajectory_uuid)))}
 
 
 def cache_key_for(request: dict[str, Any], cache_key_extra: Any = None, extra_headers: dict[str, str] | None = None) -> str:

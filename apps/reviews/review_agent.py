@@ -460,7 +460,7 @@ def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any
             temperature=0.0,
             max_tokens=settings.REVIEW_JUDGE_MAX_TOKENS,
             model=settings.REVIEW_JUDGE_MODEL or None,
-            cache_key_extra={"judge": trajectory.pk, "rubric": f"{scene}@{RUBRIC_VERSION}", "attempt": attempt},
+            cache_key_extra={"judge": str(trajectory.uuid), "rubric": f"{scene}@{RUBRIC_VERSION}", "attempt": attempt},
         )
     except LLMError as exc:
         raise JudgeFailed(f"the judge could not be reached: {type(exc).__name__}: {exc}", prompt=prompt) from None

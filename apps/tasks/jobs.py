@@ -77,7 +77,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.engines import agent
-from apps.engines.llm import LLMClient, resolve_providers
+from apps.engines.llm import LLMClient, cache_identity, resolve_providers
 from apps.tasks.models import Task, Trajectory, TrajectoryLog
 from trajplatform.schedules import ensure_schedule
 from apps.tasks.services import (
@@ -808,8 +808,8 @@ class RolloutRunner:
                     config=config,
                     llm=llm,
                     sandbox_backend=None,
-                    cache_key_extra={"task": trajectory.task_id, "iteration": trajectory.iteration,
-                                     "sample": trajectory.sample_index},
+                    # Its UUID, not its pk: the cache outlives the database (see llm.cache_identity).
+                    cache_key_extra=cache_identity(trajectory.uuid),
                     on_event=on_event,
                     should_cancel=claim.should_stop,
                     trajectory=trajectory,

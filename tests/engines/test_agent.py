@@ -12,6 +12,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,7 +23,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from apps.engines.agent import EpisodeResult, parse_json_action, run_episode, truncate_text
-from apps.engines.llm import LLMClient, Provider, reset_limiters
+from apps.engines.llm import LLMClient, Provider, cache_identity, reset_limiters
 from apps.engines.models import SandboxRecord
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
 from apps.engines.sandboxes import SandboxUnavailable, get_backend
@@ -98,7 +99,7 @@ def run(config: dict[str, Any], llm: LLMClient, **kw: Any) -> EpisodeResult:
     kw.setdefault("sandbox_backend", get_backend("local"))
     # A fresh sample identity per run: the LLM cache would otherwise replay an earlier run's
     # answers to the same prompt (which is what it is for).
-    kw.setdefault("cache_key_extra", {"task": 1, "iteration": 1, "sample": next(_samples)})
+    kw.setdefault("cache_key_extra", cache_identity(uuid.uuid4()))
 
     async def episode() -> EpisodeResult:
         try:
@@ -364,11 +365,11 @@ def test_parallel_tool_calls_are_one_turn_and_calls_after_finish_are_not_execute
 
 
 def test_the_same_sample_identity_replays_from_the_llm_cache(local: Any) -> None:
-    identity = {"task": 7, "iteration": 1, "sample": 0}
+    identity = cache_identity(uuid.uuid4())
     with scripted(HELLO, *HELLO_STEPS) as (server, llm):
         first = run(config_for(HELLO), llm, cache_key_extra=identity)
-        again = run(config_for(HELLO), llm, cache_key_extra=identity)
-        other = run(config_for(HELLO), llm, cache_key_extra={**identity, "sample": 1})
+        again = run(config_for(HELLO), llm, cache_key_extra=identity)  # a retried trajectory: same UUID
+        other = run(config_for(HELLO), llm, cache_key_extra=cache_identity(uuid.uuid4()))  # a new one
     assert first.cached_calls == 0 and again.cached_calls == again.llm_calls == 3 and other.cached_calls == 0
     assert server.model.chat_requests == 6  # the replay asked nothing
     assert again.messages == first.messages and again.outcome == "success"
@@ -376,10 +377,36 @@ def test_the_same_sample_identity_replays_from_the_llm_cache(local: Any) -> None
     assert_no_sandbox_left(local)
 
 
+def test_an_explicit_replay_is_served_another_trajectorys_answers_and_recorded_as_such(local: Any) -> None:
+    original, replaying = uuid.uuid4(), uuid.uuid4()
+    events = Events()
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        first = run(config_for(HELLO), llm, cache_key_extra=cache_identity(original))
+        replay = run({**config_for(HELLO), "replay_of": str(original)}, llm,
+                     cache_key_extra=cache_identity(replaying), on_event=events)
+        own = run(config_for(HELLO), llm, cache_key_extra=cache_identity(replaying))
+    assert replay.cached_calls == replay.llm_calls == 3 and replay.messages == first.messages
+    assert server.model.chat_requests == 6  # the replay asked nothing; the replaying trajectory alone asks anew
+    assert own.cached_calls == 0
+    assert [s["llm"].get("replay_of") for s in replay.steps] == [str(original)] * 3
+    assert "replay_of" not in first.steps[0]["llm"]
+    assert any(kind == "system" and f"explicit replay of trajectory {original}" in message
+               for kind, message, _ in events.items)
+    assert_no_sandbox_left(local)
+
+
+def test_a_replay_of_something_that_is_not_a_uuid_is_a_config_error(local: Any) -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run({**config_for(HELLO), "replay_of": "7"}, llm)
+    assert (result.outcome, result.error_kind) == ("error", "config")
+    assert result.outcome_reason == "replay_of must be a trajectory's UUID, got '7'"
+    assert server.model.chat_requests == 0
+
+
 def test_after_its_first_cache_miss_an_episode_stops_looking_its_requests_up(
     local: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    identity = {"task": 8, "iteration": 1, "sample": 0}
+    identity = cache_identity(uuid.uuid4())
     lookups: list[bool] = []
     real_get = LLMClient._acache_get
 

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +32,7 @@ from django.test import override_settings
 
 from apps.engines.llm import (
     AIMDLimiter,
+    cache_identity,
     ChatResult,
     LLMBadRequest,
     LLMClient,
@@ -340,6 +342,30 @@ def test_an_identical_call_is_answered_from_the_cache(server: Any, waits: Waits)
     # A resumed batch: a fresh client (another worker) finds the same answer.
     client_for(waits, offline(server)).chat(user(), tools=TOOLS, temperature=0.7, cache_key_extra={"task": 1, "sample": 0})
     assert server.model.chat_requests == 1
+
+
+@pytest.mark.django_db
+def test_the_cache_identity_is_the_trajectorys_uuid_so_a_flushed_database_never_gets_old_answers(
+        server: Any, waits: Waits, make_task: Any) -> None:
+    from apps.tasks.models import Trajectory
+
+    task = make_task(prompt="same prompt")
+    old = Trajectory.objects.create(task=task, iteration=1, sample_index=0)
+    client = client_for(waits, offline(server))
+    client.chat(user(), tools=TOOLS, temperature=0.7, cache_key_extra=cache_identity(old.uuid))
+    # A fresh database: the same task and the same primary key, another trajectory.
+    pk = old.pk
+    old.delete()
+    new = Trajectory.objects.create(pk=pk, task=task, iteration=1, sample_index=0)
+    assert new.uuid != old.uuid
+    assert not client.chat(user(), tools=TOOLS, temperature=0.7, cache_key_extra=cache_identity(new.uuid)).cached
+    # Its own retry (same UUID, another client: another worker) replays.
+    assert client_for(waits, offline(server)).chat(user(), tools=TOOLS, temperature=0.7,
+                                                    cache_key_extra=cache_identity(new.uuid)).cached
+    assert server.model.chat_requests == 2
+    assert cache_identity(str(new.uuid).upper()) == cache_identity(new.uuid) == {"trajectory": str(new.uuid)}
+    with pytest.raises(ValueError):
+        cache_identity(pk)
 
 
 def test_another_sample_or_parameter_misses_the_cache(server: Any, waits: Waits) -> None:

@@ -287,7 +287,46 @@ def test_one_job_runs_up_to_concurrency_episodes_at_once(make_task, fake_agent):
     assert report["claimed"] == 6 and report["success"] == 6
     assert state["peak"] == 4  # never more than the concurrency, and really concurrent
     assert len(agent.calls) == 6
-    assert {c["cache_key_extra"]["sample"] for c in agent.calls} == set(range(6))
+    # Each sample its own cache identity: the trajectory's UUID.
+    uuids = {str(u) for u in Trajectory.objects.values_list("uuid", flat=True)}
+    assert {c["cache_key_extra"]["trajectory"] for c in agent.calls} == uuids and len(uuids) == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trajectory_that_reuses_a_pk_of_a_flushed_database_gets_its_own_cache_identity(make_task, fake_agent):
+    """The LLM cache is machine-wide: a fresh database numbering its rows from 1 again must not
+    be served the answers recorded for the old database's trajectory with the same pk."""
+    agent = fake_agent()
+    task = started(make_task, prompt="the same prompt")
+    old = task.trajectories.get()
+    jobs.run_rollouts()
+    # What a flushed database holds next: the same task, a trajectory with the same pk.
+    Trajectory.objects.filter(pk=old.pk).delete()
+    Trajectory.objects.create(pk=old.pk, task=task, iteration=1, sample_index=0, queued_at=timezone.now(),
+                              config_snapshot=task.config_snapshot())
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.RUNNING)
+    jobs.run_rollouts()
+    assert [c["trajectory"] for c in agent.calls] == [old.pk, old.pk]
+    first, second = (c["cache_key_extra"] for c in agent.calls)
+    assert first == {"trajectory": str(old.uuid)} and second != first
+    assert second == {"trajectory": str(Trajectory.objects.get(pk=old.pk).uuid)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retried_trajectory_keeps_its_cache_identity(make_task, fake_agent, settings):
+    settings.ROLLOUT_MAX_ATTEMPTS = 2
+    calls = []
+
+    async def flaky(trajectory, **kwargs):
+        calls.append(trajectory.pk)
+        return FakeResult(outcome="error", outcome_reason="sandbox lost", retryable=True) if len(calls) == 1 else FakeResult()
+
+    agent = fake_agent(flaky)
+    trajectory = started(make_task).trajectories.get()
+    jobs.run_rollouts()
+    _make_due(trajectory)
+    jobs.run_rollouts()
+    assert [c["cache_key_extra"] for c in agent.calls] == [{"trajectory": str(trajectory.uuid)}] * 2
 
 
 @pytest.mark.django_db(transaction=True)

@@ -63,9 +63,9 @@ class TrajectorySummarySerializer(RedactedOutputMixin, serializers.ModelSerializ
     class Meta:
         model = Trajectory
         fields = [
-            "id", "task", "iteration", "sample_index", "status", "outcome", "outcome_reason", "reward", "model",
+            "id", "uuid", "task", "iteration", "sample_index", "status", "outcome", "outcome_reason", "reward", "model",
             "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd", "content_sha256", "attempts",
-            "created_at", "queued_at", "started_at", "finished_at",
+            "worker_losses", "created_at", "queued_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 
