@@ -489,6 +489,19 @@ HINTS = {
 RULE_HINT_MIN = 2  # occurrences across the iteration before a hint is proposed
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """A value people rejected for one of a task's fields: never proposed for that task again."""
+
+    field: str
+    value: Any
+    proposal: int
+    by: str
+
+    def note(self) -> str:
+        return f"{self.field} = {self.value!r} was rejected (proposal #{self.proposal} by {self.by})"
+
+
 @dataclass
 class Draft:
     field: str
@@ -499,6 +512,11 @@ class Draft:
     rationale: str
     proposer: str
     impact_note: str = ""
+    rejected: Rejected | None = None  # set: the change the review found, but people rejected it before
+
+
+def _rejection(rejected: tuple[Rejected, ...], field_name: str, value: Any) -> Rejected | None:
+    return next((r for r in rejected if r.field == field_name and r.value == value), None)
 
 
 def _bounded(rule: policy.Rule | None, value: float) -> float:
@@ -539,7 +557,11 @@ def _options(task: Any, draft_field: str, current: Any, to: Any, extra: list[Any
 
 
 def _draft(task: Any, field_name: str, to: Any, rationale: str, proposer: str, table: dict[str, policy.Rule],
-           extra_options: list[Any] | None = None) -> Draft | None:
+           extra_options: list[Any] | None = None, rejected: tuple[Rejected, ...] = ()) -> Draft | None:
+    """The draft of changing `field_name` to `to`, None when the field or the policy refuses it.
+
+    When people rejected `to` for this task, the next of `extra_options` they did not reject
+    is drafted instead; when none is left, the draft comes back marked `rejected`."""
     try:
         current = policy.current_value(task, field_name)
         policy.check_value(task, field_name, to)
@@ -550,21 +572,39 @@ def _draft(task: Any, field_name: str, to: Any, rationale: str, proposer: str, t
     tier = policy.classify(field_name, to, table)
     if tier == policy.REFUSE:
         return None
+    hit = _rejection(rejected, field_name, to)
+    if hit is not None:
+        rest = [v for v in extra_options or [] if v != to]
+        for index, value in enumerate(rest):
+            if _rejection(rejected, field_name, value) is None:
+                other = _draft(task, field_name, value, f"{rationale} ({hit.note()})", proposer, table,
+                               rest[index + 1:], rejected)
+                if other is not None:
+                    return other
     options = _options(task, field_name, current, to, extra_options or [], table, tier) if tier == policy.YELLOW else []
+    options = [v for v in options if v == to or _rejection(rejected, field_name, v) is None]
     return Draft(field=field_name, to_value=to, from_value=current, tier=tier, options=options, rationale=rationale,
-                 proposer=proposer, impact_note=policy.impact_note(field_name, table))
+                 proposer=proposer, impact_note=policy.impact_note(field_name, table), rejected=hit)
 
 
-def draft_proposals(task: Any, reviews: list[Any]) -> list[Draft]:
+def draft_proposals(task: Any, reviews: list[Any], *, rejected: tuple[Rejected, ...] = ()) -> list[Draft]:
     """Changes for the task's next iteration from its reviews' checks (rules) and judge suggestions.
 
-    At most one draft per field: rules first, then the judge's suggestions in order."""
+    At most one draft per field: rules first, then the judge's suggestions in order. A change
+    people rejected for the task (`rejected`) is not proposed again: its draft is returned with
+    `rejected` set, after the others, and a later draft for the same field may take its place."""
     table = policy.rules()
     drafts: dict[str, Draft] = {}
+    refused: dict[str, Draft] = {}
 
     def add(draft: Draft | None) -> None:
-        if draft is not None and draft.field not in drafts:
+        if draft is None or draft.field in drafts:
+            return
+        if draft.rejected is None:
             drafts[draft.field] = draft
+            refused.pop(draft.field, None)
+        else:
+            refused.setdefault(draft.field, draft)
 
     limits = {r.checks.get("limit_exhausted", {}).get("limit") for r in reviews} - {None, ""}
     if "max_steps" in limits:
@@ -572,13 +612,13 @@ def draft_proposals(task: Any, reviews: list[Any]) -> list[Draft]:
         if to <= task.max_steps:
             to = task.max_steps * 2  # at the bound: propose beyond it, the policy escalates the tier
         add(_draft(task, "max_steps", to, f"the step limit ({task.max_steps}) was hit without finish",
-                   "rule:max_steps", table, [task.max_steps + 5]))
+                   "rule:max_steps", table, [task.max_steps + 5], rejected))
     if "timeout" in limits:
         add(_draft(task, "timeout_s", float(task.timeout_s * 2), f"the wall-clock limit ({task.timeout_s:g}s) was hit",
-                   "rule:timeout", table))
+                   "rule:timeout", table, rejected=rejected))
     if "token_budget" in limits and task.max_tokens:
         add(_draft(task, "max_tokens", int(task.max_tokens * 2), f"the token budget ({task.max_tokens}) was exhausted",
-                   "rule:token_budget", table))
+                   "rule:token_budget", table, rejected=rejected))
 
     counts: dict[str, int] = {}
     for review in reviews:
@@ -592,7 +632,7 @@ def draft_proposals(task: Any, reviews: list[Any]) -> list[Draft]:
         fired = sorted(name for name, n in counts.items() if n and HINTS[name] in hints)
         to = "\n".join(filter(None, [current_extra.rstrip(), *hints]))
         add(_draft(task, "system_prompt_extra", to, f"repeated problems across the iteration: {', '.join(fired)}",
-                   "rule:prompt_hint", table))
+                   "rule:prompt_hint", table, rejected=rejected))
 
     for review in reviews:
         for suggestion in (review.suggestions or []):
@@ -604,5 +644,5 @@ def draft_proposals(task: Any, reviews: list[Any]) -> list[Draft]:
                 to = suggestion.get("to")
             extra = suggestion.get("options") if isinstance(suggestion.get("options"), list) else []
             add(_draft(task, str(name), to, str(suggestion.get("rationale") or "suggested by the judge")[:2000],
-                       "review-agent", table, extra))
-    return list(drafts.values())
+                       "review-agent", table, extra, rejected))
+    return [*drafts.values(), *refused.values()]

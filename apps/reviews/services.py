@@ -18,6 +18,9 @@ The loop, as decided here (README "Review loop"):
 * below, iterations left -> proposals tiered by the policy: green ones are applied at once;
   if no yellow/red one waits, the next iteration is queued right away, else the task waits
   (`waiting_approval`) until every pending proposal is decided, then the next iteration runs;
+* a change people rejected for the task is never proposed for it again: another value or
+  another remedy is, and when the rejected ones were all the review found, the task fails
+  naming them (the audit row lists them under `not_proposed_again`);
 * a person may end the loop early (the task completes; pending proposals are superseded) or
   force one more iteration (raising max_iterations by one when it was used up).
 """
@@ -149,7 +152,7 @@ def iteration_conclude(*, task_id: int, iteration: int) -> Task | None:
 
     A no-op (returns None) unless the task is reviewing this iteration and every finished
     trajectory of it has a scored review."""
-    from apps.reviews.review_agent import draft_proposals
+    from apps.reviews.review_agent import Rejected, draft_proposals
 
     with transaction.atomic():
         task = Task.objects.select_for_update().filter(pk=task_id).first()
@@ -186,7 +189,24 @@ def iteration_conclude(*, task_id: int, iteration: int) -> Task | None:
             _finish(task, Task.Status.FAILED, reason, {**data, "decision": "iterations used up"})
             return task
 
-        drafts = draft_proposals(task, reviews)
+        rejected = tuple(
+            Rejected(field=p.field, value=value, proposal=p.pk, by=p.decided_by.get_username() if p.decided_by else "?")
+            for p in Proposal.objects.filter(task=task, status=Proposal.Status.REJECTED)
+            .select_related("decided_by").order_by("id")
+            for value in [p.to_value, *(p.options or [])]
+        )
+        drafts = draft_proposals(task, reviews, rejected=rejected)
+        not_again = [d.rejected for d in drafts if d.rejected is not None]
+        drafts = [d for d in drafts if d.rejected is None]
+        if not_again:
+            data["not_proposed_again"] = [{"field": r.field, "to": r.value, "proposal": r.proposal,
+                                           "rejected_by": r.by} for r in not_again]
+        if not drafts and not_again:
+            # The same config would only run into the same wall, and its remedy was refused.
+            reason = (f"iteration {iteration}: quality {score:g} is below the threshold {threshold}, and the only "
+                      f"changes the review found were rejected before: {'; '.join(r.note() for r in not_again)}")
+            _finish(task, Task.Status.FAILED, reason, {**data, "decision": "only rejected changes"})
+            return task
         errors = [r.trajectory for r in reviews if r.trajectory.outcome == Trajectory.Outcome.ERROR]
         if not drafts and len(errors) == len(reviews):
             # Nothing to change and nothing but errors: the same config would only fail again.

@@ -56,3 +56,39 @@ def test_a_good_trajectory_completes_the_task_in_one_iteration(offline_model, bu
     assert (review.status, review.overall) == ("done", 100.0)
     assert task.status == Task.Status.COMPLETED and not Proposal.objects.filter(task=task).exists()
     assert Trajectory.objects.filter(task=task).count() == 1
+
+
+def test_a_rejected_change_is_not_proposed_again_and_the_loop_ends_saying_why(offline_model, bundled_code_task,
+                                                                               make_user):
+    """Iteration 1 runs out of tokens: red max_tokens 1200 -> 2400, which an approver rejects.
+    Iteration 2 runs the same config and runs out again: the same change is not proposed again,
+    and with nothing else to try the task fails naming the rejected proposal."""
+    from apps.reviews.services import proposal_decide
+
+    approver = make_user("approver", username="ada")
+    task = bundled_code_task(model="scripted-reference+fault=never_finish", max_steps=40, max_tokens=1200,
+                             max_iterations=3)
+    task_start_iteration(task=task)
+    jobs.run_rollouts()
+    first = task.trajectories.get(iteration=1)
+    assert "token budget (1200) exhausted" in first.outcome_reason
+    review_iteration(task.pk, 1)
+    task.refresh_from_db()
+    assert task.status == Task.Status.WAITING_APPROVAL
+    red = Proposal.objects.get(task=task, status="pending")
+    assert (red.field, red.tier, red.from_value, red.to_value) == ("max_tokens", "red", 1200, 2400)
+    proposal_decide(proposal=red, actor=approver, decision="reject", comment="too costly")
+    task.refresh_from_db()
+    assert task.status == Task.Status.RUNNING and task.current_iteration == 2 and task.max_tokens == 1200
+
+    jobs.run_rollouts()
+    assert "token budget (1200) exhausted" in task.trajectories.get(iteration=2).outcome_reason
+    review_iteration(task.pk, 2)
+    task.refresh_from_db()
+    assert not Proposal.objects.filter(task=task, iteration=2, field="max_tokens").exists()
+    assert list(Proposal.objects.filter(task=task, status="pending")) == []
+    assert task.status == Task.Status.FAILED and task.current_iteration == 2
+    assert f"max_tokens = 2400 was rejected (proposal #{red.pk} by ada)" in task.error
+    event = audit_events_for(task).filter(action="reviews.iteration_conclude").latest("id")
+    assert event.data["not_proposed_again"] == [
+        {"field": "max_tokens", "to": 2400, "proposal": red.pk, "rejected_by": "ada"}]

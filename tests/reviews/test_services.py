@@ -423,6 +423,62 @@ def test_viewers_cannot_give_verdicts(make_task, viewer):
         human_verdict_record(trajectory=finished_trajectory(make_task()), actor=viewer, verdict="accept", reason="x")
 
 
+def rejected_before(task: Task, approver: Any, field: str, to_value: Any, options: list | None = None) -> Proposal:
+    from django.utils import timezone
+
+    return Proposal.objects.create(task=task, iteration=1, field=field, from_value=None, to_value=to_value,
+                                   options=options or [], tier="yellow" if options else "red", proposer="rule:x",
+                                   status="rejected", decided_by=approver, decided_at=timezone.now())
+
+
+@pytest.mark.django_db
+def test_a_rejected_change_is_not_proposed_again_and_another_remedy_goes_ahead(
+        make_task, make_user, django_capture_on_commit_callbacks):
+    approver = make_user("approver", username="ada")
+    task = reviewing_task(make_task, overall=40.0, checks={
+        "limit_exhausted": {"fired": True, "count": 1, "limit": "timeout"},
+        "repeated_actions": {"fired": True, "count": 1}})
+    old = rejected_before(task, approver, "timeout_s", 1200.0)
+    with django_capture_on_commit_callbacks(execute=True):
+        iteration_conclude(task_id=task.pk, iteration=1)
+    task.refresh_from_db()
+    assert list(Proposal.objects.exclude(pk=old.pk).values_list("field", "status")) == [
+        ("system_prompt_extra", "applied")]
+    assert task.status == "running" and task.current_iteration == 2 and task.timeout_s == 600.0
+    event = audit_events_for(task).get(action="reviews.iteration_conclude")
+    assert event.data["decision"] == "next iteration"
+    assert event.data["not_proposed_again"] == [
+        {"field": "timeout_s", "to": 1200.0, "proposal": old.pk, "rejected_by": "ada"}]
+
+
+@pytest.mark.django_db
+def test_when_every_change_found_was_rejected_the_task_fails_saying_why(make_task, approver):
+    task = reviewing_task(make_task, overall=40.0,
+                          checks={"limit_exhausted": {"fired": True, "count": 1, "limit": "timeout"}})
+    old = rejected_before(task, approver, "timeout_s", 1200)  # an int equals the float the rule drafts
+    iteration_conclude(task_id=task.pk, iteration=1)
+    task.refresh_from_db()
+    assert task.status == "failed" and Proposal.objects.count() == 1
+    assert task.error == (f"iteration 1: quality 40 is below the threshold 80, and the only changes the review "
+                          f"found were rejected before: timeout_s = 1200 was rejected (proposal #{old.pk} by "
+                          f"{approver.username})")
+    assert audit_events_for(task).get(action="reviews.iteration_conclude").data["decision"] == "only rejected changes"
+
+
+@pytest.mark.django_db
+def test_a_yellow_change_whose_value_was_rejected_falls_back_to_an_option_nobody_rejected(make_task, approver):
+    task = reviewing_task(make_task, overall=40.0)
+    Review.objects.filter(trajectory__task=task).update(suggestions=[
+        {"field": "model", "to": "deepseek-chat", "options": ["deepseek-chat", "gpt-4o-mini", "gemini-2.5-flash"],
+         "rationale": "a stronger model"}])
+    old = rejected_before(task, approver, "model", "deepseek-chat", ["deepseek-chat", "gpt-4o-mini"])
+    iteration_conclude(task_id=task.pk, iteration=1)
+    proposal = Proposal.objects.get(task=task, status="pending")
+    assert (proposal.field, proposal.to_value) == ("model", "gemini-2.5-flash")
+    assert "deepseek-chat" not in proposal.options and "gpt-4o-mini" not in proposal.options
+    assert f"was rejected (proposal #{old.pk}" in proposal.rationale
+
+
 @pytest.mark.django_db
 def test_an_iteration_of_only_errors_with_nothing_to_change_fails_the_task(make_task):
     task = make_task()
