@@ -10,17 +10,26 @@ idempotent replays.
 * **Errors.** Every 4xx/5xx is `{"error": {"code", "message", "details"}}`: DRF's own
   exceptions, Django's Http404/PermissionDenied/ValidationError, and the services' domain
   errors (`DOMAIN_ERRORS`).
+* **Input limits.** A body over API_MAX_BODY_BYTES is a 413 before anything reads it
+  (`ApiBodyLimitMiddleware`); JSON nested deeper than API_MAX_JSON_DEPTH is a 400 before it is
+  parsed (`LimitedJSONParser`, `LimitedJSONField`); id filters are integers in the 64-bit range
+  (`IdFilter`); a filter given empty (`?created_before=`) is a 400 (`StrictFilterSet`); string
+  fields take strings only (`StrictSerializerMixin`).
 * **Pagination.** Cursor pagination on the primary key: each page is one indexed range scan
   (`id < cursor ORDER BY id DESC LIMIT n`), as fast on page 10 000 as on page 1, with no COUNT.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from typing import Any, Callable
 
+import django_filters
+from django import forms
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
@@ -30,11 +39,13 @@ from django.utils.module_loading import import_string
 from rest_framework import exceptions, serializers
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.pagination import CursorPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 
+from trajplatform import json_limits
 from trajplatform.api_models import ApiToken, IdempotencyRecord, hash_token
 from trajplatform.redaction import redact
 
@@ -159,6 +170,7 @@ class TokenRateThrottle(SimpleRateThrottle):
 DOMAIN_ERRORS: tuple[tuple[str, int, str], ...] = (
     ("apps.tasks.services.TransitionError", 409, "conflict"),
     ("apps.tasks.services.TaskCreateError", 400, "invalid"),
+    ("apps.tasks.services.BatchNameTaken", 409, "conflict"),
     ("apps.engines.scenes.SceneConfigError", 400, "invalid"),
     ("apps.datasets.models.ImmutableVersionError", 409, "conflict"),
     ("apps.reviews.services.AlreadyDecided", 409, "conflict"),
@@ -223,6 +235,10 @@ def error_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
         exc = exceptions.PermissionDenied(str(exc) or None)
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
+    elif isinstance(exc, RequestDataTooBig):
+        return Response(error_body("too_large", body_too_large_message()), status=413)
+    elif isinstance(exc, SuspiciousOperation):  # e.g. too many form fields: the client's request, not a bug
+        return Response(error_body("bad_request", str(exc) or "Bad request."), status=400)
     else:
         mapped = _domain_error(exc)
         if mapped is not None:
@@ -248,6 +264,30 @@ def error_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
 
 def json_error_response(request: HttpRequest, status_code: int, code: str, message: str) -> JsonResponse:
     return JsonResponse(error_body(code, message), status=status_code)
+
+
+def body_too_large_message() -> str:
+    return f"The request body is larger than API_MAX_BODY_BYTES ({settings.API_MAX_BODY_BYTES} bytes)."
+
+
+class ApiBodyLimitMiddleware:
+    """Under /api/: a request whose Content-Length exceeds API_MAX_BODY_BYTES gets a JSON 413
+    before anything reads the body (Django's own limit would answer an HTML 400 from deep inside
+    the view). Bodies without a Content-Length are bounded by DATA_UPLOAD_MAX_MEMORY_SIZE (the
+    same value), which error_handler turns into the same 413."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if request.path.startswith("/api/"):
+            try:
+                length = int(request.META.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                return json_error_response(request, 400, "bad_request", "Invalid Content-Length header.")
+            if length > settings.API_MAX_BODY_BYTES:
+                return json_error_response(request, 413, "too_large", body_too_large_message())
+        return self.get_response(request)
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
@@ -279,6 +319,95 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
+# --- input limits -------------------------------------------------------------------------------
+
+
+class LimitedJSONParser(JSONParser):
+    """DRF's JSON parser behind the non-recursive depth check (API_MAX_JSON_DEPTH)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        raw = stream.read() if stream is not None else b""
+        try:
+            json_limits.check_depth(raw)
+        except json_limits.JSONTooDeep as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+        return super().parse(io.BytesIO(raw), media_type, parser_context)
+
+
+class LimitedJSONField(serializers.JSONField):
+    """A JSONField whose JSON text (a form field, a binary field) is depth-checked before parsing."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, (str, bytes)) and (self.binary or getattr(data, "is_json_string", False)):
+            try:
+                json_limits.check_depth(data)
+            except json_limits.JSONTooDeep as exc:
+                raise serializers.ValidationError(str(exc)) from None
+        return super().to_internal_value(data)
+
+
+# --- filters --------------------------------------------------------------------------------------
+
+INT64_MAX = 2**63 - 1
+
+
+class IdFilter(django_filters.NumberFilter):
+    """An integer id (or counter) filter: 1e30, 1.5 or 2**70 is a 400, never an overflow in the
+    database (SQLite's integers are 64-bit)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args: Any, min_value: int = 1, **kwargs: Any) -> None:
+        kwargs.setdefault("min_value", min_value)
+        kwargs.setdefault("max_value", INT64_MAX)
+        super().__init__(*args, **kwargs)
+
+
+try:
+    from drf_spectacular.contrib.django_filters import DjangoFilterExtension
+    from drf_spectacular.plumbing import build_basic_type
+    from drf_spectacular.types import OpenApiTypes
+
+    class StrictFilterExtension(DjangoFilterExtension):
+        """The schema of an IdFilter is an integer with its bounds (drf-spectacular would say number)."""
+
+        target_class = "trajplatform.api.StrictFilterBackend"
+        priority = 1
+
+        def resolve_filter_field(self, auto_schema: Any, model: Any, filterset_class: Any, field_name: str,
+                                 filter_field: Any) -> Any:
+            result = super().resolve_filter_field(auto_schema, model, filterset_class, field_name, filter_field)
+            if isinstance(filter_field, IdFilter):
+                for parameter in result:
+                    parameter["schema"] = {
+                        **build_basic_type(OpenApiTypes.INT64),
+                        "minimum": filter_field.extra["min_value"], "maximum": filter_field.extra["max_value"],
+                    }
+            return result
+except ImportError:  # drf-spectacular is only needed for the schema
+    pass
+
+
+class StrictFilterBackend(django_filters.rest_framework.DjangoFilterBackend):
+    """The project's filter backend (a subclass so the schema extension above applies to it)."""
+
+
+class StrictFilterSet(django_filters.FilterSet):
+    """A filter that is present must hold a value: `?created_before=` is a 400, not "no filter".
+    Text filters (CharFilter) may be empty."""
+
+    def is_valid(self) -> bool:
+        valid = super().is_valid()
+        for name, filter_ in self.filters.items():
+            if isinstance(filter_, django_filters.CharFilter) or name not in self.data:
+                continue
+            values = self.data.getlist(name) if hasattr(self.data, "getlist") else [self.data[name]]
+            if any(value == "" for value in values):
+                self.form.add_error(name, "must not be empty")
+                valid = False
+        return valid
+
+
 # --- pagination --------------------------------------------------------------------------------
 
 
@@ -303,6 +432,13 @@ class IdCursorPagination(CursorPagination):
         if not 1 <= value <= settings.API_MAX_PAGE_SIZE:
             raise exceptions.ValidationError({"page_size": [f"must be between 1 and {settings.API_MAX_PAGE_SIZE}"]})
         return value
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 1, "maximum": settings.API_MAX_PAGE_SIZE}
+        return parameters
 
 
 # --- idempotency ----------------------------------------------------------------------------------
@@ -373,14 +509,35 @@ def idempotent(request: Request, scope: str, handler: Callable[[], Response]) ->
 
 
 class StrictSerializerMixin:
-    """Unknown fields are an error (the reference silently ignored them)."""
+    """Unknown fields are an error (the reference silently ignored them), and a string field takes
+    a string: DRF's CharField would turn `{"reason": 5}` into "5"."""
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))  # type: ignore[attr-defined]
             if unknown:
                 raise exceptions.ValidationError({name: ["unknown field"] for name in unknown})
+            not_text = sorted(
+                name for name, field in self.fields.items()  # type: ignore[attr-defined]
+                if isinstance(field, serializers.CharField) and not field.read_only
+                and data.get(name) is not None and not isinstance(data.get(name), str)
+            )
+            if not_text:
+                raise exceptions.ValidationError({name: ["must be a string"] for name in not_text})
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class BlankChoicesMixin:
+    """A ModelSerializer whose read-only choice fields keep `""` in their enum when the model
+    allows a blank value (DRF drops allow_blank on read-only fields, so the schema said
+    `verdict` is one of accept/reject/revise while an automatic review answers "")."""
+
+    def include_extra_kwargs(self, kwargs: dict[str, Any], extra_kwargs: dict[str, Any]) -> dict[str, Any]:
+        blank_choices = "choices" in kwargs and kwargs.get("allow_blank", False)
+        kwargs = super().include_extra_kwargs(kwargs, extra_kwargs)  # type: ignore[misc]
+        if blank_choices:
+            kwargs["allow_blank"] = True
+        return kwargs
 
 
 class RedactedOutputMixin:

@@ -118,6 +118,10 @@ def _moment(value: Any, key: str, errors: dict[str, str], end: bool) -> datetime
     return moment.astimezone(dt_timezone.utc)
 
 
+# Database ids are 64-bit signed integers: a larger one would overflow the query (SQLite).
+MAX_ID = 2**63 - 1
+
+
 def _batches(value: Any, errors: dict[str, str]) -> list[int]:
     if value is None:
         return []
@@ -129,10 +133,13 @@ def _batches(value: Any, errors: dict[str, str]) -> list[int]:
     ids: set[int] = set()
     names: set[str] = set()
     for item in value:
-        if isinstance(item, int) and not isinstance(item, bool) and item > 0:
+        if isinstance(item, str) and item.strip().isascii() and item.strip().isdigit():
+            item = int(item.strip())
+        if isinstance(item, int) and not isinstance(item, bool) and 0 < item <= MAX_ID:
             ids.add(item)
-        elif isinstance(item, str) and item.strip().isdigit():
-            ids.add(int(item.strip()))
+        elif isinstance(item, int) and not isinstance(item, bool) and item > MAX_ID:
+            errors["batches"] = f"{item} is not a batch id (ids are at most {MAX_ID})"
+            return []
         elif isinstance(item, str) and item.strip():
             names.add(item.strip())
         else:

@@ -6,7 +6,6 @@ inside a sandbox) and either creates the batch or lists every per-item error, wr
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
@@ -18,6 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from apps.engines.envscaler.importer import EnvScalerImportError, ItemError, envscaler_import
+from trajplatform import json_limits
 
 MAX_UPLOAD_BYTES = 16 << 20
 
@@ -35,8 +35,8 @@ class EnvScalerUploadForm(forms.Form):
         if upload.size > MAX_UPLOAD_BYTES:
             raise forms.ValidationError(f"is larger than {MAX_UPLOAD_BYTES >> 20} MiB")
         try:
-            return json.loads(upload.read().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return json_limits.loads(upload.read().decode("utf-8"))
+        except ValueError as exc:  # not UTF-8, not JSON, or nested deeper than API_MAX_JSON_DEPTH
             raise forms.ValidationError(f"is not valid UTF-8 JSON: {exc}") from None
 
     def clean_metadata(self) -> Any:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 from itertools import islice
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.tasks.models import Batch, Task
@@ -56,6 +56,62 @@ def task_requeue(*, task: Task, actor: Any, reason: str = "") -> Task:
     return task
 
 
+class BatchNameTaken(Exception):
+    """A batch of this name exists (names are unique) and may not be reused by this caller."""
+
+
+def batch_create(
+    *, name: str, created_by: Any, source_name: str = "", source_sha256: str = "", source_format: str = "",
+    notes: str = "", reuse: Callable[[Batch], bool] | None = None,
+) -> tuple[Batch, bool]:
+    """Create the batch `name`, or return the existing one if `reuse(batch)` allows it: (batch, created).
+
+    Race-safe on SQLite and PostgreSQL; call it inside the caller's transaction. The insert runs
+    in a savepoint: a concurrent caller that inserted the same name first makes it fail on the
+    unique name (on PostgreSQL it waits for that caller to commit), and the committed batch is
+    fetched instead. An existing batch is locked (select_for_update) so concurrent callers adding
+    to it take turns. A name that exists and may not be reused raises BatchNameTaken.
+    """
+    name = name[:200]
+    existing = Batch.objects.select_for_update().filter(name=name).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                batch = Batch.objects.create(
+                    name=name, created_by=created_by, source_name=source_name[:300], source_sha256=source_sha256,
+                    source_format=source_format[:40], notes=notes,
+                )
+            return batch, True
+        except IntegrityError:
+            existing = Batch.objects.select_for_update().filter(name=name).first()
+            if existing is None:
+                raise
+    if reuse is None or not reuse(existing):
+        raise BatchNameTaken(f"a batch named {name!r} already exists (#{existing.pk}); choose another name")
+    return existing, False
+
+
+def batch_free_name(base: str) -> str:
+    """`base`, or `base (2)`, `base (3)`, ...: the first name no batch has yet."""
+    base = base[:190]
+    taken = set(Batch.objects.filter(name__startswith=base).values_list("name", flat=True))
+    n = 1
+    while (candidate := base if n == 1 else f"{base} ({n})") in taken:
+        n += 1
+    return candidate
+
+
+def batch_create_named_after(base: str, **fields: Any) -> Batch:
+    """A new batch named `base` (a generated name), or `base (2)`, ... when that is taken, also
+    when a concurrent caller takes the free name first. Inside the caller's transaction."""
+    for _ in range(20):
+        try:
+            return batch_create(name=batch_free_name(base), **fields)[0]
+        except BatchNameTaken:
+            continue
+    raise BatchNameTaken(f"no free batch name after {base!r} (2) ... (20); choose a name")
+
+
 IMPORT_CHUNK_SIZE = 2000
 
 
@@ -88,12 +144,9 @@ def batch_import(
     """
     user = actor if getattr(actor, "is_authenticated", False) else None
     with transaction.atomic():
-        batch = Batch.objects.create(
-            name=name[:200],
-            created_by=user,
-            source_name=source_name[:300],
-            source_sha256=source_sha256,
-            source_format=source_format[:40],
+        batch, _ = batch_create(
+            name=name, created_by=user, source_name=source_name, source_sha256=source_sha256,
+            source_format=source_format,
         )
         now = timezone.now()
         by_scene: Counter[str] = Counter()
@@ -692,9 +745,10 @@ def tasks_create(
     """Validate and create tasks (the importers' rules, both item shapes) and start them after commit.
 
     All or nothing: any invalid item raises TaskCreateError listing every problem and writes
-    nothing. With `batch_name`, the actor's latest batch of that name is reused (created if
-    missing) and an item whose external id already exists in it returns that task instead of
-    a duplicate. Without it, a new batch is created. One "tasks.task_create" audit row per new
+    nothing. With `batch_name`, the actor's batch of that name is reused (created if
+    missing; race-safe: `batch_create`) and an item whose external id already exists in it
+    returns that task instead of a duplicate; a batch of that name that is not the actor's API
+    batch raises BatchNameTaken. Without it, a new batch is created. One "tasks.task_create" audit row per new
     task; the new tasks' first iterations are queued by `tasks_enqueue` (rollout jobs on commit).
     """
     if not isinstance(items, list) or not items:
@@ -703,15 +757,15 @@ def tasks_create(
     user = actor if getattr(actor, "is_authenticated", False) else None
     batch_name = (batch_name or "").strip()[:200]
     with transaction.atomic():
-        batch = None
+        batch_fields = {"created_by": user, "source_name": "api", "source_format": "api", "notes": notes}
         if batch_name:
-            batch = (
-                Batch.objects.select_for_update().filter(name=batch_name, created_by=user, source_format="api")
-                .order_by("-id").first()
+            batch, _ = batch_create(
+                name=batch_name, **batch_fields,
+                reuse=lambda b: b.source_format == "api" and b.created_by_id == getattr(user, "pk", None),
             )
-        if batch is None:
-            name = batch_name or f"api {getattr(user, 'username', 'system')} {timezone.now():%Y-%m-%d %H:%M:%S}"
-            batch = Batch.objects.create(name=name, created_by=user, source_name="api", source_format="api", notes=notes)
+        else:
+            batch = batch_create_named_after(
+                f"api {getattr(user, 'username', 'system')} {timezone.now():%Y-%m-%d %H:%M:%S}", **batch_fields)
         external_ids = [r["external_id"] for r in rows if r.get("external_id")]
         existing = {t.external_id: t for t in Task.objects.filter(batch=batch, external_id__in=external_ids)}
         now = timezone.now()

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET
 from apps.engines.scenes import SCENE_CHOICES
 from apps.tasks.consumers import MAX_ID, MAX_SEQ
 from apps.tasks.models import Trajectory, TrajectoryLog
+from trajplatform import json_limits
 
 VIEW_PERMISSION = "tasks.view_trajectory"
 LIST_PAGE_SIZE = 50
@@ -89,8 +90,8 @@ def _arguments(raw: Any) -> str:
     """Tool-call arguments indented when they are JSON; left as sent when they are not."""
     if isinstance(raw, str):
         try:
-            return _json(json.loads(raw))
-        except ValueError:
+            return _json(json_limits.loads(raw))
+        except ValueError:  # not JSON, or nested too deep to parse safely
             return raw
     return _json(raw)
 

@@ -186,3 +186,127 @@ def test_trajectory_list_filters(client_as: Any, make_task: Any) -> None:
     rows = client.get("/api/v1/trajectories", {"outcome": "success", "scene": "code_exec"}).json()["results"]
     assert [r["reward"] for r in rows] == [1.0]
     assert "messages" not in rows[0]
+
+
+# --- batch names are unique; creating one is race-safe (issue 21, item 4) ----------------------------
+
+
+def _concurrently(n: int, call: Any) -> list[Any]:
+    """Run call() in n threads released together; each thread's database connection is closed."""
+    import threading
+
+    from django.db import connection
+
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = call()
+        except Exception as exc:  # reported by the assertions below, with the thread's exception
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_submissions_create_one_batch_and_one_task(make_token: Any) -> None:
+    from rest_framework.test import APIClient
+
+    _token, raw = make_token("reviewer")
+    body = {"tasks": [{**ITEM, "external_id": "same-ext"}], "batch": "race-batch"}
+
+    def submit() -> Any:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+        response = client.post("/api/v1/tasks", body, format="json")
+        return response.status_code, response.json()
+
+    results = _concurrently(20, submit)
+    assert all(isinstance(r, tuple) for r in results), [r for r in results if not isinstance(r, tuple)]
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [200] * 19 + [201], results
+    assert Batch.objects.filter(name="race-batch").count() == 1 and Task.objects.count() == 1
+    task_ids = {data["tasks"][0]["id"] for _, data in results}
+    assert task_ids == {Task.objects.get().pk}
+    assert [data["tasks"][0]["created"] for _, data in results].count(True) == 1
+    assert AuditEvent.objects.filter(action="tasks.task_create").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_batch_create_returns_one_batch_to_everyone(make_user: Any) -> None:
+    from apps.tasks.services import BatchNameTaken, batch_create
+
+    user = make_user("reviewer")
+
+    def create() -> Any:
+        from django.db import transaction
+
+        with transaction.atomic():
+            return batch_create(name="shared", created_by=user, source_format="api", reuse=lambda b: True)
+
+    results = _concurrently(20, create)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert len({batch.pk for batch, _ in results}) == 1 and [c for _, c in results].count(True) == 1
+    assert Batch.objects.filter(name="shared").count() == 1
+
+    def refuse() -> Any:
+        from django.db import transaction
+
+        with transaction.atomic():
+            return batch_create(name="shared", created_by=user)
+
+    assert all(isinstance(r, BatchNameTaken) for r in _concurrently(4, refuse))
+
+
+def test_a_batch_name_someone_else_has_is_a_409(client_as: Any) -> None:
+    assert client_as("reviewer").post("/api/v1/tasks", {"tasks": [ITEM], "batch": "mine"}, format="json").status_code == 201
+    other = client_as("reviewer").post("/api/v1/tasks", {"tasks": [ITEM], "batch": "mine"}, format="json")
+    assert other.status_code == 409 and other.json()["error"]["code"] == "conflict"
+    assert "already exists" in other.json()["error"]["message"]
+    assert Batch.objects.count() == 1 and Task.objects.count() == 1
+
+
+def test_requests_without_a_batch_name_in_the_same_second_get_their_own_batches(
+    client_as: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime
+
+    from django.utils import timezone
+
+    frozen = timezone.now().replace(microsecond=0) + datetime.timedelta(microseconds=1)
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+    client = client_as("reviewer")
+    names = [client.post("/api/v1/tasks", {"tasks": [{**ITEM, "external_id": ""}]}, format="json").json()["batch"]["name"]
+             for _ in range(3)]
+    assert len(set(names)) == 3 and names[1] == f"{names[0]} (2)" and names[2] == f"{names[0]} (3)"
+
+
+def test_an_import_into_a_taken_batch_name_is_refused_and_writes_nothing(make_task: Any) -> None:
+    from apps.tasks.services import BatchNameTaken, batch_import
+
+    make_task(batch=Batch.objects.create(name="taken"))
+    with pytest.raises(BatchNameTaken):
+        batch_import(rows=[{"scene": "code_exec", "prompt": "p"}], name="taken", source_name="f.jsonl",
+                     source_sha256="", source_format="native", actor=None)
+    assert Batch.objects.count() == 1 and Task.objects.count() == 1
+
+
+def test_an_envscaler_upload_without_a_name_gets_a_free_generated_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.engines.envscaler import importer
+    from apps.tasks.services import BatchNameTaken
+
+    rows = [{"scene": "envscaler", "prompt": "book a slot", "scene_config": {"env_name": "clinic"}}]
+    monkeypatch.setattr(importer, "validate_inputs", lambda **kw: [dict(r) for r in rows])
+    names = [importer.envscaler_import(metadata=[], scenarios=[], actor=None).name for _ in range(2)]
+    assert names == ["envscaler: clinic", "envscaler: clinic (2)"]
+    with pytest.raises(BatchNameTaken):
+        importer.envscaler_import(metadata=[], scenarios=[], actor=None, batch_name="envscaler: clinic")

@@ -6,7 +6,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob
-from trajplatform.api import StrictSerializerMixin
+from trajplatform.api import INT64_MAX, LimitedJSONField, StrictSerializerMixin
 
 
 class DatasetSerializer(serializers.ModelSerializer):
@@ -53,8 +53,8 @@ class VersionDetailSerializer(VersionSerializer):
 
 
 class VersionCreateSerializer(StrictSerializerMixin, serializers.Serializer):
-    filter_spec = serializers.JSONField(help_text="the selection (see README 'Datasets'): scenes, outcome, min score, ...")
-    parent = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+    filter_spec = LimitedJSONField(help_text="the selection (see README 'Datasets'): scenes, outcome, min score, ...")
+    parent = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT64_MAX,
                                       help_text="number of the version this one derives from")
     notes = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
 

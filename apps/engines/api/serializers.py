@@ -1,12 +1,12 @@
 """Scene catalog and EnvScaler upload serializers."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rest_framework import serializers
 
-from trajplatform.api import StrictSerializerMixin
+from trajplatform import json_limits
+from trajplatform.api import LimitedJSONField, StrictSerializerMixin
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 
@@ -40,7 +40,7 @@ class JSONUploadField(serializers.FileField):
         if upload.size > MAX_UPLOAD_BYTES:
             raise serializers.ValidationError(f"the file is larger than {MAX_UPLOAD_BYTES // (1024 * 1024)} MB")
         try:
-            return json.loads(upload.read().decode("utf-8"))
+            return json_limits.loads(upload.read().decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise serializers.ValidationError(f"not a UTF-8 JSON document: {exc}") from None
 
@@ -50,8 +50,8 @@ class EnvScalerUploadSerializer(StrictSerializerMixin, serializers.Serializer):
 
     metadata_file = JSONUploadField(required=False, help_text="environments JSON (list or {envs: [...]})")
     scenarios_file = JSONUploadField(required=False, help_text="scenarios JSON (list or {tasks|scenarios: [...]})")
-    metadata = serializers.JSONField(required=False)
-    scenarios = serializers.JSONField(required=False)
+    metadata = LimitedJSONField(required=False)
+    scenarios = LimitedJSONField(required=False)
     batch = serializers.CharField(required=False, allow_blank=True, max_length=200)
     start = serializers.BooleanField(required=False, default=False, help_text="queue the tasks' first iteration now")
 

@@ -5,14 +5,14 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.views import APIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.engines.api import serializers as s
 from apps.engines.scenes import SCENES
-from trajplatform.api import ErrorSerializer
+from trajplatform.api import ErrorSerializer, LimitedJSONParser
 from trajplatform.skills import enabled_scene_ids, skill_for
 
 ERRORS = {400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 429: ErrorSerializer}
@@ -55,7 +55,7 @@ class EnvScalerUploadView(APIView):
 
     read_perms: tuple[str, ...] = ("tasks.add_task",)
     write_perms: tuple[str, ...] = ("tasks.add_task", "tasks.add_batch")
-    parser_classes = [MultiPartParser, FormParser, JSONParser]
+    parser_classes = [MultiPartParser, FormParser, LimitedJSONParser]
     serializer_class = s.EnvScalerUploadSerializer
 
     @extend_schema(request=s.EnvScalerUploadSerializer,

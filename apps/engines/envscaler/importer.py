@@ -339,15 +339,16 @@ def envscaler_import(*, metadata: Any, scenarios: Any, actor: Any, batch_name: s
     Raises EnvScalerImportError (with every per-item error) and writes nothing when anything is
     invalid. With dry_run the validated task rows are returned instead of a batch.
     """
-    from apps.tasks.services import batch_import
+    from apps.tasks.services import batch_free_name, batch_import
 
     rows = validate_inputs(metadata=metadata, scenarios=scenarios)
     if dry_run:
         return rows
     envs = sorted({row["scene_config"]["env_name"] for row in rows})
-    name = batch_name or f"envscaler: {', '.join(envs)}"
     digest = input_digest(metadata, scenarios)
     with transaction.atomic():
+        # A name given is the batch's (taken: BatchNameTaken); a generated one gets " (2)", ... if needed.
+        name = batch_name or batch_free_name(f"envscaler: {', '.join(envs)}")
         batch = batch_import(rows=rows, name=name, source_name=source_name or "envscaler upload",
                              source_sha256=digest, source_format="envscaler", actor=actor)
         audit_record("engines.envscaler_import", actor=actor, target=batch, data={

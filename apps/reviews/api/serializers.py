@@ -6,7 +6,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.reviews.models import Proposal, Review
-from trajplatform.api import RedactedOutputMixin, StrictSerializerMixin
+from trajplatform.api import INT64_MAX, BlankChoicesMixin, LimitedJSONField, RedactedOutputMixin, StrictSerializerMixin
 
 
 class ProposalSerializer(RedactedOutputMixin, serializers.ModelSerializer):
@@ -28,11 +28,11 @@ class ProposalSerializer(RedactedOutputMixin, serializers.ModelSerializer):
 
 class DecisionSerializer(StrictSerializerMixin, serializers.Serializer):
     decision = serializers.ChoiceField(choices=["approve", "reject", "choose"])
-    option = serializers.JSONField(required=False, allow_null=True, help_text="choose: an option's index or value")
+    option = LimitedJSONField(required=False, allow_null=True, help_text="choose: an option's index or value")
     comment = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
 
 
-class ReviewSerializer(RedactedOutputMixin, serializers.ModelSerializer):
+class ReviewSerializer(BlankChoicesMixin, RedactedOutputMixin, serializers.ModelSerializer):
     reviewer = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     scores = serializers.JSONField(read_only=True)
     checks = serializers.JSONField(read_only=True)
@@ -59,8 +59,8 @@ class VerdictSerializer(StrictSerializerMixin, serializers.Serializer):
 class PendingQuerySerializer(StrictSerializerMixin, serializers.Serializer):
     tier = serializers.ChoiceField(choices=[Proposal.Tier.YELLOW, Proposal.Tier.RED], required=False)
     scene = serializers.CharField(required=False, max_length=32)
-    batch = serializers.IntegerField(required=False, min_value=1)
-    task = serializers.IntegerField(required=False, min_value=1)
+    batch = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
+    task = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
     stale = serializers.BooleanField(required=False, default=False,
                                      help_text="only proposals waiting longer than REVIEW_STALE_PROPOSAL_HOURS")
     mine = serializers.BooleanField(required=False, default=False, help_text="only tiers the caller may decide")

@@ -15,17 +15,17 @@ from apps.reviews.api import serializers as s
 from apps.reviews.models import Proposal, Review
 from apps.tasks.api.views import ERRORS, ActionPermsMixin
 from apps.tasks.models import Trajectory
-from trajplatform.api import IdCursorPagination, get_object_or_404
+from trajplatform.api import IdCursorPagination, IdFilter, StrictFilterSet, get_object_or_404
 
 
 class OldestFirstPagination(IdCursorPagination):
     ordering = "id"
 
 
-class ProposalFilter(django_filters.FilterSet):
+class ProposalFilter(StrictFilterSet):
     status = django_filters.MultipleChoiceFilter(choices=Proposal.Status.choices)
     tier = django_filters.MultipleChoiceFilter(choices=Proposal.Tier.choices)
-    task = django_filters.NumberFilter(field_name="task_id")
+    task = IdFilter(field_name="task_id")
 
     class Meta:
         model = Proposal
@@ -78,8 +78,8 @@ class ProposalViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveMo
         return Response(s.ProposalSerializer(proposal).data)
 
 
-class ReviewFilter(django_filters.FilterSet):
-    trajectory = django_filters.NumberFilter(field_name="trajectory_id")
+class ReviewFilter(StrictFilterSet):
+    trajectory = IdFilter(field_name="trajectory_id")
     kind = django_filters.ChoiceFilter(choices=Review.Kind.choices)
     status = django_filters.ChoiceFilter(choices=Review.Status.choices)
     verdict = django_filters.ChoiceFilter(choices=Review.Verdict.choices)

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.tasks.models import Batch, Task, Trajectory
-from trajplatform.api import RedactedOutputMixin, StrictSerializerMixin
+from trajplatform.api import BlankChoicesMixin, RedactedOutputMixin, StrictSerializerMixin
 
 
 class BatchRefSerializer(serializers.ModelSerializer):
@@ -59,7 +59,7 @@ class TaskSerializer(RedactedOutputMixin, serializers.ModelSerializer):
         read_only_fields = TASK_FIELDS
 
 
-class TrajectorySummarySerializer(RedactedOutputMixin, serializers.ModelSerializer):
+class TrajectorySummarySerializer(BlankChoicesMixin, RedactedOutputMixin, serializers.ModelSerializer):
     class Meta:
         model = Trajectory
         fields = [
@@ -104,7 +104,8 @@ class TaskCreateSerializer(StrictSerializerMixin, serializers.Serializer):
     )
     batch = serializers.CharField(
         required=False, allow_blank=True, max_length=200,
-        help_text="batch name; your latest batch of this name is reused and external ids dedupe within it",
+        help_text="batch name (unique): your API batch of this name is reused (created if missing) and external "
+                  "ids dedupe within it; a name another batch has is a 409",
     )
     notes = serializers.CharField(required=False, allow_blank=True, max_length=2000)
 

@@ -14,7 +14,7 @@ from apps.engines.scenes import SCENE_CHOICES
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Batch, Task, Trajectory
-from trajplatform.api import ErrorSerializer, idempotent
+from trajplatform.api import ErrorSerializer, IdFilter, StrictFilterSet, idempotent
 
 ERRORS = {400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer,
           409: ErrorSerializer, 429: ErrorSerializer}
@@ -29,7 +29,7 @@ class ActionPermsMixin:
         return self.action_perms.get(getattr(self, "action", None) or "", ("__no_such_permission__",))
 
 
-class CreatedRangeFilterSet(django_filters.FilterSet):
+class CreatedRangeFilterSet(StrictFilterSet):
     """`created_after` (inclusive) and `created_before` (exclusive), ISO 8601 date-times."""
 
     created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
@@ -39,7 +39,7 @@ class CreatedRangeFilterSet(django_filters.FilterSet):
 class TaskFilter(CreatedRangeFilterSet):
     status = django_filters.MultipleChoiceFilter(choices=Task.Status.choices)
     scene = django_filters.MultipleChoiceFilter(choices=SCENE_CHOICES)
-    batch = django_filters.NumberFilter(field_name="batch_id")
+    batch = IdFilter(field_name="batch_id")
     external_id = django_filters.CharFilter()
 
     class Meta:
@@ -133,10 +133,10 @@ class BatchViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveModel
 class TrajectoryFilter(CreatedRangeFilterSet):
     status = django_filters.MultipleChoiceFilter(choices=Trajectory.Status.choices)
     outcome = django_filters.MultipleChoiceFilter(choices=Trajectory.Outcome.choices)
-    task = django_filters.NumberFilter(field_name="task_id")
-    batch = django_filters.NumberFilter(field_name="task__batch_id")
+    task = IdFilter(field_name="task_id")
+    batch = IdFilter(field_name="task__batch_id")
     scene = django_filters.MultipleChoiceFilter(field_name="task__scene", choices=SCENE_CHOICES)
-    iteration = django_filters.NumberFilter()
+    iteration = IdFilter(min_value=0)
     model = django_filters.CharFilter()
     min_reward = django_filters.NumberFilter(field_name="reward", lookup_expr="gte")
 

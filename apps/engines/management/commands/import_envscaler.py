@@ -15,6 +15,7 @@ from apps.engines.envscaler.importer import EnvScalerImportError, envscaler_impo
 from apps.tasks.management.commands.synthesize import Command as SynthesizeCommand
 from apps.tasks.management.commands.synthesize import quiet_loggers
 from apps.tasks.models import Batch
+from apps.tasks.services import BatchNameTaken
 
 RUN_OPTIONS = ("user", "once", "wait", "concurrency", "start_offline_model", "solutions")
 HELP = """\
@@ -102,6 +103,8 @@ class Command(SynthesizeCommand):
             for error in exc.errors:
                 self.stderr.write(str(error))
             raise CommandError(f"{len(exc.errors)} error(s); nothing was imported") from None
+        except BatchNameTaken as exc:
+            raise CommandError(f"--batch: {exc}; nothing was imported") from None
         if options["dry_run"]:
             envs = sorted({row["scene_config"]["env_name"] for row in result})
             self.stdout.write(f"valid: {len(envs)} environment(s), {len(result)} task(s); dry run, nothing written")
