@@ -386,7 +386,7 @@ def test_a_sandboxs_commands_share_one_network_that_nothing_else_reaches(
 
 def _one_turn_to_start(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One turn in local._STARTING, and a Popen that fails for a command with FAIL_START in its
-    env; returns [the most starts that were ever under way at once]."""
+    command line; returns [the most starts that were ever under way at once]."""
     monkeypatch.setattr(local, "_STARTING", threading.BoundedSemaphore(1))
     starting: list[int] = []
     most = [0]
@@ -396,7 +396,7 @@ def _one_turn_to_start(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         starting.append(1)
         most[0] = max(most[0], len(starting))
         try:
-            if "FAIL_START" in args[0]:  # the sandbox env travels as bwrap --setenv
+            if any("FAIL_START" in arg for arg in args[0]):
                 raise OSError(24, "Too many open files")
             time.sleep(0.01)  # widen the window in which a second start would overlap
             return real_popen(*args, **kwargs)
@@ -413,7 +413,7 @@ def test_commands_take_turns_to_start_and_a_failed_start_gives_its_turn_back(
     most = _one_turn_to_start(monkeypatch)
     with local_backend.create(SandboxSpec()) as sandbox:
         with pytest.raises(SandboxError, match="could not start a command.*Too many open files"):
-            sandbox.run("true", timeout=30, env={"FAIL_START": "1"})
+            sandbox.run("true FAIL_START", timeout=30)
         results: list[Any] = []
         threads = [
             threading.Thread(target=lambda i=i: results.append(sandbox.run(f"echo {i}", timeout=30)), daemon=True)
@@ -435,7 +435,7 @@ def test_aruns_take_turns_to_start_without_blocking_the_loop(local_backend: Any,
     try:
         async def main() -> tuple[list[Any], float]:
             with pytest.raises(SandboxError, match="could not start a command.*Too many open files"):
-                await sandboxes[0].arun("true", timeout=30, env={"FAIL_START": "1"})
+                await sandboxes[0].arun("true FAIL_START", timeout=30)
             # Held by the test: nobody may start, yet the loop must keep running.
             assert turn.acquire(timeout=5)
             release = threading.Timer(10, turn.release)  # never hang the test on a blocked loop

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 from django.conf import settings
 
-from apps.engines.sandboxes import SandboxError, SandboxSpec
+from apps.engines.sandboxes import SandboxError, SandboxSpec, bwrap
 from apps.engines.sandboxes import cgroups as sandbox_cgroups
 from apps.engines.sandboxes.local import LocalBackend
 from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
@@ -272,7 +272,10 @@ def test_a_process_a_command_leaves_behind_cannot_rewrite_the_verifiers_files_la
     hostile.write_file("check.py", b"assert False\n")
     result = hostile.run(
         ["python3", "-c", """
-import os, time
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+attached = libc.ptrace(16, 1, None, None)  # PTRACE_ATTACH to the sandbox's pid 1 (stops it if allowed)
+print("attach", attached, ctypes.get_errno(), flush=True)
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
@@ -285,7 +288,78 @@ print("left a writer behind", flush=True)
         timeout=30,
     )
     assert result.ok and "left a writer behind" in result.stdout, result
+    assert "attach -1 1\n" in result.stdout  # EPERM: the seccomp filter refuses ptrace (9b)
     assert hostile.run("cat /proc/1/cmdline | tr '\\0' ' '", timeout=30).stdout.startswith("/bin/sh -c")
     time.sleep(2.5)
     assert hostile.read_file("check.py") == b"assert False\n"
+    assert wait_for_no_sandbox_processes() == []
+
+
+def test_dev_holds_nothing_and_dev_shm_is_capped(hostile: Any) -> None:
+    # Issue 20, 9(c): /dev was a writable tmpfs without a size (only the memory cgroup bounded
+    # it). It is read-only now (its device nodes still work); /dev/shm is the capped place.
+    result = hostile.run(
+        "head -c 1048576 /dev/zero > /dev/stash && echo STORED-IN-DEV; mkdir /dev/d && echo MADE-DIR; "
+        # Files under the sandbox's 16 MiB file-size rlimit, until /dev/shm is full.
+        "i=0; while head -c 15728640 /dev/zero > /dev/shm/f$i; do i=$((i+1)); done; "
+        "echo shm full at $(cat /dev/shm/* | wc -c); rm -f /dev/shm/*; "
+        "echo x > /dev/null && head -c 4 /dev/urandom | wc -c",
+        timeout=60,
+    )
+    assert "STORED-IN-DEV" not in result.stdout and "MADE-DIR" not in result.stdout, result
+    assert "/dev/stash: Read-only file system" in result.stderr, result
+    assert f"shm full at {bwrap.SHM_BYTES}\n" in result.stdout and "No space left on device" in result.stderr, result
+    assert result.stdout.endswith("4\n")
+
+
+def _cmdlines_holding(secret: str) -> list[str]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if secret.encode() in cmdline and entry.name != str(os.getpid()):
+                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def test_env_values_never_appear_in_a_command_line(settings: Any, sandbox_root_dir: Path) -> None:
+    # Issue 20, 9(d): the spec's and each command's env travelled in bwrap's argv (--setenv),
+    # readable by any host user in ps or /proc/<pid>/cmdline. Now bwrap reads them from an fd.
+    spec_secret, command_secret = f"spec-{uuid.uuid4().hex}", f"cmd-{uuid.uuid4().hex}"
+    backend = LocalBackend(records=False)
+    with backend.create(SandboxSpec(env={"SPEC_TOKEN": spec_secret})) as sandbox:
+        seen: dict[str, list[str]] = {}
+
+        def on_output(stream: str, line: str) -> None:
+            if line == "running":  # the command is running: look at every process on the host
+                seen["cmdlines"] = _cmdlines_holding(spec_secret) + _cmdlines_holding(command_secret)
+                (sandbox.workspace / "go").write_text("")
+
+        result = sandbox.run('echo running; while [ ! -e go ]; do sleep 0.05; done; echo "$SPEC_TOKEN $CMD_TOKEN"',
+                             timeout=30, env={"CMD_TOKEN": command_secret}, on_output=on_output)
+        assert result.ok and result.stdout == f"running\n{spec_secret} {command_secret}\n", result
+        assert seen["cmdlines"] == []
+
+        command = sandbox.stdio_command(["sh", "-c", 'echo "$SPEC_TOKEN $CMD_TOKEN"; read line; echo "$line"'],
+                                        lifetime=30, env={"CMD_TOKEN": command_secret})
+        assert spec_secret not in " ".join(command.argv) and command_secret not in " ".join(command.argv)
+        assert spec_secret not in str(command.env) and command_secret not in str(command.env)
+        proc = subprocess.Popen(command.argv, env=command.env, cwd=command.cwd, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            first = proc.stdout.readline()
+            running = _cmdlines_holding(spec_secret) + _cmdlines_holding(command_secret)
+            out, err = proc.communicate(b"bye\n", timeout=30)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert first.decode() == f"{spec_secret} {command_secret}\n", err
+        assert out == b"bye\n" and running == []
+        # What the stdio command's files held is readable by root alone.
+        for path in sandbox.dir.glob("stdio-*"):
+            assert path.stat().st_mode & 0o777 == 0o600 and path.stat().st_uid == os.getuid()
     assert wait_for_no_sandbox_processes() == []

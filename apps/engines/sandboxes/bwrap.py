@@ -14,8 +14,12 @@ One command is, from the outside in:
             `enter_private_network`)
             --as-pid-1  (the monitor reaps pid 1 itself: no orphaned init, no zombie build-up)
             minimal read-only root: /usr and /etc bound read-only, /bin /lib /lib64 /sbin
-            symlinks, fresh /proc, /dev, size-capped tmpfs /tmp and /dev/shm, the workspace
-            bound read-write at /workspace, `/` remounted read-only; --clearenv
+            symlinks, fresh /proc, a fresh /dev remounted read-only (its device nodes still
+            work), size-capped tmpfs /tmp and /dev/shm, the workspace bound read-write at
+            /workspace, `/` remounted read-only; --clearenv
+            --args FD: the environment (--setenv pairs) read from a memfd, never in an argv
+                that any host user can read in /proc/<pid>/cmdline
+            --seccomp FD: the filter of seccomp.py, applied last, right before the exec
             --info-fd: tells us the sandbox's pid 1, which is what we kill on timeout
         /bin/sh -c 'ulimit -t -v -f -n -p -c ...; <command>'   (pid 1 of the sandbox: sets
             the rlimits with builtins inside the new user namespace, where RLIMIT_NPROC counts
@@ -55,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apps.engines.sandboxes import seccomp
 from apps.engines.sandboxes.base import WORKDIR, OutputCollector, logger
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -114,15 +119,24 @@ def probe_host() -> HostSupport:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return HostSupport(isolated=False, reason=f"cannot run {bwrap}: {exc}", **base)
     options = frozenset(re.findall(r"^\s+(--[a-z0-9-]+)", help_text, re.M))
-    missing = {"--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--info-fd"} - options
+    missing = {"--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--info-fd", "--args",
+               "--seccomp"} - options
     if missing:
         return HostSupport(isolated=False, reason=f"{bwrap} is too old (lacks {', '.join(sorted(missing))})", **base)
+    if not seccomp.supported():
+        return HostSupport(isolated=False, reason=f"no seccomp filter for {platform.machine()} (x86_64, aarch64)",
+                           **base)
     host = HostSupport(isolated=True, bwrap_options=options, **base)
-    argv = wrap_argv(host, workspace=None, cwd="/", env={}) + ["/bin/true"]
+    fds = command_fds({})
+    argv = wrap_argv(host, workspace=None, cwd="/", fds=fds) + ["/bin/true"]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/", env={"PATH": HOST_PATH})
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/", env={"PATH": HOST_PATH},
+                              pass_fds=fds)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return HostSupport(isolated=False, reason=f"bubblewrap probe failed: {exc}", **base)
+    finally:
+        for fd in fds:
+            os.close(fd)
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
         return HostSupport(
@@ -266,12 +280,42 @@ class RunLimits:
         )
 
 
+def data_fd(data: bytes) -> int:
+    """A memfd holding `data`, read from its start; close-on-exec (Popen's pass_fds hands it on)."""
+    fd = os.memfd_create("trajplatform-sandbox", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def setenv_args(env: dict[str, str]) -> bytes:
+    """`env` as the NUL-separated bwrap arguments `--args FD` reads (names and values hold no NUL)."""
+    return b"".join(b"--setenv\0%s\0%s\0" % (key.encode(), value.encode()) for key, value in env.items())
+
+
+def command_fds(env: dict[str, str]) -> tuple[int, int]:
+    """The two fds a sandbox command's bwrap reads (`wrap_argv`'s `fds`): its environment for
+    --args, the seccomp filter for --seccomp. The caller passes them on and closes them."""
+    env_fd = data_fd(setenv_args(env))
+    try:
+        return env_fd, data_fd(seccomp.program())
+    except BaseException:
+        os.close(env_fd)
+        raise
+
+
 def wrap_argv(
     host: HostSupport,
     *,
     workspace: str | None,
     cwd: str,
-    env: dict[str, str],
+    fds: tuple[int, int] | None = None,
     info_fd: int | None = None,
     cgroup_procs: list[str] | None = None,
     tmp_bytes: int = 64 << 20,
@@ -280,6 +324,8 @@ def wrap_argv(
 ) -> list[str]:
     """Everything before the sandbox's shell: cgroup join, privilege drop, bwrap (if isolated).
 
+    `fds` (isolated only, required there): the command's environment and seccomp filter, as
+    `command_fds` makes them, open in the process that runs this argv.
     `ro_binds` are (host path, sandbox path) pairs bound read-only (a runtime profile's extras,
     such as the platform's Python packages). `from_spawner`: started from a thread that ran
     `prepare_spawner_thread`, so it already did what setpriv does (no setpriv) and is in the
@@ -309,14 +355,18 @@ def wrap_argv(
             argv += ["--symlink", "usr/lib64", "/lib64"]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += (["--size", str(SHM_BYTES)] if sized else []) + ["--tmpfs", "/dev/shm"]
+        # /dev itself is a tmpfs without a size: read-only, nothing can be stored there (writes
+        # to its device nodes are not stores, and still work); /dev/shm is the sized place.
+        argv += ["--remount-ro", "/dev"]
         argv += (["--size", str(tmp_bytes)] if sized else []) + ["--tmpfs", "/tmp"]
         if workspace is None:
             argv += ["--tmpfs", WORKDIR]
         else:
             argv += ["--bind", workspace, WORKDIR]
-        argv += ["--remount-ro", "/", "--chdir", cwd, "--clearenv"]
-        for key, value in env.items():
-            argv += ["--setenv", key, value]
+        if fds is None:
+            raise ValueError("an isolated command needs its environment and seccomp fds (command_fds)")
+        env_fd, seccomp_fd = fds
+        argv += ["--remount-ro", "/", "--chdir", cwd, "--clearenv", "--args", str(env_fd), "--seccomp", str(seccomp_fd)]
         if info_fd is not None:
             argv += ["--info-fd", str(info_fd)]
         argv.append("--")

@@ -37,7 +37,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.engines.sandboxes import bwrap, cgroups
+from apps.engines.sandboxes import bwrap, cgroups, seccomp
 from apps.engines.sandboxes.pump import CommandPipes, pump_in_thread
 from apps.engines.sandboxes.base import (
     PLATFORM_PYTHON_PATH,
@@ -85,6 +85,9 @@ DRAIN_AFTER_KILL = 5.0
 # waiting for the others (measured: fewer at once, each done sooner). Running is not limited.
 _STARTING = threading.BoundedSemaphore(max(2, 2 * (os.cpu_count() or 1)))
 EXIT_NOT_FOUND = 44
+# A stdio command's first process: opens its environment and seccomp files as fds 3 and 4,
+# which its bwrap reads (see `_stdio_command`), then execs the rest of its argv.
+_OPEN_FDS_SCRIPT = f'exec 3<"$1" 4<"$2" || exit {JOIN_FAILED_EXIT}; shift 2; exec "$@"'
 EXIT_IS_DIR = 45
 
 
@@ -96,8 +99,9 @@ def _now() -> datetime:
 class _Launch:
     """One command ready to start in a fresh bubblewrap (`LocalSandbox._launch`, `_execute`).
 
-    `info_r`/`info_w`: bwrap's --info-fd pipe (-1 unisolated); `info_w` goes to bwrap and is
-    closed once it started, `info_r` becomes the Running's. `threaded`: started from the
+    `fds`: what bwrap reads (its --info-fd pipe's write end, the environment and seccomp
+    memfds; none unisolated), passed to it and closed here once it started; `info_r`: the info
+    pipe's read end (-1 unisolated), which becomes the Running's. `threaded`: started from the
     sandbox's CgroupThread (born in its cgroups) rather than by a shell that joins them.
     `oom_before`: the memory cgroup's OOM kills so far (None without cgroups).
     """
@@ -106,8 +110,8 @@ class _Launch:
     env: dict[str, str]
     cwd: str
     stdin: bool
+    fds: tuple[int, ...] = ()
     info_r: int = -1
-    info_w: int = -1
     use_cgroup: bool = False
     threaded: bool = False
     oom_before: int | None = None
@@ -126,18 +130,18 @@ class _Launch:
                 cwd=self.cwd,
                 env=self.env,
                 start_new_session=True,
-                pass_fds=(self.info_w,) if self.info_w >= 0 else (),
+                pass_fds=self.fds,
             )
         return proc, started
 
     def spawned(self) -> None:
-        """It started: bwrap has its copy of the info pipe's write end; ours goes."""
-        if self.info_w >= 0:
-            os.close(self.info_w)
-            self.info_w = -1
+        """It started: bwrap has its copies of `fds`; ours go."""
+        fds, self.fds = self.fds, ()
+        for fd in fds:
+            os.close(fd)
 
     def close(self) -> None:
-        """It never started: close both ends of the info pipe."""
+        """It never started: close `fds` and the info pipe's read end."""
         self.spawned()
         if self.info_r >= 0:
             os.close(self.info_r)
@@ -302,19 +306,25 @@ class LocalSandbox(Sandbox):
             popen_cwd = self._host_cwd(cwd)
             if not os.path.isdir(popen_cwd):
                 return Outcome(exit_code=1, timed_out=False, duration_ms=0, note=f"cwd {cwd} does not exist")
-            return _Launch(argv=wrap_argv(host, workspace=None, cwd=cwd, env={}) + shell_argv(command, limits),
+            return _Launch(argv=wrap_argv(host, workspace=None, cwd=cwd) + shell_argv(command, limits),
                            env={"PATH": SANDBOX_PATH, **self._env(env)}, cwd=popen_cwd, stdin=stdin)
         # join: a root shell joins the cgroups first. Started from the sandbox's CgroupThread,
         # which may have dropped privileges itself: then no setpriv, and its network is ready.
         procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if use_cgroup and not threaded else None
         dropped = threaded and self._cgroup_thread().prepare is not None
-        info_r, info_w = os.pipe()
+        fds = bwrap.command_fds(self._env(env))
+        try:
+            info_r, info_w = os.pipe()
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
         os.set_blocking(info_r, False)  # read on demand (Running.read_info)
-        argv = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), info_fd=info_w,
+        argv = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, fds=fds, info_fd=info_w,
                          cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds(),
                          from_spawner=dropped)
         return _Launch(argv=argv + shell_argv(command, limits), env={"PATH": HOST_PATH, "LANG": "C.UTF-8"}, cwd="/",
-                       stdin=stdin, info_r=info_r, info_w=info_w, use_cgroup=use_cgroup, threaded=threaded,
+                       stdin=stdin, fds=(*fds, info_w), info_r=info_r, use_cgroup=use_cgroup, threaded=threaded,
                        oom_before=self.cgroup.oom_kills() if use_cgroup else None)
 
     def _cgroup_thread_failed(self, exc: cgroups.CgroupJoinError) -> None:
@@ -353,16 +363,24 @@ class LocalSandbox(Sandbox):
         # The same chain as `_execute` (cgroup join, nobody, bwrap, the limits shell), started by
         # the caller's process API: the process joins the cgroups itself (no spawner thread),
         # dies with its parent (--die-with-parent) and is killed by destroy (cgroup or workspace).
+        # That API cannot pass fds: the environment and the seccomp filter go into root-only
+        # files of the sandbox's directory, which a first shell opens as fds 3 and 4 for bwrap.
         self._check_alive()
         host = self.backend.host()
         limits = self._limits(lifetime)
         if self.isolated:
             procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if self.cgroup.paths else None
-            head = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, env=self._env(env), cgroup_procs=procs,
+            files = []
+            for suffix, data in (("env", bwrap.setenv_args(self._env(env))), ("seccomp", seccomp.program())):
+                path = self.dir / f"stdio-{secrets.token_hex(8)}.{suffix}"
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
+                    fh.write(data)
+                files.append(str(path))
+            head = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, fds=(3, 4), cgroup_procs=procs,
                              tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds())
-            return StdioCommand(argv=head + shell_argv(argv, limits), env={"PATH": HOST_PATH, "LANG": "C.UTF-8"},
-                                cwd="/")
-        head = wrap_argv(host, workspace=None, cwd=cwd, env={})
+            return StdioCommand(argv=["/bin/sh", "-c", _OPEN_FDS_SCRIPT, "fds", *files] + head + shell_argv(argv, limits),
+                                env={"PATH": HOST_PATH, "LANG": "C.UTF-8"}, cwd="/")
+        head = wrap_argv(host, workspace=None, cwd=cwd)
         return StdioCommand(argv=head + shell_argv(argv, limits), env={"PATH": SANDBOX_PATH, **self._env(env)},
                             cwd=self._host_cwd(cwd))
 
