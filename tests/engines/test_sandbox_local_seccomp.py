@@ -131,3 +131,16 @@ print(" ".join(out))
         files = sandbox.run("echo data > f && cat f && ls /usr/bin/python3 && python3 -m pytest --version", timeout=60)
     assert result.ok and result.stdout == "thread child fork 7 pool 6 ping mapped signal\n", result
     assert files.ok and files.stdout.startswith("data\n/usr/bin/python3\n"), files
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the x32 ABI exists on x86_64 only")
+def test_a_system_call_of_another_abi_kills_the_process(local_backend: Any) -> None:
+    # The filter's numbers are the 64-bit ABI's: an x32 call (its bit set in the number) would
+    # otherwise reach the kernel unchecked where x32 is enabled. getpid, as x32.
+    probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+             "print('returned', libc.syscall(ctypes.c_long(0x40000000 | 39)), flush=True)")
+    with local_backend.create(SandboxSpec()) as sandbox:
+        result = sandbox.run(["python3", "-c", probe], timeout=30)
+        after = sandbox.run("echo alive", timeout=30)
+    assert result.exit_code == 128 + 31 and "returned" not in result.stdout, result  # SIGSYS
+    assert after.ok and after.stdout == "alive\n"
