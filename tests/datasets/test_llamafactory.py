@@ -13,7 +13,6 @@ encodes any text, so the decoded input is the template's rendering of our rows.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,13 @@ from typing import Any
 import pytest
 
 from apps.datasets.exporters import export_records, load_records
+from tests.datasets.consumer_data import byte_tokenizer
 from tests.datasets.exporter_data import TOOLS, call, failing_episode, make_trajectory, rich_episode, step
 
 pytestmark = pytest.mark.django_db
 
 LLAMAFACTORY_SITE = Path(sys.prefix) / "llamafactory"
 TEMPLATES = ("qwen", "llama3", "qwen3", "deepseekr1")
-SPECIAL = ["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
-           "<|eot_id|>", "<|eom_id|>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"]
 
 
 @pytest.fixture(scope="module")
@@ -53,21 +51,6 @@ def llamafactory(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield {"get_dataset": get_dataset, "get_template": get_template_and_fix_tokenizer,
                "DataArguments": DataArguments, "ModelArguments": ModelArguments,
                "TrainingArguments": Seq2SeqTrainingArguments, "IGNORE_INDEX": IGNORE_INDEX}
-
-
-def byte_tokenizer(path: Path) -> Any:
-    """A tokenizer with one token per byte (no merges) and the templates' special tokens, saved to path."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        pad_token="<pad>", additional_special_tokens=SPECIAL[3:])
-    tokenizer.save_pretrained(path)
-    return PreTrainedTokenizerFast.from_pretrained(path)
 
 
 def export_file(fmt: str, ids: list[int], directory: Path) -> Any:
