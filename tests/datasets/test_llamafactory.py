@@ -83,7 +83,7 @@ def trained_text(lf: Any, example: dict[str, Any], tokenizer: Any) -> str:
 
 
 def thoughtful_episode(prefix: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Text beside a call that spans lines and mentions the thought tags; a tool without parameters."""
+    """Text beside a call that spans lines and mentions the thought tags; a call without arguments."""
     c1 = call(f"{prefix}t_1", "run_shell", command="cat notes.md")
     c2 = call(f"{prefix}t_2", "list_env")
     messages = [
@@ -102,8 +102,14 @@ def thoughtful_episode(prefix: str = "") -> tuple[list[dict[str, Any]], list[dic
 
 @pytest.fixture
 def ids(make_task: Any) -> list[int]:
+    """Three trajectories; the third task's tools include one with enum and array parameters and
+    one without parameters (what LLaMA-Factory's default tool format reads)."""
     task = make_task(prompt="Écris primes.py ✓")
-    tools = TOOLS + [{"type": "function", "function": {"name": "list_env", "description": "List variables."}}]
+    tools = TOOLS + [{"type": "function", "function": {"name": "list_env", "description": "List variables.",
+                                                        "parameters": {"type": "object", "properties": {
+                                                            "scope": {"type": "string", "enum": ["user", "all"]},
+                                                            "names": {"type": "array", "items": {"type": "string"}}}}}},
+                     {"type": "function", "function": {"name": "ping"}}]
     return [make_trajectory(task).pk,
             make_trajectory(task, episode=failing_episode, sample_index=1, outcome="failure", reward=0.0).pk,
             make_trajectory(make_task(prompt="Summarise notes.md."), episode=thoughtful_episode, tools=tools).pk]

@@ -398,6 +398,8 @@ def validate_sharegpt(obj: Any) -> list[str]:
             if not isinstance(params, dict) or not isinstance(params.get("properties"), dict):
                 problems.append(f"line.tools[{i}].parameters: must be an object schema with properties "
                                 "(LLaMA-Factory's default tool format reads them)")
+                continue
+            problems += _default_tool_format_problems(f"line.tools[{i}].parameters.properties", params["properties"])
     if "system" in obj and not isinstance(obj["system"], str):
         problems.append("line.system: must be a string")
     turns = obj.get("conversations")
@@ -424,6 +426,23 @@ def validate_sharegpt(obj: Any) -> list[str]:
             nxt = turns[i + 1] if i + 1 < len(turns) else None
             if nxt is not None and (not isinstance(nxt, dict) or nxt.get("from") != "observation"):
                 problems.append(f"{at}: a function_call must be followed by its observation")
+    return problems
+
+
+def _default_tool_format_problems(where: str, properties: dict[str, Any]) -> list[str]:
+    """What LLaMA-Factory's default tool format (DefaultToolUtils.tool_formatter: deepseekr1 and
+    other templates) cannot describe: it reads each property as an object, joins `enum` as text
+    and reads the `type` of `items`; anything else aborts the whole load."""
+    problems = []
+    for name, prop in properties.items():
+        if not isinstance(prop, dict):
+            problems.append(f"{where}.{name}: must be an object schema")
+            continue
+        enum, items = prop.get("enum"), prop.get("items")
+        if enum and (not isinstance(enum, list) or not all(isinstance(v, str) for v in enum)):
+            problems.append(f"{where}.{name}.enum: LLaMA-Factory's default tool format needs a list of strings")
+        if items and not isinstance(items, dict):
+            problems.append(f"{where}.{name}.items: LLaMA-Factory's default tool format needs one object schema")
     return problems
 
 
