@@ -15,6 +15,7 @@ from trajplatform.api_models import ApiToken, api_token_create, api_token_revoke
 from trajplatform.webhooks import (
     EVENTS, WebhookDelivery, WebhookEndpoint, webhook_endpoint_create, webhook_redeliver,
 )
+from trajplatform.webhooks import WebhookTargetError, check_target
 
 
 def _sees_everyone(request: HttpRequest, model: Any) -> bool:
@@ -86,6 +87,12 @@ class WebhookEndpointForm(forms.ModelForm):
         model = WebhookEndpoint
         fields = ["owner", "token", "url", "events", "active"]
 
+    def clean_url(self) -> str:
+        try:
+            return check_target(self.cleaned_data["url"])  # public addresses only, as in the API
+        except WebhookTargetError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
@@ -135,6 +142,12 @@ class WebhookDeliveryAdmin(ViewOnlyMixin, ReadableJSONMixin, admin.ModelAdmin):
         "uuid", "event", "endpoint", "url", "status", "attempts", "max_attempts", "next_attempt_at",
         "delivered_at", "last_status_code", "last_error", "created_at", "attempt_log", "body_pretty",
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # A delivery's body and the receiver's reply belong to the endpoint's owner; admins see
+        # all (the global WEBHOOK_URL's deliveries have no owner: admins only).
+        qs = super().get_queryset(request)
+        return qs if _sees_everyone(request, WebhookDelivery) else qs.filter(endpoint__owner=request.user)
 
     @admin.display(description="body")
     def body_pretty(self, obj: WebhookDelivery) -> SafeString:

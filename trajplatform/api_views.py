@@ -12,7 +12,9 @@ from rest_framework.response import Response
 from trajplatform.api import ErrorSerializer, StrictSerializerMixin
 from trajplatform.api_models import ApiToken
 from trajplatform.permissions import highest_role
-from trajplatform.webhooks import EVENTS, WebhookEndpoint, webhook_endpoint_create, webhook_endpoint_delete
+from trajplatform.webhooks import (
+    EVENTS, WebhookEndpoint, WebhookTargetError, webhook_endpoint_create, webhook_endpoint_delete,
+)
 
 ERRORS = {400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 429: ErrorSerializer}
 
@@ -81,9 +83,12 @@ class WebhookEndpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, m
         token = request.auth if isinstance(request.auth, ApiToken) else None
         if token is None:
             raise exceptions.PermissionDenied("webhook endpoints belong to an API token: call this with one")
-        endpoint = webhook_endpoint_create(
-            owner=request.user, token=token, url=body.validated_data["url"], events=body.validated_data["events"]
-        )
+        try:
+            endpoint = webhook_endpoint_create(
+                owner=request.user, token=token, url=body.validated_data["url"], events=body.validated_data["events"]
+            )
+        except WebhookTargetError as exc:  # resolves to an internal address, or not at all
+            raise serializers.ValidationError({"url": [str(exc)]}) from None
         return Response(WebhookEndpointCreatedSerializer(endpoint).data, status=201)
 
     @extend_schema(responses={204: None, **ERRORS})

@@ -370,6 +370,8 @@ WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 10.0)
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 6)
 WEBHOOK_BACKOFF_S = env_float("WEBHOOK_BACKOFF_S", 10.0)
 WEBHOOK_BACKOFF_MAX_S = env_float("WEBHOOK_BACKOFF_MAX_S", 3600.0)
+# Registered callback URLs may resolve to loopback/private/link-local addresses (off: public only).
+WEBHOOKS_ALLOW_PRIVATE_TARGETS = env_bool("WEBHOOKS_ALLOW_PRIVATE_TARGETS", False)
 if WEBHOOK_URL and not WEBHOOK_SECRET:
     raise ImproperlyConfigured("WEBHOOK_URL is set but WEBHOOK_SECRET is empty: deliveries must be signed")
 HEALTH_LLM_TIMEOUT_S = env_float("HEALTH_LLM_TIMEOUT_S", 2.0)

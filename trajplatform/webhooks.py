@@ -17,6 +17,19 @@ Wire format (every attempt sends the same bytes):
 
     {"id": "<delivery uuid>", "event": "task.finished", "created_at": "...", "data": {...}}
 
+Targets (SSRF): a callback URL registered for a token must be http(s) and its host must resolve
+only to public addresses: loopback, private (RFC 1918, unique-local), link-local, multicast,
+reserved, unspecified, shared (100.64/10) addresses and cloud metadata services (169.254.169.254,
+fd00:ec2::254, 100.100.100.200, ...) are refused, also inside IPv4-mapped, 6to4, Teredo and NAT64
+IPv6 addresses. The name is resolved and every address checked when the endpoint is registered
+(`check_target`: a 400 in the API, a form error in the console) and again at every delivery;
+the delivery then connects to the address it checked (the URL's host stays in the Host header
+and in TLS SNI and certificate checks), so a name that re-resolves to an internal address
+between the check and the connection (DNS rebinding) reaches nothing. A delivery refused this
+way fails at once without sending anything. WEBHOOKS_ALLOW_PRIVATE_TARGETS=1 allows private
+targets (a receiver on the same host or network; the test suite's loopback receiver). The
+global WEBHOOK_URL is operator configuration and is not checked.
+
 A 2xx answer completes the delivery. Anything else (non-2xx, timeout, connection error) is
 recorded as an attempt and retried after WEBHOOK_BACKOFF_S * 2**(attempt-1) seconds (capped
 at WEBHOOK_BACKOFF_MAX_S) until WEBHOOK_MAX_ATTEMPTS attempts, then the delivery fails. Jobs
@@ -27,9 +40,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import secrets
+import socket
 import time
 import uuid
 from datetime import timedelta
@@ -60,6 +75,102 @@ RESPONSE_EXCERPT = 500
 
 def _new_secret() -> str:
     return secrets.token_urlsafe(32)
+
+
+# --- targets: no internal services ---------------------------------------------------------------
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean ...
+    "169.254.170.2",  # AWS ECS task metadata
+    "fd00:ec2::254",  # AWS over IPv6
+    "100.100.100.200",  # Alibaba Cloud
+))
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_getaddrinfo = socket.getaddrinfo  # one name for the tests to script DNS answers through
+
+
+class WebhookTargetError(ValueError):
+    """A callback URL the platform does not send to (the message says why)."""
+
+
+class WebhookTargetUnresolved(WebhookTargetError):
+    """The URL's host does not resolve (now): refused at registration, retried at delivery."""
+
+
+def _address_problem(ip: IPAddress) -> str | None:
+    """Why deliveries may not go to this address, or None for a public one."""
+    if ip in METADATA_ADDRESSES:
+        return "a cloud metadata service"
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None and (problem := _address_problem(embedded)):
+            return f"{problem} (inside {ip})"
+    for attribute, label in (
+        ("is_loopback", "a loopback address"), ("is_unspecified", "the unspecified address"),
+        ("is_link_local", "a link-local address"), ("is_multicast", "a multicast address"),
+        ("is_private", "a private address"), ("is_reserved", "a reserved address"),
+    ):
+        if getattr(ip, attribute):
+            return label
+    if not ip.is_global:
+        return "not a public address"
+    return None
+
+
+def _split(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL, or WebhookTargetError."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise WebhookTargetError(f"not a valid URL: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise WebhookTargetError("must be an http(s) URL")
+    if not parts.hostname:
+        raise WebhookTargetError("has no host")
+    return scheme, parts.hostname, port or (443 if scheme == "https" else 80)
+
+
+def resolve_target(url: str, *, allow_private: bool | None = None) -> list[IPAddress]:
+    """The addresses the URL's host resolves to, every one checked (see the module docstring).
+
+    Raises WebhookTargetError when the URL is not http(s), the name does not resolve, or any
+    address is internal and private targets are not allowed (WEBHOOKS_ALLOW_PRIVATE_TARGETS).
+    """
+    _scheme, host, port = _split(url)
+    try:
+        infos = _getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise WebhookTargetUnresolved(f"its host {host!r} does not resolve ({exc})") from None
+    addresses: list[IPAddress] = []
+    for _family, _type, _proto, _canon, sockaddr in infos:
+        ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])  # without an IPv6 zone index
+        if ip not in addresses:
+            addresses.append(ip)
+    if not addresses:
+        raise WebhookTargetUnresolved(f"its host {host!r} does not resolve")
+    if allow_private is None:
+        allow_private = settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS
+    if not allow_private:
+        for ip in addresses:
+            if problem := _address_problem(ip):
+                raise WebhookTargetError(
+                    f"its host {host!r} resolves to {ip}, {problem}: webhooks go to public addresses only "
+                    "(WEBHOOKS_ALLOW_PRIVATE_TARGETS=1 allows private ones)"
+                )
+    return addresses
+
+
+def check_target(url: str) -> str:
+    """`url` if deliveries may go there (resolved and checked now), else WebhookTargetError."""
+    resolve_target(url)
+    return url
 
 
 class WebhookEndpoint(models.Model):
@@ -129,9 +240,12 @@ class WebhookDelivery(models.Model):
 def webhook_endpoint_create(
     *, owner: Any, token: Any, url: str, events: list[str], active: bool = True, actor: Any = None
 ) -> WebhookEndpoint:
-    """Register a callback URL for the caller's token (one transaction, one audit row)."""
+    """Register a callback URL for the caller's token (one transaction, one audit row).
+
+    Raises WebhookTargetError for a URL deliveries may not go to (`resolve_target`)."""
     from trajplatform.audit import audit_record
 
+    check_target(url)  # DNS before the transaction: it may take seconds
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.create(
             owner=owner, token=token, url=url, events=sorted(set(events)), active=active
@@ -238,8 +352,38 @@ def _secret_for(delivery: WebhookDelivery) -> str | None:
     return endpoint.secret
 
 
+def _send_pinned(url: str, *, content: bytes, headers: dict[str, str], check: bool) -> Any:
+    """POST to `url`, connecting only to an address `resolve_target` just checked (check=False:
+    the operator's WEBHOOK_URL, resolved but not checked). The URL's host stays in the Host
+    header, TLS SNI and certificate check, so nothing re-resolves the name after the check."""
+    import httpx
+
+    try:
+        addresses = resolve_target(url, allow_private=None if check else True)
+    except WebhookTargetUnresolved as exc:
+        raise httpx.ConnectError(str(exc)) from None  # DNS may answer next time: a failed attempt
+    target = httpx.URL(url)
+    host_header = target.netloc.decode("ascii")
+    extensions = {"sni_hostname": target.raw_host.decode("ascii")} if target.scheme == "https" else {}
+    error: httpx.HTTPError | None = None
+    with httpx.Client(timeout=settings.WEBHOOK_TIMEOUT_S, follow_redirects=False) as client:
+        for ip in addresses:  # each one checked; the next only if this one refuses the connection
+            request = client.build_request(
+                "POST", target.copy_with(host=str(ip)), content=content, headers={**headers, "Host": host_header},
+                extensions=extensions,
+            )
+            try:
+                return client.send(request)
+            except httpx.ConnectError as exc:
+                error = exc
+    assert error is not None
+    raise error
+
+
 def _post(delivery: WebhookDelivery, secret: str, attempt: int) -> tuple[int | None, str, str]:
-    """Send one attempt; (status code or None, error text, response excerpt)."""
+    """Send one attempt; (status code or None, error text, response excerpt). Raises
+    WebhookTargetError when the target resolves to an address deliveries may not go to (nothing
+    is sent)."""
     import httpx
 
     body = delivery.body.encode("utf-8")
@@ -253,9 +397,7 @@ def _post(delivery: WebhookDelivery, secret: str, attempt: int) -> tuple[int | N
         SIGNATURE_HEADER: sign(secret, body),
     }
     try:
-        response = httpx.post(
-            delivery.url, content=body, headers=headers, timeout=settings.WEBHOOK_TIMEOUT_S, follow_redirects=False
-        )
+        response = _send_pinned(delivery.url, content=body, headers=headers, check=delivery.endpoint_id is not None)
     except httpx.HTTPError as exc:
         return None, redact(f"{type(exc).__name__}: {exc}")[:1000], ""
     excerpt = redact(response.text[:RESPONSE_EXCERPT])
@@ -281,8 +423,12 @@ def webhook_deliver(delivery_id: int) -> str:
         code, error, excerpt = None, "endpoint disabled, its token revoked or WEBHOOK_SECRET unset: not sent", ""
         give_up = True
     else:
-        code, error, excerpt = _post(delivery, secret, attempt)
-        give_up = False
+        try:
+            code, error, excerpt = _post(delivery, secret, attempt)
+            give_up = False
+        except WebhookTargetError as exc:  # an internal address now (DNS rebinding): never retried
+            code, error, excerpt = None, redact(f"refused, not sent: {exc}")[:1000], ""
+            give_up = True
     finished = timezone.now()
     entry = {
         "attempt": attempt, "at": finished.isoformat(), "status_code": code, "error": error,

@@ -62,10 +62,11 @@ def test_envscaler_errors_are_listed_per_item_and_nothing_is_written(client_as: 
 
 
 def test_webhook_endpoints_are_registered_per_token_and_signed_with_their_secret(
-    client_as: Any, receiver: Any, monkeypatch: pytest.MonkeyPatch
+    client_as: Any, receiver: Any, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     from trajplatform import webhooks
 
+    settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS = True  # the loopback receiver
     monkeypatch.setattr(webhooks, "enqueue_deliveries", lambda ids: None)
     client = client_as("viewer")
     created = client.post("/api/v1/webhooks", {"url": receiver.url + "/cb", "events": ["export.ready"]}, format="json")

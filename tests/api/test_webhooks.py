@@ -16,6 +16,12 @@ from trajplatform.webhooks import WebhookDelivery, WebhookEndpoint, sign, verify
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def allow_private_targets(settings: Any) -> None:
+    """The loopback receiver is a private target: allowed here, refused by default (see below)."""
+    settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS = True
+
+
 @pytest.fixture
 def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
@@ -263,3 +269,169 @@ def test_cancelling_a_task_sends_task_finished(endpoint: WebhookEndpoint, enqueu
     assert delivery.event == "task.finished" and enqueued == [delivery.pk]
     assert json.loads(delivery.body)["data"] == {"task": task.pk, "status": "cancelled", "iteration": 0,
                                                  "reason": "wrong prompt"}
+
+
+# -- targets: no internal services (SSRF) -----------------------------------------------------------
+
+PUBLIC_IP = "93.184.215.14"
+
+
+@pytest.fixture
+def dns(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Scripted DNS for names under .example.test: dns[name] = [ip, ...] or a callable giving them;
+    dns["calls"] counts lookups of scripted names. Other names resolve for real (localhost)."""
+    import socket
+
+    answers: dict[str, Any] = {"calls": 0}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if not host.endswith(".example.test"):
+            return real(host, port, *args, **kwargs)
+        answers["calls"] += 1
+        ips = answers.get(host)
+        ips = ips() if callable(ips) else ips
+        if not ips:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+                for ip in ips]
+
+    monkeypatch.setattr(webhooks, "_getaddrinfo", getaddrinfo)
+    return answers
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://127.0.0.1:8080/hook", "loopback"),
+    ("http://localhost/hook", "loopback"),
+    ("http://[::1]:9/hook", "loopback"),
+    ("http://10.1.2.3/hook", "private"),
+    ("http://192.168.0.10/hook", "private"),
+    ("http://169.254.169.254/latest/meta-data/", "metadata"),
+    ("http://[fd00:ec2::254]/latest/meta-data/", "metadata"),
+    ("http://100.100.100.200/", "metadata"),
+    ("http://[::ffff:127.0.0.1]/hook", "loopback"),
+    ("http://[64:ff9b::a00:1]/hook", "private"),  # NAT64 of 10.0.0.1
+    ("http://0.0.0.0/hook", "unspecified"),
+    ("http://224.0.0.1/hook", "multicast"),
+    ("http://100.64.0.1/hook", "not a public address"),
+    ("http://internal.example.test/hook", "loopback"),
+    ("http://split.example.test/hook", "private"),  # one public and one internal address
+    ("http://nowhere.example.test/hook", "does not resolve"),
+])
+def test_registering_an_internal_target_is_refused(client_as: Any, settings: Any, dns: dict[str, Any], url: str,
+                                                   why: str) -> None:
+    from trajplatform.audit import AuditEvent
+
+    settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS = False
+    dns["internal.example.test"] = ["127.0.0.1"]
+    dns["split.example.test"] = [PUBLIC_IP, "10.0.0.7"]
+    response = client_as("viewer").post("/api/v1/webhooks", {"url": url}, format="json")
+    assert response.status_code == 400, response.content
+    fields = response.json()["error"]["details"]["fields"]
+    assert list(fields) == ["url"] and why in fields["url"][0], fields
+    assert not WebhookEndpoint.objects.exists() and not AuditEvent.objects.filter(action__startswith="api.webhook").exists()
+
+
+@pytest.mark.parametrize("url", ["http://2130706433/", "http://0x7f.1/", "http://017700000001/", "http://127.1/"])
+def test_other_spellings_of_loopback_are_refused_by_the_service(make_token: Any, settings: Any, url: str) -> None:
+    settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS = False
+    token, _ = make_token("viewer")
+    with pytest.raises(webhooks.WebhookTargetError, match="127.0.0.1, a loopback address"):
+        webhooks.webhook_endpoint_create(owner=token.user, token=token, url=url, events=[])
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_a_public_target_is_registered(client_as: Any, settings: Any, dns: dict[str, Any]) -> None:
+    settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS = False
+    dns["hooks.example.test"] = [PUBLIC_IP, "2606:2800:21f:cb07:6820:80da:af6b:8b2c"]
+    response = client_as("viewer").post("/api/v1/webhooks", {"url": "https://hooks.example.test/cb"}, format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_a_name_rebound_to_loopback_after_registration_is_refused_at_delivery_and_nothing_is_sent(
+    client_as: Any, receiver: Any, settings: Any, dns: dict[str, Any], enqueued: list[int]
+) -> None:
+    settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS = False
+    port = receiver.server.server_address[1]
+    dns["rebind.example.test"] = [PUBLIC_IP]
+    url = f"http://rebind.example.test:{port}/hook"
+    assert client_as("viewer").post("/api/v1/webhooks", {"url": url}, format="json").status_code == 201
+    dns["rebind.example.test"] = ["127.0.0.1"]  # the attacker's DNS now answers with the receiver's address
+    webhook_emit("task.finished", {"task_id": 1})
+    delivery = WebhookDelivery.objects.get()
+    assert webhook_deliver(delivery.pk) == "failed"  # at once: a refused target is not retried
+    delivery.refresh_from_db()
+    assert receiver.requests == []
+    assert delivery.attempts == 1 and delivery.last_status_code is None
+    assert delivery.last_error.startswith("refused, not sent:") and "127.0.0.1, a loopback address" in delivery.last_error
+
+
+def test_a_delivery_connects_to_the_address_it_checked_keeping_the_host_header(
+    make_token: Any, receiver: Any, dns: dict[str, Any], enqueued: list[int]
+) -> None:
+    port = receiver.server.server_address[1]
+    answers = iter([["127.0.0.1"]])
+    dns["pinned.example.test"] = lambda: next(answers, ["10.255.255.1"])  # a second lookup would go elsewhere
+    token, _ = make_token("viewer")
+    WebhookEndpoint.objects.create(owner=token.user, token=token, url=f"http://pinned.example.test:{port}/hook")
+    webhook_emit("task.finished", {"task_id": 1})
+    assert webhook_deliver(WebhookDelivery.objects.get().pk) == "delivered"
+    assert dns["calls"] == 1  # resolved once, by the check; the connection used that answer
+    assert receiver.requests[0]["headers"]["Host"] == f"pinned.example.test:{port}"
+    assert receiver.requests[0]["path"] == "/hook"
+
+
+def test_a_name_that_stops_resolving_is_a_failed_attempt_retried_later(
+    make_token: Any, dns: dict[str, Any], enqueued: list[int]
+) -> None:
+    token, _ = make_token("viewer")
+    WebhookEndpoint.objects.create(owner=token.user, token=token, url="http://gone.example.test/hook")
+    webhook_emit("task.finished", {"task_id": 1})
+    delivery = WebhookDelivery.objects.get()
+    assert webhook_deliver(delivery.pk) == "pending"
+    delivery.refresh_from_db()
+    assert "does not resolve" in delivery.last_error
+
+
+def test_the_console_refuses_an_internal_target_in_the_add_form(client: Any, admin_user_role: Any, viewer: Any,
+                                                                 settings: Any) -> None:
+    from tests.conftest import PASSWORD
+
+    settings.WEBHOOKS_ALLOW_PRIVATE_TARGETS = False
+    assert client.login(username=admin_user_role.username, password=PASSWORD)
+    response = client.post("/admin/trajplatform/webhookendpoint/add/", {
+        "owner": viewer.pk, "url": "http://169.254.169.254/latest/meta-data/", "active": "on"})
+    assert response.status_code == 200 and "a cloud metadata service" in response.content.decode()
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_deliveries_are_shown_to_their_owner_and_to_admins_only(
+    client: Any, make_user: Any, make_token: Any, admin_user_role: Any, enqueued: list[int], settings: Any
+) -> None:
+    from tests.conftest import PASSWORD
+
+    settings.WEBHOOK_URL, settings.WEBHOOK_SECRET, settings.WEBHOOK_EVENTS = (
+        "http://127.0.0.1:9/global", "global-secret", ["task.finished"])
+    owners = {}
+    for name in ("alice", "bob"):
+        owners[name] = make_user("viewer", username=name)
+        token, _ = make_token(user=owners[name])
+        WebhookEndpoint.objects.create(owner=owners[name], token=token, url=f"http://127.0.0.1:9/{name}")
+    webhook_emit("task.finished", {"task_id": 1})
+    by_url = {d.url.rsplit("/", 1)[1]: d for d in WebhookDelivery.objects.all()}
+    WebhookDelivery.objects.update(attempt_log=[{"attempt": 1, "response": "internal reply excerpt"}])
+
+    def visible(user: Any) -> set[str]:
+        client.logout()
+        assert client.login(username=user.username, password=PASSWORD)
+        listing = client.get("/admin/trajplatform/webhookdelivery/").content.decode()
+        seen = {name for name, d in by_url.items() if f"/admin/trajplatform/webhookdelivery/{d.pk}/change/" in listing}
+        for name, d in by_url.items():
+            page = client.get(f"/admin/trajplatform/webhookdelivery/{d.pk}/change/")
+            assert (page.status_code == 200) == (name in seen), (user, name, page.status_code)
+        return seen
+
+    assert visible(owners["alice"]) == {"alice"}
+    assert visible(owners["bob"]) == {"bob"}
+    assert visible(make_user("approver")) == set()
+    assert visible(admin_user_role) == {"alice", "bob", "global"}
