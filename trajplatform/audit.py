@@ -139,25 +139,28 @@ class AuditEvent(models.Model):
 # restrict_violation both reach Django as IntegrityError.
 AUDIT_TABLE = "trajplatform_auditevent"
 _REFUSAL = "audit events are append-only"
+_NO_UPDATE, _NO_DELETE = f"{AUDIT_TABLE}_no_update", f"{AUDIT_TABLE}_no_delete"
+_NO_CHANGE, _NO_TRUNCATE, _REFUSE = f"{AUDIT_TABLE}_no_change", f"{AUDIT_TABLE}_no_truncate", f"{AUDIT_TABLE}_refuse"
+TRIGGERS = {"sqlite": (_NO_UPDATE, _NO_DELETE), "postgresql": (_NO_CHANGE, _NO_TRUNCATE)}
 APPEND_ONLY_SQL: dict[str, list[str]] = {
     "sqlite": [
-        f"CREATE TRIGGER {AUDIT_TABLE}_no_update BEFORE UPDATE ON {AUDIT_TABLE} "
+        f"CREATE TRIGGER {_NO_UPDATE} BEFORE UPDATE ON {AUDIT_TABLE} "
         f"BEGIN SELECT RAISE(ABORT, '{_REFUSAL}: UPDATE is refused'); END",
-        f"CREATE TRIGGER {AUDIT_TABLE}_no_delete BEFORE DELETE ON {AUDIT_TABLE} "
+        f"CREATE TRIGGER {_NO_DELETE} BEFORE DELETE ON {AUDIT_TABLE} "
         f"BEGIN SELECT RAISE(ABORT, '{_REFUSAL}: DELETE is refused'); END",
     ],
     "postgresql": [
-        f"CREATE FUNCTION {AUDIT_TABLE}_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"CREATE FUNCTION {_REFUSE}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         f"RAISE EXCEPTION '{_REFUSAL}: % is refused', TG_OP USING ERRCODE = 'restrict_violation'; END $$",
-        f"CREATE TRIGGER {AUDIT_TABLE}_no_change BEFORE UPDATE OR DELETE ON {AUDIT_TABLE} "
-        f"FOR EACH ROW EXECUTE FUNCTION {AUDIT_TABLE}_refuse()",
-        f"CREATE TRIGGER {AUDIT_TABLE}_no_truncate BEFORE TRUNCATE ON {AUDIT_TABLE} "
-        f"FOR EACH STATEMENT EXECUTE FUNCTION {AUDIT_TABLE}_refuse()",
+        f"CREATE TRIGGER {_NO_CHANGE} BEFORE UPDATE OR DELETE ON {AUDIT_TABLE} "
+        f"FOR EACH ROW EXECUTE FUNCTION {_REFUSE}()",
+        f"CREATE TRIGGER {_NO_TRUNCATE} BEFORE TRUNCATE ON {AUDIT_TABLE} "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {_REFUSE}()",
     ],
 }
 DROP_APPEND_ONLY_SQL: dict[str, list[str]] = {
-    "sqlite": [f"DROP TRIGGER IF EXISTS {AUDIT_TABLE}_no_update", f"DROP TRIGGER IF EXISTS {AUDIT_TABLE}_no_delete"],
-    "postgresql": [f"DROP FUNCTION IF EXISTS {AUDIT_TABLE}_refuse() CASCADE"],
+    "sqlite": [f"DROP TRIGGER IF EXISTS {_NO_UPDATE}", f"DROP TRIGGER IF EXISTS {_NO_DELETE}"],
+    "postgresql": [f"DROP FUNCTION IF EXISTS {_REFUSE}() CASCADE"],  # its triggers with it
 }
 
 
@@ -171,13 +174,14 @@ def _run(connection: Any, statements: dict[str, list[str]]) -> None:
 
 def append_only_triggers_installed(connection: Any) -> bool:
     """Whether the refusing triggers are in place on this database."""
+    names = TRIGGERS[connection.vendor]
+    query = {
+        "sqlite": "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s AND name IN (%s, %s)",
+        "postgresql": "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname IN (%s, %s)",
+    }[connection.vendor]
     with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s", [AUDIT_TABLE])
-            return cursor.fetchone()[0] == 2
-        cursor.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND NOT tgisinternal",
-                       [AUDIT_TABLE])
-        return cursor.fetchone()[0] == 2
+        cursor.execute(query, [AUDIT_TABLE, *names])
+        return cursor.fetchone()[0] == len(names)
 
 
 def install_append_only_triggers(connection: Any) -> None:
