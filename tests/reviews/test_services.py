@@ -267,6 +267,10 @@ def test_a_rule_tightened_after_proposing_is_applied_at_decision_time(make_task,
     PolicyRule.objects.filter(field="model").update(allowed_values=["gpt-4o-mini"])
     with pytest.raises(DecisionError, match="deepseek-chat.*not one of the allowed values"):
         proposal_decide(proposal=w["yellow"], actor=reviewer, decision="approve")
+    PolicyRule.objects.filter(field="model").update(tier="red")
+    with pytest.raises(DecisionError, match="is a red change; a yellow proposal cannot apply it"):
+        proposal_decide(proposal=w["yellow"], actor=reviewer, decision="choose", option=1)
+    PolicyRule.objects.filter(field="model").update(tier="yellow")
     proposal_decide(proposal=w["yellow"], actor=reviewer, decision="choose", option=1)
     assert Task.objects.get(pk=w["task"].pk).model == "gpt-4o-mini"
 
