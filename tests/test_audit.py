@@ -174,16 +174,18 @@ def test_cancel_writes_one_row_and_a_repeat_writes_none(make_task: Any, reviewer
     assert AuditEvent.objects.count() == 1
 
 
-def test_requeue_writes_one_row(make_task: Any, reviewer: Any) -> None:
+def test_requeue_writes_its_row_and_starts_the_next_iteration(make_task: Any, reviewer: Any) -> None:
     task = make_task(status=Task.Status.FAILED, error="sandbox lost")
 
     requeued = task_requeue(task=task, actor=reviewer)
 
     stored = Task.objects.get(pk=task.pk)
-    assert requeued.status == stored.status == Task.Status.QUEUED
+    # A re-queued task starts at once (it used to stay queued with nothing to run: issue 20.3).
+    assert requeued.status == stored.status == Task.Status.RUNNING and stored.current_iteration == 1
     assert stored.error == "" and stored.queued_at is not None and stored.finished_at is None
-    events = list(AuditEvent.objects.all())
-    assert [(e.action, e.data["from"]) for e in events] == [("tasks.task_requeue", "failed")]
+    events = list(AuditEvent.objects.order_by("pk"))
+    assert [(e.action, e.data["from"]) for e in events] == [("tasks.task_requeue", "failed"),
+                                                             ("tasks.iteration_start", "queued")]
 
 
 @pytest.mark.parametrize("status", [Task.Status.COMPLETED, Task.Status.FAILED])

@@ -12,7 +12,8 @@ from django import forms
 from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
@@ -43,6 +44,18 @@ class ViewOnlyMixin:
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ActionsOnlyMixin:
+    """Change pages are view-only and nothing is deleted: every write is an admin action (or an
+    add page) that calls a service, which checks the rules and writes the audit row."""
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Without an object Django asks whether the user may run the "change" actions.
+        return obj is None and super().has_change_permission(request)  # type: ignore[misc]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -240,10 +253,21 @@ if admin.site.is_registered(User):
 
 @admin.register(User)
 class RoleUserAdmin(UserAdmin):
-    """Django's user admin plus the role column and one "Grant role" action per role."""
+    """Django's user admin plus the role column and one "Grant role" action per role.
+
+    Roles, staff and superuser status change only through `grant_role` (the actions, audited),
+    so they are read-only on the form; users are deactivated, not deleted (their reviews and
+    decisions name them)."""
 
     list_display = ("username", "email", "roles", "is_staff", "is_superuser", "is_active", "last_login")
     actions = [_grant_role_action(role) for role in ROLES]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        readonly = tuple(super().get_readonly_fields(request, obj))
+        return readonly if obj is None else (*readonly, "is_staff", "is_superuser", "groups", "user_permissions")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).prefetch_related("groups")
@@ -252,6 +276,15 @@ class RoleUserAdmin(UserAdmin):
     def roles(self, obj: Any) -> str:
         names = {g.name for g in obj.groups.all()}
         return ", ".join(r for r in ROLES if r in names) or "-"
+
+
+if admin.site.is_registered(Group):
+    admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class RoleGroupAdmin(ViewOnlyMixin, GroupAdmin):
+    """The role groups' permissions are set by `sync_role_groups` (after every migrate): view-only."""
 
 
 from trajplatform import api_admin  # noqa: E402,F401  (API tokens, webhooks)

@@ -13,7 +13,7 @@ from django.utils.safestring import SafeString
 from trajplatform.admin import ReadableJSONMixin, ViewOnlyMixin
 from trajplatform.api_models import ApiToken, api_token_create, api_token_revoke
 from trajplatform.webhooks import (
-    EVENTS, WebhookDelivery, WebhookEndpoint, webhook_endpoint_create, webhook_redeliver,
+    EVENTS, WebhookDelivery, WebhookEndpoint, webhook_endpoint_create, webhook_endpoint_delete, webhook_redeliver,
 )
 from trajplatform.webhooks import WebhookTargetError, check_target
 
@@ -52,12 +52,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return () if obj is None else self.readonly_fields
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Without an object: may the user run the revoke action. A token page is view-only.
+        return obj is None and super().has_change_permission(request)
+
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # revoke instead: the row keeps the history of who used what
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
-        if change:
-            return
         token, raw = api_token_create(user=form.cleaned_data["user"], name=form.cleaned_data["name"], actor=request.user)
         obj.pk = token.pk
         obj.__dict__.update({k: v for k, v in token.__dict__.items() if not k.startswith("_")})
@@ -96,7 +98,8 @@ class WebhookEndpointForm(forms.ModelForm):
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
-    """The signing secret is never displayed after creation (it is in the API's create response)."""
+    """Added and deleted through the services (audited); a page is view-only: delete and add
+    again to change one. The signing secret is never displayed after creation."""
 
     form = WebhookEndpointForm
     list_display = ("url", "owner", "token", "events", "active", "created_at")
@@ -109,10 +112,17 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         qs = super().get_queryset(request)
         return qs if _sees_everyone(request, WebhookEndpoint) else qs.filter(owner=request.user)
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request)
+
+    def delete_model(self, request: HttpRequest, obj: WebhookEndpoint) -> None:
+        webhook_endpoint_delete(endpoint=obj, actor=request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for endpoint in queryset:
+            webhook_endpoint_delete(endpoint=endpoint, actor=request.user)
+
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
-        if change:
-            super().save_model(request, obj, form, change)
-            return
         created = webhook_endpoint_create(owner=obj.owner, token=obj.token, url=obj.url, events=obj.events or [],
                                           active=obj.active, actor=request.user)
         obj.pk, obj.secret, obj.created_at = created.pk, created.secret, created.created_at

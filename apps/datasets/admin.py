@@ -1,4 +1,9 @@
-"""Console pages for datasets, versions and members. A published version is read-only here too."""
+"""Console pages for datasets, versions and members: read-only, except the publish action.
+
+Datasets and versions are built by `dataset_version_create` (the /datasets/ pages, the API,
+`manage.py dataset_create`), which validates, freezes the members and writes the audit row; a
+form here would save neither. Nothing is deleted: versions are the record of what was exported.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -14,7 +19,9 @@ from django.utils.safestring import SafeString
 
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
 from apps.datasets.services import PUBLISH_PERMISSION, dataset_version_publish
-from trajplatform.admin import ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
+from trajplatform.admin import (
+    ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ViewOnlyMixin, change_link,
+)
 
 
 class DatasetVersionInline(admin.TabularInline):
@@ -33,7 +40,7 @@ class DatasetVersionInline(admin.TabularInline):
 
 
 @admin.register(Dataset)
-class DatasetAdmin(admin.ModelAdmin):
+class DatasetAdmin(ViewOnlyMixin, admin.ModelAdmin):
     list_display = ("name", "description", "n_versions", "latest_published", "created_by", "created_at")
     search_fields = ("name", "description")
     list_select_related = ("created_by",)
@@ -59,15 +66,10 @@ class DatasetAdmin(admin.ModelAdmin):
     def latest_published(self, obj: Dataset) -> str:
         return "-" if obj.latest_published_number is None else f"v{obj.latest_published_number}"
 
-    def save_model(self, request: HttpRequest, obj: Dataset, form: Any, change: bool) -> None:
-        if not change and obj.created_by_id is None:
-            obj.created_by = request.user
-        super().save_model(request, obj, form, change)
-
 
 @admin.register(DatasetVersion)
-class DatasetVersionAdmin(AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
-    """Drafts are editable by approvers; published versions are frozen (no change, no delete)."""
+class DatasetVersionAdmin(ActionsOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
+    """View-only; approvers publish drafts with the action (`dataset_version_publish`)."""
 
     list_display = (
         "__str__", "dataset", "number", "status", "members_link", "published_at", "created_by", "created_at",
@@ -100,29 +102,13 @@ class DatasetVersionAdmin(AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
         n = getattr(obj, "n_members", None)
         return format_html('<a href="{}">{}</a>', url, "members" if n is None else n)
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None and obj.is_published:
-            return False
-        return super().has_change_permission(request, obj)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        if obj is not None and obj.is_published:
-            return False
-        return super().has_delete_permission(request, obj)
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
     actions = ["publish_versions"]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        readonly = tuple(super().get_readonly_fields(request, obj))
-        if obj is not None:
-            # The members were frozen from these: editing them would make the record lie.
-            readonly += ("dataset", "number", "parent", "filter_spec", "split_seed")
-        return readonly
-
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        # A bulk delete could include published versions, which the model refuses mid-way.
         actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
         if not request.user.has_perm(PUBLISH_PERMISSION):
             actions.pop("publish_versions", None)
         return actions
@@ -138,11 +124,6 @@ class DatasetVersionAdmin(AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
                 return
             n += 1
         self.message_user(request, f"Published {n}")
-
-    def save_model(self, request: HttpRequest, obj: DatasetVersion, form: Any, change: bool) -> None:
-        if not change and obj.created_by_id is None:
-            obj.created_by = request.user
-        super().save_model(request, obj, form, change)
 
 
 @admin.register(DatasetMember)

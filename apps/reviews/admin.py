@@ -1,21 +1,28 @@
 """Console pages for reviews, proposals and the risk policy.
 
-Reviews are written by the review agent and by reviewers (the /review/ pages); proposals are
-decided through `apps.reviews.services.proposal_decide` (the actions below call it, exactly as
-the /review/ queue does); policy rules are edited by admins, each change audited.
+Reviews are written by the review agent and by reviewers (the /review/ pages) and are never
+deleted; proposals are made through `proposal_propose` (the proposal add page: the only way a
+person changes a task's config) and decided through `proposal_decide` (the actions below call
+it, exactly as the /review/ queue does); policy rules are edited by admins, each change audited.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.safestring import SafeString
 
-from apps.reviews import services
+from apps.reviews import policy, services
 from apps.reviews.models import PolicyRule, Proposal, Review
+from apps.tasks.models import Task
+from apps.tasks.services import TransitionError
 from trajplatform.admin import ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
 
 
@@ -52,6 +59,9 @@ class ReviewAdmin(IdSearchMixin, ReadableJSONMixin, admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # reviews and verdicts are the record of what was judged
+
 
 class StaleFilter(admin.SimpleListFilter):
     title = "waiting"
@@ -66,6 +76,48 @@ class StaleFilter(admin.SimpleListFilter):
 
             return queryset.filter(status=Proposal.Status.PENDING, created_at__lt=stale_before())
         return queryset
+
+
+TIER_DECIDERS = {policy.GREEN: "applied at once", policy.YELLOW: "a reviewer decides",
+                 policy.RED: "an approver decides", policy.REFUSE: "refused"}
+# Taken as typed; other fields' values are JSON (a number, a list, an object), or text if not JSON.
+TEXT_FIELDS = frozenset({"prompt", "system_prompt_extra", "model"})
+
+
+def rule_summary(rule: policy.Rule) -> str:
+    bounds = []
+    if rule.min_value is not None or rule.max_value is not None:
+        bounds.append(f"{rule.min_value if rule.min_value is not None else '…'}–"
+                      f"{rule.max_value if rule.max_value is not None else '…'}")
+    if rule.allowed_values:
+        bounds.append("one of " + ", ".join(map(str, rule.allowed_values)))
+    within = f" within {'; '.join(bounds)}" if bounds else ""
+    return (f"{rule.field}: {rule.tier}{within} ({TIER_DECIDERS[rule.tier]}); "
+            f"otherwise {rule.out_of_bounds_tier} ({TIER_DECIDERS[rule.out_of_bounds_tier]})")
+
+
+def parse_value(field: str, raw: str) -> Any:
+    if field in TEXT_FIELDS:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+class ProposeForm(forms.Form):
+    task = forms.IntegerField(min_value=1, help_text="the task's id")
+    field = forms.ChoiceField(help_text="only fields with an enabled policy rule can change")
+    value = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 90}), strip=False,
+        help_text="the new value: JSON for numbers, lists and objects (2400, [\"run_shell\"]); "
+                  "prompt, system_prompt_extra and model as typed; other text as typed",
+    )
+    rationale = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 90}), required=False, max_length=4000)
+
+    def __init__(self, *args: Any, rules: dict[str, policy.Rule], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["field"].choices = [(name, rule_summary(rule)) for name, rule in sorted(rules.items())]
 
 
 @admin.register(Proposal)
@@ -90,6 +142,40 @@ class ProposalAdmin(ViewOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONM
     ]
     readonly_fields = ("created_at", "recent_audit_events")
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("reviews.decide_yellow_proposal")
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: Any = None) -> HttpResponse:
+        """Propose a change to a task's config through `proposal_propose`: the policy sets the tier."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        rules = policy.rules()
+        asked = request.GET.get("task", "")
+        form = ProposeForm(request.POST or None, rules=rules, initial={"task": asked})
+        task = Task.objects.filter(pk=int(asked)).first() if asked.isdigit() and len(asked) < 19 else None
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            task = Task.objects.filter(pk=data["task"]).first()
+            if task is None:
+                form.add_error("task", f"there is no task {data['task']}")
+            else:
+                try:
+                    proposal = services.proposal_propose(
+                        task=task, actor=request.user, field=data["field"],
+                        to_value=parse_value(data["field"], data["value"]), rationale=data["rationale"])
+                except (PermissionDenied, services.DecisionError, TransitionError) as exc:
+                    form.add_error(None, str(exc))
+                else:
+                    outcome = ("applied" if proposal.status == Proposal.Status.APPLIED
+                               else f"pending: {TIER_DECIDERS[proposal.tier]}")
+                    self.message_user(request, f"Proposed {proposal.field} {proposal.from_value!r} -> "
+                                               f"{proposal.to_value!r} for task {task.pk}: {proposal.tier}, {outcome}")
+                    return HttpResponseRedirect(reverse("admin:reviews_proposal_change", args=[proposal.pk]))
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "title": "Propose a change to a task",
+            "form": form, "task": task, "media": self.media + form.media,
+        }
+        return TemplateResponse(request, "admin/reviews/proposal/propose.html", context)
 
     def _decide(self, request: HttpRequest, queryset: QuerySet, decision: str) -> None:
         done, refused = 0, []

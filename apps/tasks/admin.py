@@ -1,28 +1,56 @@
 """Console pages for batches, tasks and trajectories. Status changes only through the actions."""
 from __future__ import annotations
 
+import operator
 from datetime import timedelta
+from functools import reduce
 from typing import Any, Callable
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest
+from django.db.models import Count, F, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from apps.engines.scenes import SceneConfigError, validate_scene_config
+from apps.tasks.importers import validate_task
 from apps.tasks.models import Batch, Task, Trajectory
-from apps.tasks.services import TransitionError, task_cancel, task_requeue
-from trajplatform.admin import AuditTrailMixin, IdSearchMixin, ReadableJSONMixin
+from apps.tasks.services import (
+    TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue, tasks_create,
+    tasks_enqueue,
+)
+from trajplatform.admin import ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin
 
 # Per-object warnings beyond this many are summarised in one line.
 MAX_WARNINGS = 10
 
 AUDIT_FIELDSET = ("audit", {"classes": ["collapse"], "fields": ["recent_audit_events"]})
+NOT_STARTED = Q(status=Task.Status.QUEUED, current_iteration=0)
+
+
+def report(model_admin: admin.ModelAdmin, request: HttpRequest, message: str, errors: list[str]) -> None:
+    """The action's summary, then at most MAX_WARNINGS of the objects it could not change."""
+    model_admin.message_user(request, message, messages.WARNING if errors else messages.SUCCESS)
+    for error in errors[:MAX_WARNINGS]:
+        model_admin.message_user(request, error, messages.WARNING)
+    if len(errors) > MAX_WARNINGS:
+        model_admin.message_user(request, f"... and {len(errors) - MAX_WARNINGS} more not changed", messages.WARNING)
+
+
+class OptionsFilter(admin.SimpleListFilter):
+    """A list filter declared as {value: (label, queryset -> filtered queryset)}."""
+
+    options: dict[str, tuple[str, Callable[[QuerySet], QuerySet]]] = {}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, label) for value, (label, _) in self.options.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        chosen = self.options.get(self.value() or "")
+        return chosen[1](queryset) if chosen else None
 
 
 def _count_column(status: str) -> Callable[[Any], int]:
@@ -34,31 +62,77 @@ def _count_column(status: str) -> Callable[[Any], int]:
     return column
 
 
+def batch_state(obj: Batch) -> str:
+    """empty, not started, in progress (with how many are not started), finished: from the row's counts."""
+    total = obj.n_tasks
+    if total == 0:
+        return "empty"
+    if obj.n_not_started == total:
+        return "not started"
+    if sum(getattr(obj, f"n_{s}") for s in Task.FINAL) == total:
+        return "finished"
+    if obj.n_not_started:
+        return f"in progress ({obj.n_not_started} not started)"
+    return "in progress"
+
+
+def _n_final() -> Any:
+    return reduce(operator.add, [F(f"n_{s}") for s in sorted(Task.FINAL)])
+
+
+class BatchStateFilter(OptionsFilter):
+    title = "state"
+    parameter_name = "state"
+    options = {
+        "not_started": ("not started (imported, nothing run)",
+                        lambda qs: qs.filter(n_tasks__gt=0, n_not_started=F("n_tasks"))),
+        "has_not_started": ("some tasks not started", lambda qs: qs.filter(n_not_started__gt=0)),
+        "in_progress": ("in progress", lambda qs: qs.alias(n_final=_n_final()).filter(n_final__lt=F("n_tasks"))
+                        .exclude(n_not_started=F("n_tasks"))),
+        "finished": ("finished", lambda qs: qs.alias(n_final=_n_final()).filter(n_tasks__gt=0, n_final=F("n_tasks"))),
+    }
+
+
 @admin.register(Batch)
-class BatchAdmin(AuditTrailMixin, admin.ModelAdmin):
+class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
+    """Batches are created by imports, the API and the task add form; run with the actions."""
+
     list_display = (
-        "__str__", "created_by", "created_at", "source_format", "tasks_link",
+        "__str__", "state", "created_by", "created_at", "source_format", "tasks_link",
         *(_count_column(s) for s in Task.Status.values),
     )
-    list_filter = ("source_format", "created_at")
+    list_filter = (BatchStateFilter, "source_format", "created_at")
     search_fields = ("name", "source_name", "source_sha256__exact")
     list_select_related = ("created_by",)
     raw_id_fields = ("created_by",)
+    actions = ["start_batches", "cancel_batches", "retry_batches"]
     readonly_fields = (
-        "created_by", "created_at", "source_name", "source_sha256", "source_format", "task_count",
-        "tasks_link", "recent_audit_events",
+        "name", "notes", "state", "created_by", "created_at", "source_name", "source_sha256", "source_format",
+        "task_count", "tasks_link", "recent_audit_events",
     )
     fieldsets = [
-        (None, {"fields": ["name", "notes"]}),
+        (None, {"fields": ["name", "state", "notes"]}),
         ("source", {"fields": ["source_name", "source_format", "source_sha256", "task_count", "tasks_link"]}),
         ("created", {"fields": ["created_by", "created_at"]}),
         AUDIT_FIELDSET,
     ]
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # One grouped query for every row's counts, not one query per batch.
         counts = {f"n_{s}": Count("tasks", filter=Q(tasks__status=s)) for s in Task.Status.values}
-        return super().get_queryset(request).annotate(n_tasks=Count("tasks"), **counts)
+        not_started = Count("tasks", filter=Q(tasks__status=Task.Status.QUEUED, tasks__current_iteration=0))
+        return super().get_queryset(request).annotate(n_tasks=Count("tasks"), n_not_started=not_started, **counts)
+
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        """The batch actions run its tasks: whoever may control tasks may use them."""
+        return request.user.has_perm("tasks.change_task")
+
+    @admin.display(description="state", ordering="n_not_started")
+    def state(self, obj: Batch) -> str:
+        return batch_state(obj)
 
     @admin.display(description="tasks", ordering="n_tasks")
     def tasks_link(self, obj: Batch) -> SafeString | str:
@@ -68,41 +142,88 @@ class BatchAdmin(AuditTrailMixin, admin.ModelAdmin):
         n = getattr(obj, "n_tasks", None)
         return format_html('<a href="{}">{}</a>', url, "tasks" if n is None else n)
 
-    def save_model(self, request: HttpRequest, obj: Batch, form: Any, change: bool) -> None:
-        if not change and obj.created_by_id is None:
-            obj.created_by = request.user
-        super().save_model(request, obj, form, change)
+    @admin.action(description="Start the not-started tasks of the selected batches", permissions=["run"])
+    def start_batches(self, request: HttpRequest, queryset: QuerySet) -> None:
+        started = sum(tasks_enqueue(batch=batch, actor=request.user) for batch in queryset)
+        report(self, request, f"Started {started} task(s)", [])
+
+    @admin.action(description="Cancel the unfinished tasks of the selected batches", permissions=["run"])
+    def cancel_batches(self, request: HttpRequest, queryset: QuerySet) -> None:
+        cancelled = sum(batch_cancel(batch=batch, actor=request.user, reason="admin action") for batch in queryset)
+        report(self, request, f"Cancelled {cancelled} task(s)", [])
+
+    @admin.action(description="Retry the failed and cancelled tasks of the selected batches", permissions=["run"])
+    def retry_batches(self, request: HttpRequest, queryset: QuerySet) -> None:
+        started = sum(batch_retry(batch=batch, actor=request.user, reason="admin action") for batch in queryset)
+        report(self, request, f"Retried {started} task(s)", [])
 
 
-class StuckFilter(admin.SimpleListFilter):
+def _older(hours: int) -> Any:
+    return timezone.now() - timedelta(hours=hours)
+
+
+class StuckFilter(OptionsFilter):
     title = "stuck"
     parameter_name = "stuck"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("running_1h", "running, no progress > 1h"), ("queued_24h", "queued > 24h")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
-        now = timezone.now()
-        if self.value() == "running_1h":
-            return queryset.filter(status=Task.Status.RUNNING, updated_at__lt=now - timedelta(hours=1))
-        if self.value() == "queued_24h":
-            return queryset.filter(status=Task.Status.QUEUED, updated_at__lt=now - timedelta(hours=24))
-        return None
+    options = {
+        "running_1h": ("running, no progress > 1h",
+                       lambda qs: qs.filter(status=Task.Status.RUNNING, updated_at__lt=_older(1))),
+        "queued_24h": ("queued > 24h", lambda qs: qs.filter(status=Task.Status.QUEUED, updated_at__lt=_older(24))),
+    }
 
 
-class TaskForm(forms.ModelForm):
+class StartedFilter(OptionsFilter):
+    title = "started"
+    parameter_name = "started"
+    options = {
+        "no": ("not started (imported, no iteration yet)", lambda qs: qs.filter(NOT_STARTED)),
+        "yes": ("started", lambda qs: qs.exclude(NOT_STARTED)),
+    }
+
+
+# The add form's fields, as the task-creation service (the importers' rules) takes them.
+ADD_FIELDS = [
+    "external_id", "scene", "prompt", "scene_config", "expected_tools", "model", "temperature", "top_p",
+    "max_steps", "step_timeout_s", "timeout_s", "max_tokens", "system_prompt_extra", "max_iterations",
+    "quality_threshold", "samples_per_iteration", "priority",
+]
+
+
+class TaskAddForm(forms.ModelForm):
+    """A new task, created by `tasks_create` (validation, audit row, first iteration started)."""
+
+    batch_name = forms.CharField(
+        max_length=200, required=False,
+        help_text="a batch of this name that you created here or through the API gets the task; "
+                  "empty: a new batch named after you and the time",
+    )
+    actor: Any = None  # set by TaskAdmin.get_form
+
     class Meta:
         model = Task
-        fields = "__all__"
+        fields = ADD_FIELDS
+
+    def item(self) -> dict[str, Any]:
+        """The task as an item of `tasks_create` (the trajplatform import shape)."""
+        data = self.cleaned_data
+        item = {"config" if name == "scene_config" else name: data.get(name) for name in ADD_FIELDS}
+        return {k: v for k, v in item.items() if v is not None and v != ""}
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        scene, config = data.get("scene"), data.get("scene_config")
-        if scene and config is not None:
-            try:
-                data["scene_config"] = validate_scene_config(scene, config)
-            except SceneConfigError as exc:
-                self.add_error("scene_config", str(exc))
+        if self.errors:
+            return data
+        _shape, _fields, problems = validate_task(self.item())
+        for name, reason in problems:
+            field = "scene_config" if name.split(".")[0] == "config" else name
+            self.add_error(field if field in self.fields else None, f"{name}: {reason}" if field != name else reason)
+        name = (data.get("batch_name") or "").strip()
+        if name:
+            other = Batch.objects.filter(name=name).first()
+            if other is not None and (other.created_by_id != getattr(self.actor, "pk", None)
+                                      or other.source_format != "api"):
+                self.add_error("batch_name", f"batch {name!r} exists and was not created by you here or "
+                                             "through the API; choose another name")
         return data
 
 
@@ -124,28 +245,30 @@ class TrajectoryInline(admin.TabularInline):
 
 
 @admin.register(Task)
-class TaskAdmin(IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
-    form = TaskForm
+class TaskAdmin(ActionsOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
+    """A task's config changes only by a proposal (the risk policy picks who applies it); its
+    status only by the Start / Cancel / Retry actions; a new task through `tasks_create`."""
+
     list_display = (
         "id", "__str__", "batch", "scene", "status", "priority", "iteration", "model", "created_at", "updated_at",
     )
-    list_filter = ("status", "scene", StuckFilter, "batch")
+    list_filter = ("status", StartedFilter, "scene", StuckFilter, "batch")
     search_fields = ("external_id", "batch__name", "model")
     list_select_related = ("batch",)
     raw_id_fields = ("batch", "created_by")
     show_full_result_count = False
-    actions = ["cancel_selected", "requeue_selected"]
+    actions = ["start_selected", "cancel_selected", "retry_selected"]
     inlines = [TrajectoryInline]
     json_fields = ("scene_config", "expected_tools")
     readonly_fields = (
-        "status", "current_iteration", "cancel_requested", "error",
+        "status", "current_iteration", "cancel_requested", "error", "propose_link",
         "created_by", "created_at", "queued_at", "started_at", "finished_at", "updated_at", "recent_audit_events",
     )
     fieldsets = [
         (None, {"fields": ["batch", "external_id", "scene", "prompt", "scene_config", "expected_tools", "priority"]}),
         ("model config", {"fields": [
-            "model", ("temperature", "top_p"), "max_steps", ("step_timeout_s", "timeout_s"), "max_tokens",
-            "system_prompt_extra",
+            "propose_link", "model", ("temperature", "top_p"), "max_steps", ("step_timeout_s", "timeout_s"),
+            "max_tokens", "system_prompt_extra",
         ]}),
         ("iterations", {"fields": ["max_iterations", "quality_threshold", "samples_per_iteration"]}),
         ("status", {"fields": [
@@ -154,15 +277,69 @@ class TaskAdmin(IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAd
         ]}),
         AUDIT_FIELDSET,
     ]
+    add_fieldsets = [
+        (None, {"fields": ["batch_name", "external_id", "scene", "prompt", "scene_config", "expected_tools",
+                           "priority"]}),
+        ("model config", {"fields": [
+            "model", ("temperature", "top_p"), "max_steps", ("step_timeout_s", "timeout_s"), "max_tokens",
+            "system_prompt_extra",
+        ]}),
+        ("iterations", {"fields": ["max_iterations", "quality_threshold", "samples_per_iteration"]}),
+    ]
 
     @admin.display(description="iteration", ordering="current_iteration")
     def iteration(self, obj: Task) -> str:
         return f"{obj.current_iteration}/{obj.max_iterations}"
 
+    @admin.display(description="change the config")
+    def propose_link(self, obj: Task) -> SafeString | str:
+        if obj.pk is None:
+            return "-"
+        url = f"{reverse('admin:reviews_proposal_add')}?{urlencode({'task': obj.pk})}"
+        return format_html(
+            '<a href="{}">Propose a change</a> — the risk policy decides who applies it (green: at once, '
+            'yellow: a reviewer, red: an approver)', url)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[Any, dict[str, Any]]]:
+        if obj is None:
+            return self.add_fieldsets
+        return super().get_fieldsets(request, obj)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return () if obj is None else super().get_readonly_fields(request, obj)
+
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return [] if obj is None else super().get_inline_instances(request, obj)
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = type("TaskAddForm", (TaskAddForm,), {"actor": request.user})
+            kwargs["fields"] = ["batch_name", *ADD_FIELDS]
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: Any = None) -> HttpResponse:
+        try:
+            return super().add_view(request, form_url, extra_context)
+        except TaskCreateError as exc:  # what the form's checks could not see (e.g. text the database refuses)
+            self.message_user(request, f"Not created: {exc}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
-        if not change and obj.created_by_id is None:
-            obj.created_by = request.user
-        super().save_model(request, obj, form, change)
+        if change:
+            raise RuntimeError("the task change page is view-only")  # has_change_permission refuses first
+        from trajplatform.skills import enabled_scene_ids
+
+        result = tasks_create(items=[form.item()], actor=request.user,
+                              batch_name=form.cleaned_data.get("batch_name", ""),
+                              allowed_scenes=set(enabled_scene_ids()))
+        task = result.tasks[0]
+        obj.__dict__.update({k: v for k, v in task.__dict__.items() if not k.startswith("_")})
+        if not result.created[0]:
+            self.message_user(request, f"Batch {result.batch} already has a task with external id "
+                                       f"{task.external_id!r}: nothing was added", messages.WARNING)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        pass  # the service wrote everything; the trajectories inline is read-only
 
     def _run_each(
         self, request: HttpRequest, queryset: QuerySet, service: Callable[..., Task], skip_status: str | None, verb: str
@@ -181,19 +358,23 @@ class TaskAdmin(IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAd
         message = f"{verb} {done}"
         if skipped:
             message += f" ({skipped} already {skip_status})"
-        self.message_user(request, message, messages.SUCCESS if done or not errors else messages.INFO)
-        for error in errors[:MAX_WARNINGS]:
-            self.message_user(request, error, messages.WARNING)
-        if len(errors) > MAX_WARNINGS:
-            self.message_user(request, f"... and {len(errors) - MAX_WARNINGS} more not changed", messages.WARNING)
+        report(self, request, message, errors)
+
+    @admin.action(description="Start selected tasks (queued, not started)", permissions=["change"])
+    def start_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        started = tasks_enqueue(tasks=queryset, actor=request.user)
+        others = queryset.count() - started
+        note = f" ({others} not queued: left as they are)" if others else ""
+        report(self, request, f"Started {started}{note}", [])
 
     @admin.action(description="Cancel selected tasks", permissions=["change"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._run_each(request, queryset, task_cancel, Task.Status.CANCELLED, "Cancelled")
 
-    @admin.action(description="Re-queue selected tasks", permissions=["change"])
-    def requeue_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._run_each(request, queryset, task_requeue, None, "Re-queued")
+    @admin.action(description="Retry selected tasks (failed or cancelled: queue again and start)",
+                  permissions=["change"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._run_each(request, queryset, task_requeue, None, "Retried")
 
 
 @admin.register(Trajectory)
@@ -229,3 +410,6 @@ class TrajectoryAdmin(IdSearchMixin, ReadableJSONMixin, admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # reviews and dataset memberships hang on it: history is kept

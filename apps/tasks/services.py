@@ -39,20 +39,29 @@ def task_cancel(*, task: Task, actor: Any, reason: str = "") -> Task:
     return task
 
 
+def _requeue(task: Task, actor: Any, reason: str) -> Task:
+    """Inside the caller's transaction: lock a failed or cancelled task and set it queued again."""
+    task = Task.objects.select_for_update().get(pk=task.pk)
+    if task.status not in (Task.Status.FAILED, Task.Status.CANCELLED):
+        raise TransitionError(f"task {task.pk} is {task.status}; only failed or cancelled tasks can be re-queued")
+    previous = task.status
+    task.status = Task.Status.QUEUED
+    task.cancel_requested = False
+    task.error = ""
+    task.queued_at = timezone.now()
+    task.finished_at = None
+    task.save(update_fields=["status", "cancel_requested", "error", "queued_at", "finished_at", "updated_at"])
+    audit_record("tasks.task_requeue", actor=actor, target=task, data={"from": previous, "reason": reason})
+    return task
+
+
 def task_requeue(*, task: Task, actor: Any, reason: str = "") -> Task:
-    """Queue a failed or cancelled task again from its current config."""
+    """Queue a failed or cancelled task again from its current config and start its next
+    iteration (rollout jobs on commit): a re-queued task never sits queued with nothing to run."""
     with transaction.atomic():
-        task = Task.objects.select_for_update().get(pk=task.pk)
-        if task.status not in (Task.Status.FAILED, Task.Status.CANCELLED):
-            raise TransitionError(f"task {task.pk} is {task.status}; only failed or cancelled tasks can be re-queued")
-        previous = task.status
-        task.status = Task.Status.QUEUED
-        task.cancel_requested = False
-        task.error = ""
-        task.queued_at = timezone.now()
-        task.finished_at = None
-        task.save(update_fields=["status", "cancel_requested", "error", "queued_at", "finished_at", "updated_at"])
-        audit_record("tasks.task_requeue", actor=actor, target=task, data={"from": previous, "reason": reason})
+        task = _requeue(task, actor, reason)
+        task_start_iteration(task=task, actor=actor)
+        task.refresh_from_db()
     return task
 
 
@@ -799,9 +808,34 @@ def tasks_create(
 
 
 def task_retry(*, task: Task, actor: Any, reason: str = "") -> Task:
-    """Re-queue a failed or cancelled task and start its next iteration at once (jobs on commit)."""
+    """The API's name for `task_requeue`: queue a failed or cancelled task again and start it."""
+    return task_requeue(task=task, actor=actor, reason=reason)
+
+
+# --- the console's controls for whole batches --------------------------------------------------
+
+
+def batch_cancel(*, batch: Batch, actor: Any, reason: str = "") -> int:
+    """Cancel every unfinished task of the batch (`task_cancel` each: its audit row, its webhook);
+    returns how many. A task that finished meanwhile is left as it is."""
+    cancelled = 0
     with transaction.atomic():
-        task = task_requeue(task=task, actor=actor, reason=reason)
-        task_start_iteration(task=task, actor=actor)
-        task.refresh_from_db()
-    return task
+        for task in Task.objects.filter(batch=batch).exclude(status__in=Task.FINAL).order_by("pk"):
+            try:
+                task_cancel(task=task, actor=actor, reason=reason)
+            except TransitionError:
+                continue
+            cancelled += 1
+    return cancelled
+
+
+def batch_retry(*, batch: Batch, actor: Any, reason: str = "") -> int:
+    """Queue every failed or cancelled task of the batch again (an audit row each) and start them
+    in one `tasks_enqueue` (rollout jobs on commit); returns how many started."""
+    with transaction.atomic():
+        ids = [
+            _requeue(task, actor, reason).pk
+            for task in Task.objects.filter(batch=batch, status__in=[Task.Status.FAILED, Task.Status.CANCELLED])
+            .order_by("pk")
+        ]
+        return tasks_enqueue(tasks=Task.objects.filter(pk__in=ids), actor=actor) if ids else 0

@@ -33,10 +33,11 @@ def test_the_publish_action_goes_through_the_service(client: Any, version: Any, 
     assert AuditEvent.objects.filter(action="datasets.version_publish", actor=approver).count() == 1
 
 
-def test_frozen_fields_of_a_draft_are_read_only(client: Any, version: Any, approver: Any) -> None:
+def test_a_draft_is_read_only(client: Any, version: Any, approver: Any) -> None:
+    # Its notes were editable here (saved without an audit row); they are set when it is built.
     client.force_login(approver)
     body = client.get(reverse("admin:datasets_datasetversion_change", args=[version.pk])).content.decode()
-    assert 'name="filter_spec"' not in body and 'name="notes"' in body
+    assert 'name="filter_spec"' not in body and 'name="notes"' not in body
 
 
 def test_export_jobs_are_view_only_in_the_console(client: Any, version: Any, admin_user_role: Any,

@@ -12,7 +12,7 @@ from django.urls import reverse
 from apps.engines.scenes import SCENES
 from apps.tasks.importers import ADP_TASK_TYPE_SCENES, ImportSummary, InvalidImport, check_file, iter_tasks
 from apps.tasks.selectors import batch_imported_from
-from apps.tasks.services import batch_import
+from apps.tasks.services import batch_import, tasks_enqueue
 
 MAX_ERRORS_SHOWN = 200
 
@@ -38,6 +38,10 @@ Each line is one of two shapes, detected per line:
 The whole file is checked first: every invalid line is reported as
 FILE:LINE: field: reason, and nothing is written. Otherwise the batch and all its tasks
 (status queued) are created in one transaction.
+
+By default the batch is imported, not started: the console lists it as "not started" until
+someone runs its Start action (Tasks > Batches) or `manage.py synthesize`. With --start, the
+first iteration of every task is queued at once and rollout jobs go to the workers.
 """
 
 
@@ -63,6 +67,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--user", metavar="USERNAME", help="record this user as the batch's creator (default: system)")
         parser.add_argument("--dry-run", action="store_true", help="validate only; write nothing")
+        parser.add_argument(
+            "--start", action=argparse.BooleanOptionalAction, default=False,
+            help="queue every task's first iteration for the workers after the import (default: --no-start, "
+            "the batch waits as 'not started' for the console's Start action)",
+        )
         parser.add_argument(
             "--once",
             action="store_true",
@@ -95,8 +104,11 @@ class Command(BaseCommand):
             existing = batch_imported_from(name=name, source_sha256=summary.sha256)
             if existing is not None:
                 self.stdout.write(
-                    f"{label}: already imported as batch #{existing.pk} {existing.name!r}; nothing to do"
+                    f"{label}: already imported as batch #{existing.pk} {existing.name!r}; nothing to import"
                 )
+                if options["start"]:
+                    started = tasks_enqueue(batch=existing, actor=actor)
+                    self.stdout.write(f"Started {started} not-started task(s).")
                 self.stdout.write(f"Admin: {_batch_admin_path(existing.pk)}")
                 return
 
@@ -125,6 +137,11 @@ class Command(BaseCommand):
             f"({summary.source_format}, sha256 {summary.sha256[:12]})"
         ))
         self._write_counts(summary)
+        if options["start"]:
+            started = tasks_enqueue(batch=batch, actor=actor)
+            self.stdout.write(f"Started {started} task(s); workers (`make worker`) run them.")
+        else:
+            self.stdout.write("Not started: run the batch's Start action in the console, or import with --start.")
         self.stdout.write(f"Admin: {_batch_admin_path(batch.pk)}")
 
     def _checked_rows(self, fp: Any, scene: str | None, sha256: str) -> Iterator[dict[str, Any]]:
