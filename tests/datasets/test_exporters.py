@@ -113,17 +113,19 @@ def test_sharegpt_tools_without_parameters_and_text_that_would_end_the_thought(m
     tools = TOOLS + [{"type": "function", "function": {"name": "list_env", "description": "List variables."}},
                      {"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}}]
     fine = make_trajectory(make_task(), tools=tools)
-    messages, steps = rich_episode("x_")
-    messages[2]["content"] = "I think.\n</think>\n\nThen I act."
-    closing = make_trajectory(make_task(), messages=messages, steps=steps)
-    result, (line,), _ = export("sharegpt", [fine.pk, closing.pk])
+    closing = []
+    for text in ("I think.\n</think>\n\nThen I act.", "I think.\n</think>\n"):  # the second with ours
+        messages, steps = rich_episode("x_")
+        messages[2]["content"] = text
+        closing.append(make_trajectory(make_task(), messages=messages, steps=steps).pk)
+    result, (line,), _ = export("sharegpt", [fine.pk, *closing])
     specs = {t["name"]: t for t in json.loads(line["tools"])}
     # LLaMA-Factory's default tool format reads parameters.properties of every tool.
     assert specs["list_env"]["parameters"] == {"type": "object", "properties": {}}
     assert specs["ping"]["parameters"] == {"type": "object", "properties": {}}
     assert specs["write_file"]["parameters"] == TOOLS[1]["function"]["parameters"]
-    assert [e["trajectory_id"] for e in result.excluded] == [closing.pk]
-    assert "thought end" in result.excluded[0]["reason"]
+    assert [e["trajectory_id"] for e in result.excluded] == closing
+    assert all("thought end" in e["reason"] for e in result.excluded)
 
 
 def test_alpaca_pairs_each_model_turn_with_what_came_before(pair: tuple[Any, Any]) -> None:

@@ -338,10 +338,10 @@ def render_sharegpt(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
             if msg.get("content"):
                 # Text beside tool calls has no turn of its own in ShareGPT; LLaMA-Factory's
                 # function formatter keeps text wrapped in the template's thought words.
-                if THINK_CLOSE in msg["content"]:
+                value = f"{THINK_OPEN}{msg['content']}{THINK_CLOSE}{value}"
+                if split_thought(value)[0] != msg["content"]:
                     raise RenderError(f"messages[{i}]: text beside a tool call contains LLaMA-Factory's "
                                       f"thought end {THINK_CLOSE!r}, which would end the thought early")
-                value = f"{THINK_OPEN}{msg['content']}{THINK_CLOSE}{value}"
             turns.append({"from": "function_call", "value": value})
         else:
             turns.append({"from": "gpt", "value": msg.get("content") or ""})
