@@ -435,3 +435,27 @@ def test_deliveries_are_shown_to_their_owner_and_to_admins_only(
     assert visible(owners["bob"]) == {"bob"}
     assert visible(make_user("approver")) == set()
     assert visible(admin_user_role) == {"alice", "bob", "global"}
+
+
+def test_an_https_delivery_is_pinned_with_the_name_kept_for_sni_and_the_certificate(
+    make_token: Any, dns: dict[str, Any], enqueued: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    sent: list[httpx.Request] = []
+
+    def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(204, request=request)
+
+    monkeypatch.setattr(httpx.Client, "send", send)
+    dns["secure.example.test"] = [PUBLIC_IP]
+    token, _ = make_token("viewer")
+    WebhookEndpoint.objects.create(owner=token.user, token=token, url="https://secure.example.test/in?x=1")
+    webhook_emit("task.finished", {"task_id": 1})
+    assert webhook_deliver(WebhookDelivery.objects.get().pk) == "delivered"
+    [request] = sent
+    assert str(request.url) == f"https://{PUBLIC_IP}/in?x=1"  # the connection goes to the checked address
+    assert request.headers["Host"] == "secure.example.test"
+    # httpcore uses it as the TLS server_hostname: SNI and the certificate check are the name's.
+    assert request.extensions["sni_hostname"] == "secure.example.test"
