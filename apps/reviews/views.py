@@ -99,6 +99,7 @@ def queue(request: HttpRequest) -> HttpResponse:
         "from_text": _value(p.from_value), "to_text": _value(p.to_value),
         "can_decide": can_red if p.tier == Proposal.Tier.RED else can_yellow,
         "own_red": p.tier == Proposal.Tier.RED and p.proposed_by_id == request.user.pk,
+        "own": p.proposed_by_id is not None and p.proposed_by_id == request.user.pk,
     } for p in page.object_list]
     return render(request, "reviews/queue.html", {
         "nav": "review", "form": form, "page": page, "rows": rows, "filter_query": filter_query,
@@ -110,9 +111,11 @@ def queue(request: HttpRequest) -> HttpResponse:
 @require_POST
 def decide(request: HttpRequest, proposal_id: int) -> HttpResponse:
     proposal = get_object_or_404(Proposal, pk=proposal_id)
-    if not services.can_decide(request.user, proposal):
-        raise PermissionDenied(f"you may not decide {proposal.tier} proposals")
     decision = request.POST.get("decision", "")
+    own = proposal.proposed_by_id is not None and proposal.proposed_by_id == request.user.pk
+    # The proposer may always withdraw (reject) their own proposal; the service audits it as such.
+    if not services.can_decide(request.user, proposal) and not (own and decision == "reject"):
+        raise PermissionDenied(f"you may not decide {proposal.tier} proposals")
     option = request.POST.get("option")
     try:
         services.proposal_decide(proposal=proposal, actor=request.user, decision=decision,

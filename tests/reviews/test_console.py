@@ -227,3 +227,18 @@ def test_the_admin_actions_decide_through_the_same_service(client, reviewer, app
     red = Proposal.objects.get(pk=world["red"].pk)
     assert (red.status, red.decided_by, red.comment) == ("rejected", approver, "decided in the console")
     assert Task.objects.get(pk=world["task"].pk).status == "running"  # the last decision started iteration 2
+
+
+def test_a_reviewer_withdraws_their_own_red_proposal_from_the_queue(client, reviewer, approver, world):
+    red = world["red"]
+    Proposal.objects.filter(pk=red.pk).update(proposed_by=reviewer)
+    client.force_login(reviewer)
+    body = client.get(reverse("reviews:queue")).content.decode()
+    assert "You proposed this red change" in body and "Withdraw" in body
+    # Approving stays refused; withdrawing (reject) is allowed and audited as a withdrawal.
+    assert client.post(reverse("reviews:decide", args=[red.pk]), {"decision": "approve"}).status_code == 403
+    client.post(reverse("reviews:decide", args=[red.pk]), {"decision": "reject"})
+    red.refresh_from_db()
+    assert (red.status, red.decided_by) == ("rejected", reviewer)
+    from trajplatform.audit import AuditEvent
+    assert AuditEvent.objects.filter(action="reviews.proposal_withdraw", target_id=str(red.pk)).count() == 1
