@@ -194,7 +194,7 @@ def test_the_llm_key_in_a_prompt_is_redacted_in_the_rows_and_absent_from_every_p
             *TrajectoryLog.objects.values()]
     assert not [row for row in rows if SECRET in str(row) or raw_token in str(row)]
 
-    client.force_login(reviewer)
+    client.force_login(make_user("viewer"))
     for page in (f"/trajectories/{trajectory.pk}/", f"/review/trajectories/{trajectory.pk}/",
                  f"/review/tasks/{task.pk}/"):
         response = client.get(page)
