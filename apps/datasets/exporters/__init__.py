@@ -71,7 +71,8 @@ _ALL = [
              one_per_task=True),
     Exporter("rl-agentjet", "1", False, "AgentJet task per task: main_query, init_messages, task_id, env_type, "
              "metadata{answer}", formats.render_agentjet, formats.validate_agentjet, one_per_task=True),
-    Exporter("sharegpt", "1", False, "LLaMA-Factory ShareGPT: conversations with human/gpt/function_call/"
+    # 2: thoughts in LLaMA-Factory's thought words ("<think>\n", "\n</think>\n\n"), tools with parameters.properties
+    Exporter("sharegpt", "2", False, "LLaMA-Factory ShareGPT: conversations with human/gpt/function_call/"
              "observation turns, system, tools as a JSON string", formats.render_sharegpt, formats.validate_sharegpt),
     Exporter("alpaca", "1", False, "LLaMA-Factory Alpaca: instruction/input/output/system/history; tool calls "
              "and results flattened into tagged text", formats.render_alpaca, formats.validate_alpaca),
