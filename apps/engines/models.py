@@ -8,6 +8,9 @@ backends report and destroys what nobody owns. Rows change only through
 """
 from __future__ import annotations
 
+import uuid
+
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
@@ -77,3 +80,133 @@ class SandboxRecord(models.Model):
     @property
     def is_live(self) -> bool:
         return self.state in self.LIVE
+
+
+class PipelineRunStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class PipelineRun(models.Model):
+    """One run of a scene's generation pipeline over a list of seeds, producing tasks in a batch.
+
+    Changes only through `apps.engines.pipelines.services` (and its job, by compare-and-swap);
+    every stage it ran is a `StageRun`, so a resumed run reuses what already finished.
+    """
+
+    Status = PipelineRunStatus
+    FINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+    # Identity outside this database: the LLM response cache and offline scripts key on it.
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    scene = models.CharField(max_length=32, db_index=True)
+    name = models.CharField(max_length=100, help_text="the pipeline's name in the scene's registry entry")
+    seeds = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
+    config = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    batch_name = models.CharField(max_length=200, help_text="the batch the generated tasks go into")
+    batch = models.ForeignKey(
+        "tasks.Batch", null=True, blank=True, on_delete=models.SET_NULL, related_name="pipeline_runs"
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    cancel_requested = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="pipeline_runs"
+    )
+
+    item_count = models.PositiveIntegerField(default=0, help_text="seeds (items) the run started with")
+    items_done = models.PositiveIntegerField(default=0, help_text="items that went through every stage")
+    items_dropped = models.PositiveIntegerField(default=0, help_text="items a validator or gate dropped")
+    tasks_created = models.PositiveIntegerField(default=0)
+    llm_calls = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+
+    worker = models.CharField(max_length=200, blank=True)
+    claim_token = models.CharField(max_length=64, blank=True, editable=False)
+    attempts = models.PositiveSmallIntegerField(default=0, help_text="times a worker has claimed it")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=PipelineRunStatus.values), name="pipelinerun_status_valid"),
+        ]
+        indexes = [models.Index(fields=["status", "heartbeat_at"], name="pipelinerun_heartbeat_idx")]
+
+    def __str__(self) -> str:
+        return f"pipeline run #{self.pk} ({self.scene}/{self.name})"
+
+
+class StageRunKind(models.TextChoices):
+    LLM = "llm", "llm"
+    EPISODE = "episode", "episode"
+    CODE = "code", "code"
+
+
+class StageRunStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    DROPPED = "dropped", "dropped (item rejected)"
+    FAILED = "failed", "failed (will run again on resume)"
+
+
+class StageRun(models.Model):
+    """One stage of a pipeline run for one item: what went in, what came out, what it cost.
+
+    Unique per (run, stage, item key): a stage that finished (succeeded or dropped its item) is
+    reused on resume and never paid for twice.
+    """
+
+    Kind = StageRunKind
+    Status = StageRunStatus
+    FINISHED = frozenset({Status.SUCCEEDED, Status.DROPPED})
+
+    run = models.ForeignKey(PipelineRun, on_delete=models.CASCADE, related_name="stage_runs")
+    stage = models.CharField(max_length=100)
+    index = models.PositiveSmallIntegerField(help_text="the stage's position in the pipeline, from 0")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    item_key = models.CharField(max_length=200, help_text="the item (seed, question) this stage ran for")
+    inputs = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    template_id = models.CharField(max_length=200, blank=True)
+    template_version = models.CharField(max_length=40, blank=True)
+    prompt_hash = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the first rendered prompt")
+    raw_output = models.TextField(blank=True)
+    parsed_output = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    validator_result = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    repair_attempts = models.PositiveSmallIntegerField(default=0)
+    llm_calls = models.PositiveSmallIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0, help_text="times the stage started for this item")
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING, db_index=True)
+    error = models.TextField(blank=True, help_text="why the item was dropped or the stage failed")
+    task = models.ForeignKey(
+        "tasks.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="stage_runs",
+        help_text="the task this stage produced",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "index", "item_key"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "stage", "item_key"], name="stagerun_unique_item"),
+            models.CheckConstraint(condition=Q(kind__in=StageRunKind.values), name="stagerun_kind_valid"),
+            models.CheckConstraint(condition=Q(status__in=StageRunStatus.values), name="stagerun_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.stage}[{self.item_key}] of run #{self.run_id}"
