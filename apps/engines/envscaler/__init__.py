@@ -5,6 +5,6 @@
   carries every per-item error); used by `manage.py import_envscaler`, the console upload
   (apps/engines/views.py) and the API.
 - runtime.py: `EnvScalerRuntime`, the scene's hooks for the shared agent loop.
-- session.py: the platform's fastmcp Client over stdio into the sandbox.
+- the server runs behind the shared MCP hub (apps/engines/mcp/), which records every exchange.
 - server.py: the environment side (fastmcp server, import validation); runs only in sandboxes.
 """

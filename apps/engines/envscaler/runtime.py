@@ -1,12 +1,13 @@
 """The envscaler scene runtime: a stateful environment served over MCP inside the task's sandbox.
 
 Per episode (one task sample): a fresh sandbox (the shared loop creates it), the server
-script and the task's environment spec written into it, and the server started there with
-the platform as a fastmcp Client (session.py). How depends on the backend's
-`service_transport`: locally `python3 server.py serve` over stdio; on OpenSandbox (execd gives
-background commands no stdin) a background command serving MCP over streamable HTTP on
-ENVSCALER_MCP_PORT inside the sandbox, reached through the endpoint OpenSandbox resolves for
-that port. The
+script and the task's environment spec written into it, and the server started there by the
+MCP hub (apps/engines/mcp/), one server spec named "envscaler" whose tools keep their own names
+(namespace "") and whose envscaler_state / envscaler_check are platform-only. How depends on
+the backend's `service_transport`: locally `python3 server.py serve` over stdio; on OpenSandbox
+(execd gives background commands no stdin) a background command serving MCP over streamable
+HTTP on ENVSCALER_MCP_PORT inside the sandbox, reached through the endpoint OpenSandbox
+resolves for that port. The
 environment instance is created from *this task's* init_config in that process, so no task
 ever sees another's state. The agent gets the environment's operations as tools with their
 declared JSON schemas, plus get_current_time and finish. Arguments are validated by the loop
@@ -17,6 +18,10 @@ state before and after (extra fields `state_before`, `state_after`). After finis
 check function runs in the sandbox against the final state: True/False -> 1.0/0.0, a number
 -> clamped to [0, 1]; a check that raises scores 0.0 with the error kept. `verifier_output`
 holds the result, the initial and final state.
+
+Every exchange with the server is recorded (`mcp_calls` on the steps, the verifier's in
+`verifier_output`); with config `replay_of=<trajectory uuid>` the hub answers from that
+trajectory's records and no server starts (docs/mcp.md).
 
 scene_config: see apps/engines/scenes.py (env_name, class_name, env_description, code,
 operations, init_config, check_func, task_id, image); written by the importer (importer.py).
@@ -32,10 +37,9 @@ from typing import Any
 from django.conf import settings
 
 from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
-from apps.engines.envscaler.session import EnvCallTimeout, EnvSession, EnvSessionError, result_text
+from apps.engines.mcp import McpCallTimeout, McpHub, McpServerSpec, McpSessionError, McpStartError
 from apps.engines.runtime import SceneRuntime, SetupError, ToolError, ToolResult
-from apps.engines.sandboxes import WORKDIR, Sandbox, SandboxSpec, SandboxUnavailable
-from apps.engines.sandboxes.base import SERVICE_HTTP, ServiceFailed
+from apps.engines.sandboxes import WORKDIR, Sandbox, SandboxSpec
 
 SERVER_SOURCE = Path(__file__).with_name("server.py")
 SANDBOX_DIR = f"{WORKDIR}/.envscaler"
@@ -53,7 +57,8 @@ TTL_MARGIN_S = 900
 # port serves every task; 0.0.0.0 so a runtime that maps the port from outside the sandbox's
 # loopback (Docker, Kubernetes) reaches it.
 
-# Serves server.py's MCP server over HTTP: argv is SERVER_PATH SPEC_PATH HOST PORT. Host/Origin
+# Serves server.py's MCP server over HTTP: argv is SERVER_PATH SPEC_PATH HOST PORT (the hub fills
+# in "{host}" and "{port}"). Host/Origin
 # checks are off: the server is reached only through the sandbox's endpoint, under the proxy's
 # Host name, never from a browser on the sandbox's loopback.
 HTTP_LAUNCHER = (
@@ -101,16 +106,29 @@ def server_spec(scene: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def mcp_spec(config: dict[str, Any]) -> McpServerSpec:
+    """The environment's server as the hub starts it."""
+    return McpServerSpec(
+        name="envscaler", namespace="", package={"kind": "module", "name": "apps.engines.envscaler.server"},
+        argv=[PYTHON, SERVER_PATH, "serve", SPEC_PATH],
+        http_argv=[PYTHON, "-c", HTTP_LAUNCHER, SERVER_PATH, SPEC_PATH, "{host}", "{port}"],
+        port=settings.ENVSCALER_MCP_PORT, host=settings.ENVSCALER_MCP_HOST, env=dict(SERVER_ENV),
+        platform_tools=["envscaler_state", "envscaler_check"],
+        call_timeout_s=float(config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S),
+        start_timeout_s=settings.ENVSCALER_START_TIMEOUT_S,
+    )
+
+
 def _capped(state: Any) -> Any:
     text = json.dumps(state, ensure_ascii=False, sort_keys=True)
     return state if len(text) <= STATE_STEP_CHARS else {"truncated": True, "head": text[:STATE_STEP_CHARS]}
 
 
 class _Live:
-    """One episode's environment: its MCP session and the last state seen."""
+    """One episode's environment: its MCP hub and the last state seen."""
 
-    def __init__(self, session: EnvSession, state: Any):
-        self.session = session
+    def __init__(self, hub: McpHub, state: Any):
+        self.hub = hub
         self.initial_state = state
         self.state = state
         self.lock = threading.Lock()
@@ -177,70 +195,46 @@ class EnvScalerRuntime(SceneRuntime):
         if not scene.get("code") or not scene.get("env_name"):
             raise SetupError(f"the task names the environment {scene.get('env_name')!r} but carries no code for it; "
                              "import environments with `manage.py import_envscaler` or the console upload")
-        sandbox.write_file(SERVER_PATH, SERVER_SOURCE.read_bytes())
-        sandbox.write_file(SPEC_PATH, json.dumps(server_spec(scene)).encode("utf-8"))
-        lifetime = float(config.get("timeout_s") or 600) + CHECK_TIMEOUT_S
-        if sandbox.service_transport == SERVICE_HTTP:
-            session = self._start_http(sandbox, lifetime)
-        else:
-            session = self._start_stdio(sandbox, lifetime)
-        live = _Live(session, None)
+        hub = McpHub.for_episode([mcp_spec(config)], config)
+        # A replay answers from the recorded trajectory: no server, nothing to write for one.
+        if not hub.replaying:
+            sandbox.write_file(SERVER_PATH, SERVER_SOURCE.read_bytes())
+            sandbox.write_file(SPEC_PATH, json.dumps(server_spec(scene)).encode("utf-8"))
+        live = _Live(hub, None)
         with self._lock:
             self._live[sandbox.id] = live
-        # Whatever happens from here on, destroying the sandbox closes the session.
+        # Whatever happens from here on, destroying the sandbox closes the hub (the hub's own
+        # cleanup closes what it started should its start fail half-way).
         sandbox.add_cleanup(lambda: self._close(sandbox.id))
-        missing = [op["name"] for op in scene.get("operations") or [] if op["name"] not in session.tool_names]
-        if missing:
-            raise SetupError(f"the environment's MCP server does not offer the operations {missing}")
-        live.initial_state = live.state = self._state(session)
-
-    @staticmethod
-    def _start_stdio(sandbox: Sandbox, lifetime: float) -> EnvSession:
         try:
-            command = sandbox.stdio_command([PYTHON, SERVER_PATH, "serve", SPEC_PATH], lifetime=lifetime,
-                                            env=SERVER_ENV)
-        except SandboxUnavailable as exc:
-            # A capability the backend lacks, not a lost sandbox: retrying would not help.
-            raise SetupError(f"the envscaler scene needs an MCP server over stdio in the sandbox: {exc}") from None
-        try:
-            return EnvSession.start(command, start_timeout=settings.ENVSCALER_START_TIMEOUT_S)
-        except EnvSessionError as exc:
-            raise SetupError(f"the environment did not start: {exc}") from None
-
-    @staticmethod
-    def _start_http(sandbox: Sandbox, lifetime: float) -> EnvSession:
-        port, host = settings.ENVSCALER_MCP_PORT, settings.ENVSCALER_MCP_HOST
-        start_timeout = settings.ENVSCALER_START_TIMEOUT_S
-        try:
-            service = sandbox.start_service([PYTHON, "-c", HTTP_LAUNCHER, SERVER_PATH, SPEC_PATH, host, str(port)],
-                                            port=port, lifetime=lifetime, ready_timeout=start_timeout, env=SERVER_ENV)
-        except ServiceFailed as exc:
+            hub.start(sandbox, lifetime=float(config.get("timeout_s") or 600) + CHECK_TIMEOUT_S)
+        except McpStartError as exc:
             # The server itself exited or never listened (its code, or an image without fastmcp);
             # anything else (the sandbox or the OpenSandbox server gone) stays an infrastructure error.
             raise SetupError(f"the environment did not start: {exc}") from None
-        try:
-            return EnvSession.connect(service, start_timeout=start_timeout,
-                                      output=lambda: sandbox.service_output(service))
-        except EnvSessionError as exc:
-            raise SetupError(f"the environment did not start: {exc}") from None
+        offered = {tool["name"] for tool in hub.server_tools("envscaler")}
+        missing = [op["name"] for op in scene.get("operations") or [] if op["name"] not in offered]
+        if missing:
+            raise SetupError(f"the environment's MCP server does not offer the operations {missing}")
+        live.initial_state = live.state = self._state(hub)
 
     def _close(self, sandbox_id: str) -> None:
         with self._lock:
             live = self._live.pop(sandbox_id, None)
         if live is not None:
-            live.session.close()
+            live.hub.close()
 
     def _get(self, sandbox: Sandbox) -> _Live:
         with self._lock:
             live = self._live.get(sandbox.id)
         if live is None:
-            raise EnvSessionError(f"no environment is running in sandbox {sandbox.id}")
+            raise McpSessionError(f"no environment is running in sandbox {sandbox.id}")
         return live
 
     @staticmethod
-    def _state(session: EnvSession) -> Any:
-        result = session.call("envscaler_state", {}, timeout=DEFAULT_STEP_TIMEOUT_S)
-        text = result_text(result)
+    def _state(hub: McpHub) -> Any:
+        result = hub.call_platform("envscaler", "envscaler_state", {}, timeout=DEFAULT_STEP_TIMEOUT_S)
+        text = result.text
         if result.is_error:
             return {"error": text}
         try:
@@ -260,20 +254,21 @@ class EnvScalerRuntime(SceneRuntime):
                 raise ToolError(f"the environment no longer responds ({live.wedged}); call finish")
             started = time.monotonic()
             try:
-                result = live.session.call(name, args, timeout=limit)
-            except EnvCallTimeout as exc:
+                result = live.hub.call(name, args, timeout=limit)
+            except McpCallTimeout:
                 # The operation is still running in the server: the environment is unusable now,
                 # which is the task's environment's doing, not the platform's (no retry).
-                live.wedged = str(exc)
-                return ToolResult(output=f"timed out: {exc}; the environment no longer responds",
+                live.wedged = f"the environment did not answer {name} within {limit:g}s"
+                return ToolResult(output=f"timed out: {live.wedged}; the environment no longer responds",
                                   duration_ms=int((time.monotonic() - started) * 1000), timed_out=True,
-                                  extra={"env_error": str(exc), "state_before": _capped(live.state)})
-            duration_ms = int((time.monotonic() - started) * 1000)
-            text = result_text(result)
+                                  extra={"env_error": live.wedged, "state_before": _capped(live.state),
+                                         "mcp_calls": live.hub.take_records()})
+            duration_ms = result.duration_ms
+            text = result.text
             before = live.state
-            live.state = self._state(live.session)
+            live.state = self._state(live.hub)
         extra: dict[str, Any] = {"state_before": _capped(before), "state_after": _capped(live.state),
-                                 "state_changed": before != live.state}
+                                 "state_changed": before != live.state, "mcp_calls": live.hub.take_records()}
         if result.is_error:
             extra["env_error"] = text
             text = f"error: {text}"
@@ -284,17 +279,19 @@ class EnvScalerRuntime(SceneRuntime):
     def verify(self, sandbox: Sandbox, config: dict[str, Any], final_answer: str) -> tuple[float | None, dict[str, Any]]:
         scene = scene_config(config)
         check = scene.get("check_func")
-        if not check:
-            return None, {}
         live = self._get(sandbox)
+        if not check:
+            # Exchanges no step carried (set-up's, when the agent called nothing) still go on record.
+            records = live.hub.take_records()
+            return None, ({"mcp_calls": records} if records else {})
         with live.lock:
             if live.wedged:
                 raise SetupError(f"the check cannot run: the environment no longer responds ({live.wedged})")
-            started = time.monotonic()
-            result = live.session.call("envscaler_check", {"source": check}, timeout=CHECK_TIMEOUT_S)
-            duration_ms = int((time.monotonic() - started) * 1000)
-            final_state = self._state(live.session)
-        text = result_text(result)
+            result = live.hub.call_platform("envscaler", "envscaler_check", {"source": check}, timeout=CHECK_TIMEOUT_S)
+            final_state = self._state(live.hub)
+            records = live.hub.take_records()
+        duration_ms = result.duration_ms
+        text = result.text
         try:
             report = json.loads(text)
         except json.JSONDecodeError:
@@ -314,5 +311,5 @@ class EnvScalerRuntime(SceneRuntime):
         elif report.get("note"):
             output["note"] = report["note"]
         # passed/total: how the shared loop words the outcome ("1/1 tests passed").
-        output.update(passed=1 if reward == 1.0 else 0, total=1, reward=float(reward))
+        output.update(passed=1 if reward == 1.0 else 0, total=1, reward=float(reward), mcp_calls=records)
         return float(reward), output

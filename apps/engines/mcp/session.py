@@ -1,14 +1,14 @@
-"""The platform's side of one environment: a fastmcp Client into the sandbox, over stdio or HTTP.
+"""The platform's side of one MCP server: a fastmcp Client into the sandbox, over stdio or HTTP.
 
-    session = EnvSession.start(sandbox.stdio_command([...], lifetime=...), start_timeout=60)
+    session = McpSession.start(sandbox.stdio_command([...], lifetime=...), start_timeout=60, name="git")
     # or, where the backend serves ports instead of pipes (OpenSandbox):
-    session = EnvSession.connect(sandbox.start_service([...], port=..., ...), start_timeout=60,
-                                 output=lambda: sandbox.service_output(service))
-    session.tool_names                                  # from tools/list after initialize
+    session = McpSession.connect(sandbox.start_service([...], port=..., ...), start_timeout=60,
+                                 output=lambda: sandbox.service_output(service), name="git")
+    session.tools, session.tool_names                   # from tools/list after initialize
     result = session.call("book", {"slot": "..."}, timeout=30)   # CallToolResult
     session.close()
 
-The scene runtime's hooks are synchronous and run in worker threads, while the MCP client
+The hub (hub.py) holds one session per server of an episode. The scene runtime's hooks are synchronous and run in worker threads, while the MCP client
 is async and its connection must live across the whole episode. So each session owns a
 thread with an event loop; one coroutine holds `async with Client(...)` open (fastmcp does
 the MCP initialize handshake) until `close()`, and calls are submitted to that loop. The
@@ -35,32 +35,24 @@ MCP_HTTP_PATH = "/mcp"
 STDERR_TAIL_CHARS = 4000
 
 
-class EnvSessionError(InfrastructureError):
-    """The environment's MCP server could not be started or is gone."""
+class McpSessionError(InfrastructureError):
+    """The MCP server could not be started or is gone."""
 
 
-class EnvCallTimeout(EnvSessionError):
+class McpCallTimeout(McpSessionError):
     """A tools/call got no answer in time; the server may still be busy with it."""
 
 
-def result_text(result: Any) -> str:
-    """The text of an MCP CallToolResult (text blocks joined; other blocks named)."""
-    parts = []
-    for block in result.content or []:
-        text = getattr(block, "text", None)
-        parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')} block]")
-    return "\n".join(parts)
-
-
-class EnvSession:
+class McpSession:
     """Use `start` (stdio) or `connect` (streamable HTTP). `output` returns the tail of what the
     server wrote, for error messages; `on_close` runs once when the session is closed."""
 
-    def __init__(self, transport: Any, *, start_timeout: float, name: str = "envscaler",
+    def __init__(self, transport: Any, *, start_timeout: float, name: str = "mcp",
                  output: Callable[[], str] = lambda: "", output_label: str = "server stderr",
                  on_close: Callable[[], None] | None = None):
         from fastmcp import Client
 
+        self.name = name
         self._output = output
         self._output_label = output_label
         self._on_close = on_close
@@ -69,27 +61,31 @@ class EnvSession:
         self._stop: asyncio.Event | None = None
         self._ready: concurrent.futures.Future = concurrent.futures.Future()
         self._done: concurrent.futures.Future | None = None
-        self.tool_names: list[str] = []
+        self.tools: list[Any] = []  # mcp.types.Tool, as the server listed them
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"{name}-mcp")
         self._thread.start()
         self._done = asyncio.run_coroutine_threadsafe(self._hold(), self._loop)
         try:
-            self.tool_names = self._ready.result(start_timeout + 5)
+            self.tools = self._ready.result(start_timeout + 5)
         except BaseException as exc:
             detail = self.stderr_tail()
             self.close()
             if isinstance(exc, concurrent.futures.TimeoutError):
-                message = f"the environment's MCP server did not start within {start_timeout:g}s"
+                message = f"the MCP server {name!r} did not start within {start_timeout:g}s"
             else:
-                message = f"the environment's MCP server did not start: {type(exc).__name__}: {exc}"
-            raise EnvSessionError(message + (f"\n{output_label}:\n{detail}" if detail else "")) from None
+                message = f"the MCP server {name!r} did not start: {type(exc).__name__}: {exc}"
+            raise McpSessionError(message + (f"\n{output_label}:\n{detail}" if detail else "")) from None
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [tool.name for tool in self.tools]
 
     @classmethod
-    def start(cls, command: StdioCommand, *, start_timeout: float) -> "EnvSession":
+    def start(cls, command: StdioCommand, *, start_timeout: float, name: str = "mcp") -> "McpSession":
         """Spawn `command` (a process inside the sandbox) and speak MCP over its stdin/stdout."""
         from fastmcp.client.transports import StdioTransport
 
-        fd, log_name = tempfile.mkstemp(prefix="envscaler-", suffix=".stderr")
+        fd, log_name = tempfile.mkstemp(prefix=f"mcp-{name}-", suffix=".stderr")
         os.close(fd)
         log_path = Path(log_name)
         transport = StdioTransport(command=command.argv[0], args=command.argv[1:], env=command.env,
@@ -101,24 +97,24 @@ class EnvSession:
             except OSError:
                 return ""
 
-        return cls(transport, start_timeout=start_timeout, output=output,
+        return cls(transport, start_timeout=start_timeout, name=name, output=output,
                    on_close=lambda: log_path.unlink(missing_ok=True))
 
     @classmethod
-    def connect(cls, service: ServiceEndpoint, *, start_timeout: float,
-                output: Callable[[], str] = lambda: "") -> "EnvSession":
+    def connect(cls, service: ServiceEndpoint, *, start_timeout: float, name: str = "mcp",
+                output: Callable[[], str] = lambda: "", path: str = MCP_HTTP_PATH) -> "McpSession":
         """Speak MCP over streamable HTTP to a server already listening inside the sandbox."""
         from fastmcp.client.transports import StreamableHttpTransport
 
-        transport = StreamableHttpTransport(service.url + MCP_HTTP_PATH, headers=dict(service.headers))
-        return cls(transport, start_timeout=start_timeout, output=output, output_label="server output")
+        transport = StreamableHttpTransport(service.url + path, headers=dict(service.headers))
+        return cls(transport, start_timeout=start_timeout, name=name, output=output, output_label="server output")
 
     async def _hold(self) -> None:
         self._stop = asyncio.Event()
         try:
             async with self._client as client:
                 tools = await client.list_tools()
-                self._ready.set_result([tool.name for tool in tools])
+                self._ready.set_result(list(tools))
                 await self._stop.wait()
         except BaseException as exc:
             if not self._ready.done():
@@ -126,19 +122,19 @@ class EnvSession:
             raise
 
     def call(self, name: str, arguments: dict[str, Any], *, timeout: float) -> Any:
-        """tools/call; the raw CallToolResult (is_error says the tool refused). EnvCallTimeout when
-        the server does not answer in time, EnvSessionError when the connection is gone."""
+        """tools/call; the raw CallToolResult (is_error says the tool refused). McpCallTimeout when
+        the server does not answer in time, McpSessionError when the connection is gone."""
         if self._done is None or self._done.done():
-            raise EnvSessionError(f"the environment's MCP server is gone{self._stderr_note()}")
+            raise McpSessionError(f"the MCP server {self.name!r} is gone{self._stderr_note()}")
         # One deadline, ours: the client's own request timeout would surface as a generic MCPError.
         future = asyncio.run_coroutine_threadsafe(self._client.call_tool_mcp(name, arguments), self._loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise EnvCallTimeout(f"the environment did not answer {name} within {timeout:g}s") from None
+            raise McpCallTimeout(f"the MCP server {self.name!r} did not answer {name} within {timeout:g}s") from None
         except Exception as exc:
-            raise EnvSessionError(f"calling {name} failed: {type(exc).__name__}: {exc}{self._stderr_note()}") from None
+            raise McpSessionError(f"calling {name} on the MCP server {self.name!r} failed: {type(exc).__name__}: {exc}{self._stderr_note()}") from None
 
     def stderr_tail(self) -> str:
         """The tail of what the server wrote ("" when nothing or unavailable)."""
