@@ -56,7 +56,7 @@ from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from trajplatform.redaction import redact
+from trajplatform.redaction import redact, storable
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,8 @@ def _targets(event: str) -> list[tuple[WebhookEndpoint | None, str]]:
 def webhook_emit(event: str, data: dict[str, Any]) -> None:
     """Record one delivery of `event` per matching endpoint; the sends are enqueued on commit.
 
-    Call it inside the service's transaction. `data` is redacted and must be JSON-serialisable.
+    Call it inside the service's transaction. `data` is made storable (redacted; NUL bytes and
+    lone surrogates replaced) and must be JSON-serialisable.
     """
     if event not in EVENTS:
         raise ValueError(f"unknown webhook event {event!r}; events: {', '.join(EVENTS)}")
@@ -298,7 +299,7 @@ def webhook_emit(event: str, data: dict[str, Any]) -> None:
     if not targets:
         return
     now = timezone.now()
-    payload_data = redact(data)
+    payload_data = storable(data)
     rows = []
     for endpoint, url in targets:
         delivery_id = uuid.uuid4()

@@ -459,3 +459,9 @@ def test_an_https_delivery_is_pinned_with_the_name_kept_for_sni_and_the_certific
     assert request.headers["Host"] == "secure.example.test"
     # httpcore uses it as the TLS server_hostname: SNI and the certificate check are the name's.
     assert request.extensions["sni_hostname"] == "secure.example.test"
+
+
+def test_a_payload_with_a_nul_byte_is_recorded_with_it_replaced(endpoint: WebhookEndpoint, enqueued: list[int]) -> None:
+    webhook_emit("task.finished", {"task_id": 1, "reason": "output a\x00b", "bad\ud800": 1})
+    delivery = WebhookDelivery.objects.get()  # stored on PostgreSQL too (no DataError)
+    assert json.loads(delivery.body)["data"] == {"task_id": 1, "reason": "output a\ufffdb", "bad\ufffd": 1}
