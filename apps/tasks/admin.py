@@ -19,8 +19,8 @@ from django.utils.safestring import SafeString
 from apps.tasks.importers import validate_task
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.services import (
-    TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue, tasks_create,
-    tasks_enqueue,
+    BatchNameTaken, TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue,
+    tasks_create, tasks_enqueue,
 )
 from trajplatform.admin import ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin
 
@@ -320,7 +320,7 @@ class TaskAdmin(ActionsOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONMi
     def add_view(self, request: HttpRequest, form_url: str = "", extra_context: Any = None) -> HttpResponse:
         try:
             return super().add_view(request, form_url, extra_context)
-        except TaskCreateError as exc:  # what the form's checks could not see (e.g. text the database refuses)
+        except (TaskCreateError, BatchNameTaken) as exc:  # what the form's checks could not see (e.g. a race)
             self.message_user(request, f"Not created: {exc}", messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())
 
@@ -362,7 +362,9 @@ class TaskAdmin(ActionsOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONMi
 
     @admin.action(description="Start selected tasks (queued, not started)", permissions=["change"])
     def start_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        started = tasks_enqueue(tasks=queryset, actor=request.user)
+        # The changelist's queryset joins the batch (list_select_related): PostgreSQL locks no outer join.
+        selected = Task.objects.filter(pk__in=queryset.values("pk"))
+        started = tasks_enqueue(tasks=selected, actor=request.user)
         others = queryset.count() - started
         note = f" ({others} not queued: left as they are)" if others else ""
         report(self, request, f"Started {started}{note}", [])
