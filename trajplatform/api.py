@@ -369,7 +369,8 @@ try:
     from drf_spectacular.types import OpenApiTypes
 
     class StrictFilterExtension(DjangoFilterExtension):
-        """The schema of an IdFilter is an integer with its bounds (drf-spectacular would say number)."""
+        """The schema of an IdFilter is an integer with its bounds (drf-spectacular would say number);
+        a NumberFilter declares django-filter's 1e50 maximum."""
 
         target_class = "trajplatform.api.StrictFilterBackend"
         priority = 1
@@ -383,6 +384,9 @@ try:
                         **build_basic_type(OpenApiTypes.INT64),
                         "minimum": filter_field.extra["min_value"], "maximum": filter_field.extra["max_value"],
                     }
+            elif isinstance(filter_field, django_filters.NumberFilter) and filter_field.get_max_validator():
+                for parameter in result:  # django-filter refuses numbers above 1e50
+                    parameter["schema"]["maximum"] = filter_field.get_max_validator().limit_value
             return result
 except ImportError:  # drf-spectacular is only needed for the schema
     pass
@@ -525,6 +529,25 @@ class StrictSerializerMixin:
             if not_text:
                 raise exceptions.ValidationError({name: ["must be a string"] for name in not_text})
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+try:
+    from drf_spectacular.extensions import OpenApiSerializerExtension
+
+    class StrictSerializerScheme(OpenApiSerializerExtension):
+        """A strict serializer's request body declares `additionalProperties: false` (an unknown
+        field is a 400, so the schema must not allow one)."""
+
+        target_class = "trajplatform.api.StrictSerializerMixin"
+        match_subclasses = True
+
+        def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+            schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+            if direction == "request" and schema.get("type") == "object":
+                schema["additionalProperties"] = False
+            return schema
+except ImportError:  # drf-spectacular is only needed for the schema
+    pass
 
 
 class BlankChoicesMixin:

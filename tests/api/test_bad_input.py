@@ -252,3 +252,8 @@ def test_the_schema_declares_page_size_bounds_blank_enums_and_integer_ids(client
 
     assert allows_blank(components["Review"]["properties"]["verdict"])
     assert allows_blank(components["TrajectorySummary"]["properties"]["outcome"])
+    # Strict request bodies say that unknown fields are refused.
+    assert components["ReasonRequest"]["additionalProperties"] is False
+    assert components["DecisionRequest"]["additionalProperties"] is False
+    trajectories = {p["name"]: p["schema"] for p in schema["paths"]["/api/v1/trajectories"]["get"]["parameters"]}
+    assert trajectories["min_reward"]["maximum"] == 1e50 and trajectories["iteration"]["minimum"] == 0
