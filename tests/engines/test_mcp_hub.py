@@ -48,7 +48,7 @@ SERVER_PATH = "/workspace/mcp_test_server.py"
 
 
 def spec(name: str, **fields: Any) -> McpServerSpec:
-    return McpServerSpec(name=name, argv=["python3", SERVER_PATH, name], env=dict(SERVER_ENV), **fields)
+    return McpServerSpec(**{"name": name, "argv": ["python3", SERVER_PATH, name], "env": dict(SERVER_ENV), **fields})
 
 
 def started(sandbox: Any, *specs: McpServerSpec) -> McpHub:
@@ -171,6 +171,26 @@ def test_a_server_that_cannot_start_is_a_start_error_with_its_stderr_and_the_oth
         with pytest.raises(McpStartError, match="(?s)the MCP server 'broken' did not start.*no such package"):
             started(sandbox, spec("alpha"), broken)
         assert _bwraps_using(str(sandbox.workspace)) == []
+
+
+def test_over_streamable_http_on_opensandbox_two_servers_each_on_its_port(opensandbox_backend: Any, fake: Any) -> None:
+    from tests.engines.test_envscaler_opensandbox import free_port
+
+    # The fake's sandboxes share the host's loopback: each server gets a free port of its own.
+    over_http = spec("alpha", transport="http", argv=["python3", SERVER_PATH, "alpha", "{host}", "{port}"],
+                     host="127.0.0.1", port=free_port(), start_timeout_s=30)
+    stdio_too = spec("beta", http_argv=["python3", SERVER_PATH, "beta", "{host}", "{port}"], host="127.0.0.1",
+                     port=free_port(), start_timeout_s=30)
+    with opensandbox_backend.create(SandboxSpec(image=PLATFORM_PYTHON_PROFILE)) as sandbox:
+        hub = started(sandbox, over_http, stdio_too)
+        assert hub.call_tool("alpha__echo", {"text": "hi"}).output == "alpha: hi"
+        assert hub.call_tool("beta__fail", {"message": "no"}).output == "error: no"
+        commands = list(fake.sandboxes[sandbox.id].background.values())
+        assert len(commands) == 2 and all(c.proc.returncode is None for c in commands)
+    assert all(c.proc.returncode is not None for c in commands)
+    with pytest.raises(McpStartError, match="cannot be reached over http"):
+        with opensandbox_backend.create(SandboxSpec(image=PLATFORM_PYTHON_PROFILE)) as sandbox:
+            started(sandbox, spec("stdio_only"))
 
 
 # --- through the agent loop ------------------------------------------------------------------------
