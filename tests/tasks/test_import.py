@@ -290,7 +290,8 @@ def test_the_same_ids_may_be_imported_again_as_another_batch(tmp_path: Path) -> 
     path = write(tmp_path / "a.jsonl", {**VALID, "external_id": "x"})
     run(path)
     run(path)
-    assert Batch.objects.count() == 2 and Task.objects.filter(external_id="x").count() == 2
+    assert Task.objects.filter(external_id="x").count() == 2
+    assert list(Batch.objects.order_by("pk").values_list("name", flat=True)) == ["a", "a (2)"]
 
 
 def test_a_file_changed_after_the_check_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -394,7 +395,10 @@ def test_once_skips_a_file_already_imported_under_the_same_name(tmp_path):
     assert "already imported" in out.getvalue()
     assert Batch.objects.filter(name="again").count() == 1
     assert Task.objects.count() == 1
-    # Changed content or another name is a new batch, --once or not.
+    # Changed content under a name that is taken is refused (batch names are unique); another name
+    # is a new batch, --once or not.
     path.write_text('{"scene": "code_exec", "prompt": "Sort a list, descending."}\n')
-    call_command("import_tasks", str(path), "--batch", "again", "--once", stdout=StringIO())
-    assert Batch.objects.filter(name="again").count() == 2
+    with pytest.raises(CommandError, match="a batch named 'again' already exists"):
+        call_command("import_tasks", str(path), "--batch", "again", "--once", stdout=StringIO())
+    call_command("import_tasks", str(path), "--batch", "again-2", "--once", stdout=StringIO())
+    assert list(Batch.objects.order_by("pk").values_list("name", flat=True)) == ["again", "again-2"]

@@ -12,7 +12,7 @@ from django.urls import reverse
 from apps.engines.scenes import SCENES
 from apps.tasks.importers import ADP_TASK_TYPE_SCENES, ImportSummary, InvalidImport, check_file, iter_tasks
 from apps.tasks.selectors import batch_imported_from
-from apps.tasks.services import batch_import, tasks_enqueue
+from apps.tasks.services import BatchNameTaken, batch_free_name, batch_import, tasks_enqueue
 
 MAX_ERRORS_SHOWN = 200
 
@@ -58,7 +58,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("file", metavar="FILE", help="the .jsonl or .json file to import")
-        parser.add_argument("--batch", metavar="NAME", help="batch name (default: the file name without extension)")
+        parser.add_argument(
+            "--batch", metavar="NAME",
+            help="batch name, unique (default: the file name without extension, with ' (2)', ... if taken)",
+        )
         parser.add_argument(
             "--scene",
             choices=list(SCENES),
@@ -118,6 +121,9 @@ class Command(BaseCommand):
             self._write_counts(summary)
             return
 
+        if options["batch"] is None:
+            name = batch_free_name(name)  # the file's name again: "tasks (2)", batch names are unique
+
         with path.open("rb") as fp:
             rows = self._checked_rows(fp, scene, summary.sha256)
             try:
@@ -131,6 +137,9 @@ class Command(BaseCommand):
                 )
             except InvalidImport as exc:
                 raise CommandError(f"{label} changed while importing ({exc.errors[0].format(label)}); nothing imported") from None
+            except BatchNameTaken as exc:
+                raise CommandError(f"--batch: {exc} (with --once, a file already imported under that name is "
+                                   "skipped); nothing imported") from None
 
         self.stdout.write(self.style.SUCCESS(
             f"Imported {batch.task_count} tasks into batch #{batch.pk} {batch.name!r} "
