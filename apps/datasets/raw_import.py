@@ -234,6 +234,7 @@ def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None
     """Import a raw export (JSONL) all or nothing; raises RawImportError listing every bad line."""
     from apps.reviews.models import Review
     from apps.tasks.models import Batch, Task, Trajectory
+    from apps.tasks.services import BatchNameTaken, batch_create
 
     if batch_name is not None and (not batch_name.strip() or len(batch_name) > 200):
         raise RawImportError(["batch name: must be 1-200 characters"])
@@ -259,9 +260,13 @@ def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None
             for source_task, (_, definition) in checker.tasks.items():
                 name = definition["batch"]
                 if name not in batches:
-                    batches[name] = Batch.objects.create(
-                        name=name[:200], created_by=user, source_name=Path(label).name[:300],
-                        source_sha256=sha256, source_format="raw", notes="imported by import_trajectories")
+                    try:  # race-safe: a concurrent import of the same name loses here, not with an IntegrityError
+                        batches[name], _ = batch_create(
+                            name=name, created_by=user, source_name=Path(label).name, source_sha256=sha256,
+                            source_format="raw", notes="imported by import_trajectories")
+                    except BatchNameTaken:
+                        raise RawImportError([f"batch {name[:200]!r} already exists; pass a new batch name "
+                                              "(--batch NAME)"]) from None
                 fields = {f: definition[f] for f in TASK_FIELDS}
                 tasks[source_task] = Task(batch=batches[name], created_by=user, status=Task.Status.COMPLETED,
                                           current_iteration=checker.max_iteration[source_task], **fields)

@@ -99,6 +99,28 @@ def test_round_trip_export_import_export_is_identical(exported: tuple[list[int],
     assert event.actor == admin_user_role and event.data["trajectories"] == 4 and event.data["reviews"] == 4
 
 
+def test_a_batch_name_taken_by_a_concurrent_import_is_refused_not_an_integrity_error(
+    exported: tuple[list[int], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another import creates "restored" after this one checked the names: the unique name makes
+    this one fail cleanly (batch_create), writing nothing."""
+    from apps.datasets import raw_import
+
+    _, path = exported
+    result_class = raw_import.RawImportResult
+
+    def names_checked_then_a_concurrent_import_commits(*args: Any, **kwargs: Any) -> Any:
+        Batch.objects.create(name="restored")
+        return result_class(*args, **kwargs)
+
+    monkeypatch.setattr(raw_import, "RawImportResult", names_checked_then_a_concurrent_import_commits)
+    counts = (Task.objects.count(), Trajectory.objects.count())
+    with pytest.raises(RawImportError) as refused:
+        trajectories_import(path_or_file=path, actor=None, batch_name="restored")
+    assert refused.value.errors == ["batch 'restored' already exists; pass a new batch name (--batch NAME)"]
+    assert (Task.objects.count(), Trajectory.objects.count()) == counts
+
+
 def test_batch_name_puts_everything_in_one_batch(exported: tuple[list[int], Path]) -> None:
     _, path = exported
     result = trajectories_import(path_or_file=str(path), actor=None, batch_name="restored")
