@@ -39,6 +39,13 @@ script by id. The step is the number of assistant messages already in `messages`
 scripted tool name must be among the request's `tools`; if not, the reply is HTTP 400 rather
 than a call the agent cannot execute.
 
+Pipeline stages (apps.engines.pipelines, docs/pipelines.md): an `llm` stage's prompt starts with a
+key line `[pipeline:TEMPLATE key=ITEM]`, and a one-step `{"content": "..."}` script whose prompt is
+that line answers it (matched by containment, as above). A repair turn (the stage's output failed
+its validator) ends with a user message carrying `[pipeline:TEMPLATE key=ITEM repair=N]`: such a
+request is answered by the script of that last message, from its first step, whatever came before;
+with no script for it, the plain "no script" answer fails validation and the item is dropped.
+
 Judge mode: a request whose system message carries the marker `[trajplatform-judge]` (the
 review agent's judge prompt, apps.reviews.review_agent) is not looked up among the scripts.
 The stand-in answers it deterministically from the `<evidence>{...}</evidence>` JSON the prompt
@@ -95,6 +102,8 @@ STATUS_FAULTS = {"429", "500", "502", "503", "504"}
 KEEPALIVE_IDLE_S = 120.0
 FAULT_KINDS = STATUS_FAULTS | {"slow", "malformed", "never_finish", "text_only"}
 _MARKER = re.compile(r"\[script:([A-Za-z0-9_.:\-]+)\]")
+# The key line of a pipeline stage's prompt (apps.engines.pipelines.key_line builds it).
+PIPELINE_KEY = re.compile(r"\[pipeline:[^\]\s]+ key=[^\]]*\]")
 # Must equal apps.reviews.review_agent.JUDGE_MARKER / EVIDENCE_OPEN / EVIDENCE_CLOSE (a test checks).
 JUDGE_MARKER = "[trajplatform-judge]"
 _EVIDENCE = re.compile(r"<evidence>(.*?)</evidence>", re.DOTALL)
@@ -433,6 +442,11 @@ class ScriptedModel:
         first_user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
         script = self.registry.match(_text_of(first_user.get("content"))) if first_user else None
         step_index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        last_user = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
+        if last_user is not None and last_user is not first_user:
+            repair = _text_of(last_user.get("content"))
+            if PIPELINE_KEY.search(repair):  # a pipeline stage's repair turn: its own script, from the start
+                script, step_index = self.registry.match(repair), 0
         offered = _offered_tools(body.get("tools"))
 
         if script is None:

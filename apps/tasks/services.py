@@ -749,15 +749,16 @@ def _validated_items(items: list[Any], allowed_scenes: Any) -> list[dict[str, An
 
 
 def tasks_create(
-    *, items: list[Any], actor: Any, batch_name: str = "", notes: str = "", allowed_scenes: Any = None
+    *, items: list[Any], actor: Any, batch_name: str = "", notes: str = "", allowed_scenes: Any = None,
+    source: str = "api",
 ) -> TaskCreateResult:
     """Validate and create tasks (the importers' rules, both item shapes) and start them after commit.
 
     All or nothing: any invalid item raises TaskCreateError listing every problem and writes
     nothing. With `batch_name`, the actor's batch of that name is reused (created if
     missing; race-safe: `batch_create`) and an item whose external id already exists in it
-    returns that task instead of a duplicate; a batch of that name that is not the actor's API
-    batch raises BatchNameTaken. Without it, a new batch is created. One "tasks.task_create" audit row per new
+    returns that task instead of a duplicate; a batch of that name that is not the actor's batch
+    from the same `source` ("api", or "pipeline" for generation pipelines) raises BatchNameTaken. Without it, a new batch is created. One "tasks.task_create" audit row per new
     task; the new tasks' first iterations are queued by `tasks_enqueue` (rollout jobs on commit).
     """
     if not isinstance(items, list) or not items:
@@ -766,15 +767,15 @@ def tasks_create(
     user = actor if getattr(actor, "is_authenticated", False) else None
     batch_name = (batch_name or "").strip()[:200]
     with transaction.atomic():
-        batch_fields = {"created_by": user, "source_name": "api", "source_format": "api", "notes": notes}
+        batch_fields = {"created_by": user, "source_name": source, "source_format": source, "notes": notes}
         if batch_name:
             batch, _ = batch_create(
                 name=batch_name, **batch_fields,
-                reuse=lambda b: b.source_format == "api" and b.created_by_id == getattr(user, "pk", None),
+                reuse=lambda b: b.source_format == source and b.created_by_id == getattr(user, "pk", None),
             )
         else:
             batch = batch_create_named_after(
-                f"api {getattr(user, 'username', 'system')} {timezone.now():%Y-%m-%d %H:%M:%S}", **batch_fields)
+                f"{source} {getattr(user, 'username', 'system')} {timezone.now():%Y-%m-%d %H:%M:%S}", **batch_fields)
         external_ids = [r["external_id"] for r in rows if r.get("external_id")]
         existing = {t.external_id: t for t in Task.objects.filter(batch=batch, external_id__in=external_ids)}
         now = timezone.now()

@@ -1,0 +1,350 @@
+"""Runs a claimed PipelineRun: every stage for every live item, storing each as a StageRun.
+
+A StageRun that finished (succeeded, or dropped its item) is reused as it is: its stage is not
+called again, so a run resumed after a crash pays for nothing twice. One that was running when
+the worker died, or failed on an infrastructure error, runs again. The runner is called by the
+job (`apps.engines.pipelines.jobs.run_pipeline`) after its compare-and-swap claim; `beat()` is
+its heartbeat and cancel check between stage runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import re
+from decimal import Decimal
+from typing import Any, Callable
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from apps.engines import agent
+from apps.engines.llm import canonical_json
+from apps.engines.models import PipelineRun, StageRun
+from apps.engines.pipelines import (
+    TASK_STAGE,
+    CodeStage,
+    Drop,
+    EpisodeStage,
+    LLMStage,
+    Pipeline,
+    PipelineError,
+    Stage,
+    key_line,
+)
+
+ALL_ITEMS = "*"  # the item key of a scope="all" stage's one StageRun
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+REPAIR_TEXT = (
+    "{key}\nYour previous answer was rejected: {error}\n"
+    "Answer again with only the corrected JSON, nothing else."
+)
+
+
+class StageFailed(Exception):
+    """A stage could not run (an LLM or sandbox error, an exception in a code stage): the run
+    fails and can be resumed; its StageRun is FAILED and runs again then."""
+
+
+class Stopped(Exception):
+    """Cancel was requested, or this worker lost its claim: stop between stage runs."""
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False))
+
+
+def parse_json_output(raw: str) -> Any:
+    """The JSON value in a model's answer (bare, in a ``` fence, or the outermost {...}/[...]);
+    ValueError when there is none."""
+    text = (raw or "").strip()
+    candidates = [text]
+    candidates += [m.group(1).strip() for m in _FENCE.finditer(text)]
+    for open_, close in (("{", "}"), ("[", "]")):
+        start, end = text.find(open_), text.rfind(close)
+        if 0 <= start < end:
+            candidates.append(text[start:end + 1])
+    for candidate in candidates:
+        try:
+            return json.loads(candidate)
+        except (json.JSONDecodeError, ValueError):
+            continue
+    raise ValueError(f"the answer is not JSON: {text[:200]!r}")
+
+
+def _validator_error(validator: Callable[..., Any] | None, value: Any, inputs: dict[str, Any]) -> str | None:
+    if validator is None:
+        return None
+    try:
+        error = validator(value, inputs)
+    except Drop as exc:
+        return str(exc) or "rejected by the validator"
+    return str(error) if error else None
+
+
+def check_output(stage: LLMStage, raw: str, inputs: dict[str, Any]) -> tuple[Any, str | None]:
+    """(parsed, None) for a valid answer; (parsed or None, reason) for an invalid one."""
+    try:
+        parsed = parse_json_output(raw)
+    except ValueError as exc:
+        return None, str(exc)
+    if stage.schema:
+        error = best_match(Draft202012Validator(stage.schema).iter_errors(parsed))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+            return parsed, f"schema: at {where}: {error.message}"
+    return parsed, _validator_error(stage.validator, parsed, inputs)
+
+
+@dataclasses.dataclass
+class Item:
+    key: str
+    state: dict[str, Any]
+
+
+class Runner:
+    """One pass of a pipeline over a run's seeds. `llm` is an LLMClient (the worker's by
+    default); `beat` raises Stopped when the run must stop (called between stage runs)."""
+
+    def __init__(self, run: PipelineRun, pipeline: Pipeline, *, llm: Any = None,
+                 beat: Callable[[], None] = lambda: None):
+        self.run, self.pipeline, self.beat = run, pipeline, beat
+        self._llm = llm
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None:
+            from apps.tasks.jobs import get_llm_client
+
+            self._llm = get_llm_client()
+        return self._llm
+
+    # -- the pass
+
+    def items(self) -> list[Item]:
+        items, seen = [], set()
+        for i, seed in enumerate(self.run.seeds):
+            if self.pipeline.seed_key is not None:
+                key = self.pipeline.seed_key(seed, i)
+            else:
+                key = seed.get("id", i) if isinstance(seed, dict) else i
+            key = str(key)
+            if not key or key in seen or key == ALL_ITEMS or len(key) > 150:
+                raise PipelineError(f"seed {i}: its key {key!r} is empty, repeated, '*' or too long")
+            seen.add(key)
+            items.append(Item(key, {"seed": seed}))
+        return items
+
+    def execute(self) -> None:
+        """Run every stage, then turn each surviving item into a task; raises StageFailed or Stopped."""
+        items = self.items()
+        done = {(s.stage, s.item_key): s for s in StageRun.objects.filter(run=self.run, status__in=StageRun.FINISHED)}
+        for index, stage in enumerate(self.pipeline.stages):
+            if isinstance(stage, CodeStage) and stage.scope == "all":
+                items = self._all_items(stage, index, items, done)
+                continue
+            survivors: list[Item] = []
+            for item in items:
+                self.beat()
+                row = done.get((stage.name, item.key)) or self._run_stage(stage, index, item)
+                if row.status != StageRun.Status.SUCCEEDED:
+                    continue
+                survivors.extend(self._next_items(stage, item, row.parsed_output))
+            items = survivors
+        for item in items:
+            self.beat()
+            if (TASK_STAGE, item.key) not in done:
+                self._emit_task(item)
+
+    def _next_items(self, stage: Stage, item: Item, output: Any) -> list[Item]:
+        if not stage.fan_out:
+            return [Item(item.key, {**item.state, stage.name: output})]
+        elements = output.get("items") if isinstance(output, dict) else output
+        children = []
+        for i, element in enumerate(elements or []):
+            suffix = element.get("id") if isinstance(element, dict) and isinstance(element.get("id"), (str, int)) else i
+            children.append(Item(f"{item.key}.{suffix}", {**item.state, stage.name: element}))
+        return children
+
+    # -- one stage run
+
+    def _start(self, stage: Stage, index: int, key: str, inputs: Any) -> StageRun:
+        row, _ = StageRun.objects.get_or_create(
+            run=self.run, stage=stage.name, item_key=key,
+            defaults={"index": index, "kind": stage.kind},
+        )
+        row.index, row.kind, row.inputs = index, stage.kind, _json_safe(inputs)
+        row.status, row.error, row.started_at, row.finished_at = StageRun.Status.RUNNING, "", timezone.now(), None
+        row.attempts += 1
+        row.llm_calls = row.prompt_tokens = row.completion_tokens = row.total_tokens = row.repair_attempts = 0
+        row.cost_usd = Decimal(0)
+        row.save()
+        return row
+
+    def _finish(self, row: StageRun, status: str, error: str = "", **fields: Any) -> StageRun:
+        for name, value in fields.items():
+            setattr(row, name, _json_safe(value) if name in ("parsed_output", "validator_result") else value)
+        row.status, row.error, row.finished_at = status, error[:10_000], timezone.now()
+        row.save()
+        return row
+
+    def _run_stage(self, stage: Stage, index: int, item: Item) -> StageRun:
+        inputs = stage.inputs(item.state)
+        row = self._start(stage, index, item.key, inputs)
+        inputs = row.inputs  # what was stored is what the stage sees (JSON, as on a resume)
+        try:
+            if isinstance(stage, LLMStage):
+                return self._llm_stage(stage, row, inputs)
+            if isinstance(stage, EpisodeStage):
+                return self._episode_stage(stage, row, inputs)
+            return self._code_item(stage, row, inputs)
+        except (Stopped, StageFailed):
+            raise
+        except Exception as exc:
+            self._finish(row, StageRun.Status.FAILED, f"{type(exc).__name__}: {exc}")
+            raise StageFailed(f"stage {stage.name!r} for item {item.key!r}: {type(exc).__name__}: {exc}") from exc
+
+    def _chat(self, stage: LLMStage, row: StageRun, messages: list[dict[str, Any]], turn: int) -> str:
+        result = self.llm.chat(
+            messages, temperature=stage.temperature, max_tokens=stage.max_tokens,
+            model=self.run.config.get("model") or None,
+            # The run's identity (a UUID), so no other run is served these answers; a stage
+            # that crashed after its answer came back is answered from the cache on resume.
+            cache_key_extra={"pipeline_run": str(self.run.uuid), "stage": stage.name, "item": row.item_key,
+                             "turn": turn},
+        )
+        usage = result.usage or {}
+        row.llm_calls += 1
+        row.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        row.completion_tokens += int(usage.get("completion_tokens") or 0)
+        row.total_tokens += int(usage.get("total_tokens") or 0)
+        row.cost_usd += Decimal(result.cost_usd or 0)
+        return result.content or ""
+
+    def _llm_stage(self, stage: LLMStage, row: StageRun, inputs: dict[str, Any]) -> StageRun:
+        template = stage.template
+        assert template is not None
+        messages = [{"role": "system", "content": template.system}] if template.system else []
+        messages.append({"role": "user", "content": key_line(template.id, row.item_key) + "\n" + template.user(inputs)})
+        row.template_id, row.template_version = template.id, template.version
+        row.prompt_hash = hashlib.sha256(canonical_json(messages).encode("utf-8")).hexdigest()
+        turns: list[dict[str, Any]] = []
+        for turn in range(stage.repairs + 1):
+            raw = self._chat(stage, row, messages, turn)
+            parsed, error = check_output(stage, raw, inputs)
+            turns.append({"raw": raw, "error": error})
+            row.raw_output, row.repair_attempts = raw, turn
+            if error is None:
+                return self._finish(row, StageRun.Status.SUCCEEDED, parsed_output=parsed,
+                                    validator_result={"valid": True, "turns": turns})
+            if turn < stage.repairs:
+                self.beat()
+                messages = messages + [
+                    {"role": "assistant", "content": raw},
+                    {"role": "user", "content": REPAIR_TEXT.format(
+                        key=key_line(template.id, row.item_key, repair=turn + 1), error=error)},
+                ]
+        reason = f"invalid output after {stage.repairs} repair(s): {turns[-1]['error']}"
+        return self._finish(row, StageRun.Status.DROPPED, reason, parsed_output=None,
+                            validator_result={"valid": False, "error": turns[-1]["error"], "turns": turns})
+
+    def _episode_stage(self, stage: EpisodeStage, row: StageRun, inputs: dict[str, Any]) -> StageRun:
+        assert stage.config is not None
+        result = asyncio.run(agent.run_episode(
+            config=stage.config(inputs), llm=self.llm,
+            cache_key_extra={"pipeline_run": str(self.run.uuid), "stage": stage.name, "item": row.item_key},
+        ))
+        output = _json_safe(dataclasses.asdict(result))
+        row.llm_calls, row.total_tokens = result.llm_calls, result.total_tokens
+        row.prompt_tokens, row.completion_tokens, row.cost_usd = result.prompt_tokens, result.completion_tokens, result.cost_usd
+        row.raw_output = result.final_answer
+        if result.outcome == "error" and (result.retryable or result.error_kind in ("infrastructure", "llm")):
+            self._finish(row, StageRun.Status.FAILED, f"episode error ({result.error_kind}): {result.outcome_reason}",
+                         parsed_output=output)
+            raise StageFailed(f"stage {stage.name!r} for item {row.item_key!r}: {result.outcome_reason}")
+        error = _validator_error(stage.validator, output, inputs)
+        if error:
+            return self._finish(row, StageRun.Status.DROPPED, error, parsed_output=output,
+                                validator_result={"valid": False, "error": error})
+        return self._finish(row, StageRun.Status.SUCCEEDED, parsed_output=output, validator_result={"valid": True})
+
+    def _code_item(self, stage: CodeStage, row: StageRun, inputs: dict[str, Any]) -> StageRun:
+        assert stage.fn is not None
+        try:
+            output = stage.fn(inputs)
+        except Drop as exc:
+            return self._finish(row, StageRun.Status.DROPPED, str(exc) or "dropped by the gate",
+                                validator_result={"valid": False, "error": str(exc)})
+        return self._finish(row, StageRun.Status.SUCCEEDED, parsed_output=output, validator_result={"valid": True})
+
+    def _all_items(self, stage: CodeStage, index: int, items: list[Item],
+                   done: dict[tuple[str, str], StageRun]) -> list[Item]:
+        """A scope="all" stage: one StageRun over every live item (its output: kept and dropped)."""
+        self.beat()
+        row = done.get((stage.name, ALL_ITEMS))
+        if row is None:
+            assert stage.fn is not None
+            row = self._start(stage, index, ALL_ITEMS, {item.key: stage.inputs(item.state) for item in items})
+            try:
+                answer = stage.fn(row.inputs)
+                kept = {k: v for k, v in answer.items() if not isinstance(v, Drop)}
+                dropped = {k: str(v) or "dropped by the gate" for k, v in answer.items() if isinstance(v, Drop)}
+            except Exception as exc:
+                self._finish(row, StageRun.Status.FAILED, f"{type(exc).__name__}: {exc}")
+                raise StageFailed(f"stage {stage.name!r}: {type(exc).__name__}: {exc}") from exc
+            for item in items:
+                if item.key not in kept and item.key not in dropped:
+                    dropped[item.key] = "not in the gate's answer"
+            row = self._finish(row, StageRun.Status.SUCCEEDED, parsed_output={"kept": kept, "dropped": dropped},
+                               validator_result={"valid": True, "kept": len(kept), "dropped": len(dropped)})
+        kept = (row.parsed_output or {}).get("kept", {})
+        return [Item(item.key, {**item.state, stage.name: kept[item.key]}) for item in items if item.key in kept]
+
+    def _emit_task(self, item: Item) -> None:
+        """Create the item's task through the task service, linked to this StageRun."""
+        from apps.tasks.services import TaskCreateError, tasks_create
+
+        task_item = dict(self.pipeline.task(item.key, item.state))
+        task_item.setdefault("external_id", f"{self.pipeline.name}-{item.key}")
+        row = self._start(_TASK_STAGE_SPEC, len(self.pipeline.stages), item.key, {"task": task_item})
+        try:
+            with transaction.atomic():
+                result = tasks_create(items=[row.inputs["task"]], actor=self.run.created_by,
+                                      batch_name=self.run.batch_name, source="pipeline")
+                task = result.tasks[0]
+                self._finish(row, StageRun.Status.SUCCEEDED, parsed_output={"task_id": task.pk}, task=task,
+                             validator_result={"valid": True})
+                if self.run.batch_id != result.batch.pk:
+                    self.run.batch = result.batch
+                    PipelineRun.objects.filter(pk=self.run.pk).update(batch=result.batch)
+        except TaskCreateError as exc:
+            self._finish(row, StageRun.Status.DROPPED, f"the task is invalid: {exc}",
+                         validator_result={"valid": False, "errors": [list(e) for e in exc.errors]})
+
+
+_TASK_STAGE_SPEC = CodeStage(name=TASK_STAGE, fn=lambda inputs: inputs)
+
+
+def run_counts(run: PipelineRun) -> dict[str, Any]:
+    """The run's counters, from its StageRuns (what the run row and the progress bar show)."""
+    rows = StageRun.objects.filter(run=run)
+    stats = rows.aggregate(
+        done=Count("id", filter=Q(stage=TASK_STAGE, status=StageRun.Status.SUCCEEDED)),
+        dropped=Count("id", filter=Q(status=StageRun.Status.DROPPED)),
+        calls=Sum("llm_calls"), tokens=Sum("total_tokens"), cost=Sum("cost_usd"),
+        finished=Count("id", filter=Q(status__in=StageRun.FINISHED)),
+    )
+    gated = rows.filter(item_key=ALL_ITEMS, status=StageRun.Status.SUCCEEDED).values_list("parsed_output", flat=True)
+    stats["dropped"] += sum(len((out or {}).get("dropped") or {}) for out in gated)
+    return {
+        "items_done": stats["done"], "tasks_created": rows.filter(task__isnull=False).count(),
+        "items_dropped": stats["dropped"], "llm_calls": stats["calls"] or 0,
+        "total_tokens": stats["tokens"] or 0, "cost_usd": stats["cost"] or Decimal(0),
+        "stages_finished": stats["finished"],
+    }

@@ -1,0 +1,382 @@
+"""Generation pipelines: stage storage, repair and drop, resume without paying twice, the job's
+claim, tasks through the task service, the admin actions and the command, against the offline
+scripted model (its request log counts the model calls)."""
+from __future__ import annotations
+
+import io
+import json
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+
+from apps.engines import pipelines
+from apps.engines.llm import LLMClient, Provider
+from apps.engines.models import PipelineRun, StageRun
+from apps.engines.offline_model import MODEL_NAME, running_offline_model
+from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template, key_line
+from apps.engines.pipelines import jobs as pipeline_jobs
+from apps.engines.pipelines import services
+from apps.tasks.models import Task
+from trajplatform.audit import AuditEvent, audit_events_for
+
+pytestmark = pytest.mark.django_db
+
+SCENE = "code_exec"  # a real scene: the generated tasks are validated against its schema
+QUESTION = Template(
+    id="demo/question", version="2",
+    system="You write programming tasks.",
+    user=lambda inputs: f"Write one programming task about {inputs['seed']['topic']}. "
+                        'Answer with JSON only: {"prompt": "<the task>"}.',
+)
+QUESTION_SCHEMA = {
+    "type": "object", "required": ["prompt"], "additionalProperties": False,
+    "properties": {"prompt": {"type": "string", "minLength": 20}},
+}
+CRASH_ON: set[str] = set()  # item keys whose gate "kills the worker" once
+
+
+class SimulatedCrash(BaseException):
+    """Not an Exception: nothing in the runner may catch it, as nothing survives a kill -9."""
+
+
+def gate(inputs: dict[str, Any]) -> dict[str, Any]:
+    key = inputs["key"]
+    if key in CRASH_ON:
+        CRASH_ON.discard(key)
+        raise SimulatedCrash(key)
+    if "forbidden" in inputs["prompt"]:
+        raise Drop("mentions a forbidden word")
+    return {"length": len(inputs["prompt"])}
+
+
+def dedup(items: dict[str, Any]) -> dict[str, Any]:
+    seen: dict[str, str] = {}
+    out: dict[str, Any] = {}
+    for key in sorted(items):
+        prompt = items[key]["prompt"]
+        out[key] = Drop(f"duplicate of {seen[prompt]}") if prompt in seen else {"unique": True}
+        seen.setdefault(prompt, key)
+    return out
+
+
+def build_demo(config: dict[str, Any]) -> Pipeline:
+    return Pipeline(
+        name="demo",
+        stages=(
+            LLMStage(name="question", template=QUESTION, schema=QUESTION_SCHEMA, repairs=config.get("repairs", 1)),
+            CodeStage(name="gate", fn=gate,
+                      inputs=lambda s: {"key": s["seed"]["id"], "prompt": s["question"]["prompt"]}),
+            CodeStage(name="dedup", scope="all", fn=dedup, inputs=lambda s: {"prompt": s["question"]["prompt"]}),
+        ),
+        task=lambda key, state: {"scene": SCENE, "prompt": state["question"]["prompt"], "max_steps": 3},
+    )
+
+
+def answer(key: str, content: Any, repair: int = 0) -> dict[str, Any]:
+    """A one-step offline script answering the llm stage for `key` (the key-line convention)."""
+    text = content if isinstance(content, str) else json.dumps(content)
+    return {"id": f"demo-{key}-{repair}", "prompt": key_line("demo/question", key, repair),
+            "reference_solution": [{"content": text}]}
+
+
+def task_text(topic: str) -> str:
+    return f"Write a Python function that handles {topic} and test it with pytest."
+
+
+GOOD = {k: answer(k, {"prompt": task_text(k)}) for k in ("s1", "s2", "s3")}
+
+
+@pytest.fixture(autouse=True)
+def demo_registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setitem(pipelines.PIPELINES, SCENE, "tests.engines.test_pipelines:build_demo")
+    monkeypatch.setattr(pipeline_jobs, "HEARTBEAT_S", 0.0)
+    CRASH_ON.clear()
+    yield
+    CRASH_ON.clear()
+
+
+@pytest.fixture
+def model() -> Iterator[Any]:
+    """Start the offline model with `scripts`; returns (server, client)."""
+    servers = []
+
+    def _start(*scripts: dict[str, Any]) -> tuple[Any, LLMClient]:
+        cm = running_offline_model(scripts=list(scripts))
+        server = cm.__enter__()
+        servers.append(cm)
+        return server, LLMClient([Provider("offline", server.url, MODEL_NAME)], limiters={})
+
+    yield _start
+    for cm in servers:
+        cm.__exit__(None, None, None)
+
+
+def seeds(*keys: str) -> list[dict[str, Any]]:
+    return [{"id": k, "topic": k} for k in keys]
+
+
+def calls_by_key(server: Any) -> dict[str, int]:
+    """Model requests per key line (first user message), from the offline model's request log."""
+    counts: dict[str, int] = {}
+    for request in server.model.requests:
+        users = [m["content"] for m in request["body"]["messages"] if m["role"] == "user"]
+        line = users[-1].splitlines()[0]
+        counts[line] = counts.get(line, 0) + 1
+    return counts
+
+
+def create_and_run(llm: LLMClient, keys: tuple[str, ...] = ("s1", "s2", "s3"), **kw: Any) -> PipelineRun:
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds(*keys), actor=None, batch_name="gen", **kw)
+    pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    run.refresh_from_db()
+    return run
+
+
+def test_every_stage_run_is_stored_with_inputs_hash_outputs_tokens(model: Any) -> None:
+    server, llm = model(*GOOD.values())
+    run = create_and_run(llm)
+    assert run.status == PipelineRun.Status.COMPLETED, run.error
+    question = StageRun.objects.get(run=run, stage="question", item_key="s1")
+    assert question.kind == "llm" and question.status == StageRun.Status.SUCCEEDED
+    assert (question.template_id, question.template_version) == ("demo/question", "2")
+    assert len(question.prompt_hash) == 64 and question.inputs["seed"] == {"id": "s1", "topic": "s1"}
+    assert json.loads(question.raw_output) == question.parsed_output == {"prompt": task_text("s1")}
+    assert question.validator_result["valid"] is True
+    assert question.llm_calls == 1 and question.total_tokens > 0 and question.prompt_tokens > 0
+    gate_row = StageRun.objects.get(run=run, stage="gate", item_key="s1")
+    assert gate_row.kind == "code" and gate_row.parsed_output == {"length": len(task_text("s1"))}
+    assert StageRun.objects.get(run=run, stage="dedup").item_key == "*"
+    assert run.items_done == run.tasks_created == 3 and run.items_dropped == 0
+    assert run.llm_calls == 3 and run.total_tokens == sum(
+        StageRun.objects.filter(run=run).values_list("total_tokens", flat=True))
+    # The same prompt hash for the same rendered prompt: the hash identifies the prompt.
+    other = create_and_run(llm, keys=("s1",))
+    assert StageRun.objects.get(run=other, stage="question").prompt_hash == question.prompt_hash
+
+
+def test_tasks_go_through_the_task_service_with_audit_rows_and_link_their_stage_run(model: Any) -> None:
+    _, llm = model(*GOOD.values())
+    run = create_and_run(llm)
+    tasks = list(Task.objects.filter(batch=run.batch).order_by("external_id"))
+    assert [t.external_id for t in tasks] == ["demo-s1", "demo-s2", "demo-s3"]
+    assert run.batch.name == "gen" and run.batch.source_format == "pipeline" and run.batch.task_count == 3
+    assert all(t.status == Task.Status.RUNNING for t in tasks)  # started by tasks_create, like the API's
+    for task in tasks:
+        producer = task.stage_runs.get()
+        assert producer.run == run and producer.stage == pipelines.TASK_STAGE
+        assert producer.inputs["task"]["prompt"] == task.prompt
+        assert audit_events_for(task).filter(action="tasks.task_create").count() == 1
+    assert audit_events_for(run).filter(action="engines.pipeline_start").count() == 1
+    finish = audit_events_for(run).get(action="engines.pipeline_finish")
+    assert finish.data["status"] == "completed" and finish.data["tasks_created"] == "3"
+
+
+def test_invalid_output_gets_a_repair_turn_with_the_error(model: Any) -> None:
+    server, llm = model(
+        answer("s1", {"prompt": "too short"}),
+        answer("s1", {"prompt": task_text("repaired")}, repair=1),
+    )
+    run = create_and_run(llm, keys=("s1",))
+    row = StageRun.objects.get(run=run, stage="question")
+    assert row.status == StageRun.Status.SUCCEEDED and row.repair_attempts == 1 and row.llm_calls == 2
+    assert row.parsed_output == {"prompt": task_text("repaired")}
+    turns = row.validator_result["turns"]
+    assert "schema: at prompt" in turns[0]["error"] and turns[1]["error"] is None
+    repair_request = list(server.model.requests)[-1]["body"]["messages"]
+    assert [m["role"] for m in repair_request] == ["system", "user", "assistant", "user"]
+    assert "schema: at prompt" in repair_request[-1]["content"]
+    assert repair_request[-1]["content"].startswith(key_line("demo/question", "s1", repair=1))
+
+
+def test_still_invalid_after_the_repairs_drops_the_item_with_the_reason(model: Any) -> None:
+    _, llm = model(GOOD["s1"], answer("s2", {"prompt": "too short"}),
+                   answer("s2", {"prompt": "still short"}, repair=1))
+    run = create_and_run(llm, keys=("s1", "s2"), config={"repairs": 2})
+    row = StageRun.objects.get(run=run, stage="question", item_key="s2")
+    assert row.status == StageRun.Status.DROPPED and row.parsed_output is None
+    assert row.llm_calls == 3 and row.repair_attempts == 2  # no script for repair 2: a plain-text answer
+    assert row.error.startswith("invalid output after 2 repair(s): the answer is not JSON")
+    assert [t["error"] is not None for t in row.validator_result["turns"]] == [True, True, True]
+    assert not StageRun.objects.filter(run=run, item_key="s2").exclude(stage="question").exists()
+    assert run.status == PipelineRun.Status.COMPLETED and run.items_dropped == 1 and run.tasks_created == 1
+
+
+def test_an_unparseable_answer_is_rejected_never_passed_on(model: Any) -> None:
+    _, llm = model(answer("s1", "Sure! Here is a great task: write a web server."))
+    run = create_and_run(llm, keys=("s1",), config={"repairs": 0})
+    row = StageRun.objects.get(run=run, stage="question")
+    assert row.status == StageRun.Status.DROPPED and row.parsed_output is None
+    assert "not JSON" in row.error and row.validator_result["valid"] is False
+    assert list(StageRun.objects.filter(run=run).values_list("stage", flat=True)) == ["question", "dedup"]
+    assert StageRun.objects.get(run=run, stage="dedup").inputs == {}
+    assert run.tasks_created == 0 and not Task.objects.exists()
+
+
+def test_code_gates_drop_items_and_all_item_stages_see_every_live_item(model: Any) -> None:
+    _, llm = model(GOOD["s1"], answer("s2", {"prompt": task_text("s1")}),
+                   answer("s3", {"prompt": task_text("forbidden things")}))
+    run = create_and_run(llm)
+    assert StageRun.objects.get(run=run, stage="gate", item_key="s3").error == "mentions a forbidden word"
+    dedup_row = StageRun.objects.get(run=run, stage="dedup")
+    assert set(dedup_row.inputs) == {"s1", "s2"}
+    assert dedup_row.parsed_output["dropped"] == {"s2": "duplicate of s1"}
+    assert run.tasks_created == 1 and run.items_dropped == 2
+
+
+def test_a_run_resumed_after_a_crash_mid_stage_pays_no_finished_stage_twice(model: Any) -> None:
+    server, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2", "s3"), actor=None, batch_name="gen")
+    CRASH_ON.add("s2")
+    with pytest.raises(SimulatedCrash):
+        pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.RUNNING  # as a killed worker leaves it
+    assert StageRun.objects.get(run=run, stage="gate", item_key="s2").status == StageRun.Status.RUNNING
+    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+
+    # The job that died is no longer alive: the reaper re-queues the run at once.
+    assert pipeline_jobs.reap_pipeline_runs()["requeued"] == 1
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.QUEUED
+    assert audit_events_for(run).filter(action="engines.pipeline_requeue").count() == 1
+    pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.COMPLETED and run.attempts == 2 and run.tasks_created == 3
+    # Not one more model call: every question had finished before the crash.
+    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    attempts = dict(StageRun.objects.filter(run=run, stage="question").values_list("item_key", "attempts"))
+    assert attempts == {"s1": 1, "s2": 1, "s3": 1}
+    assert StageRun.objects.get(run=run, stage="gate", item_key="s2").attempts == 2
+    assert StageRun.objects.get(run=run, stage="gate", item_key="s1").attempts == 1
+
+
+def test_a_crash_inside_an_llm_stage_reruns_only_that_stage(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    server, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2", "s3"), actor=None, batch_name="gen")
+    real_chat = llm.chat
+
+    def dying_chat(messages: list[dict[str, Any]], **kw: Any) -> Any:
+        result = real_chat(messages, **kw)
+        if "key=s2]" in messages[-1]["content"] and not getattr(dying_chat, "died", False):
+            dying_chat.died = True  # type: ignore[attr-defined]
+            raise SimulatedCrash("killed after the answer came back, before it was stored")
+        return result
+
+    monkeypatch.setattr(llm, "chat", dying_chat)
+    with pytest.raises(SimulatedCrash):
+        pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    pipeline_jobs.reap_pipeline_runs()
+    pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.COMPLETED and run.tasks_created == 3
+    rows = {r.item_key: r for r in StageRun.objects.filter(run=run, stage="question")}
+    assert {k: r.attempts for k, r in rows.items()} == {"s1": 1, "s2": 2, "s3": 1}
+    # s2's answer was in the LLM response cache (keyed by the run's UUID): even the stage that
+    # ran twice was paid once.
+    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+
+
+def test_double_delivery_is_harmless(model: Any) -> None:
+    server, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="gen")
+    claim = pipeline_jobs.claim_run(run.pk, "elsewhere:1:abc")
+    assert claim is not None and pipeline_jobs.claim_run(run.pk, "elsewhere:2:def") is None
+    assert pipeline_jobs.run_pipeline(run.pk, llm=llm) == {"claimed": False}  # the second delivery
+    assert server.model.chat_requests == 0 and not StageRun.objects.exists()
+    PipelineRun.objects.filter(pk=run.pk).update(status=PipelineRun.Status.QUEUED, claim_token="")
+    first = pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    assert first["status"] == "completed"
+    assert pipeline_jobs.run_pipeline(run.pk, llm=llm) == {"claimed": False}
+    assert server.model.chat_requests == 1 and Task.objects.count() == 1
+
+
+def test_a_worker_that_lost_its_claim_stops_without_finishing_the_run(model: Any) -> None:
+    _, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2"), actor=None, batch_name="gen")
+    claim = pipeline_jobs.claim_run(run.pk, "host:1:x")
+    PipelineRun.objects.filter(pk=run.pk).update(claim_token="someone-else")
+    with pytest.raises(pipelines.runner.Stopped):
+        claim.beat()
+    assert pipeline_jobs._execute(claim, llm) == {"claimed": True, "status": "lost"}
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.RUNNING and not audit_events_for(run).filter(
+        action="engines.pipeline_finish").exists()
+
+
+def test_cancel_and_resume_are_audited_transitions(model: Any) -> None:
+    _, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="gen")
+    services.pipeline_run_cancel(run=run, actor=None, reason="not now")
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.CANCELLED and run.error == "not now"
+    services.pipeline_run_cancel(run=run, actor=None)  # repeat: no-op
+    assert audit_events_for(run).filter(action="engines.pipeline_cancel").count() == 1
+    assert pipeline_jobs.run_pipeline(run.pk, llm=llm) == {"claimed": False}
+    with pytest.raises(services.TransitionError):
+        services.pipeline_run_start(run=run, actor=None)
+    services.pipeline_run_resume(run=run, actor=None)
+    assert pipeline_jobs.run_pipeline(run.pk, llm=llm)["status"] == "completed"
+    with pytest.raises(services.TransitionError):
+        services.pipeline_run_resume(run=run, actor=None)
+    assert audit_events_for(run).filter(action="engines.pipeline_resume").count() == 1
+
+
+def test_a_running_run_stops_between_stages_when_cancelled(model: Any) -> None:
+    _, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2"), actor=None, batch_name="gen")
+
+    def cancel_then_gate(inputs: dict[str, Any]) -> dict[str, Any]:
+        services.pipeline_run_cancel(run=run, actor=None)
+        return {"ok": True}
+
+    from tests.engines import test_pipelines as me
+
+    original = me.gate
+    me.gate = cancel_then_gate  # build_demo looks the gate up when the run starts
+    try:
+        result = pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    finally:
+        me.gate = original
+    run.refresh_from_db()
+    assert result["status"] == run.status == PipelineRun.Status.CANCELLED
+    assert StageRun.objects.filter(run=run, stage="gate").count() == 1 and run.tasks_created == 0
+
+
+def test_bad_seeds_and_unknown_scenes_are_refused_before_anything_is_written() -> None:
+    with pytest.raises(PipelineError, match="has no generation pipeline yet"):
+        services.pipeline_run_create(scene="toucan", seeds=seeds("a"), actor=None)
+    with pytest.raises(PipelineError, match="unknown scene 'nope'"):
+        services.pipeline_run_create(scene="nope", seeds=seeds("a"), actor=None)
+    with pytest.raises(PipelineError, match="repeated"):
+        services.pipeline_run_create(scene=SCENE, seeds=seeds("a", "a"), actor=None)
+    with pytest.raises(PipelineError, match="non-empty list"):
+        services.pipeline_run_create(scene=SCENE, seeds=[], actor=None)
+    assert not PipelineRun.objects.exists() and not AuditEvent.objects.filter(action__startswith="engines.").exists()
+
+
+def test_a_failing_stage_fails_the_run_and_resume_reruns_only_it(model: Any) -> None:
+    _, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2"), actor=None, batch_name="gen")
+    from tests.engines import test_pipelines as me
+
+    original = me.gate
+
+    def broken(inputs: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the gate's service is down")
+
+    me.gate = broken
+    try:
+        pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    finally:
+        me.gate = original
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.FAILED and "the gate's service is down" in run.error
+    assert StageRun.objects.get(run=run, stage="gate", item_key="s1").status == StageRun.Status.FAILED
+    services.pipeline_run_resume(run=run, actor=None)
+    pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.COMPLETED and run.tasks_created == 2 and run.llm_calls == 2
