@@ -214,7 +214,7 @@ def test_machine_written_records_are_read_only_even_for_superusers(
 # The old test here posted the change form and expected the task to be saved with save(); the
 # change page is view-only now (config changes are proposals): tests/tasks/test_admin_services.py.
 def test_task_change_page_is_view_only_for_editors_and_links_to_propose(
-    client: Any, reviewer: Any, objects: dict[str, Any]
+    client: Any, reviewer: Any, make_user: Any, objects: dict[str, Any]
 ) -> None:
     task = objects["task"]
     client.force_login(reviewer)
@@ -224,6 +224,8 @@ def test_task_change_page_is_view_only_for_editors_and_links_to_propose(
     assert client.post(change_url("task", task.pk), {"priority": 9, "status": "completed"}).status_code == 403
     task.refresh_from_db()
     assert (task.priority, task.status) == (5, Task.Status.QUEUED)
+    client.force_login(make_user("viewer"))  # who may not propose gets no link
+    assert add_url("proposal") not in client.get(change_url("task", task.pk)).content.decode()
 
 
 def test_reviewer_adds_a_task_which_starts_with_scene_defaults(client: Any, reviewer: Any) -> None:

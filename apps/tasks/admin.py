@@ -303,7 +303,11 @@ class TaskAdmin(ActionsOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONMi
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[Any, dict[str, Any]]]:
         if obj is None:
             return self.add_fieldsets
-        return super().get_fieldsets(request, obj)
+        fieldsets = super().get_fieldsets(request, obj)
+        if request.user.has_perm("reviews.decide_yellow_proposal"):  # who may propose (the service checks it)
+            return fieldsets
+        return [(title, {**opts, "fields": [f for f in opts["fields"] if f != "propose_link"]})
+                for title, opts in fieldsets]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return () if obj is None else super().get_readonly_fields(request, obj)
