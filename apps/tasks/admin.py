@@ -107,11 +107,11 @@ class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
     raw_id_fields = ("created_by",)
     actions = ["start_batches", "cancel_batches", "retry_batches"]
     readonly_fields = (
-        "name", "notes", "state", "created_by", "created_at", "source_name", "source_sha256", "source_format",
+        "name", "notes", "state_and_actions", "created_by", "created_at", "source_name", "source_sha256", "source_format",
         "task_count", "tasks_link", "recent_audit_events",
     )
     fieldsets = [
-        (None, {"fields": ["name", "state", "notes"]}),
+        (None, {"fields": ["name", "state_and_actions", "notes"]}),
         ("source", {"fields": ["source_name", "source_format", "source_sha256", "task_count", "tasks_link"]}),
         ("created", {"fields": ["created_by", "created_at"]}),
         AUDIT_FIELDSET,
@@ -133,6 +133,12 @@ class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
     @admin.display(description="state", ordering="n_not_started")
     def state(self, obj: Batch) -> str:
         return batch_state(obj)
+
+    @admin.display(description="state")
+    def state_and_actions(self, obj: Batch) -> SafeString:
+        url = f"{reverse('admin:tasks_batch_changelist')}?{urlencode({'id__exact': obj.pk})}"
+        return format_html('{} — <a href="{}">Start / Cancel / Retry</a> from the batch list (actions)',
+                           batch_state(obj), url)
 
     @admin.display(description="tasks", ordering="n_tasks")
     def tasks_link(self, obj: Batch) -> SafeString | str:

@@ -350,6 +350,10 @@ def test_an_imported_batch_is_shown_as_not_started_until_it_starts(client: Any, 
     assert [b.pk for b in in_progress] == [started.pk]
     tasks = client.get(url("task", "changelist"), {"started": "no"}).context["cl"].result_list
     assert {t.batch_id for t in tasks} == {waiting.pk}
+    page = client.get(url("batch", "change", waiting.pk)).content.decode()
+    assert f'not started — <a href="{url("batch", "changelist")}?id__exact={waiting.pk}">' in page
+    only = client.get(url("batch", "changelist"), {"id__exact": waiting.pk}).context["cl"].result_list
+    assert [b.pk for b in only] == [waiting.pk]
 
 
 def test_import_tasks_leaves_the_batch_not_started_unless_asked_to_start(dispatched: list[Any]) -> None:
