@@ -1,4 +1,5 @@
-"""Console page for sandboxes: read-only rows, one action that destroys through the service."""
+"""Console pages for sandboxes (read-only rows, a destroy action through the service) and for
+generation pipeline runs (read-only, their stage runs inline, Start / Cancel / Resume through services)."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,12 +8,23 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
-from apps.engines.models import SandboxRecord
+from apps.engines.models import PipelineRun, SandboxRecord, StageRun
+from apps.engines.pipelines import services as pipeline_services
 from apps.engines.sandboxes.base import SandboxError
 from apps.engines.sandboxes.records import sandbox_destroy_records
-from trajplatform.admin import AuditTrailMixin, IdSearchMixin, ReadableJSONMixin
+from trajplatform.admin import (
+    ActionsOnlyMixin,
+    AuditTrailMixin,
+    IdSearchMixin,
+    ReadableJSONMixin,
+    ViewOnlyMixin,
+    pretty_json,
+)
 
 
 class LiveFilter(admin.SimpleListFilter):
@@ -95,3 +107,156 @@ class SandboxRecordAdmin(IdSearchMixin, ReadableJSONMixin, AuditTrailMixin, admi
         skipped = queryset.count() - len(live)
         suffix = f" ({skipped} already gone)" if skipped else ""
         self.message_user(request, f"Destroyed {destroyed}{suffix}")
+
+
+def _task_link(task_id: int | None) -> SafeString | str:
+    if task_id is None:
+        return "-"
+    return format_html('<a href="{}">task #{}</a>', reverse("admin:tasks_task_change", args=[task_id]), task_id)
+
+
+class StageRunInline(admin.TabularInline):
+    """A run's stage runs, read-only and collapsed; each links to its full record and its task."""
+
+    model = StageRun
+    fields = ("index", "stage", "item_key", "kind", "status", "repair_attempts", "llm_calls", "total_tokens",
+              "cost_usd", "short_error", "produced_task", "parsed")
+    readonly_fields = fields
+    ordering = ("index", "item_key")
+    show_change_link = True
+    can_delete = False
+    extra = 0
+    classes = ["collapse"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="error")
+    def short_error(self, obj: StageRun) -> str:
+        return obj.error[:200]
+
+    @admin.display(description="task")
+    def produced_task(self, obj: StageRun) -> SafeString | str:
+        return _task_link(obj.task_id)
+
+    @admin.display(description="parsed output")
+    def parsed(self, obj: StageRun) -> SafeString:
+        return pretty_json(obj.parsed_output)
+
+
+class PipelineStatusFilter(admin.SimpleListFilter):
+    title = "heartbeat"
+    parameter_name = "heartbeat"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("stale", "running, no heartbeat for 15 minutes")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "stale":
+            return queryset.filter(status=PipelineRun.Status.RUNNING,
+                                   heartbeat_at__lt=timezone.now() - timedelta(minutes=15))
+        return queryset
+
+
+@admin.register(PipelineRun)
+class PipelineRunAdmin(ActionsOnlyMixin, IdSearchMixin, ReadableJSONMixin, AuditTrailMixin, admin.ModelAdmin):
+    """Read-only runs; status changes only by the Start / Cancel / Resume actions (services, audited)."""
+
+    list_display = ("id", "scene", "name", "status", "item_count", "items_done", "items_dropped", "tasks_created",
+                    "llm_calls", "cost_usd", "batch", "created_at", "finished_at")
+    list_filter = ("status", "scene", PipelineStatusFilter, "created_at")
+    search_fields = ("name", "batch_name", "error")
+    list_select_related = ("batch", "created_by")
+    show_full_result_count = False
+    actions = ["start_selected", "cancel_selected", "resume_selected"]
+    inlines = [StageRunInline]
+    json_fields = ("seeds", "config")
+    fieldsets = [
+        (None, {"fields": ["uuid", "scene", "name", "status", "cancel_requested", "error", "batch_name", "batch_link",
+                           "created_by"]}),
+        ("counts", {"fields": ["item_count", "items_done", "items_dropped", "tasks_created", "llm_calls",
+                               "total_tokens", "cost_usd"]}),
+        ("input", {"classes": ["collapse"], "fields": ["seeds", "config"]}),
+        ("worker", {"fields": ["worker", "attempts", "heartbeat_at", "created_at", "queued_at", "started_at",
+                               "finished_at"]}),
+        ("audit", {"classes": ["collapse"], "fields": ["recent_audit_events"]}),
+    ]
+    readonly_fields = (
+        "uuid", "scene", "name", "status", "cancel_requested", "error", "batch_name", "batch_link", "created_by",
+        "item_count", "items_done", "items_dropped", "tasks_created", "llm_calls", "total_tokens", "cost_usd",
+        "seeds", "config", "worker", "attempts", "heartbeat_at", "created_at", "queued_at", "started_at",
+        "finished_at", "recent_audit_events",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # runs start from `manage.py synthesize_pipeline` (seeds are a file)
+
+    @admin.display(description="batch")
+    def batch_link(self, obj: PipelineRun) -> SafeString | str:
+        if obj.batch_id is None:
+            return "- (created with the first task)"
+        url = f"{reverse('admin:tasks_task_changelist')}?batch__id__exact={obj.batch_id}"
+        return format_html('<a href="{}">{} (its tasks)</a>', url, obj.batch_name)
+
+    def _each(self, request: HttpRequest, queryset: QuerySet, verb: str, service: Any) -> None:
+        done, refused = 0, []
+        for run in queryset:
+            try:
+                service(run=run, actor=request.user)
+                done += 1
+            except pipeline_services.TransitionError as exc:
+                refused.append(str(exc))
+        self.message_user(request, f"{verb} {done}")
+        if refused:
+            self.message_user(request, "; ".join(refused[:5]), messages.WARNING)
+
+    @admin.action(description="Start (dispatch again) selected queued runs", permissions=["change"])
+    def start_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, "Started", pipeline_services.pipeline_run_start)
+
+    @admin.action(description="Cancel selected runs", permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, "Cancelled", pipeline_services.pipeline_run_cancel)
+
+    @admin.action(description="Resume selected failed or cancelled runs", permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, "Resumed", pipeline_services.pipeline_run_resume)
+
+
+@admin.register(StageRun)
+class StageRunAdmin(ViewOnlyMixin, IdSearchMixin, ReadableJSONMixin, admin.ModelAdmin):
+    """One stage run in full: what went in, the raw and parsed output, the validator's verdict."""
+
+    list_display = ("id", "run", "index", "stage", "item_key", "kind", "status", "llm_calls", "total_tokens",
+                    "task", "finished_at")
+    list_filter = ("status", "kind", "stage")
+    search_fields = ("item_key", "stage", "template_id", "error")
+    list_select_related = ("run", "task")
+    raw_id_fields = ("run", "task")
+    show_full_result_count = False
+    json_fields = ("inputs", "parsed_output", "validator_result")
+    fieldsets = [
+        (None, {"fields": ["run", "index", "stage", "kind", "item_key", "status", "error", "task_link"]}),
+        ("prompt", {"fields": ["template_id", "template_version", "prompt_hash"]}),
+        ("input and output", {"fields": ["inputs", "raw_output", "parsed_output", "validator_result",
+                                         "repair_attempts"]}),
+        ("cost", {"fields": ["attempts", "llm_calls", "prompt_tokens", "completion_tokens", "total_tokens",
+                             "cost_usd", "created_at", "started_at", "finished_at"]}),
+    ]
+    readonly_fields = (
+        "run", "index", "stage", "kind", "item_key", "status", "error", "task_link", "template_id",
+        "template_version", "prompt_hash", "inputs", "raw_output", "parsed_output", "validator_result",
+        "repair_attempts", "attempts", "llm_calls", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
+        "created_at", "started_at", "finished_at",
+    )
+
+    @admin.display(description="task")
+    def task_link(self, obj: StageRun) -> SafeString | str:
+        return _task_link(obj.task_id)
+
+
+# The MCP server registry's page lives with the toucan scene.
+from apps.engines.toucan import admin as _toucan_admin  # noqa: E402,F401

@@ -380,3 +380,178 @@ def test_a_failing_stage_fails_the_run_and_resume_reruns_only_it(model: Any) -> 
     pipeline_jobs.run_pipeline(run.pk, llm=llm)
     run.refresh_from_db()
     assert run.status == PipelineRun.Status.COMPLETED and run.tasks_created == 2 and run.llm_calls == 2
+
+
+# -- episode stages: the shared agent loop -------------------------------------------------------
+
+
+def build_with_episode(config: dict[str, Any]) -> Pipeline:
+    return Pipeline(
+        name="episodic",
+        stages=(
+            pipelines.EpisodeStage(
+                name="probe",
+                config=lambda inputs: {"scene": SCENE, "prompt": inputs["seed"]["topic"], "max_steps": 2},
+                validator=lambda result, inputs: None if result["outcome"] == "success" else "the probe failed",
+            ),
+        ),
+        task=lambda key, state: {"scene": SCENE, "prompt": task_text(key)},
+    )
+
+
+def test_an_episode_stage_runs_the_shared_loop_and_gates_on_its_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.engines import agent
+
+    seen: list[dict[str, Any]] = []
+
+    async def fake_episode(*, config: dict[str, Any], llm: Any, cache_key_extra: Any = None, **kw: Any) -> Any:
+        seen.append({"config": config, "cache_key_extra": cache_key_extra})
+        ok = config["prompt"] != "bad"
+        return agent.EpisodeResult(outcome="success" if ok else "failure", final_answer="42", llm_calls=2,
+                                   total_tokens=30, prompt_tokens=20, completion_tokens=10)
+
+    monkeypatch.setattr(agent, "run_episode", fake_episode)
+    monkeypatch.setitem(pipelines.PIPELINES, SCENE, "tests.engines.test_pipelines:build_with_episode")
+    run = services.pipeline_run_create(scene=SCENE, seeds=[{"id": "a", "topic": "good"}, {"id": "b", "topic": "bad"}],
+                                       actor=None, batch_name="gen")
+    pipeline_jobs.run_pipeline(run.pk, llm=object())
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.COMPLETED and run.tasks_created == 1
+    good = StageRun.objects.get(run=run, stage="probe", item_key="a")
+    assert good.kind == "episode" and good.parsed_output["outcome"] == "success" and good.raw_output == "42"
+    assert (good.llm_calls, good.total_tokens) == (2, 30)
+    bad = StageRun.objects.get(run=run, stage="probe", item_key="b")
+    assert bad.status == StageRun.Status.DROPPED and bad.error == "the probe failed"
+    assert seen[0]["config"]["prompt"] == "good"
+    assert seen[0]["cache_key_extra"] == {"pipeline_run": str(run.uuid), "stage": "probe", "item": "a"}
+
+
+def test_an_episode_lost_to_infrastructure_fails_the_stage_for_a_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.engines import agent
+
+    async def lost(**kw: Any) -> Any:
+        return agent.EpisodeResult(outcome="error", error_kind="infrastructure", retryable=True,
+                                   outcome_reason="sandbox lost")
+
+    monkeypatch.setattr(agent, "run_episode", lost)
+    monkeypatch.setitem(pipelines.PIPELINES, SCENE, "tests.engines.test_pipelines:build_with_episode")
+    run = services.pipeline_run_create(scene=SCENE, seeds=[{"id": "a", "topic": "good"}], actor=None, batch_name="g")
+    pipeline_jobs.run_pipeline(run.pk, llm=object())
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.FAILED and "sandbox lost" in run.error
+    assert StageRun.objects.get(run=run).status == StageRun.Status.FAILED
+
+
+# -- the admin -----------------------------------------------------------------------------------
+
+
+def test_the_admin_shows_stage_runs_and_its_actions_go_through_the_services(model: Any, admin_client: Any) -> None:
+    _, llm = model(*GOOD.values())
+    run = create_and_run(llm, keys=("s1",))
+    page = admin_client.get(reverse("admin:engines_pipelinerun_change", args=[run.pk]))
+    assert page.status_code == 200
+    body = page.content.decode()
+    task = Task.objects.get()
+    assert reverse("admin:tasks_task_change", args=[task.pk]) in body and "demo/question" not in body
+    row = StageRun.objects.get(run=run, stage="question")
+    detail = admin_client.get(reverse("admin:engines_stagerun_change", args=[row.pk])).content.decode()
+    assert "demo/question" in detail and "&quot;prompt&quot;" in detail  # the JSON, indented and escaped
+    assert admin_client.get(reverse("admin:engines_pipelinerun_changelist")).status_code == 200
+
+    queued = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="gen")
+    url = reverse("admin:engines_pipelinerun_changelist")
+    admin_client.post(url, {"action": "cancel_selected", "_selected_action": [queued.pk]})
+    queued.refresh_from_db()
+    assert queued.status == PipelineRun.Status.CANCELLED
+    assert audit_events_for(queued).get(action="engines.pipeline_cancel").actor_repr == "admin"
+    response = admin_client.post(url, {"action": "resume_selected", "_selected_action": [queued.pk, run.pk]},
+                                 follow=True)
+    queued.refresh_from_db()
+    assert queued.status == PipelineRun.Status.QUEUED
+    assert "Resumed 1" in response.content.decode() and "only a failed or cancelled run resumes" in \
+        response.content.decode()
+    admin_client.post(url, {"action": "start_selected", "_selected_action": [queued.pk]})
+    assert audit_events_for(queued).filter(action="engines.pipeline_start").count() == 2
+    # Read-only: no add page, no edits by POST to the change page.
+    assert admin_client.get(reverse("admin:engines_pipelinerun_add")).status_code == 403
+    admin_client.post(reverse("admin:engines_pipelinerun_change", args=[queued.pk]), {"status": "completed"})
+    queued.refresh_from_db()
+    assert queued.status == PipelineRun.Status.QUEUED
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def pipeline_cmd(*args: str) -> str:
+    out = io.StringIO()
+    call_command("synthesize_pipeline", *args, stdout=out, stderr=out)
+    return out.getvalue()
+
+
+def test_the_command_refuses_unknown_scenes_and_bad_seed_files(tmp_path: Path) -> None:
+    seeds_file = tmp_path / "seeds.jsonl"
+    seeds_file.write_text('{"id": "a"}\n', encoding="utf-8")
+    with pytest.raises(CommandError, match="scene toucan has no generation pipeline yet"):
+        pipeline_cmd("toucan", "--seeds", str(seeds_file))
+    with pytest.raises(CommandError, match="unknown scene 'nope'"):
+        pipeline_cmd("nope", "--seeds", str(seeds_file))
+    with pytest.raises(CommandError, match="no such file"):
+        pipeline_cmd(SCENE, "--seeds", str(tmp_path / "missing.jsonl"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "a"}\n{"id": \n', encoding="utf-8")
+    with pytest.raises(CommandError, match=r"broken.jsonl:2: malformed JSON"):
+        pipeline_cmd(SCENE, "--seeds", str(broken))
+    (tmp_path / "seeds.txt").write_text("a\n")
+    with pytest.raises(CommandError, match="must be .jsonl or .json"):
+        pipeline_cmd(SCENE, "--seeds", str(tmp_path / "seeds.txt"))
+    (tmp_path / "obj.json").write_text('{"id": "a"}')
+    with pytest.raises(CommandError, match="holds a list of seeds"):
+        pipeline_cmd(SCENE, "--seeds", str(tmp_path / "obj.json"))
+    with pytest.raises(CommandError, match="goes with --wait"):
+        pipeline_cmd(SCENE, "--seeds", str(seeds_file), "--start-offline-model")
+    with pytest.raises(CommandError, match="--seeds FILE is required"):
+        pipeline_cmd(SCENE)
+    assert not PipelineRun.objects.exists()
+
+
+def test_the_command_without_wait_queues_the_run_for_the_workers(tmp_path: Path,
+                                                                   django_capture_on_commit_callbacks: Any) -> None:
+    from django_q.models import OrmQ
+
+    seeds_file = tmp_path / "seeds.json"
+    seeds_file.write_text(json.dumps(seeds("s1", "s2", "s3")), encoding="utf-8")
+    with django_capture_on_commit_callbacks(execute=True):
+        output = pipeline_cmd(SCENE, "--seeds", str(seeds_file), "--limit", "2", "--batch", "later")
+    run = PipelineRun.objects.get()
+    assert run.status == PipelineRun.Status.QUEUED and len(run.seeds) == 2 and run.batch_name == "later"
+    assert [row.task["func"] for row in OrmQ.objects.all()] == [services.JOB_FUNC]
+    assert [row.task["args"] for row in OrmQ.objects.all()] == [(run.pk,)]
+    assert "queued for the worker cluster" in output and f"/admin/engines/pipelinerun/{run.pk}/change/" in output
+
+
+@pytest.fixture
+def offline_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from tests.tasks.test_synthesize import offline_only
+
+    yield from offline_only.__wrapped__(tmp_path, monkeypatch)  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_generates_with_the_offline_model_end_to_end(tmp_path: Path, offline_url: str) -> None:
+    seeds_file = tmp_path / "seeds.jsonl"
+    seeds_file.write_text("".join(json.dumps(s) + "\n" for s in seeds("s1", "s2", "s3", "s4")), encoding="utf-8")
+    scripts = tmp_path / "scripts.json"
+    scripts.write_text(json.dumps([GOOD["s1"], GOOD["s2"], answer("s3", {"prompt": task_text("s1")}),
+                                   answer("s4", "I cannot do that.")]), encoding="utf-8")
+    output = pipeline_cmd(SCENE, "--seeds", str(seeds_file), "--batch", "generated", "--wait", "--generate-only",
+                          "--start-offline-model", "--solutions", str(scripts))
+    run = PipelineRun.objects.get()
+    assert run.status == PipelineRun.Status.COMPLETED and run.tasks_created == 2 and run.items_dropped == 2
+    assert sorted(Task.objects.filter(batch__name="generated").values_list("external_id", flat=True)) == [
+        "demo-s1", "demo-s2"]
+    assert "started in this process with 4 reference solution(s)" in output
+    assert "stage 4/4 tasks" in output and "2 tasks" in output
+    assert f"Pipeline run #{run.pk} {SCENE}/demo: completed; 4 seed(s), 2 task item(s), 2 dropped; 2 task(s)" in output
+    assert "dropped at question (1): invalid output after 1 repair(s): the answer is not JSON" in output
+    assert "model calls:  5;" in output  # s4 had one repair turn
+    assert f"/admin/engines/pipelinerun/{run.pk}/change/" in output
