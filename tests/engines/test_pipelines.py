@@ -269,8 +269,8 @@ def test_a_crash_inside_an_llm_stage_reruns_only_that_stage(model: Any, monkeypa
     monkeypatch.setattr(llm, "chat", dying_chat)
     with pytest.raises(SimulatedCrash):
         pipeline_jobs.run_pipeline(run.pk, llm=llm)
-    pipeline_jobs.reap_pipeline_runs()
-    pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    # The broker delivers the dead worker's job again: the job itself takes the run back.
+    assert pipeline_jobs.run_pipeline(run.pk, llm=llm)["status"] == "completed"
     run.refresh_from_db()
     assert run.status == PipelineRun.Status.COMPLETED and run.tasks_created == 3
     rows = {r.item_key: r for r in StageRun.objects.filter(run=run, stage="question")}
@@ -278,6 +278,28 @@ def test_a_crash_inside_an_llm_stage_reruns_only_that_stage(model: Any, monkeypa
     # s2's answer was in the LLM response cache (keyed by the run's UUID): even the stage that
     # ran twice was paid once.
     assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+
+
+def test_creating_a_run_queues_its_job_and_schedules_the_reaper_on_commit(
+        django_capture_on_commit_callbacks: Any) -> None:
+    from django_q.models import OrmQ, Schedule
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="gen")
+        assert not OrmQ.objects.exists()
+    assert [row.task["args"] for row in OrmQ.objects.all()] == [(run.pk,)]
+    assert Schedule.objects.get(name=pipeline_jobs.REAP_SCHEDULE_NAME).func == pipeline_jobs.REAP_FUNC
+
+
+def test_the_reaper_leaves_live_runs_alone_and_fails_a_run_that_keeps_losing_workers(model: Any) -> None:
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="gen")
+    assert pipeline_jobs.claim_run(run.pk, f"{socket.gethostname()}:1:x") is not None  # pid 1 lives
+    assert pipeline_jobs.reap_pipeline_runs() == {"requeued": 0, "failed": 0, "dispatched": 0}
+    PipelineRun.objects.filter(pk=run.pk).update(heartbeat_at=run.created_at - pipeline_jobs.timedelta(hours=1),
+                                                 attempts=pipeline_jobs.PIPELINE_MAX_CLAIMS)
+    assert pipeline_jobs.reap_pipeline_runs()["failed"] == 1
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.FAILED and "no heartbeat" in run.error and "resume it" in run.error
 
 
 def test_double_delivery_is_harmless(model: Any) -> None:
@@ -555,3 +577,36 @@ def test_the_command_generates_with_the_offline_model_end_to_end(tmp_path: Path,
     assert "dropped at question (1): invalid output after 1 repair(s): the answer is not JSON" in output
     assert "model calls:  5;" in output  # s4 had one repair turn
     assert f"/admin/engines/pipelinerun/{run.pk}/change/" in output
+
+
+def build_bundled(config: dict[str, Any]) -> Pipeline:
+    """Restates a bundled code task (its verifier comes with the seed): the rollouts can succeed."""
+    return Pipeline(
+        name="bundled",
+        stages=(LLMStage(name="question", template=QUESTION, schema=QUESTION_SCHEMA),),
+        task=lambda key, state: {**{k: v for k, v in state["seed"]["task"].items() if k != "reference_solution"},
+                                 "prompt": state["question"]["prompt"]},
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings")
+def test_the_command_generates_then_rolls_out_and_reviews_the_batch(tmp_path: Path, offline_url: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.conf import settings
+
+    from apps.tasks.models import Trajectory
+
+    monkeypatch.setitem(pipelines.PIPELINES, SCENE, "tests.engines.test_pipelines:build_bundled")
+    bundled = Path(settings.BASE_DIR) / "examples" / "tasks" / "code_exec.jsonl"
+    task = json.loads(bundled.read_text(encoding="utf-8").splitlines()[0])
+    seeds_file = tmp_path / "seeds.jsonl"
+    seeds_file.write_text(json.dumps({"id": "b1", "topic": "intervals", "task": task}) + "\n", encoding="utf-8")
+    scripts = tmp_path / "scripts.json"
+    scripts.write_text(json.dumps([answer("b1", {"prompt": task["prompt"]})]), encoding="utf-8")
+    output = pipeline_cmd(SCENE, "--seeds", str(seeds_file), "--batch", "rolled", "--wait", "--start-offline-model",
+                          "--solutions", str(scripts), str(bundled))
+    trajectory = Trajectory.objects.get(task__batch__name="rolled")
+    assert (trajectory.outcome, trajectory.reward) == ("success", 1.0)
+    assert trajectory.task.stage_runs.get().run.status == PipelineRun.Status.COMPLETED
+    assert "1 task(s) in batch 'rolled'" in output and "1 task(s): 1 done, 0 failed" in output

@@ -76,6 +76,8 @@ def run_pipeline(run_id: int, *, llm: Any = None) -> dict[str, Any]:
     with rollout_jobs._live_runners_lock:
         rollout_jobs._live_runners.add(worker)
     try:
+        # A redelivered message for a run whose worker died: take it back now, not at the next reaper tick.
+        _reap(PipelineRun.objects.filter(pk=run_id))
         claim = claim_run(run_id, worker)
         if claim is None:
             return {"claimed": False}
@@ -108,20 +110,8 @@ def _execute(claim: _Claim, llm: Any) -> dict[str, Any]:
 def reap_pipeline_runs() -> dict[str, int]:
     """Re-queue running runs whose worker on this host is gone or whose heartbeat is stale;
     dispatch queued runs queued longer than PIPELINE_STALE_S (a lost broker message)."""
-    report = {"requeued": 0, "failed": 0, "dispatched": 0}
+    report = {"requeued": 0, "failed": 0, "dispatched": 0, **_reap(PipelineRun.objects.all(), dispatch=True)}
     stale_before = timezone.now() - timedelta(seconds=PIPELINE_STALE_S)
-    host = socket.gethostname()
-    running = PipelineRun.objects.filter(status=PipelineRun.Status.RUNNING)
-    for pk, worker, started_at, heartbeat_at in list(running.values_list("pk", "worker", "started_at", "heartbeat_at")):
-        if worker.startswith(f"{host}:") and not rollout_jobs.holder_alive(worker, started_at):
-            reason = f"its worker {worker} is gone"
-        elif heartbeat_at is None or heartbeat_at < stale_before:
-            reason = f"no heartbeat from {worker} for {PIPELINE_STALE_S:.0f} s"
-        else:
-            continue
-        outcome = pipeline_run_requeue(run_id=pk, reason=reason, max_attempts=PIPELINE_MAX_CLAIMS)
-        if outcome:
-            report[outcome] += 1
     lost = PipelineRun.objects.filter(Q(queued_at__lt=stale_before) | Q(queued_at__isnull=True),
                                       status=PipelineRun.Status.QUEUED, cancel_requested=False)
     for pk in list(lost.values_list("pk", flat=True)):
@@ -129,6 +119,26 @@ def reap_pipeline_runs() -> dict[str, int]:
         report["dispatched"] += 1
     if any(report.values()):
         logger.info("pipeline reaper: %s", report)
+    return report
+
+
+def _reap(runs: Any, *, dispatch: bool = False) -> dict[str, int]:
+    """Re-queue (or fail) the running ones of `runs` whose worker is gone or silent; counts by outcome.
+    dispatch=False: the caller claims the run itself, no job is enqueued for it."""
+    report = {"requeued": 0, "failed": 0}
+    stale_before = timezone.now() - timedelta(seconds=PIPELINE_STALE_S)
+    host = socket.gethostname()
+    running = runs.filter(status=PipelineRun.Status.RUNNING)
+    for pk, worker, started_at, heartbeat_at in list(running.values_list("pk", "worker", "started_at", "heartbeat_at")):
+        if worker.startswith(f"{host}:") and not rollout_jobs.holder_alive(worker, started_at):
+            reason = f"its worker {worker} is gone"
+        elif heartbeat_at is None or heartbeat_at < stale_before:
+            reason = f"no heartbeat from {worker} for {PIPELINE_STALE_S:.0f} s"
+        else:
+            continue
+        outcome = pipeline_run_requeue(run_id=pk, reason=reason, max_attempts=PIPELINE_MAX_CLAIMS, dispatch=dispatch)
+        if outcome:
+            report[outcome] += 1
     return report
 
 

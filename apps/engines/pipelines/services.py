@@ -18,6 +18,12 @@ class TransitionError(Exception):
     """A status change that the run's current status does not allow."""
 
 
+def _ensure_reaper_schedule() -> None:
+    from apps.engines.pipelines.jobs import ensure_pipeline_schedules
+
+    ensure_pipeline_schedules()
+
+
 def enqueue_run(run_id: int) -> None:
     """Queue the worker job for a run (call on commit); a run already claimed makes it a no-op."""
     from trajplatform.schedules import enqueue
@@ -60,6 +66,8 @@ def pipeline_run_create(
                      data={"scene": scene, "pipeline": pipeline.name, "seeds": len(seeds), "batch_name": batch_name})
         if start:
             transaction.on_commit(lambda: enqueue_run(run.pk))
+        # A run exists, so its reaper must tick (idempotent; `make worker`'s migrate does not know it).
+        transaction.on_commit(_ensure_reaper_schedule)
     return run
 
 
@@ -120,7 +128,7 @@ def pipeline_run_finish(*, run_id: int, claim_token: str, status: str, error: st
     return bool(done)
 
 
-def pipeline_run_requeue(*, run_id: int, reason: str, max_attempts: int) -> str:
+def pipeline_run_requeue(*, run_id: int, reason: str, max_attempts: int, dispatch: bool = True) -> str:
     """The reaper's: a running run whose worker is gone goes back to the queue (or fails after
     max_attempts claims); returns "requeued", "failed" or "" when the run moved on meanwhile."""
     with transaction.atomic():
@@ -138,6 +146,6 @@ def pipeline_run_requeue(*, run_id: int, reason: str, max_attempts: int) -> str:
         run.save(update_fields=["status", "finished_at", "error", "queued_at", "claim_token", "updated_at"])
         audit_record("engines.pipeline_requeue", actor=None, target=run,
                      data={"reason": reason, "outcome": outcome, "attempts": run.attempts})
-        if outcome == "requeued":
+        if outcome == "requeued" and dispatch:
             transaction.on_commit(lambda: enqueue_run(run.pk))
     return outcome
