@@ -344,9 +344,13 @@ def proposal_decide(*, proposal: Proposal, actor: Any, decision: str, option: An
     return proposal
 
 
+PROPOSABLE = frozenset({Task.Status.WAITING_APPROVAL, Task.Status.QUEUED, Task.Status.FAILED, Task.Status.CANCELLED})
+
+
 def proposal_propose(*, task: Task, actor: Any, field: str, to_value: Any, options: list[Any] | None = None,
                      rationale: str = "") -> Proposal:
-    """A person proposes a change for a task waiting for approval; the policy sets the tier.
+    """A person proposes a change for a task that is not running (waiting for approval, queued,
+    failed or cancelled); the policy sets the tier.
 
     The value and every option must be valid for the field and allowed by the policy at that tier
     (DecisionError otherwise, nothing written). Green changes are applied at once (as the review
@@ -355,9 +359,11 @@ def proposal_propose(*, task: Task, actor: Any, field: str, to_value: Any, optio
         raise PermissionDenied("proposing changes needs the reviewer role")
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
-        if task.status != Task.Status.WAITING_APPROVAL:
-            # Not while `reviewing`: the review job is about to decide that iteration itself.
-            raise TransitionError(f"task {task.pk} is {task.status}; people propose changes while it waits for approval")
+        if task.status not in PROPOSABLE:
+            # Not while `running` or `reviewing`: the review job is about to decide that iteration
+            # itself. A failed or cancelled task's change applies to its retry.
+            raise TransitionError(f"task {task.pk} is {task.status}; people propose changes while it waits for "
+                                  "approval, before it starts, or after it failed or was cancelled")
         try:
             current = policy.current_value(task, field)
             tier = policy.validate_proposal(task, field, to_value, options or [])

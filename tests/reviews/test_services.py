@@ -496,10 +496,13 @@ def test_an_iteration_of_only_errors_with_nothing_to_change_fails_the_task(make_
 
 
 @pytest.mark.django_db
-def test_people_propose_only_while_the_task_waits_for_approval(make_task, reviewer):
+def test_people_propose_only_while_the_task_is_not_running(make_task, reviewer):
     task = reviewing_task(make_task, overall=40.0)
     with pytest.raises(TransitionError, match="waits for approval"):
         proposal_propose(task=task, actor=reviewer, field="prompt", to_value="A clearer task.")
+    running = make_task(status="running")
+    with pytest.raises(TransitionError, match="is running"):
+        proposal_propose(task=running, actor=reviewer, field="temperature", to_value=0.2)
     w = waiting_task(make_task)
     green = proposal_propose(task=w["task"], actor=reviewer, field="temperature", to_value=0.2)
     assert (green.tier, green.status) == ("green", "applied") and Task.objects.get(pk=w["task"].pk).temperature == 0.2
@@ -545,3 +548,17 @@ def test_a_reviewing_task_whose_review_job_was_lost_is_picked_up_by_the_schedule
     Task.objects.filter(pk=task.pk).update(updated_at=timezone.now() - timedelta(hours=1))
     assert review_jobs.retry_failed_judges(llm=FakeJudge(good))["resumed"] == 1
     assert Task.objects.get(pk=task.pk).status == "completed"
+
+
+@pytest.mark.django_db
+def test_a_failed_tasks_red_change_is_approved_then_applies_to_its_retry(make_task, reviewer, approver):
+    from apps.tasks.services import task_requeue
+    task = make_task(status="failed", max_tokens=1200)
+    red = proposal_propose(task=task, actor=reviewer, field="max_tokens", to_value=2400)
+    assert (red.tier, red.status) == ("red", "pending")
+    proposal_decide(proposal=red, actor=approver, decision="approve")
+    task.refresh_from_db()
+    assert (task.status, task.max_tokens) == ("failed", 2400)  # applied; nothing started by the decision
+    task_requeue(task=task, actor=reviewer)
+    task.refresh_from_db()
+    assert task.status == "running" and task.max_tokens == 2400

@@ -141,13 +141,13 @@ def test_a_scene_config_key_is_proposed_as_text_and_refused_values_are_reported(
 
 
 def test_proposing_follows_the_service_rules(client: Any, viewer: Any, reviewer: Any, make_task: Any) -> None:
-    queued, waiting = make_task(), waiting_task(make_task)
+    running, waiting = make_task(status="running"), waiting_task(make_task)
     client.force_login(viewer)
     assert client.get(PROPOSE_URL).status_code == 403
     assert client.post(PROPOSE_URL, {"task": waiting.pk, "field": "temperature", "value": "0.3"}).status_code == 403
 
     client.force_login(reviewer)
-    response = client.post(PROPOSE_URL, {"task": queued.pk, "field": "temperature", "value": "0.3"})
+    response = client.post(PROPOSE_URL, {"task": running.pk, "field": "temperature", "value": "0.3"})
     assert response.status_code == 200
     assert "people propose changes while it waits for approval" in response.content.decode()
     response = client.post(PROPOSE_URL, {"task": 999999, "field": "temperature", "value": "0.3"})
