@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from datetime import timezone as dt_timezone
 from typing import Any, Callable
 
 import django_filters
@@ -36,6 +37,7 @@ from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from django_filters.fields import IsoDateTimeField
 from rest_framework import exceptions, serializers
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.pagination import CursorPagination
@@ -392,6 +394,24 @@ except ImportError:  # drf-spectacular is only needed for the schema
     pass
 
 
+class UtcDateTimeField(IsoDateTimeField):
+    """An ISO 8601 date-time, converted to UTC: PostgreSQL refuses UTC offsets beyond ±15:59
+    (Python allows ±23:59), and a moment that is outside years 1-9999 in UTC is a 400."""
+
+    def to_python(self, value: Any) -> Any:
+        moment = super().to_python(value)
+        if moment is None:
+            return None
+        try:
+            return moment.astimezone(dt_timezone.utc)
+        except OverflowError:
+            raise forms.ValidationError("is out of range once converted to UTC") from None
+
+
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcDateTimeField
+
+
 class StrictFilterBackend(django_filters.rest_framework.DjangoFilterBackend):
     """The project's filter backend (a subclass so the schema extension above applies to it)."""
 
@@ -531,12 +551,15 @@ class StrictSerializerMixin:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
+NO_NUL_PATTERN = "^[^\\x00]*$"
+
+
 try:
     from drf_spectacular.extensions import OpenApiSerializerExtension
 
     class StrictSerializerScheme(OpenApiSerializerExtension):
         """A strict serializer's request body declares `additionalProperties: false` (an unknown
-        field is a 400, so the schema must not allow one)."""
+        field is a 400, so the schema must not allow one) and that its strings hold no NUL."""
 
         target_class = "trajplatform.api.StrictSerializerMixin"
         match_subclasses = True
@@ -545,6 +568,10 @@ try:
             schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
             if direction == "request" and schema.get("type") == "object":
                 schema["additionalProperties"] = False
+                for name, field in self.target.fields.items():
+                    prop = schema.get("properties", {}).get(name)
+                    if isinstance(field, serializers.CharField) and prop and prop.get("type") == "string":
+                        prop.setdefault("pattern", NO_NUL_PATTERN)  # DRF refuses NUL characters
             return schema
 except ImportError:  # drf-spectacular is only needed for the schema
     pass

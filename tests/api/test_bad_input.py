@@ -257,3 +257,17 @@ def test_the_schema_declares_page_size_bounds_blank_enums_and_integer_ids(client
     assert components["DecisionRequest"]["additionalProperties"] is False
     trajectories = {p["name"]: p["schema"] for p in schema["paths"]["/api/v1/trajectories"]["get"]["parameters"]}
     assert trajectories["min_reward"]["maximum"] == 1e50 and trajectories["iteration"]["minimum"] == 0
+
+
+@pytest.mark.parametrize("value", ["4679-03-16T15:19:37.20+19:51", "0494-07-02T13:42:49-20:30"])
+def test_a_date_filter_with_a_far_utc_offset_is_compared_in_utc(client_as: Any, make_task: Any, value: str) -> None:
+    """PostgreSQL refuses offsets beyond ±15:59 (a DataError, and the request's transaction was lost)."""
+    make_task()
+    response = client_as("viewer").get("/api/v1/tasks", {"created_before": value})
+    assert response.status_code == 200
+    assert len(response.json()["results"]) == (1 if value.startswith("4679") else 0)
+
+
+def test_a_date_filter_outside_years_1_to_9999_in_utc_is_a_400(client_as: Any) -> None:
+    error = _error(client_as("viewer").get("/api/v1/tasks", {"created_after": "0001-01-01T00:00:00+05:00"}), 400)
+    assert "out of range" in error["message"]

@@ -14,7 +14,7 @@ from apps.engines.scenes import SCENE_CHOICES
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Batch, Task, Trajectory
-from trajplatform.api import ErrorSerializer, IdFilter, StrictFilterSet, idempotent
+from trajplatform.api import ErrorSerializer, IdFilter, StrictFilterSet, UtcDateTimeFilter, idempotent
 
 ERRORS = {400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer,
           409: ErrorSerializer, 429: ErrorSerializer}
@@ -32,8 +32,8 @@ class ActionPermsMixin:
 class CreatedRangeFilterSet(StrictFilterSet):
     """`created_after` (inclusive) and `created_before` (exclusive), ISO 8601 date-times."""
 
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
 
 class TaskFilter(CreatedRangeFilterSet):
