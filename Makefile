@@ -10,7 +10,7 @@ PORT ?= 8000
 DEMO_ADMIN ?= admin
 DEMO_ADMIN_PASSWORD ?= trajplatform-demo
 # Debian packages: what running the platform needs, and what the test suite adds.
-APT_RUN := bubblewrap python3-pytest
+APT_RUN := bubblewrap python3-pytest git
 APT_TEST := $(APT_RUN) postgresql chromium
 PYTEST_ARGS ?=
 
@@ -55,7 +55,24 @@ $(VENV)/.installed: requirements.lock
 	@if $(PY) -m pip list 2>/dev/null | grep -qi '^nvidia-'; then echo "CUDA wheels crept in; check requirements.lock" >&2; exit 1; fi
 	@touch $@
 
-install: apt-run $(VENV)/.installed
+# The bundled MCP servers (toucan; docs/mcp.md) apart from the platform's packages, bound read-only
+# into the sandbox profile trajplatform-mcp: requirements-mcp.lock without dependencies (they use
+# the lock's mcp, pydantic, httpx) into $(MCP_DIR)/python, and the npm servers of
+# mcp-npm/package-lock.json into $(MCP_DIR)/node only when npm is present (Debian's npm is not
+# installed for them: without it the memory and filesystem servers are left out, loudly).
+MCP_DIR := $(VENV)/mcp-packages
+$(VENV)/.installed-mcp: $(VENV)/.installed requirements-mcp.lock mcp-npm/package.json mcp-npm/package-lock.json
+	rm -rf $(MCP_DIR)
+	$(PY) -m pip install -q --no-deps --only-binary=:all: --target $(MCP_DIR)/python -r requirements-mcp.lock
+	@if command -v npm >/dev/null && command -v node >/dev/null; then \
+	  mkdir -p $(MCP_DIR)/node && cp mcp-npm/package.json mcp-npm/package-lock.json $(MCP_DIR)/node/ && \
+	  echo "npm ci (mcp-npm: server-memory, server-filesystem)" && \
+	  npm ci --prefix $(MCP_DIR)/node --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null; \
+	else echo "WARNING: npm/node not found: the npm MCP servers (memory, filesystem) are NOT installed;" \
+	  "their registry records will fail to register (install nodejs and npm, then rm $@ and make install)" >&2; fi
+	@touch $@
+
+install: apt-run $(VENV)/.installed $(VENV)/.installed-mcp
 
 # The consumers' own code for the export tests (docs/exports.md): TRL into the virtualenv, and
 # LLaMA-Factory without its dependencies into $(VENV)/llamafactory, which only its test puts on
@@ -70,7 +87,7 @@ $(VENV)/.installed-consumers: $(VENV)/.installed requirements-test-trl.lock requ
 	@if $(PY) -m pip list 2>/dev/null | grep -qi '^nvidia-'; then echo "CUDA wheels crept in; check requirements-test-*.lock" >&2; exit 1; fi
 	@touch $@
 
-install-test: apt-test $(VENV)/.installed $(VENV)/.installed-consumers
+install-test: apt-test $(VENV)/.installed $(VENV)/.installed-mcp $(VENV)/.installed-consumers
 
 migrate: install
 	$(PY) manage.py migrate --no-input -v0

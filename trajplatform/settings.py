@@ -383,6 +383,9 @@ PLATFORM_SKILLS_TIMEOUT_S = env_float("PLATFORM_SKILLS_TIMEOUT_S", 5.0)
 # site-packages), how long the in-sandbox MCP server may take to start, and import validation.
 ENVSCALER_SANDBOX_IMAGE = env_str("ENVSCALER_SANDBOX_IMAGE", "trajplatform-python")
 SANDBOX_PYTHON_PACKAGES = env_str("SANDBOX_PYTHON_PACKAGES", "")
+# The bundled MCP servers' packages (requirements-mcp.lock), bound read-only by the local sandbox
+# profile trajplatform-mcp next to SANDBOX_PYTHON_PACKAGES (empty = <virtualenv>/mcp-packages).
+SANDBOX_MCP_PACKAGES = env_str("SANDBOX_MCP_PACKAGES", "")
 ENVSCALER_START_TIMEOUT_S = env_float("ENVSCALER_START_TIMEOUT_S", 60.0)
 ENVSCALER_VALIDATE_TIMEOUT_S = env_float("ENVSCALER_VALIDATE_TIMEOUT_S", 120.0)
 ENVSCALER_MCP_PORT = env_int("ENVSCALER_MCP_PORT", 8000)  # OpenSandbox: the port the environment serves MCP on

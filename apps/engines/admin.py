@@ -257,3 +257,6 @@ class StageRunAdmin(ViewOnlyMixin, IdSearchMixin, ReadableJSONMixin, admin.Model
     def task_link(self, obj: StageRun) -> SafeString | str:
         return _task_link(obj.task_id)
 
+
+# The MCP server registry's page lives with the toucan scene.
+from apps.engines.toucan import admin as _toucan_admin  # noqa: E402,F401

@@ -210,3 +210,45 @@ class StageRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stage}[{self.item_key}] of run #{self.run_id}"
+
+
+class McpServer(models.Model):
+    """One registered MCP server (the toucan scene's registry; apps/engines/toucan/registry.py).
+
+    `spec` is the hub's `McpServerSpec` as JSON (launch argv/env/cwd/transport, package, deny
+    and platform tools) with secrets only as `${NAME}` references to `secrets`, which are names
+    of environment variables or settings, never values. `tools` is the snapshot of the server's
+    own tools/list taken in a sandbox at registration (name, description, input_schema per
+    tool), `tools_sha256` the SHA-256 of its canonical JSON. Rows change only through the
+    registry's services; the admin shows them read-only.
+    """
+
+    name = models.CharField(max_length=64, unique=True)
+    spec = models.JSONField(encoder=DjangoJSONEncoder, help_text="the hub's McpServerSpec (apps/engines/mcp/spec.py)")
+    labels = models.JSONField(default=dict, blank=True, help_text='Toucan\'s labels: {"primary": str, "secondary": [str]}')
+    secrets = models.JSONField(default=list, blank=True, help_text="names of the env vars / settings the launch needs")
+    fixtures = models.JSONField(default=dict, blank=True, help_text="files, a seed git repo, pages to serve")
+    state_probe = models.JSONField(null=True, blank=True, help_text='{"command": [...]} or {"tool": name, "arguments": {}}')
+    tools = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
+    tools_sha256 = models.CharField(max_length=64, blank=True)
+    snapshot_at = models.DateTimeField(null=True, blank=True)
+    snapshot_start_ms = models.PositiveIntegerField(null=True, blank=True,
+                                                    help_text="spawn + initialize + tools/list at the snapshot")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def package(self) -> dict[str, str]:
+        return dict(self.spec.get("package") or {})
+
+    @property
+    def deny_tools(self) -> list[str]:
+        return list(self.spec.get("deny_tools") or [])

@@ -43,6 +43,15 @@ OutputCallback = Callable[[str, str], None]
 # OpenSandbox image of this name must ship python3 with those packages installed.
 PLATFORM_PYTHON_PROFILE = "trajplatform-python"
 PLATFORM_PYTHON_PATH = "/opt/trajplatform/site-packages"
+# The profile / image that also runs the bundled MCP servers: locally PLATFORM_PYTHON_PROFILE plus
+# the directory `make install` fills (SANDBOX_MCP_PACKAGES) bound read-only at PLATFORM_MCP_PATH:
+# python/ (requirements-mcp.lock: mcp-server-time, -git, -fetch; on PYTHONPATH after the
+# platform's packages) and, where npm was found, node/node_modules (mcp-npm/package-lock.json).
+# Our own servers (apps/engines/toucan/servers: `python3 -m sqlite_server`) are bound read-only at
+# PLATFORM_MCP_BUILTIN_PATH, also on PYTHONPATH.
+PLATFORM_MCP_PROFILE = "trajplatform-mcp"
+PLATFORM_MCP_PATH = "/opt/trajplatform/mcp"
+PLATFORM_MCP_BUILTIN_PATH = "/opt/trajplatform/mcp-builtin"
 
 
 # --- errors ---------------------------------------------------------------------------

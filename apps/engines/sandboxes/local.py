@@ -26,6 +26,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import sysconfig
 import threading
 import time
@@ -40,6 +41,9 @@ from django.conf import settings
 from apps.engines.sandboxes import bwrap, cgroups, seccomp
 from apps.engines.sandboxes.pump import CommandPipes, pump_in_thread
 from apps.engines.sandboxes.base import (
+    PLATFORM_MCP_BUILTIN_PATH,
+    PLATFORM_MCP_PATH,
+    PLATFORM_MCP_PROFILE,
     PLATFORM_PYTHON_PATH,
     PLATFORM_PYTHON_PROFILE,
     WORKDIR,
@@ -73,9 +77,12 @@ from apps.engines.sandboxes.bwrap import (
 
 SANDBOX_ID_RE = re.compile(r"^lsb-[0-9a-f]{16}$")
 # Local "images": named runtime profiles. All use the host's Debian /usr (python3 3.11).
-# PLATFORM_PYTHON_PROFILE adds the platform's Python packages (read-only, on PYTHONPATH).
-PROFILES = ("default", "debian", "python", "python3", PLATFORM_PYTHON_PROFILE)
+# PLATFORM_PYTHON_PROFILE adds the platform's Python packages (read-only, on PYTHONPATH);
+# PLATFORM_MCP_PROFILE those and the bundled MCP servers' packages (SANDBOX_MCP_PACKAGES).
+PROFILES = ("default", "debian", "python", "python3", PLATFORM_PYTHON_PROFILE, PLATFORM_MCP_PROFILE)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The platform's own MCP servers, which PLATFORM_MCP_PROFILE binds read-only (their source, no copy).
+MCP_BUILTIN_SERVERS = str(Path(__file__).resolve().parents[1] / "toucan" / "servers")
 FILE_OP_TIMEOUT = 120.0
 # After a kill, how long we keep reading for the pipes to close before giving up on them.
 DRAIN_AFTER_KILL = 5.0
@@ -198,11 +205,18 @@ class LocalSandbox(Sandbox):
         base = {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": "/tmp", "USER": "sandbox"}
         if self.spec.image == PLATFORM_PYTHON_PROFILE:
             base["PYTHONPATH"] = PLATFORM_PYTHON_PATH if self.isolated else platform_python_packages()
+        elif self.spec.image == PLATFORM_MCP_PROFILE:
+            paths = ((PLATFORM_PYTHON_PATH, PLATFORM_MCP_PATH, PLATFORM_MCP_BUILTIN_PATH) if self.isolated
+                     else (platform_python_packages(), platform_mcp_packages(), MCP_BUILTIN_SERVERS))
+            base["PYTHONPATH"] = f"{paths[0]}:{paths[1]}/python:{paths[2]}"
         return {**base, **env}
 
     def _ro_binds(self) -> tuple[tuple[str, str], ...]:
         if self.spec.image == PLATFORM_PYTHON_PROFILE:
             return ((platform_python_packages(), PLATFORM_PYTHON_PATH),)
+        if self.spec.image == PLATFORM_MCP_PROFILE:
+            return ((platform_python_packages(), PLATFORM_PYTHON_PATH), (platform_mcp_packages(), PLATFORM_MCP_PATH),
+                    (MCP_BUILTIN_SERVERS, PLATFORM_MCP_BUILTIN_PATH))
         return ()
 
     def _host_cwd(self, cwd: str) -> str:
@@ -493,6 +507,16 @@ class LocalSandbox(Sandbox):
 def platform_python_packages() -> str:
     """The host directory of the platform's Python packages (SANDBOX_PYTHON_PACKAGES, else ours)."""
     return getattr(settings, "SANDBOX_PYTHON_PACKAGES", "") or sysconfig.get_paths()["purelib"]
+
+
+def platform_mcp_packages() -> str:
+    """The host directory of the bundled MCP servers (SANDBOX_MCP_PACKAGES, else the virtualenv's
+    mcp-packages, where `make install` puts them: python/ and, with npm, node/node_modules)."""
+    path = getattr(settings, "SANDBOX_MCP_PACKAGES", "") or os.path.join(sys.prefix, "mcp-packages")
+    if not os.path.isdir(os.path.join(path, "python")):
+        raise SandboxUnavailable(f"the sandbox profile {PLATFORM_MCP_PROFILE!r} needs the bundled MCP servers' packages "
+                                 f"in {path} (SANDBOX_MCP_PACKAGES): run `make install`")
+    return path
 
 
 def _parse_time(value: Any) -> datetime | None:
