@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from decimal import Decimal
 from typing import Any, Callable
 
@@ -38,6 +39,7 @@ from apps.engines.pipelines import (
     key_line,
 )
 
+DEFAULT_CONCURRENCY = 8  # model calls / episodes of one stage at once (run config "concurrency")
 ALL_ITEMS = "*"  # the item key of a scope="all" stage's one StageRun
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
@@ -149,18 +151,71 @@ class Runner:
             if isinstance(stage, CodeStage) and stage.scope == "all":
                 items = self._all_items(stage, index, items, done)
                 continue
+            rows = self._run_items(stage, index, [item for item in items if (stage.name, item.key) not in done])
             survivors: list[Item] = []
             for item in items:
-                self.beat()
-                row = done.get((stage.name, item.key)) or self._run_stage(stage, index, item)
-                if row.status != StageRun.Status.SUCCEEDED:
-                    continue
-                survivors.extend(self._next_items(stage, item, row.parsed_output))
+                row = done.get((stage.name, item.key)) or rows[item.key]
+                if row.status == StageRun.Status.SUCCEEDED:
+                    survivors.extend(self._next_items(stage, item, row.parsed_output))
             items = survivors
         for item in items:
             self.beat()
             if (TASK_STAGE, item.key) not in done:
                 self._emit_task(item)
+
+    def _run_items(self, stage: Stage, index: int, items: list[Item]) -> dict[str, StageRun]:
+        """Run a stage for these items: code in this thread; model calls and episodes up to
+        `concurrency` at once (run config, default DEFAULT_CONCURRENCY) in threads that never
+        touch the database: every StageRun is written here, so a crash leaves each either
+        finished and stored or still `running` (run again on resume)."""
+        rows: dict[str, StageRun] = {}
+        if isinstance(stage, CodeStage):
+            for item in items:
+                self.beat()
+                rows[item.key] = self._guarded(stage, item.key, lambda: self._code_item(stage, index, item))
+            return rows
+        work = self._llm_work if isinstance(stage, LLMStage) else self._episode_work
+        limit = max(1, int(self.run.config.get("concurrency") or DEFAULT_CONCURRENCY))
+        pool = ThreadPoolExecutor(limit, thread_name_prefix=f"pipeline-{self.run.pk}")
+        waiting, running = list(reversed(items)), {}
+        failure: StageFailed | None = None
+        try:
+            while waiting or running:
+                # A row becomes `running` only when its call starts: a slot is free for it.
+                while waiting and len(running) < limit and failure is None:
+                    self.beat()
+                    item = waiting.pop()
+                    row = self._start(stage, index, item.key, stage.inputs(item.state))
+                    running[pool.submit(work, stage, row)] = row
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    row = running.pop(future)
+                    try:
+                        rows[row.item_key] = self._guarded(stage, row.item_key,
+                                                           lambda: self._finish(row, *future.result()))
+                    except StageFailed as exc:  # the answers in flight are stored all the same
+                        failure = failure or exc
+            if failure is not None:
+                raise failure
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return rows
+
+    def _guarded(self, stage: Stage, key: str, step: Callable[[], StageRun]) -> StageRun:
+        """Run one stage step; an exception (not a validation problem) fails its StageRun and the run."""
+        try:
+            return step()
+        except Stopped:
+            raise
+        except Exception as exc:
+            failed = exc if isinstance(exc, StageFailed) else StageFailed(
+                f"stage {stage.name!r} for item {key!r}: {type(exc).__name__}: {exc}")
+            row = StageRun.objects.filter(run=self.run, stage=stage.name, item_key=key).first()
+            if row is not None:
+                self._finish(row, StageRun.Status.FAILED, str(failed))
+            raise failed from exc
 
     def _next_items(self, stage: Stage, item: Item, output: Any) -> list[Item]:
         if not stage.fan_out:
@@ -187,28 +242,15 @@ class Runner:
         row.save()
         return row
 
-    def _finish(self, row: StageRun, status: str, error: str = "", **fields: Any) -> StageRun:
-        for name, value in fields.items():
+    def _finish(self, row: StageRun, status: str, error: str = "", fields: dict[str, Any] | None = None) -> StageRun:
+        for name, value in (fields or {}).items():
             setattr(row, name, _json_safe(value) if name in ("parsed_output", "validator_result") else value)
         row.status, row.error, row.finished_at = status, error[:10_000], timezone.now()
         row.save()
         return row
 
-    def _run_stage(self, stage: Stage, index: int, item: Item) -> StageRun:
-        inputs = stage.inputs(item.state)
-        row = self._start(stage, index, item.key, inputs)
-        inputs = row.inputs  # what was stored is what the stage sees (JSON, as on a resume)
-        try:
-            if isinstance(stage, LLMStage):
-                return self._llm_stage(stage, row, inputs)
-            if isinstance(stage, EpisodeStage):
-                return self._episode_stage(stage, row, inputs)
-            return self._code_item(stage, row, inputs)
-        except (Stopped, StageFailed):
-            raise
-        except Exception as exc:
-            self._finish(row, StageRun.Status.FAILED, f"{type(exc).__name__}: {exc}")
-            raise StageFailed(f"stage {stage.name!r} for item {item.key!r}: {type(exc).__name__}: {exc}") from exc
+    # The work of a stage run, in a pool thread: no database access; returns what _finish stores.
+    Outcome = tuple[str, str, dict[str, Any]]
 
     def _chat(self, stage: LLMStage, row: StageRun, messages: list[dict[str, Any]], turn: int) -> str:
         result = self.llm.chat(
@@ -227,8 +269,8 @@ class Runner:
         row.cost_usd += Decimal(result.cost_usd or 0)
         return result.content or ""
 
-    def _llm_stage(self, stage: LLMStage, row: StageRun, inputs: dict[str, Any]) -> StageRun:
-        template = stage.template
+    def _llm_work(self, stage: LLMStage, row: StageRun) -> Outcome:
+        template, inputs = stage.template, row.inputs
         assert template is not None
         messages = [{"role": "system", "content": template.system}] if template.system else []
         messages.append({"role": "user", "content": key_line(template.id, row.item_key) + "\n" + template.user(inputs)})
@@ -241,47 +283,47 @@ class Runner:
             turns.append({"raw": raw, "error": error})
             row.raw_output, row.repair_attempts = raw, turn
             if error is None:
-                return self._finish(row, StageRun.Status.SUCCEEDED, parsed_output=parsed,
-                                    validator_result={"valid": True, "turns": turns})
+                return StageRun.Status.SUCCEEDED, "", {"parsed_output": parsed,
+                                                       "validator_result": {"valid": True, "turns": turns}}
             if turn < stage.repairs:
-                self.beat()
                 messages = messages + [
                     {"role": "assistant", "content": raw},
                     {"role": "user", "content": REPAIR_TEXT.format(
                         key=key_line(template.id, row.item_key, repair=turn + 1), error=error)},
                 ]
         reason = f"invalid output after {stage.repairs} repair(s): {turns[-1]['error']}"
-        return self._finish(row, StageRun.Status.DROPPED, reason, parsed_output=None,
-                            validator_result={"valid": False, "error": turns[-1]["error"], "turns": turns})
+        return StageRun.Status.DROPPED, reason, {
+            "parsed_output": None, "validator_result": {"valid": False, "error": turns[-1]["error"], "turns": turns}}
 
-    def _episode_stage(self, stage: EpisodeStage, row: StageRun, inputs: dict[str, Any]) -> StageRun:
+    def _episode_work(self, stage: EpisodeStage, row: StageRun) -> Outcome:
         assert stage.config is not None
         result = asyncio.run(agent.run_episode(
-            config=stage.config(inputs), llm=self.llm,
+            config=stage.config(row.inputs), llm=self.llm,
             cache_key_extra={"pipeline_run": str(self.run.uuid), "stage": stage.name, "item": row.item_key},
         ))
-        output = _json_safe(dataclasses.asdict(result))
+        output = dataclasses.asdict(result)
         row.llm_calls, row.total_tokens = result.llm_calls, result.total_tokens
         row.prompt_tokens, row.completion_tokens, row.cost_usd = result.prompt_tokens, result.completion_tokens, result.cost_usd
         row.raw_output = result.final_answer
         if result.outcome == "error" and (result.retryable or result.error_kind in ("infrastructure", "llm")):
-            self._finish(row, StageRun.Status.FAILED, f"episode error ({result.error_kind}): {result.outcome_reason}",
-                         parsed_output=output)
-            raise StageFailed(f"stage {stage.name!r} for item {row.item_key!r}: {result.outcome_reason}")
-        error = _validator_error(stage.validator, output, inputs)
+            raise StageFailed(f"stage {stage.name!r} for item {row.item_key!r}: episode error "
+                              f"({result.error_kind}): {result.outcome_reason}")
+        error = _validator_error(stage.validator, _json_safe(output), row.inputs)
         if error:
-            return self._finish(row, StageRun.Status.DROPPED, error, parsed_output=output,
-                                validator_result={"valid": False, "error": error})
-        return self._finish(row, StageRun.Status.SUCCEEDED, parsed_output=output, validator_result={"valid": True})
+            return StageRun.Status.DROPPED, error, {"parsed_output": output,
+                                                    "validator_result": {"valid": False, "error": error}}
+        return StageRun.Status.SUCCEEDED, "", {"parsed_output": output, "validator_result": {"valid": True}}
 
-    def _code_item(self, stage: CodeStage, row: StageRun, inputs: dict[str, Any]) -> StageRun:
+    def _code_item(self, stage: CodeStage, index: int, item: Item) -> StageRun:
         assert stage.fn is not None
+        row = self._start(stage, index, item.key, stage.inputs(item.state))
         try:
-            output = stage.fn(inputs)
+            output = stage.fn(row.inputs)
         except Drop as exc:
             return self._finish(row, StageRun.Status.DROPPED, str(exc) or "dropped by the gate",
-                                validator_result={"valid": False, "error": str(exc)})
-        return self._finish(row, StageRun.Status.SUCCEEDED, parsed_output=output, validator_result={"valid": True})
+                                {"validator_result": {"valid": False, "error": str(exc)}})
+        return self._finish(row, StageRun.Status.SUCCEEDED, "",
+                            {"parsed_output": output, "validator_result": {"valid": True}})
 
     def _all_items(self, stage: CodeStage, index: int, items: list[Item],
                    done: dict[tuple[str, str], StageRun]) -> list[Item]:
@@ -301,8 +343,9 @@ class Runner:
             for item in items:
                 if item.key not in kept and item.key not in dropped:
                     dropped[item.key] = "not in the gate's answer"
-            row = self._finish(row, StageRun.Status.SUCCEEDED, parsed_output={"kept": kept, "dropped": dropped},
-                               validator_result={"valid": True, "kept": len(kept), "dropped": len(dropped)})
+            row = self._finish(row, StageRun.Status.SUCCEEDED, "", {
+                "parsed_output": {"kept": kept, "dropped": dropped},
+                "validator_result": {"valid": True, "kept": len(kept), "dropped": len(dropped)}})
         kept = (row.parsed_output or {}).get("kept", {})
         return [Item(item.key, {**item.state, stage.name: kept[item.key]}) for item in items if item.key in kept]
 
@@ -318,14 +361,14 @@ class Runner:
                 result = tasks_create(items=[row.inputs["task"]], actor=self.run.created_by,
                                       batch_name=self.run.batch_name, source="pipeline")
                 task = result.tasks[0]
-                self._finish(row, StageRun.Status.SUCCEEDED, parsed_output={"task_id": task.pk}, task=task,
-                             validator_result={"valid": True})
+                self._finish(row, StageRun.Status.SUCCEEDED, "", {
+                    "parsed_output": {"task_id": task.pk}, "task": task, "validator_result": {"valid": True}})
                 if self.run.batch_id != result.batch.pk:
                     self.run.batch = result.batch
                     PipelineRun.objects.filter(pk=self.run.pk).update(batch=result.batch)
         except TaskCreateError as exc:
             self._finish(row, StageRun.Status.DROPPED, f"the task is invalid: {exc}",
-                         validator_result={"valid": False, "errors": [list(e) for e in exc.errors]})
+                         {"validator_result": {"valid": False, "errors": [list(e) for e in exc.errors]}})
 
 
 _TASK_STAGE_SPEC = CodeStage(name=TASK_STAGE, fn=lambda inputs: inputs)
