@@ -635,3 +635,30 @@ def test_audit_changelist_filters_by_registered_action(client: Any, viewer: Any,
     response = client.get(changelist_url("auditevent"), {"action": "tasks.task_cancel"})
     assert [e.pk for e in response.context["cl"].result_list] == [cancel.pk]
     assert "?action=auth.role_grant" in response.content.decode()
+
+
+def test_accounts_added_and_edited_in_the_admin_are_audited(client: Any, admin_user_role: Any) -> None:
+    client.force_login(admin_user_role)
+    response = client.post(reverse("admin:auth_user_add"), {
+        "username": "carol", "password1": "a-long-pass-phrase-9", "password2": "a-long-pass-phrase-9",
+        "usable_password": "true"})
+    assert response.status_code == 302
+    carol = User.objects.get(username="carol")
+    created = AuditEvent.objects.get(action="auth.user_create")
+    assert (created.target_id, created.actor_id) == (str(carol.pk), admin_user_role.pk)
+
+    change_url = reverse("admin:auth_user_change", args=[carol.pk])
+    form = {"username": "carol", "email": "carol@example.org", "is_active": "on",
+            "last_login_0": "", "last_login_1": "", "date_joined_0": "2026-11-26", "date_joined_1": "10:00:00"}
+    assert client.post(change_url, form).status_code == 302
+    changed = AuditEvent.objects.get(action="auth.user_change")
+    assert "email" in changed.data["fields"] and User.objects.get(pk=carol.pk).email == "carol@example.org"
+
+    password_url = reverse("admin:auth_user_password_change", args=[carol.pk])
+    response = client.post(password_url, {"password1": "another-pass-phrase-7", "password2": "another-pass-phrase-7",
+                                          "usable_password": "true"})
+    assert response.status_code == 302
+    events = list(AuditEvent.objects.filter(action="auth.user_change").order_by("id"))
+    assert events[-1].data["fields"] == ["password"]
+    carol.refresh_from_db()
+    assert carol.check_password("another-pass-phrase-7") and carol.password not in str(events[-1].data)

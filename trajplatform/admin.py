@@ -25,7 +25,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from trajplatform.audit import ACTIONS, AuditEvent, audit_events_for
-from trajplatform.permissions import ROLES, grant_role
+from trajplatform.permissions import ROLES, grant_role, user_account_save
 
 RECENT_AUDIT_EVENTS = 20
 
@@ -268,6 +268,20 @@ class RoleUserAdmin(UserAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        user_account_save(user=obj, actor=request.user, created=not change, changed=list(form.changed_data))
+
+    def user_change_password(self, request: HttpRequest, id: str, form_url: str = "") -> Any:
+        """Django's password form, with the account's audit row written in the same transaction."""
+        from django.db import transaction
+
+        with transaction.atomic():
+            response = super().user_change_password(request, id, form_url)
+            if request.method == "POST" and response.status_code == 302:
+                user = self.get_object(request, id)
+                user_account_save(user=user, actor=request.user, created=False, changed=["password"])
+        return response
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).prefetch_related("groups")

@@ -116,6 +116,27 @@ def grant_role(*, user: Any, role: str, actor: Any) -> Any:
     return user
 
 
+def user_account_save(*, user: Any, actor: Any, created: bool, changed: list[str]) -> Any:
+    """Save an account edited in the admin (a new one, or its name, email, active flag or
+    password) and write its audit row; no-op for an unchanged existing account. Roles, staff
+    and superuser status change only through `grant_role`."""
+    from django.core.exceptions import PermissionDenied
+    from django.db import transaction
+
+    from trajplatform.audit import audit_record
+
+    if actor is None or not actor.has_perm("auth.add_user" if created else "auth.change_user"):
+        raise PermissionDenied("editing accounts needs the auth.change_user permission")
+    if not created and not changed:
+        return user
+    with transaction.atomic():
+        user.save()
+        # The password's hash is never recorded, only that it changed.
+        audit_record("auth.user_create" if created else "auth.user_change", actor=actor, target=user,
+                     data={"fields": sorted(set(changed)), "is_active": user.is_active})
+    return user
+
+
 def bootstrap_admin(*, username: str, email: str | None = None, password: str) -> tuple[Any, bool]:
     """Create or update a superuser in the admin group with this password; returns (user, created)."""
     from django.contrib.auth import get_user_model, password_validation
