@@ -662,3 +662,21 @@ def test_accounts_added_and_edited_in_the_admin_are_audited(client: Any, admin_u
     assert events[-1].data["fields"] == ["password"]
     carol.refresh_from_db()
     assert carol.check_password("another-pass-phrase-7") and carol.password not in str(events[-1].data)
+
+
+def test_django_q_schedules_and_job_records_are_view_only_even_for_superusers(client: Any, admin_user_role: Any) -> None:
+    from django_q.models import Schedule
+
+    schedule = Schedule.objects.create(func="trajplatform.health.run_checks", schedule_type=Schedule.MINUTES, minutes=5)
+    admin_user_role.is_superuser = True
+    admin_user_role.save()
+    client.force_login(admin_user_role)
+    url = reverse("admin:django_q_schedule_change", args=[schedule.pk])
+    assert client.get(url).status_code == 200
+    client.post(url, {"func": "os.system", "schedule_type": "O", "repeats": "-1"})
+    schedule.refresh_from_db()
+    assert schedule.func == "trajplatform.health.run_checks"
+    assert client.post(reverse("admin:django_q_schedule_delete", args=[schedule.pk]), {"post": "yes"}).status_code == 403
+    assert Schedule.objects.filter(pk=schedule.pk).exists()
+    for name in ("schedule", "success", "failure"):
+        assert client.get(reverse(f"admin:django_q_{name}_add")).status_code == 403

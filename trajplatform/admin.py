@@ -301,4 +301,24 @@ class RoleGroupAdmin(ViewOnlyMixin, GroupAdmin):
     """The role groups' permissions are set by `sync_role_groups` (after every migrate): view-only."""
 
 
+# --- django-q2's queue, schedules and task results: view-only ------------------------------------
+# The platform's jobs are started, retried and cancelled through its services (task, batch and
+# pipeline actions, audited); resubmitting a raw job or editing a schedule here would bypass them.
+# The schedules are (re)written by `trajplatform.schedules` after every migrate.
+
+
+def _view_only_django_q_admins() -> None:
+    from django_q import admin as q_admin
+    from django_q.models import Failure, OrmQ, Schedule, Success
+
+    for model, base in ((Schedule, q_admin.ScheduleAdmin), (Success, q_admin.TaskAdmin),
+                        (Failure, q_admin.FailAdmin), (OrmQ, getattr(q_admin, "QueueAdmin", None))):
+        if base is None or not admin.site.is_registered(model):
+            continue
+        admin.site.unregister(model)
+        admin.site.register(model, type(base.__name__, (ViewOnlyMixin, base), {"actions": []}))
+
+
+_view_only_django_q_admins()
+
 from trajplatform import api_admin  # noqa: E402,F401  (API tokens, webhooks)
