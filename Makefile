@@ -97,6 +97,10 @@ demo: migrate
 	$(PY) manage.py import_tasks examples/tasks/demo.jsonl --batch demo --once
 	$(PY) manage.py synthesize --tasks examples/tasks/code_exec.jsonl --batch demo-rollouts --once --wait --start-offline-model
 	$(PY) manage.py import_envscaler --metadata examples/envscaler/metadata.json --scenarios examples/envscaler/scenarios.json --batch demo-envscaler --once --wait --start-offline-model
+	@# the bundled MCP servers, each snapshotted in a sandbox (the npm ones only where npm installed them)
+	$(PY) manage.py mcp_register examples/toucan/servers.json
+	@if [ -d $(MCP_DIR)/node/node_modules ]; then $(PY) manage.py mcp_register examples/toucan/servers-npm.json; \
+	else echo "WARNING: npm MCP servers not installed: examples/toucan/servers-npm.json not registered" >&2; fi
 	@# a published dataset version from the code rollouts, and one export of it (once)
 	$(PY) manage.py dataset_stats demo-code >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-code --batch demo-rollouts --min-score 80 --success-only --publish --no-progress
