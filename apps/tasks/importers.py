@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator
 
 from apps.engines.scenes import SCENES, SceneConfigError, validate_scene_config
+from trajplatform.redaction import unstorable_fields, unstorable_reason
 
 ADP = "adp"
 TRAJPLATFORM = "trajplatform"
@@ -133,8 +134,8 @@ def _string(value: Any, *, max_length: int | None = None, required: bool = False
         raise _Invalid("must not be empty")
     if max_length is not None and len(value) > max_length:
         raise _Invalid(f"must be at most {max_length} characters, got {len(value)}")
-    if "\x00" in value:
-        raise _Invalid("contains a NUL character (\\u0000), which the database cannot store")
+    if reason := unstorable_reason(value):
+        raise _Invalid(reason)
     return value
 
 
@@ -167,8 +168,8 @@ def _string_list(value: Any) -> list[str]:
         if not isinstance(item, str) or not item.strip():
             got = "an empty string" if isinstance(item, str) else _json_type(item)
             raise _Invalid(f"must be an array of non-empty strings; item {i} is {got}")
-        if "\x00" in item:
-            raise _Invalid(f"item {i} contains a NUL character (\\u0000)")
+        if reason := unstorable_reason(item):
+            raise _Invalid(f"item {i} {reason}")
     return value
 
 
@@ -181,16 +182,6 @@ def _step_list(value: Any) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise _Invalid(f"must be a list of step objects; item {i} is {_json_type(item)}")
     return value
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
 
 
 # Output field -> check, for the values both shapes share (after renaming).
@@ -322,8 +313,7 @@ def validate_task(
         except SceneConfigError as exc:
             errors.extend((f, f"{r} (scene {scene_id} config schema)") for f, r in exc.errors)
         else:
-            if _has_nul(config):
-                errors.append(("config", "contains a NUL character (\\u0000), which the database cannot store"))
+            errors.extend((f"config.{path}", reason) for path, reason in unstorable_fields(config))
     if scene_id is not None:
         out["scene"] = scene_id
 

@@ -87,14 +87,19 @@ def test_integers_are_accepted_for_number_fields() -> None:
         ("expected_tools", ["browser", 3], "must be an array of non-empty strings; item 1 is integer"),
         ("prompt", "  ", "must not be empty"),
         ("system_prompt_extra", None, "must be a string, got null"),
-        ("prompt", "a\x00b", "contains a NUL character (\\u0000), which the database cannot store"),
-        ("config", {"start_url": "a\x00"}, "contains a NUL character (\\u0000), which the database cannot store"),
+        ("prompt", "a\x00b", "contains a NUL byte (U+0000) at character 1, which cannot be stored; remove it"),
         ("config", None, "must be an object, got null"),
     ],
 )
 def test_it_rejects_out_of_range_and_mistyped_values(field: str, value: Any, reason: str) -> None:
     obj = {"scene": "gui", "prompt": "p", field: value}
     assert _errors(obj) == [(field, reason)]
+
+
+def test_text_that_cannot_be_stored_is_reported_by_field_path() -> None:
+    errors = _errors({"scene": "gui", "prompt": "a\ud800b", "config": {"start_url": "a\x00"}})
+    assert [f for f, _ in errors] == ["prompt", "config.start_url"]
+    assert "lone UTF-16 surrogate (U+D800)" in errors[0][1] and "NUL byte" in errors[1][1]
 
 
 def test_it_reports_every_problem_of_one_line() -> None:

@@ -118,7 +118,7 @@ def test_nul_and_lone_surrogates_in_an_episode_and_its_log_are_stored_replaced(m
 @pytest.mark.django_db
 @pytest.mark.parametrize("prompt, reason", [
     ("a\ud800b", "lone UTF-16 surrogate (U+D800)"),
-    ("a\x00b", "NUL character"),  # the importers' own check
+    ("a\x00b", "NUL byte"),
 ])
 def test_a_submitted_prompt_that_cannot_be_stored_is_a_400_naming_the_field(make_user, prompt: str, reason: str):
     client = api_client(make_user("reviewer"))
