@@ -338,7 +338,9 @@ def tasks_enqueue(*, batch: Batch | None = None, tasks: Any = None, actor: Any =
     with transaction.atomic():
         pending = (
             queryset.filter(status=Task.Status.QUEUED, cancel_requested=False)
-            .select_for_update()
+            # of=("self",): a caller's queryset may join the (nullable) batch, which PostgreSQL
+            # cannot lock FOR UPDATE.
+            .select_for_update(of=("self",))
             .order_by("-priority", "created_at", "id")
         )
         now = timezone.now()

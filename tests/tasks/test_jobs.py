@@ -162,6 +162,14 @@ def test_tasks_enqueue_starts_the_queued_tasks_of_a_batch_once(make_task, django
     del second
 
 
+def test_tasks_enqueue_accepts_a_queryset_that_joins_the_batch(make_task):
+    # The admin's changelist queryset joins the nullable batch; PostgreSQL refuses FOR UPDATE on it
+    # unless the lock names the task table alone.
+    task = make_task()
+    assert tasks_enqueue(tasks=Task.objects.filter(pk=task.pk).select_related("batch")) == 1
+    assert Task.objects.get(pk=task.pk).status == "running"
+
+
 @pytest.mark.django_db(transaction=True)
 @override_settings(LLM_API_KEY="sk-live-bulk-log-secret-0123456789")
 def test_log_lines_of_many_trajectories_are_appended_together_each_with_its_own_sequence(make_task):
@@ -709,6 +717,32 @@ def test_the_reaper_requeues_a_stale_trajectory_then_gives_up_after_the_worker_l
     # A late result from the lost worker changes nothing.
     assert trajectory_finish(trajectory_id=trajectory.pk, claim_token=claim.token, result=FakeResult()) is None
     assert jobs.reap_stale_rollouts()["abandoned"] == 0  # idempotent
+
+
+@pytest.mark.django_db
+def test_trajectory_reap_of_a_dead_process_requeues_audits_and_schedules_a_job_for_when_it_is_due(
+        make_task, django_capture_on_commit_callbacks):
+    from apps.tasks.services import trajectory_reap
+
+    task = started(make_task)
+    trajectory = task.trajectories.get()
+    Schedule.objects.filter(func=ROLLOUT_JOB).delete()
+    [claim] = jobs.claim_trajectories(1, worker="here:1:abc")
+    assert trajectory_reap(trajectory_id=trajectory.pk, max_worker_losses=3, dead_worker="here:2:other") == ""
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        assert trajectory_reap(trajectory_id=trajectory.pk, max_worker_losses=3, dead_worker="here:1:abc",
+                               backoff_s=(5.0, 20.0)) == "requeued"
+    trajectory.refresh_from_db()
+    assert (trajectory.status, trajectory.claim_token, trajectory.worker_losses, trajectory.attempts) == (
+        "queued", "", 1, 1)
+    event = AuditEvent.objects.get(action="tasks.rollout_requeue", target_id=str(trajectory.pk))
+    assert (event.data["process_gone"], event.data["worker_losses"], event.data["delay_s"]) == (True, 1, 5.0)
+    assert len(callbacks) == 2  # the live-log broadcast and the job
+    [job] = Schedule.objects.filter(func=ROLLOUT_JOB)  # a one-off job for when it is due, not now
+    assert job.schedule_type == Schedule.ONCE and abs((job.next_run - trajectory.queued_at).total_seconds()) < 2
+    assert trajectory_finish(trajectory_id=trajectory.pk, claim_token=claim.token, result=FakeResult()) is None
+    with pytest.raises(ValueError):
+        trajectory_reap(trajectory_id=trajectory.pk, max_worker_losses=3)
 
 
 @pytest.mark.django_db(transaction=True)
