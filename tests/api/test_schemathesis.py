@@ -3,9 +3,10 @@
 rejected and valid data accepted; auth is not ignored; ...), on valid and on invalid requests,
 plus a stateful run that follows the links schemathesis infers between operations (a created
 task's id fed to its detail, cancel, retry, ...). SCHEMATHESIS_EXAMPLES examples per operation
-and mode (default EXAMPLES). Measured 2026-11-26 on the 2-core box under load: the conformance
-run 129 s wall / 58 s CPU at 50 examples (83 s / 35 s at 25), the stateful run 25 s / 13 s;
-the run this replaced (10 examples, positive only, 4 checks) took 10 s."""
+and mode (default EXAMPLES). Measured 2026-11-26 on the 2-core box shared with other jobs
+(load 5-6): the conformance run 96-129 s wall (58 s CPU) on SQLite and 143 s on PostgreSQL
+at 50 examples (83 s / 35 s CPU at 25), the stateful run 10-25 s; the run this replaced
+(10 examples, positive data only, 4 checks) took 10 s."""
 from __future__ import annotations
 
 import os
