@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 # scene -> "module:function" building its Pipeline from a run's config.
-PIPELINES: dict[str, str] = {
-    "toucan": "apps.engines.toucan.pipeline:build",
-}
+PIPELINES: dict[str, str] = {}
 
 PIPELINE_STAGE_KINDS = ("llm", "episode", "code")
 
