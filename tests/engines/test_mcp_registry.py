@@ -224,6 +224,18 @@ def test_a_bad_record_in_a_file_is_reported_and_nothing_is_written(tmp_path: Pat
     assert not McpServer.objects.exists() and not AuditEvent.objects.exists()
 
 
+def test_a_file_that_is_not_json_is_reported_by_line(tmp_path: Path) -> None:
+    path = tmp_path / "servers.jsonl"
+    path.write_text(json.dumps(BUNDLED["time"]) + "\n{oops\n")
+    with pytest.raises(CommandError, match=r"1 problem\(s\)"):
+        call_command("mcp_register", str(path))
+    with pytest.raises(McpRegistryError, match=r"servers.jsonl, line 2: not JSON"):
+        load_records(path)
+    with pytest.raises(CommandError, match="no such file"):
+        call_command("mcp_register", str(tmp_path / "missing.json"))
+    assert not McpServer.objects.exists()
+
+
 def test_the_command_registers_a_file_and_a_dry_run_writes_nothing(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "servers.json"
     path.write_text(json.dumps({"servers": [BUNDLED["time"], BUNDLED["sqlite"]]}))
