@@ -267,6 +267,8 @@ def test_the_admin_shows_the_snapshot_and_changes_only_through_the_services(admi
     refused = admin_client.post(reverse("admin:engines_mcpserver_change", args=[server.pk]), {"enabled": ""})
     assert refused.status_code == 403 and McpServer.objects.get(pk=server.pk).enabled
     changelist = reverse("admin:engines_mcpserver_changelist")
+    listing = admin_client.get(changelist).content.decode()
+    assert "module: sqlite_server 1" in listing and server.tools_sha256[:12] in listing
     assert admin_client.get(reverse("admin:engines_mcpserver_add")).status_code == 403
     admin_client.post(changelist, {"action": "disable_selected", "_selected_action": [server.pk]})
     assert McpServer.objects.get(pk=server.pk).enabled is False
