@@ -249,6 +249,19 @@ def test_the_command_registers_a_file_and_a_dry_run_writes_nothing(tmp_path: Pat
     assert set(AuditEvent.objects.values_list("actor_repr", flat=True)) == {"manage.py mcp_register"}
 
 
+def test_the_mcp_profile_binds_the_servers_read_only_with_git(local_backend: Any) -> None:
+    with local_backend.create(SandboxSpec(image=PLATFORM_MCP_PROFILE)) as sandbox:
+        imports = sandbox.run(["python3", "-c", "import mcp_server_git, mcp_server_fetch, mcp_server_time, sqlite_server, "
+                                                "fastmcp; print(mcp_server_git.__file__)"], timeout=60)
+        assert imports.exit_code == 0, imports.stderr
+        assert imports.stdout.startswith("/opt/trajplatform/mcp/python/mcp_server_git/")
+        for target in ("/opt/trajplatform/mcp/python/x", "/opt/trajplatform/mcp-builtin/x",
+                       "/opt/trajplatform/site-packages/x"):
+            denied = sandbox.run(["touch", target], timeout=30)
+            assert denied.exit_code != 0 and "Read-only file system" in denied.stderr
+        assert sandbox.run(["git", "--version"], timeout=30).stdout.startswith("git version")
+
+
 def test_the_profile_without_the_mcp_packages_is_a_clear_error(settings: Any, tmp_path: Path) -> None:
     settings.SANDBOX_MCP_PACKAGES = str(tmp_path)
     with pytest.raises(McpRegistryError, match=r"time: .*needs the bundled MCP servers' packages.*run `make install`"):
