@@ -78,6 +78,12 @@ class Cluster:
         if self.proc is not None and self.proc.poll() is None:
             self.kill()
 
+    def check(self) -> None:
+        """Raise if the cluster exited by itself (e.g. it could not import the code)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.exists() else []
+            raise RuntimeError(f"the worker cluster exited with {self.proc.returncode}: {' '.join(tail)}")
+
 
 def make_batch(prompt: str, rollouts: int, steps: int) -> Any:
     from apps.tasks.services import batch_import, tasks_enqueue
@@ -128,6 +134,8 @@ def main() -> int:
     parser.add_argument("--database-url", help="use this (empty, migratable) database instead of a temporary SQLite")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (and the cluster's log)")
     args = parser.parse_args()
+    # `timeout` sends SIGTERM: leave through the finally block, which kills the cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-crash-loop-", dir="/var/tmp"))
     cluster: Cluster | None = None
@@ -153,6 +161,7 @@ def main() -> int:
         kills: list[str] = []
         deadline = began + args.timeout
         while not Trajectory.objects.filter(task__batch=batch, status="running").exists():
+            cluster.check()
             if time.monotonic() > deadline:
                 raise RuntimeError("no rollout started")
             time.sleep(0.2)
@@ -179,6 +188,7 @@ def main() -> int:
             last_restart, restarted_at = time.monotonic(), time.time()
             kills.append(f"{last_restart - began:.0f}s worker {pid}")
         while not all_final(batch) and time.monotonic() < deadline:
+            cluster.check()
             time.sleep(0.2)
         drained = time.monotonic()
 
