@@ -488,6 +488,10 @@ def test_the_admin_shows_stage_runs_and_its_actions_go_through_the_services(mode
     body = page.content.decode()
     task = Task.objects.get()
     assert reverse("admin:tasks_task_change", args=[task.pk]) in body and "demo/question" not in body
+    producer = task.stage_runs.get()
+    task_page = admin_client.get(reverse("admin:tasks_task_change", args=[task.pk])).content.decode()
+    assert reverse("admin:engines_stagerun_change", args=[producer.pk]) in task_page
+    assert f"pipeline run #{run.pk} (demo), item s1" in task_page
     row = StageRun.objects.get(run=run, stage="question")
     detail = admin_client.get(reverse("admin:engines_stagerun_change", args=[row.pk])).content.decode()
     assert "demo/question" in detail and "&quot;prompt&quot;" in detail  # the JSON, indented and escaped
