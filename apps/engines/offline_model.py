@@ -41,7 +41,8 @@ than a call the agent cannot execute.
 
 Pipeline stages (apps.engines.pipelines, docs/pipelines.md): an `llm` stage's prompt starts with a
 key line `[pipeline:TEMPLATE key=ITEM]`, and a one-step `{"content": "..."}` script whose prompt is
-that line answers it (matched by containment, as above). A repair turn (the stage's output failed
+that line answers it (before any longer script the prompt happens to contain, such as the agent
+script of a question the stage quotes). A repair turn (the stage's output failed
 its validator) ends with a user message carrying `[pipeline:TEMPLATE key=ITEM repair=N]`: such a
 request is answered by the script of that last message, from its first step, whatever came before;
 with no script for it, the plain "no script" answer fails validation and the item is dropped.
@@ -275,6 +276,13 @@ class ScriptRegistry:
         exact = self.by_hash.get(hashlib.sha256(normalized.encode("utf-8")).hexdigest())
         if exact is not None:
             return exact
+        key = PIPELINE_KEY.search(normalized)
+        if key is not None:
+            # A stage prompt may quote a longer script's prompt (a quality check quotes the
+            # question an agent script answers): its key line names the stage's own script.
+            keyed = self.by_hash.get(hashlib.sha256(key.group(0).encode("utf-8")).hexdigest())
+            if keyed is not None:
+                return keyed
         inside = [s for s in self.by_hash.values() if s.normalized_prompt and s.normalized_prompt in normalized]
         return max(inside, key=lambda s: len(s.normalized_prompt)) if inside else None
 

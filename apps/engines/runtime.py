@@ -114,6 +114,7 @@ class SceneRuntime:
 RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
+    "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
 }
 _instances: dict[str, SceneRuntime] = {}
 

@@ -109,7 +109,29 @@ SCENES: dict[str, Scene] = {
             "toucan",
             "Toucan (MCP tool use)",
             "Questions synthesised for MCP servers' tools and answered by an agent calling them.",
-            _obj({"target_servers": _STR_LIST, "target_tools": _STR_LIST, "difficulty": {"enum": ["easy", "medium", "hard"]}}),
+            _obj(
+                {
+                    # registered MCP servers (manage.py mcp_register) whose tools the agent gets
+                    "target_servers": {**_STR_LIST, "minItems": 1, "uniqueItems": True},
+                    "target_tools": {"type": "array", "uniqueItems": True,
+                                     "items": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*__.+$"}},
+                    "difficulty": {"enum": ["easy", "medium", "hard"]},
+                    # apps/engines/toucan/quality.py: an answer check or a state check (a probe in the sandbox)
+                    "check": {"oneOf": [
+                        _obj({"type": {"const": "answer"}, "expected": {"type": ["string", "number"]},
+                              "match": {"enum": ["exact", "contains", "number"]},
+                              "tolerance": {"type": "number", "minimum": 0}}, required=("type", "expected")),
+                        _obj({"type": {"const": "state"}, "probe": {"type": "string", "minLength": 1},
+                              "expect": {"type": ["string", "number"]},
+                              "match": {"enum": ["exact", "contains", "number"]},
+                              "tolerance": {"type": "number", "minimum": 0}}, required=("type", "probe", "expect")),
+                    ]},
+                    "question_quality_assessment": {"type": "object"},
+                    "generation": {"type": "object", "description": "how the question was made (pipeline, plan)"},
+                    "image": _STR,
+                },
+            ),
+            required_params=("target_servers",),
         ),
         Scene(
             "mobile_agent",

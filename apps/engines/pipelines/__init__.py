@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 # scene -> "module:function" building its Pipeline from a run's config.
-PIPELINES: dict[str, str] = {}
+PIPELINES: dict[str, str] = {
+    "toucan": "apps.engines.toucan.pipeline:build",
+}
 
 PIPELINE_STAGE_KINDS = ("llm", "episode", "code")
 

@@ -1,0 +1,256 @@
+"""The toucan scene end to end: registered MCP servers (examples/toucan/servers.json: PyPI's
+mcp-server-time, -git, -fetch and our sqlite server) started in a real local sandbox by the MCP
+hub, the shared agent loop, the offline scripted model, and the verifier (quality.py) run on the
+steps the loop wrote.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from apps.engines import runtime as runtime_registry
+from apps.engines.models import McpServer
+from apps.engines.runtime import get_runtime
+from apps.engines.sandboxes import get_backend
+from apps.engines.toucan import quality
+from apps.engines.toucan.registry import load_records, parse_record, take_snapshot
+from apps.engines.toucan.runtime import ToucanRuntime
+from tests.engines.test_agent import (  # noqa: F401 - llm_env is a fixture
+    assert_no_sandbox_left,
+    call,
+    config_for,
+    llm_env,
+    run,
+    scripted,
+)
+from tests.engines.test_envscaler_runtime import _bwraps_using
+from tests.tasks.test_synthesize import offline_only  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
+
+EXAMPLES = Path(settings.BASE_DIR) / "examples"
+RECORDS = {r["name"]: r for r in load_records(EXAMPLES / "toucan" / "servers.json")}
+_SNAPSHOTS: dict[str, Any] = {}
+
+
+def register(*names: str) -> dict[str, McpServer]:
+    """Bundled servers as registry rows; their tools/list snapshots are taken once per session (in
+    a sandbox, as registration does) and the rows written for each test."""
+    rows = {}
+    for name in names:
+        record = parse_record(RECORDS[name])
+        if name not in _SNAPSHOTS:
+            _SNAPSHOTS[name] = take_snapshot(record)
+        snapshot = _SNAPSHOTS[name]
+        rows[name] = McpServer.objects.create(
+            name=name, spec=record.spec.to_dict(), labels=record.labels, secrets=record.secrets,
+            fixtures=record.fixtures, state_probe=record.state_probe, tools=snapshot.tools,
+            tools_sha256=snapshot.sha256)
+    return rows
+
+
+@pytest.fixture
+def registered() -> dict[str, McpServer]:
+    return register("time", "git", "sqlite")
+
+
+def toucan(prompt: str, servers: list[str], targets: list[str], check: dict[str, Any] | None = None,
+           **fields: Any) -> dict[str, Any]:
+    scene = {"target_servers": servers, "target_tools": targets, **({"check": check} if check else {})}
+    fields.setdefault("step_timeout_s", 30.0)
+    fields.setdefault("timeout_s", 120.0)
+    return config_for(prompt, scene, scene="toucan", **fields)
+
+
+def test_the_runtime_is_registered_and_offers_the_servers_tools_named_server__tool(registered: Any) -> None:
+    runtime = get_runtime("toucan")
+    assert isinstance(runtime, ToucanRuntime)
+    tools = {t["function"]["name"]: t["function"] for t in runtime.tools(toucan("q", ["time", "git"], []))}
+    assert {"time__convert_time", "time__get_current_time", "git__git_log", "git__git_create_branch",
+            "finish"} <= set(tools)
+    assert all(name == "finish" or name.split("__")[0] in ("time", "git") for name in tools)
+    assert tools["time__convert_time"]["parameters"] == next(
+        t["input_schema"] for t in registered["time"].tools if t["name"] == "convert_time")
+
+
+def test_an_unregistered_server_is_refused_with_its_name(registered: Any) -> None:
+    config = toucan("What time is it?", ["time", "weather"], [])
+    with scripted(config["prompt"], call("finish", answer="x")) as (_, llm):
+        result = run(config, llm)
+    assert result.outcome == "error" and "weather are not registered" in result.outcome_reason
+
+
+def test_a_time_question_with_an_answer_check_and_a_recovered_tool_error(registered: Any) -> None:
+    config = toucan("When it is 12:00 UTC on 2026-01-15, what time is it in Tokyo?", ["time"], ["time__convert_time"],
+                    {"type": "answer", "expected": "21:00", "match": "contains"})
+    steps = [
+        call("time__convert_time", source_timezone="UTC", time="12:00", target_timezone="Mars/Olympus"),
+        call("time__convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo"),
+        call("finish", answer="It is 21:00 in Tokyo."),
+    ]
+    with scripted(config["prompt"], *steps) as (_, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    bad, good, _ = result.steps
+    assert bad["is_error"] is True and bad["output"].startswith("error: ") and bad["server"] == "time"
+    assert good["is_error"] is False and "T21:00:00+09:00" in good["output"] and good["mcp_tool"] == "convert_time"
+    assert [r["method"] for r in bad["mcp_calls"]] == ["tools/list", "tools/call"]
+    out = result.verifier_output
+    assert out["method"] == "check" and out["check"]["passed"] is True
+    assert out["tool_call_accuracy"]["desired_tools_used_percentage"] == 1.0
+    assert out["rule_filter"] == {"passed": True, "failed": [], "tool_responses": 2, "error_responses": 1,
+                                  "error_steps": [0]}
+    # The verifier's functions on the steps the loop stored give what the runtime computed.
+    assert quality.rule_filter(result.steps, result.final_answer)["error_responses"] == 1
+    assert quality.called_tools(result.steps) == ["time__convert_time", "time__convert_time"]
+    assert_no_sandbox_left(get_backend("local"))
+
+
+def test_a_git_task_is_decided_by_its_state_check_in_the_sandbox(registered: Any) -> None:
+    check = {"type": "state", "probe": "git -C /workspace/repo branch --list release-1 --format='%(refname:short)'",
+             "expect": "release-1"}
+    config = toucan("In my repository at /workspace/repo, create a branch release-1 from main.", ["git"],
+                    ["git__git_create_branch"], check)
+    create = call("git__git_create_branch", repo_path="/workspace/repo", branch_name="release-1", base_branch="main")
+    with scripted(config["prompt"], create, call("finish", answer="Created release-1.")) as (_, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.reward) == ("success", 1.0), (result.outcome_reason, result.verifier_output)
+    assert result.verifier_output["check"]["stdout"].strip() == "release-1"
+
+    with scripted(config["prompt"], call("git__git_branch", repo_path="/workspace/repo", branch_type="local"),
+                  call("finish", answer="Created release-1.")) as (_, llm):
+        lazy = run(config, llm)
+    assert (lazy.outcome, lazy.reward) == ("failure", 0.0)
+    assert lazy.verifier_output["tool_call_accuracy"]["missing_tools"] == ["git__git_create_branch"]
+
+
+def test_without_a_check_the_reward_is_the_target_tool_share_gated_by_the_rule_filter(registered: Any) -> None:
+    config = toucan("What is the newest commit message in /workspace/repo, and what time is 12:00 UTC in Tokyo?",
+                    ["git", "time"], ["git__git_log", "time__convert_time"])
+    with scripted(config["prompt"], call("git__git_log", repo_path="/workspace/repo", max_count=1),
+                  call("finish", answer="document usage")) as (_, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.reward) == ("failure", 0.5)
+    out = result.verifier_output
+    assert out["method"] == "tool_accuracy_proxy" and out["tool_call_accuracy"]["order_correctness"] is False
+    assert "document usage" in result.steps[0]["output"]
+
+
+def test_a_server_dying_mid_episode_is_an_infrastructure_error(registered: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Killing(ToucanRuntime):
+        def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
+                         timeout: float | None = None) -> Any:
+            if name == "time__get_current_time":
+                for pid in _bwraps_using(str(sandbox.workspace)):
+                    os.kill(pid, signal.SIGKILL)
+            return super().execute_tool(name, args, sandbox, config, timeout=timeout)
+
+    monkeypatch.setitem(runtime_registry._instances, "toucan", Killing())
+    config = toucan("What time is it in Tokyo now?", ["time"], ["time__get_current_time"])
+    with scripted(config["prompt"], call("time__get_current_time", timezone="Asia/Tokyo"),
+                  call("finish", answer="x")) as (_, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.error_kind, result.retryable) == ("error", "infrastructure", True)
+    assert result.steps[0]["error_kind"] == "infrastructure"
+    assert_no_sandbox_left(get_backend("local"))
+
+
+def test_a_page_served_on_the_sandbox_loopback_is_fetched_and_the_answer_checked() -> None:
+    register("fetch")
+    config = toucan("On which day and at what time does the reading club of the library at "
+                    "http://127.0.0.1:8080/events.html meet?", ["fetch"], ["fetch__fetch"],
+                    {"type": "answer", "expected": "17:30", "match": "contains"})
+    with scripted(config["prompt"], call("fetch__fetch", url="http://127.0.0.1:8080/events.html"),
+                  call("finish", answer="Every Tuesday at 17:30.")) as (_, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.reward) == ("success", 1.0), (result.outcome_reason, result.steps)
+    assert "Reading club: every Tuesday at 17:30" in result.steps[0]["output"]
+
+
+def test_sqlite_insert_then_query_with_a_state_check(registered: Any) -> None:
+    probe = ("python3 -c \"import sqlite3; print(sqlite3.connect('/workspace/data.db')"
+             ".execute('select stock from products where name=\\'tripod\\'').fetchone()[0])\"")
+    config = toucan("We received 5 tripods; set the tripod stock to 5 and tell me the total units in stock.",
+                    ["sqlite"], ["sqlite__write_query", "sqlite__read_query"], {"type": "state", "probe": probe,
+                                                                                 "expect": "5"})
+    with scripted(config["prompt"], call("sqlite__write_query", query="UPDATE products SET stock = 5 WHERE name = 'tripod'"),
+                  call("sqlite__read_query", query="SELECT SUM(stock) AS total FROM products"),
+                  call("finish", answer="Tripod stock is 5; 20 units in total.")) as (_, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.reward) == ("success", 1.0), (result.outcome_reason, result.verifier_output,
+                                                                  [s["output"] for s in result.steps])
+    assert "20" in result.steps[1]["output"]
+    assert result.verifier_output["tool_call_accuracy"]["order_correctness"] is True
+    assert json.dumps(result.verifier_output)  # stored as JSON
+
+
+# -- the bundled examples: ready tasks and the generation pipeline, with the offline model --------
+
+TASK_FILE = EXAMPLES / "tasks" / "toucan.jsonl"
+BUNDLED = [json.loads(line) for line in TASK_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_there_are_at_least_ten_ready_tasks_each_with_a_check_and_a_script() -> None:
+    assert len(BUNDLED) >= 10 and len({t["external_id"] for t in BUNDLED}) == len(BUNDLED)
+    assert all(t["config"]["check"]["type"] in ("answer", "state") and t["reference_solution"] for t in BUNDLED)
+    assert {s for t in BUNDLED for s in t["config"]["target_servers"]} <= set(RECORDS)
+
+
+def _command(name: str, *args: str) -> str:
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command(name, *args, stdout=out, stderr=out)
+    return out.getvalue()
+
+
+@pytest.mark.usefixtures("offline_only")
+def test_synthesize_runs_every_bundled_task_to_success_in_the_real_sandbox() -> None:
+    from apps.tasks.models import Task, Trajectory
+
+    register(*sorted({s for t in BUNDLED for s in t["config"]["target_servers"]}))
+    output = _command("synthesize", "--tasks", str(TASK_FILE), "--batch", "toucan-examples", "--wait",
+                      "--start-offline-model", "--concurrency", "2")
+    trajectories = Trajectory.objects.filter(task__batch__name="toucan-examples")
+    failed = {t.task.external_id: (t.outcome, t.outcome_reason, t.verifier_output.get("check"))
+              for t in trajectories.select_related("task") if t.reward != 1.0}
+    assert failed == {}, output
+    assert trajectories.count() == len(BUNDLED)
+    assert set(Task.objects.filter(batch__name="toucan-examples").values_list("status", flat=True)) == {"completed"}
+    for trajectory in trajectories:
+        assert trajectory.verifier_output["method"] == "check"
+        assert trajectory.verifier_output["rule_filter"]["passed"], trajectory.task.external_id
+        assert all(s.get("mcp_calls") for s in trajectory.steps if s["tool"] != "finish")
+
+
+@pytest.mark.usefixtures("offline_only")
+def test_the_pipeline_generates_dedups_and_checks_questions_then_runs_them() -> None:
+    from apps.engines.models import PipelineRun, StageRun
+    from apps.tasks.models import Task, Trajectory
+
+    register("time", "git", "sqlite")
+    output = _command("synthesize_pipeline", "toucan", "--seeds", str(EXAMPLES / "toucan" / "seeds.jsonl"),
+                      "--batch", "toucan-generated", "--wait", "--start-offline-model")
+    run = PipelineRun.objects.get()
+    dropped = dict(StageRun.objects.filter(run=run, status=StageRun.Status.DROPPED).values_list("item_key", "error"))
+    gate = StageRun.objects.get(run=run, stage="dedup")
+    assert "time-1.q1" in gate.parsed_output["dropped"], output
+    assert gate.parsed_output["dropped"]["time-1.q1"].startswith("near duplicate of time-1.q0")
+    assert dropped["time-1.q2"] == "below the quality thresholds: verifiable 1 < 2; stability 1 < 3", dropped
+    tasks = {t.external_id: t for t in Task.objects.filter(batch__name="toucan-generated")}
+    assert sorted(tasks) == ["toucan-git-sqlite.q0", "toucan-time-1.q0"]
+    generated = tasks["toucan-git-sqlite.q0"].scene_config
+    assert generated["target_tools"] == ["git__git_log", "sqlite__read_query"]
+    assert generated["question_quality_assessment"]["stability"]["score"] == 5
+    assert generated["generation"]["templates"] == {"toucan/question": "1", "toucan/qc": "1"}
+    for trajectory in Trajectory.objects.filter(task__batch__name="toucan-generated"):
+        assert (trajectory.outcome, trajectory.reward) == ("success", 1.0), trajectory.verifier_output
+        assert trajectory.verifier_output["method"] == "tool_accuracy_proxy"
