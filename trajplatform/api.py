@@ -372,7 +372,7 @@ try:
 
     class StrictFilterExtension(DjangoFilterExtension):
         """The schema of an IdFilter is an integer with its bounds (drf-spectacular would say number);
-        a NumberFilter declares django-filter's 1e50 maximum."""
+        a NumberFilter declares django-filter's 1e50 maximum, a CharFilter that it takes no NUL."""
 
         target_class = "trajplatform.api.StrictFilterBackend"
         priority = 1
@@ -389,6 +389,9 @@ try:
             elif isinstance(filter_field, django_filters.NumberFilter) and filter_field.get_max_validator():
                 for parameter in result:  # django-filter refuses numbers above 1e50
                     parameter["schema"]["maximum"] = filter_field.get_max_validator().limit_value
+            elif isinstance(filter_field, django_filters.CharFilter):
+                for parameter in result:  # Django's CharField refuses NUL characters
+                    parameter["schema"]["pattern"] = NO_NUL_PATTERN
             return result
 except ImportError:  # drf-spectacular is only needed for the schema
     pass

@@ -6,7 +6,9 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.reviews.models import Proposal, Review
-from trajplatform.api import INT64_MAX, BlankChoicesMixin, LimitedJSONField, RedactedOutputMixin, StrictSerializerMixin
+from trajplatform.api import (
+    INT64_MAX, NO_NUL_PATTERN, BlankChoicesMixin, LimitedJSONField, RedactedOutputMixin, StrictSerializerMixin,
+)
 
 
 class ProposalSerializer(RedactedOutputMixin, serializers.ModelSerializer):
@@ -58,7 +60,7 @@ class VerdictSerializer(StrictSerializerMixin, serializers.Serializer):
 
 class PendingQuerySerializer(StrictSerializerMixin, serializers.Serializer):
     tier = serializers.ChoiceField(choices=[Proposal.Tier.YELLOW, Proposal.Tier.RED], required=False)
-    scene = serializers.CharField(required=False, max_length=32)
+    scene = serializers.RegexField(NO_NUL_PATTERN, required=False, max_length=32)
     batch = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
     task = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
     stale = serializers.BooleanField(required=False, default=False,
