@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -45,6 +51,8 @@ class SimulatedCrash(BaseException):
 
 def gate(inputs: dict[str, Any]) -> dict[str, Any]:
     key = inputs["key"]
+    if key == os.environ.get("PIPELINE_TEST_HANG_ON"):  # the worker subprocess of the kill -9 test
+        time.sleep(3600)
     if key in CRASH_ON:
         CRASH_ON.discard(key)
         raise SimulatedCrash(key)
@@ -628,3 +636,54 @@ def test_the_command_generates_then_rolls_out_and_reviews_the_batch(tmp_path: Pa
     assert (trajectory.outcome, trajectory.reward) == ("success", 1.0)
     assert trajectory.task.stage_runs.get().run.status == PipelineRun.Status.COMPLETED
     assert "1 task(s) in batch 'rolled'" in output and "1 task(s): 1 done, 0 failed" in output
+
+
+WORKER_SCRIPT = textwrap.dedent("""
+    import os, django
+    django.setup()
+    from apps.engines import pipelines
+    from apps.engines.llm import LLMClient, Provider
+    from apps.engines.pipelines import jobs
+
+    pipelines.PIPELINES["code_exec"] = "tests.engines.test_pipelines:build_demo"
+    llm = LLMClient([Provider("offline", os.environ["PIPELINE_TEST_MODEL_URL"], "scripted-reference")])
+    jobs.run_pipeline(int(os.environ["PIPELINE_TEST_RUN"]), llm=llm)
+""")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_stage_is_resumed_and_pays_no_finished_stage_twice(model: Any) -> None:
+    from tests.tasks.test_jobs import REPO, _database_url
+
+    server, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2", "s3"), actor=None, batch_name="gen",
+                                       config={"concurrency": 1})
+    env = {**os.environ, "DATABASE_URL": _database_url(), "DJANGO_SETTINGS_MODULE": "trajplatform.settings",
+           "PIPELINE_TEST_MODEL_URL": server.url, "PIPELINE_TEST_RUN": str(run.pk), "PIPELINE_TEST_HANG_ON": "s2"}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(1200):  # the worker is inside the gate stage of s2
+            if StageRun.objects.filter(run=run, stage="gate", item_key="s2", status="running").exists():
+                break
+            assert worker.poll() is None, worker.stdout.read().decode()
+            time.sleep(0.05)
+        else:
+            pytest.fail("the worker never reached the gate of s2")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.RUNNING and run.attempts == 1  # left behind by the dead worker
+    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    finished_before = set(StageRun.objects.filter(run=run, status__in=StageRun.FINISHED).values_list("pk", "attempts"))
+    assert len(finished_before) == 4  # three questions, the gate of s1
+
+    # Its heartbeat is fresh; the process that held it is gone: re-queued at once.
+    assert pipeline_jobs.reap_pipeline_runs()["requeued"] == 1
+    assert pipeline_jobs.run_pipeline(run.pk, llm=llm)["status"] == "completed"
+    run.refresh_from_db()
+    assert run.tasks_created == 3 and run.attempts == 2
+    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert finished_before <= set(StageRun.objects.filter(run=run).values_list("pk", "attempts"))  # untouched
+    assert StageRun.objects.get(run=run, stage="gate", item_key="s2").attempts == 2
