@@ -485,6 +485,37 @@ def test_an_episode_lost_to_infrastructure_fails_the_stage_for_a_resume(monkeypa
     assert StageRun.objects.get(run=run).status == StageRun.Status.FAILED
 
 
+def build_fan_out(config: dict[str, Any]) -> Pipeline:
+    many = Template(id="demo/many", version="1", user=lambda inputs: f"Two tasks about {inputs['seed']['topic']}.")
+    return Pipeline(
+        name="fan",
+        stages=(
+            LLMStage(name="questions", template=many, fan_out=True, schema={
+                "type": "object", "required": ["items"],
+                "properties": {"items": {"type": "array", "items": QUESTION_SCHEMA | {"properties": {
+                    "prompt": {"type": "string", "minLength": 20}, "id": {"type": "string"}}}}}}),
+            CodeStage(name="gate", fn=lambda inputs: {"ok": True}, inputs=lambda s: {"q": s["questions"]}),
+        ),
+        task=lambda key, state: {"scene": SCENE, "prompt": state["questions"]["prompt"]},
+    )
+
+
+def test_a_fan_out_stage_makes_an_item_of_each_element(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pipelines.PIPELINES, SCENE, "tests.engines.test_pipelines:build_fan_out")
+    by_id = {"items": [{"id": "a", "prompt": task_text("a")}, {"id": "b", "prompt": task_text("b")}]}
+    no_ids = {"items": [{"prompt": task_text("c")}, {"prompt": task_text("d")}]}
+    _, llm = model(*[{"id": f"many-{k}", "prompt": key_line("demo/many", k), "reference_solution": [
+        {"content": json.dumps(out)}]} for k, out in (("s1", by_id), ("s2", no_ids))])
+    run = create_and_run(llm, keys=("s1", "s2"))
+    assert run.status == PipelineRun.Status.COMPLETED, run.error
+    assert sorted(StageRun.objects.filter(run=run, stage="gate").values_list("item_key", flat=True)) == [
+        "s1.a", "s1.b", "s2.0", "s2.1"]
+    assert StageRun.objects.get(run=run, stage="gate", item_key="s1.b").inputs == {
+        "q": {"id": "b", "prompt": task_text("b")}}
+    assert sorted(Task.objects.values_list("external_id", flat=True)) == ["fan-s1.a", "fan-s1.b", "fan-s2.0",
+                                                                          "fan-s2.1"]
+
+
 # -- the admin -----------------------------------------------------------------------------------
 
 

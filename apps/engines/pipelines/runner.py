@@ -220,12 +220,14 @@ class Runner:
     def _next_items(self, stage: Stage, item: Item, output: Any) -> list[Item]:
         if not stage.fan_out:
             return [Item(item.key, {**item.state, stage.name: output})]
-        elements = output.get("items") if isinstance(output, dict) else output
-        children = []
-        for i, element in enumerate(elements or []):
-            suffix = element.get("id") if isinstance(element, dict) and isinstance(element.get("id"), (str, int)) else i
-            children.append(Item(f"{item.key}.{suffix}", {**item.state, stage.name: element}))
-        return children
+        elements = list((output.get("items") if isinstance(output, dict) else output) or [])
+        # The elements' own ids name the children when every element has a distinct short one.
+        ids = [e.get("id") if isinstance(e, dict) and isinstance(e.get("id"), (str, int)) else None for e in elements]
+        suffixes = [str(i) for i in ids]
+        if None in ids or len(set(suffixes)) != len(suffixes) or any(len(f"{item.key}.{x}") > 200 for x in suffixes):
+            suffixes = [str(i) for i in range(len(elements))]
+        return [Item(f"{item.key}.{suffix}", {**item.state, stage.name: element})
+                for suffix, element in zip(suffixes, elements)]
 
     # -- one stage run
 
