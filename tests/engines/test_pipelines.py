@@ -629,9 +629,12 @@ def test_the_command_generates_with_the_offline_model_end_to_end(tmp_path: Path,
     assert sorted(Task.objects.filter(batch__name="generated").values_list("external_id", flat=True)) == [
         "demo-s1", "demo-s2"]
     assert "started in this process with 4 reference solution(s)" in output
-    assert "stage 4/4 tasks" in output and "2 tasks" in output
-    assert f"Pipeline run #{run.pk} {SCENE}/demo: completed; 4 seed(s), 2 task item(s), 2 dropped; 2 task(s)" in output
+    assert "stage 4/4 tasks" in output
+    assert (f"Pipeline run #{run.pk} {SCENE}/demo: completed; 4 seed(s) -> 2 item(s) through every stage, "
+            "2 dropped; 2 task(s) in batch 'generated'") in output
     assert "dropped at question (1): invalid output after 1 repair(s): the answer is not JSON" in output
+    assert "dropped at dedup (1): duplicate of s1" in output
+    assert "| 2 dropped | 2 tasks |" in output
     assert "model calls:  5;" in output  # s4 had one repair turn
     assert f"/admin/engines/pipelinerun/{run.pk}/change/" in output
 

@@ -18,6 +18,7 @@ from django.urls import reverse
 
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.pipelines import PIPELINES, PipelineError, pipeline_for
+from apps.engines.pipelines.runner import ALL_ITEMS, run_counts
 from apps.tasks.management.commands.synthesize import BAR_WIDTH, PROGRESS_EVERY_S, SERVE_URL
 from apps.tasks.management.commands.synthesize import Command as SynthesizeCommand
 from apps.tasks.management.commands.synthesize import quiet_loggers
@@ -245,8 +246,8 @@ class Command(SynthesizeCommand):
         filled = BAR_WIDTH if final else int(BAR_WIDTH * reached / (len(stages) + 1))
         name = stages[reached] if reached < len(stages) else "tasks"
         done = sum(n for (_, status), n in rows.items() if status in StageRun.FINISHED)
-        dropped = sum(n for (_, status), n in rows.items() if status == StageRun.Status.DROPPED)
-        tasks = rows[("task", StageRun.Status.SUCCEEDED)]
+        counts = run_counts(run)
+        dropped, tasks = counts["items_dropped"], counts["tasks_created"]
         elapsed = int(time.monotonic() - started)
         line = (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] stage {min(reached + 1, len(stages) + 1)}/"
                 f"{len(stages) + 1} {name} | {done} stage runs done | {dropped} dropped | {tasks} tasks | "
@@ -262,9 +263,9 @@ class Command(SynthesizeCommand):
         style = self.style.SUCCESS if run.status == PipelineRun.Status.COMPLETED else self.style.ERROR
         wall = (run.finished_at - run.started_at).total_seconds() if run.finished_at and run.started_at else 0.0
         self.stdout.write(style(
-            f"Pipeline run #{run.pk} {run.scene}/{run.name}: {run.status}; {run.item_count} seed(s), "
-            f"{run.items_done} task item(s), {run.items_dropped} dropped; {run.tasks_created} task(s) in batch "
-            f"{run.batch_name!r}"
+            f"Pipeline run #{run.pk} {run.scene}/{run.name}: {run.status}; {run.item_count} seed(s) -> "
+            f"{run.items_done} item(s) through every stage, {run.items_dropped} dropped; {run.tasks_created} task(s) "
+            f"in batch {run.batch_name!r}"
         ))
         per_stage = Counter(StageRun.objects.filter(run=run).values_list("stage", "status"))
         for stage in dict.fromkeys(StageRun.objects.filter(run=run).order_by("index").values_list("stage", flat=True)):
@@ -272,6 +273,8 @@ class Command(SynthesizeCommand):
             self.stdout.write(f"  {stage + ':':<14}{counts}")
         reasons = Counter(StageRun.objects.filter(run=run, status=StageRun.Status.DROPPED)
                           .values_list("stage", "error"))
+        for stage, output in StageRun.objects.filter(run=run, item_key=ALL_ITEMS).values_list("stage", "parsed_output"):
+            reasons.update((stage, reason) for reason in ((output or {}).get("dropped") or {}).values())
         for (stage, reason), n in reasons.most_common(5):
             self.stdout.write(f"  dropped at {stage} ({n}): {reason[:160]}")
         self.stdout.write(f"  model calls:  {run.llm_calls}; tokens {run.total_tokens:,}; cost ${run.cost_usd:.4f}")
