@@ -254,3 +254,41 @@ def test_the_pipeline_generates_dedups_and_checks_questions_then_runs_them() -> 
     for trajectory in Trajectory.objects.filter(task__batch__name="toucan-generated"):
         assert (trajectory.outcome, trajectory.reward) == ("success", 1.0), trajectory.verifier_output
         assert trajectory.verifier_output["method"] == "tool_accuracy_proxy"
+    _exports_as_toucan_rows([t.pk for t in Trajectory.objects.filter(task__batch__name="toucan-generated")])
+
+
+def _exports_as_toucan_rows(ids: list[int]) -> None:
+    """The generated trajectories in Toucan's row schema: valid lines that carry both assessments."""
+    import copy
+    import io
+
+    import orjson
+
+    from apps.datasets.exporters import export_records, load_records, validate_line
+
+    buf = io.BytesIO()
+    result = export_records("toucan", load_records(ids), buf)
+    rows = [orjson.loads(line) for line in buf.getvalue().splitlines()]
+    assert result.lines == len(ids) == 2 and result.excluded == []
+    row = next(r for r in rows if r["target_tools"] == "git__git_log, sqlite__read_query")
+    assert set(row) == {"messages", "question", "available_tools", "target_tools", "question_quality_assessment",
+                        "response_quality_assessment", "metadata"}
+    assert row["question"] == row["messages"][1]["content"] and row["question"].startswith("Before I tag a release")
+    assert row["question_quality_assessment"]["verifiable"]["score"] == 5
+    rqa = row["response_quality_assessment"]
+    assert (rqa["desired_tools_used_percentage"], rqa["order_correctness"]) == (1.0, True)
+    assert rqa["rule_filter"] == {"passed": True, "failed": []}
+    assert rqa["completeness"]["score"] in range(1, 6) and rqa["judge_model"] == "scripted-reference"
+    assert rqa["conciseness"] == {"score": None, "reasoning": ""}  # the toucan rubric has no such dimension
+    assert row["metadata"]["servers"] == ["git", "sqlite"] and row["metadata"]["verifier"] == "tool_accuracy_proxy"
+    assert validate_line("toucan", row) == []
+    for mutate, problem in [
+        (lambda r: r.update(target_tools="git__git_push"), "not among available_tools: git__git_push"),
+        (lambda r: r.update(question="another question"), "must be the first user message"),
+        (lambda r: r["question_quality_assessment"]["stability"].update(score=9), "stability.score"),
+        (lambda r: r["response_quality_assessment"].update(order_correctness="yes"), "order_correctness"),
+        (lambda r: r.pop("metadata"), "line.metadata: missing"),
+    ]:
+        bad = copy.deepcopy(row)
+        mutate(bad)
+        assert any(problem in p for p in validate_line("toucan", bad)), problem

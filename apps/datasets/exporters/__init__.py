@@ -5,7 +5,7 @@
     validate_line("sharegpt", obj)                         # the consumer's rules, [] = valid
 
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
-sharegpt, alpaca, raw. Every line is redacted (configured secrets, API-key shapes, bearer
+sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
 that cannot be rendered or whose line fails its validator is not written and is listed in
 `ExportResult.excluded` with the reason, so a file is never half-valid. Lines are serialized
@@ -25,7 +25,7 @@ from django.conf import settings
 
 from trajplatform.redaction import redact, secret_values
 
-from . import dpo, formats
+from . import dpo, formats, toucan
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
@@ -78,6 +78,10 @@ _ALL = [
              "and results flattened into tagged text", formats.render_alpaca, formats.validate_alpaca),
     Exporter("raw", "1", False, f"our canonical lossless record ({RAW_SCHEMA_VERSION}), read back by "
              "import_trajectories", formats.render_raw, formats.validate_raw),
+    Exporter("toucan", "1", False, "Toucan's row: messages, question, available_tools, "
+             "target_tools, question_quality_assessment, response_quality_assessment (judge completeness/"
+             "conciseness 1-5, tool-call accuracy, rule filter), metadata", toucan.render_toucan,
+             toucan.validate_toucan),
 ]
 FORMATS: dict[str, Exporter] = {e.name: e for e in _ALL}
 
