@@ -721,3 +721,32 @@ def test_a_worker_killed_mid_stage_is_resumed_and_pays_no_finished_stage_twice(m
     assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
     assert finished_before <= set(StageRun.objects.filter(run=run).values_list("pk", "attempts"))  # untouched
     assert StageRun.objects.get(run=run, stage="gate", item_key="s2").attempts == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_resumes_a_failed_run_where_it_stopped(tmp_path: Path, offline_url: str) -> None:
+    scripts = tmp_path / "scripts.json"
+    scripts.write_text(json.dumps(list(GOOD.values())), encoding="utf-8")
+    port = int(offline_url.rsplit(":", 1)[1].split("/")[0])
+    with running_offline_model([scripts], port=port) as server:
+        run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2"), actor=None, batch_name="gen",
+                                           start=False)
+        from tests.engines import test_pipelines as me
+
+        original = me.gate
+        me.gate = lambda inputs: (_ for _ in ()).throw(RuntimeError("gate down"))
+        try:
+            pipeline_jobs.run_pipeline(run.pk)
+        finally:
+            me.gate = original
+        run.refresh_from_db()
+        assert run.status == PipelineRun.Status.FAILED
+        with pytest.raises(CommandError, match=f"--resume: no pipeline run #{run.pk + 1}"):
+            pipeline_cmd(SCENE, "--resume", str(run.pk + 1), "--wait")
+        output = pipeline_cmd(SCENE, "--resume", str(run.pk), "--wait", "--generate-only")
+        assert server.model.chat_requests == 2  # the questions of the first attempt were not asked again
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.COMPLETED and run.tasks_created == 2
+    assert f"Resuming pipeline run #{run.pk} (2 seed(s))" in output and ": completed;" in output
+    with pytest.raises(CommandError, match="only a failed or cancelled run resumes"):
+        pipeline_cmd(SCENE, "--resume", str(run.pk))
