@@ -398,7 +398,23 @@ def test_bad_seeds_and_unknown_scenes_are_refused_before_anything_is_written() -
         services.pipeline_run_create(scene=SCENE, seeds=seeds("a", "a"), actor=None)
     with pytest.raises(PipelineError, match="non-empty list"):
         services.pipeline_run_create(scene=SCENE, seeds=[], actor=None)
+    for bad in (0, "8", 65, True):
+        with pytest.raises(PipelineError, match="'concurrency' must be a whole number from 1 to 64"):
+            services.pipeline_run_create(scene=SCENE, seeds=seeds("a"), actor=None, config={"concurrency": bad})
     assert not PipelineRun.objects.exists() and not AuditEvent.objects.filter(action__startswith="engines.").exists()
+
+
+def test_a_batch_name_taken_meanwhile_fails_the_task_step_for_a_resume(model: Any) -> None:
+    from apps.tasks.models import Batch
+
+    _, llm = model(*GOOD.values())
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="taken")
+    Batch.objects.create(name="taken", source_format="api")  # an API batch took the name before the first task
+    pipeline_jobs.run_pipeline(run.pk, llm=llm)
+    run.refresh_from_db()
+    assert run.status == PipelineRun.Status.FAILED and "a batch named 'taken' already exists" in run.error
+    row = StageRun.objects.get(run=run, stage=pipelines.TASK_STAGE)
+    assert row.status == StageRun.Status.FAILED and "BatchNameTaken" in row.error and row.task is None
 
 
 def test_a_failing_stage_fails_the_run_and_resume_reruns_only_it(model: Any) -> None:

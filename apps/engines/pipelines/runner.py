@@ -161,7 +161,7 @@ class Runner:
         for item in items:
             self.beat()
             if (TASK_STAGE, item.key) not in done:
-                self._emit_task(item)
+                self._guarded(_TASK_STAGE_SPEC, item.key, lambda: self._emit_task(item))
 
     def _run_items(self, stage: Stage, index: int, items: list[Item]) -> dict[str, StageRun]:
         """Run a stage for these items: code in this thread; model calls and episodes up to
@@ -351,7 +351,7 @@ class Runner:
         kept = (row.parsed_output or {}).get("kept", {})
         return [Item(item.key, {**item.state, stage.name: kept[item.key]}) for item in items if item.key in kept]
 
-    def _emit_task(self, item: Item) -> None:
+    def _emit_task(self, item: Item) -> StageRun:
         """Create the item's task through the task service, linked to this StageRun."""
         from apps.tasks.services import TaskCreateError, tasks_create
 
@@ -368,8 +368,9 @@ class Runner:
                 if self.run.batch_id != result.batch.pk:
                     self.run.batch = result.batch
                     PipelineRun.objects.filter(pk=self.run.pk).update(batch=result.batch)
+            return row
         except TaskCreateError as exc:
-            self._finish(row, StageRun.Status.DROPPED, f"the task is invalid: {exc}",
+            return self._finish(row, StageRun.Status.DROPPED, f"the task is invalid: {exc}",
                          {"validator_result": {"valid": False, "errors": [list(e) for e in exc.errors]}})
 
 

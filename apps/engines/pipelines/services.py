@@ -12,6 +12,7 @@ from trajplatform.audit import audit_record
 
 JOB_FUNC = "apps.engines.pipelines.jobs.run_pipeline"
 MAX_SEEDS = 100_000
+MAX_CONCURRENCY = 64  # model calls / episodes of one stage at once
 
 
 class TransitionError(Exception):
@@ -46,6 +47,9 @@ def pipeline_run_create(
 ) -> PipelineRun:
     """Check the scene's pipeline and the seeds, create a queued run, audit it, enqueue its job on commit."""
     config = dict(config or {})
+    concurrency = config.get("concurrency", 1)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise PipelineError(f"config 'concurrency' must be a whole number from 1 to {MAX_CONCURRENCY}")
     pipeline = pipeline_for(scene, config)
     if not isinstance(seeds, list) or not seeds:
         raise PipelineError("seeds must be a non-empty list")
