@@ -292,3 +292,56 @@ def _exports_as_toucan_rows(ids: list[int]) -> None:
         bad = copy.deepcopy(row)
         mutate(bad)
         assert any(problem in p for p in validate_line("toucan", bad)), problem
+
+
+def test_a_replay_starts_no_server_reproduces_the_steps_and_does_not_rerun_a_state_check(
+    registered: Any, make_task: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import uuid
+
+    from apps.engines.llm import cache_identity
+    from apps.engines.mcp import McpSession
+    from apps.engines.offline_model import running_offline_model
+    from apps.tasks.models import Trajectory
+    from tests.engines.test_agent import client
+
+    def no_session(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a replay started an MCP session")
+
+    answer = toucan("When it is 12:00 UTC, what time is it in Tokyo?", ["time"], ["time__convert_time"],
+                    {"type": "answer", "expected": "21:00", "match": "contains"})
+    branch = toucan(f"Create the branch release-2 in {'/workspace/repo'}.", ["git"], ["git__git_create_branch"],
+                    {"type": "state", "probe": "git -C /workspace/repo rev-parse --abbrev-ref release-2",
+                     "expect": "release-2"})
+    scripts = [
+        {"id": "a", "prompt": answer["prompt"], "reference_solution": [
+            call("time__convert_time", source_timezone="UTC", time="12:00", target_timezone="Asia/Tokyo"),
+            call("finish", answer="21:00")]},
+        {"id": "b", "prompt": branch["prompt"], "reference_solution": [
+            call("git__git_create_branch", repo_path="/workspace/repo", branch_name="release-2"),
+            call("finish", answer="done")]},
+    ]
+    recorded = {}
+    with running_offline_model(scripts=scripts) as server:
+        for name, config in (("answer", answer), ("branch", branch)):
+            original = uuid.uuid4()
+            result = run(config, client(server.url), cache_key_extra=cache_identity(original))
+            assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+            Trajectory.objects.create(uuid=original, task=make_task(scene="toucan"), iteration=1,
+                                      steps=result.steps, verifier_output=result.verifier_output)
+            recorded[name] = (original, result)
+        monkeypatch.setattr(McpSession, "__init__", no_session)
+        replays = {name: run({**config, "replay_of": str(recorded[name][0])}, client(server.url))
+                   for name, config in (("answer", answer), ("branch", branch))}
+
+    def without_llm(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in step.items() if k != "llm"} for step in items]
+
+    original_answer, replayed_answer = recorded["answer"][1], replays["answer"]
+    assert (replayed_answer.outcome, replayed_answer.reward) == ("success", 1.0), replayed_answer.outcome_reason
+    assert without_llm(replayed_answer.steps) == without_llm(original_answer.steps)
+    assert replayed_answer.verifier_output["check"] == original_answer.verifier_output["check"]
+    replayed_branch = replays["branch"]
+    assert replayed_branch.verifier_output["method"] == "tool_accuracy_proxy" and replayed_branch.reward == 1.0
+    assert "does not re-run the state check" in replayed_branch.verifier_output["note_replay"]
+    assert_no_sandbox_left(get_backend("local"))

@@ -178,9 +178,8 @@ class ToucanRuntime(SceneRuntime):
         with self._lock:
             self._live[sandbox.id] = live
         sandbox.add_cleanup(lambda: self._close(sandbox.id))
-        if hub.replaying:  # answered from the recorded trajectory: no fixtures, no servers
-            return
-        for server in servers:
+        # A replay answers from the recorded trajectory (its tools/list too): no fixtures, no servers.
+        for server in [] if hub.replaying else servers:
             try:
                 install_fixtures(sandbox, server.fixtures)
             except FixtureError as exc:
