@@ -18,7 +18,7 @@ from apps.engines import runtime as runtime_registry
 from apps.engines.models import McpServer
 from apps.engines.runtime import get_runtime
 from apps.engines.sandboxes import get_backend
-from apps.engines.toucan import quality
+from apps.engines.toucan import quality, questions
 from apps.engines.toucan.registry import load_records, parse_record, take_snapshot
 from apps.engines.toucan.runtime import ToucanRuntime
 from tests.engines.test_agent import (  # noqa: F401 - llm_env is a fixture
@@ -345,3 +345,36 @@ def test_a_replay_starts_no_server_reproduces_the_steps_and_does_not_rerun_a_sta
     assert replayed_branch.verifier_output["method"] == "tool_accuracy_proxy" and replayed_branch.reward == 1.0
     assert "does not re-run the state check" in replayed_branch.verifier_output["note_replay"]
     assert_no_sandbox_left(get_backend("local"))
+
+
+@pytest.mark.usefixtures("offline_only")
+def test_a_quality_check_that_cannot_be_parsed_rejects_the_question_never_passes_it(tmp_path: Path) -> None:
+    from apps.engines.models import PipelineRun, StageRun
+    from apps.tasks.models import Task
+
+    register("time")
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text(json.dumps({"id": "s", "servers": ["time"], "num_tools": 1, "total": 2, "seed": 3}) + "\n")
+    good = {"server_analysis": "converts times", "target_tools": [{"server": "time", "tool": "convert_time"}]}
+    scripts = tmp_path / "scripts.json"
+    scripts.write_text(json.dumps([
+        {"prompt": "[pipeline:toucan/question key=s.q0]", "reference_solution": [{"content": json.dumps(
+            {**good, "question": "I land in Tokyo at 12:00 UTC. What is the local time there then?"})}]},
+        {"prompt": "[pipeline:toucan/question key=s.q1]", "reference_solution": [{"content": json.dumps(
+            {**good, "question": "Our Kolkata office opens when it is 03:30 UTC. What is its local opening time?"})}]},
+        # Prose instead of the six dimensions, and a repair that still rates before reasoning.
+        {"prompt": "[pipeline:toucan/qc key=s.q0]", "reference_solution": [{"content": "A fine question, 5/5."}]},
+        {"prompt": "[pipeline:toucan/qc key=s.q0 repair=1]", "reference_solution": [{"content": json.dumps(
+            {d: {"rating": s[4], "reasoning": "ok"} for d, s in questions.QC_SCALES.items()})}]},
+        # A dimension missing: no repair script, so the repair turn's answer is not a check either.
+        {"prompt": "[pipeline:toucan/qc key=s.q1]", "reference_solution": [{"content": json.dumps(
+            {"question_quality": {"reasoning": "clear", "rating": "excellent"}})}]},
+    ]))
+    _command("synthesize_pipeline", "toucan", "--seeds", str(seeds), "--batch", "qc-garbage", "--wait",
+             "--generate-only", "--start-offline-model", "--solutions", str(scripts))
+    run = PipelineRun.objects.get()
+    qc = {r.item_key: r for r in StageRun.objects.filter(run=run, stage="qc")}
+    assert {k: r.status for k, r in qc.items()} == {"s.q0": "dropped", "s.q1": "dropped"}
+    assert "rating comes before the reasoning" in qc["s.q0"].error and qc["s.q0"].repair_attempts == 1
+    assert "'tool_selection_difficulty' is a required property" in qc["s.q1"].validator_result["turns"][0]["error"]
+    assert not Task.objects.filter(batch__name="qc-garbage").exists()
