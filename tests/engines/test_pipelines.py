@@ -316,6 +316,34 @@ def test_the_reaper_leaves_live_runs_alone_and_fails_a_run_that_keeps_losing_wor
     assert run.status == PipelineRun.Status.FAILED and "no heartbeat" in run.error and "resume it" in run.error
 
 
+def test_a_job_at_its_time_budget_hands_the_run_over_to_a_follow_up_job(
+        model: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any) -> None:
+    from django_q.models import OrmQ
+
+    from apps.tasks import jobs as rollout_jobs
+
+    server, llm = model(*GOOD.values())
+    monkeypatch.setattr(rollout_jobs, "_job_budget_s", lambda: 0.0)
+    run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1", "s2", "s3"), actor=None, batch_name="gen",
+                                       start=False, config={"concurrency": 1})
+    jobs_run = 0
+    while True:
+        with django_capture_on_commit_callbacks(execute=True):
+            result = pipeline_jobs.run_pipeline(run.pk, llm=llm)
+        jobs_run += 1
+        assert jobs_run <= 10  # one per stage run: 3 questions, 3 gates, the dedup, 3 tasks
+        if result["status"] != pipeline_jobs.HANDED_OVER:
+            break
+        run.refresh_from_db()
+        assert run.status == PipelineRun.Status.QUEUED and run.attempts == 0  # a hand-over is no failed attempt
+        assert [row.task["args"] for row in OrmQ.objects.all()][-1] == (run.pk,)  # the follow-up job
+    run.refresh_from_db()
+    assert result["status"] == "completed" and run.tasks_created == 3 and run.attempts == 1
+    assert jobs_run == 10  # each job ran one stage run, then handed over
+    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert audit_events_for(run).filter(action="engines.pipeline_requeue").count() == jobs_run - 1
+
+
 def test_double_delivery_is_harmless(model: Any) -> None:
     server, llm = model(*GOOD.values())
     run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="gen")
@@ -766,3 +794,24 @@ def test_the_command_resumes_a_failed_run_where_it_stopped(tmp_path: Path, offli
     assert f"Resuming pipeline run #{run.pk} (2 seed(s))" in output and ": completed;" in output
     with pytest.raises(CommandError, match="only a failed or cancelled run resumes"):
         pipeline_cmd(SCENE, "--resume", str(run.pk))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_waits_for_a_run_another_worker_holds_and_follows_hand_overs(
+        tmp_path: Path, offline_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = pipeline_jobs.run_pipeline
+    answers = iter([{"claimed": False}, {"claimed": True, "status": pipeline_jobs.HANDED_OVER}])
+    calls = []
+
+    def run_pipeline(run_id: int, **kw: Any) -> dict[str, Any]:
+        calls.append(run_id)
+        return next(answers, None) or real(run_id, **kw)
+
+    monkeypatch.setattr(pipeline_jobs, "run_pipeline", run_pipeline)
+    seeds_file = tmp_path / "seeds.json"
+    seeds_file.write_text(json.dumps(seeds("s1")), encoding="utf-8")
+    scripts = tmp_path / "scripts.json"
+    scripts.write_text(json.dumps([GOOD["s1"]]), encoding="utf-8")
+    output = pipeline_cmd(SCENE, "--seeds", str(seeds_file), "--wait", "--generate-only", "--start-offline-model",
+                          "--solutions", str(scripts))
+    assert len(calls) == 3 and ": completed;" in output and PipelineRun.objects.get().tasks_created == 1

@@ -22,7 +22,12 @@ from django.utils import timezone
 from apps.engines.models import PipelineRun
 from apps.engines.pipelines import PipelineError, pipeline_for
 from apps.engines.pipelines.runner import Runner, StageFailed, Stopped, run_counts
-from apps.engines.pipelines.services import enqueue_run, pipeline_run_finish, pipeline_run_requeue
+from apps.engines.pipelines.services import (
+    enqueue_run,
+    pipeline_run_finish,
+    pipeline_run_hand_over,
+    pipeline_run_requeue,
+)
 from apps.tasks import jobs as rollout_jobs
 from trajplatform.schedules import ensure_schedule
 
@@ -37,6 +42,7 @@ PIPELINE_MAX_CLAIMS = 5
 REAP_SCHEDULE_NAME = "engines.reap_pipeline_runs"
 REAP_FUNC = "apps.engines.pipelines.jobs.reap_pipeline_runs"
 REAP_EVERY_MINUTES = 1
+HANDED_OVER = "handed_over"  # run_pipeline's status when the job's time budget ran out
 
 
 class _Claim:
@@ -44,11 +50,18 @@ class _Claim:
 
     def __init__(self, run: PipelineRun, token: str):
         self.run, self.token, self.last = run, token, time.monotonic()
+        # Hand the run over to a follow-up job before django-q2's timeout kills this one (as the
+        # rollout jobs do); not before this job started a stage run of its own, so each job
+        # makes progress.
+        self.deadline, self.beats = self.last + rollout_jobs._job_budget_s(), 0
 
     def held(self) -> Any:
         return PipelineRun.objects.filter(pk=self.run.pk, claim_token=self.token, status=PipelineRun.Status.RUNNING)
 
     def beat(self) -> None:
+        self.beats += 1
+        if self.beats > 1 and time.monotonic() > self.deadline:
+            raise Stopped("budget")
         if time.monotonic() - self.last < HEARTBEAT_S:
             return
         self.last = time.monotonic()
@@ -96,6 +109,9 @@ def _execute(claim: _Claim, llm: Any) -> dict[str, Any]:
         if str(stop) == "lost":
             logger.warning("pipeline run %s: the claim was taken away; stopping", run.pk)
             return {"claimed": True, "status": "lost"}
+        if str(stop) == "budget":
+            handed = pipeline_run_hand_over(run_id=run.pk, claim_token=claim.token)
+            return {"claimed": True, "status": HANDED_OVER if handed else "lost"}
         status, error = PipelineRun.Status.CANCELLED, "cancelled"
     except (StageFailed, PipelineError) as exc:
         status, error = PipelineRun.Status.FAILED, str(exc)

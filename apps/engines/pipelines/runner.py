@@ -4,7 +4,7 @@ A StageRun that finished (succeeded, or dropped its item) is reused as it is: it
 called again, so a run resumed after a crash pays for nothing twice. One that was running when
 the worker died, or failed on an infrastructure error, runs again. The runner is called by the
 job (`apps.engines.pipelines.jobs.run_pipeline`) after its compare-and-swap claim; `beat()` is
-its heartbeat and cancel check between stage runs.
+its heartbeat, cancel and time-budget check, called before each stage run it starts.
 """
 from __future__ import annotations
 
@@ -159,8 +159,8 @@ class Runner:
                     survivors.extend(self._next_items(stage, item, row.parsed_output))
             items = survivors
         for item in items:
-            self.beat()
             if (TASK_STAGE, item.key) not in done:
+                self.beat()
                 self._guarded(_TASK_STAGE_SPEC, item.key, lambda: self._emit_task(item))
 
     def _run_items(self, stage: Stage, index: int, items: list[Item]) -> dict[str, StageRun]:
@@ -330,10 +330,10 @@ class Runner:
     def _all_items(self, stage: CodeStage, index: int, items: list[Item],
                    done: dict[tuple[str, str], StageRun]) -> list[Item]:
         """A scope="all" stage: one StageRun over every live item (its output: kept and dropped)."""
-        self.beat()
         row = done.get((stage.name, ALL_ITEMS))
         if row is None:
             assert stage.fn is not None
+            self.beat()
             row = self._start(stage, index, ALL_ITEMS, {item.key: stage.inputs(item.state) for item in items})
             try:
                 answer = stage.fn(row.inputs)

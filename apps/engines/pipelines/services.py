@@ -4,6 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from apps.engines.models import PipelineRun
@@ -129,6 +131,21 @@ def pipeline_run_finish(*, run_id: int, claim_token: str, status: str, error: st
             run = PipelineRun.objects.get(pk=run_id)
             audit_record("engines.pipeline_finish", actor=None, target=run,
                          data={"status": status, "error": error[:500], **{k: str(v) for k, v in (counts or {}).items()}})
+    return bool(done)
+
+
+def pipeline_run_hand_over(*, run_id: int, claim_token: str) -> bool:
+    """A job at its time budget gives its claimed run back to the queue with a follow-up job (on
+    commit); a hand-over is not a failed attempt, so the claim it made is not counted."""
+    with transaction.atomic():
+        done = PipelineRun.objects.filter(pk=run_id, claim_token=claim_token, status=PipelineRun.Status.RUNNING).update(
+            status=PipelineRun.Status.QUEUED, claim_token="", queued_at=timezone.now(), updated_at=timezone.now(),
+            attempts=Greatest(F("attempts") - 1, 0),
+        )
+        if done:
+            audit_record("engines.pipeline_requeue", actor=None, target=PipelineRun.objects.get(pk=run_id),
+                         data={"reason": "the job's time budget ran out", "outcome": "handed over"})
+            transaction.on_commit(lambda: enqueue_run(run_id))
     return bool(done)
 
 

@@ -19,7 +19,7 @@ from django.urls import reverse
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.pipelines import PIPELINES, PipelineError, pipeline_for
 from apps.engines.pipelines.runner import ALL_ITEMS, run_counts
-from apps.tasks.management.commands.synthesize import BAR_WIDTH, PROGRESS_EVERY_S, SERVE_URL
+from apps.tasks.management.commands.synthesize import BAR_WIDTH, IDLE_POLL_S, PROGRESS_EVERY_S, SERVE_URL
 from apps.tasks.management.commands.synthesize import Command as SynthesizeCommand
 from apps.tasks.management.commands.synthesize import quiet_loggers
 
@@ -203,14 +203,20 @@ class Command(SynthesizeCommand):
     # -- running here
 
     def _run_pipeline_here(self, run: PipelineRun) -> PipelineRun:
-        from apps.engines.pipelines.jobs import ensure_pipeline_schedules, run_pipeline
+        from apps.engines.pipelines.jobs import HANDED_OVER, ensure_pipeline_schedules, run_pipeline
 
         ensure_pipeline_schedules()
         done, failures = threading.Event(), []
 
         def drive() -> None:
             try:
-                run_pipeline(run.pk)
+                while True:
+                    result = run_pipeline(run.pk)
+                    if result.get("status") == HANDED_OVER:
+                        continue  # the job's time budget ran out: carry on in a fresh job
+                    if result["claimed"] or PipelineRun.objects.filter(pk=run.pk, status__in=PipelineRun.FINAL).exists():
+                        break
+                    time.sleep(IDLE_POLL_S)  # a worker of the cluster holds the run: wait for it to end
             except BaseException as exc:  # reported by the main thread
                 failures.append(exc)
             finally:
