@@ -192,6 +192,30 @@ def test_dedup_drops_paraphrases_within_the_batch_and_against_earlier_batches_by
     assert strict == {"a": None, "b": None, "c": None, "d": None}
 
 
+def test_dedup_across_block_boundaries_is_the_greedy_pass_in_batch_order() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(4)
+    base = rng.normal(size=(60, 16))
+    # 700 questions (several blocks), most of them noisy copies of 60 distinct ones.
+    vectors = base[rng.integers(0, 60, 700)] + rng.normal(scale=0.35, size=(700, 16))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    earlier = base[:5] / np.linalg.norm(base[:5], axis=1, keepdims=True)
+    table = {f"q{i}": v for i, v in enumerate(vectors)} | {f"e{i}": v for i, v in enumerate(earlier)}
+    batch = [(f"k{i}", f"q{i}") for i in range(700)]
+    verdicts = questions.dedup_questions(batch, [f"e{i}" for i in range(5)], threshold=0.8,
+                                         embedder=lambda texts: np.stack([table[t] for t in texts]))
+    kept: list[int] = []
+    expected = {}
+    for i, v in enumerate(vectors):
+        duplicate = (earlier @ v).max() >= 0.8 or (kept and (vectors[kept] @ v).max() >= 0.8)
+        expected[f"k{i}"] = bool(duplicate)
+        if not duplicate:
+            kept.append(i)
+    assert {k: v is not None for k, v in verdicts.items()} == expected
+    assert 0 < len(kept) < 700
+
+
 # -- the verifier on step records -----------------------------------------------------------
 
 def step(tool: str, output: str = "ok", **extra: Any) -> dict[str, Any]:

@@ -56,6 +56,7 @@ MODES = ("single_server", "multi_server")
 SAMPLINGS = ("random", "uniform", "power_law", "featured")
 ALLOCATIONS = ("random", "same_primary_label", "different_primary_labels")
 DEFAULT_DEDUP_THRESHOLD = 0.85
+DEDUP_BLOCK = 256
 DEFAULT_MIN_CHARS = 20
 DEFAULT_MAX_CHARS = 2000
 MAX_TOOLS = 8
@@ -373,24 +374,39 @@ def dedup_questions(batch: list[tuple[str, str]], earlier: Sequence[str] = (), *
     vectors = np.asarray(embedder(texts), dtype=np.float32)
     ours, theirs = vectors[:len(batch)], vectors[len(batch):]
     verdicts: dict[str, str | None] = {}
-    kept: list[int] = []
-    for i, (key, _) in enumerate(batch):
-        reason = None
-        if len(theirs):
-            sims = theirs @ ours[i]
-            j = int(np.argmax(sims))
-            if sims[j] >= threshold:
-                reason = (f"near duplicate of an earlier question for the same servers (cosine {float(sims[j]):.3f}, "
-                          f"threshold {threshold:g}): {earlier[j][:120]!r}")
-        if reason is None and kept:
-            sims = ours[kept] @ ours[i]
-            j = int(np.argmax(sims))
-            if sims[j] >= threshold:
-                reason = (f"near duplicate of {batch[kept[j]][0]} in this batch (cosine {float(sims[j]):.3f}, "
-                          f"threshold {threshold:g})")
-        verdicts[key] = reason
-        if reason is None:
-            kept.append(i)
+    # Greedy in batch order, a block at a time so the cosines are matrix products: each question
+    # against the earlier ones and against those kept before it (earlier blocks, then its own).
+    kept_vectors = np.empty_like(ours)
+    kept_keys: list[str] = []
+    for start in range(0, len(batch), DEDUP_BLOCK):
+        block = ours[start:start + DEDUP_BLOCK]
+        to_earlier = theirs @ block.T if len(theirs) else None
+        to_kept = kept_vectors[:len(kept_keys)] @ block.T if kept_keys else None
+        inner = block @ block.T
+        kept_here: list[int] = []
+        for j in range(len(block)):
+            key, reason = batch[start + j][0], None
+            if to_earlier is not None:
+                best = int(np.argmax(to_earlier[:, j]))
+                if to_earlier[best, j] >= threshold:
+                    reason = (f"near duplicate of an earlier question for the same servers (cosine "
+                              f"{float(to_earlier[best, j]):.3f}, threshold {threshold:g}): {earlier[best][:120]!r}")
+            if reason is None:
+                candidates = []
+                if to_kept is not None:
+                    best = int(np.argmax(to_kept[:, j]))
+                    candidates.append((float(to_kept[best, j]), kept_keys[best]))
+                if kept_here:
+                    here = inner[kept_here, j]
+                    candidates.append((float(here.max()), batch[start + kept_here[int(np.argmax(here))]][0]))
+                cosine, other = max(candidates, default=(-1.0, ""))
+                if cosine >= threshold:
+                    reason = f"near duplicate of {other} in this batch (cosine {cosine:.3f}, threshold {threshold:g})"
+            verdicts[key] = reason
+            if reason is None:
+                kept_vectors[len(kept_keys)] = block[j]
+                kept_keys.append(key)
+                kept_here.append(j)
     return verdicts
 
 
