@@ -31,8 +31,6 @@ PIPELINES: dict[str, str] = {
     "toucan": "apps.engines.toucan.pipeline:build",
 }
 
-PIPELINE_STAGE_KINDS = ("llm", "episode", "code")
-
 
 class PipelineError(Exception):
     """A pipeline that cannot run as configured (unknown scene, bad definition, bad seeds)."""
