@@ -33,8 +33,8 @@ execution, verification); the loop is the same for all of them:
 * The sandbox is created per episode and destroyed in every case (its SandboxRecord is
   marked by the destroy, or by the caller when it passes `on_sandbox_destroyed`, as a
   worker does to write it with the episode's result). Tool calls are awaited through the
-  runtime's `aexecute_tool` (code_exec's run_shell runs its command on the event loop, without
-  a thread: `Sandbox.arun`); the other sandbox calls are synchronous and run in worker threads
+  runtime's `aexecute_tool` (code_exec's run_shell awaits `Sandbox.arun`, which runs the
+  command in a worker thread); the other sandbox calls are synchronous and run in worker threads
   (asyncio.to_thread), so one event loop can run many episodes; so do sync `on_event` /
   `should_cancel` callables (async ones are awaited).
 
