@@ -227,7 +227,8 @@ class ToucanRuntime(SceneRuntime):
         scene = scene_config(config)
         live = self._get(sandbox)
         check = scene.get("check")
-        if live.hub.replaying and check and check.get("type") == "state":
+        skip_state = bool(live.hub.replaying and check and check.get("type") == "state")
+        if skip_state:
             scene = {k: v for k, v in scene.items() if k != "check"}
 
         def probe(command: str) -> tuple[int | None, str, str]:
@@ -240,7 +241,7 @@ class ToucanRuntime(SceneRuntime):
             reward, output = quality.verify_episode(scene, calls, final_answer, probe)
         except quality.CheckError as exc:
             raise SetupError(f"the task's check cannot run: {exc}") from None
-        if scene is not scene_config(config):
+        if skip_state:
             output["note_replay"] = "a replay does not re-run the state check (no live server state)"
         records = live.hub.take_records()
         if records:
