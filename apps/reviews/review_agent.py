@@ -38,6 +38,13 @@ from jsonschema import Draft202012Validator
 from apps.reviews import policy
 
 RUBRIC_VERSION = "1"
+# A scene whose rubric changed after its first release has its own version (judge answers are
+# cached per scene@version, so a changed rubric is judged afresh).
+RUBRIC_VERSIONS: dict[str, str] = {"toucan": "2"}  # 2: conciseness (Toucan's response check)
+
+
+def rubric_id(scene: str) -> str:
+    return f"{scene}@{RUBRIC_VERSIONS.get(scene, RUBRIC_VERSION)}"
 # The offline stand-in (apps.engines.offline_model) recognises judge requests by this marker.
 JUDGE_MARKER = "[trajplatform-judge]"
 EVIDENCE_OPEN, EVIDENCE_CLOSE = "<evidence>", "</evidence>"
@@ -84,6 +91,7 @@ RUBRICS: dict[str, dict[str, str]] = {
         "tool_execution": "MCP tool calls succeed and their results are used",
         "reasoning": GENERIC["reasoning"],
         "completeness": GENERIC["completeness"],
+        "conciseness": "the final answer gives what was asked, without padding, repetition or unneeded calls",
         "multi_tool": "combines several tools where the question needs it",
     },
     "search2qa": {
@@ -380,7 +388,7 @@ def judge_messages(trajectory: Any, checks: dict[str, Any]) -> list[dict[str, st
     rubric = rubric_for(scene)
     dims = "\n".join(f"- {name}: {what}" for name, what in rubric.items())
     system = (
-        f"{JUDGE_MARKER} rubric={scene}@{RUBRIC_VERSION}\n"
+        f"{JUDGE_MARKER} rubric={rubric_id(scene)}\n"
         "You review one trajectory of an AI agent. Score each rubric dimension from 0 to 100 with a short "
         "rationale, judging only what the trajectory shows. Facts computed in code (outcome, reward, "
         "deterministic checks) are given as evidence; do not contradict them.\n"
@@ -460,7 +468,7 @@ def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any
             temperature=0.0,
             max_tokens=settings.REVIEW_JUDGE_MAX_TOKENS,
             model=settings.REVIEW_JUDGE_MODEL or None,
-            cache_key_extra={"judge": str(trajectory.uuid), "rubric": f"{scene}@{RUBRIC_VERSION}", "attempt": attempt},
+            cache_key_extra={"judge": str(trajectory.uuid), "rubric": rubric_id(scene), "attempt": attempt},
         )
     except LLMError as exc:
         raise JudgeFailed(f"the judge could not be reached: {type(exc).__name__}: {exc}", prompt=prompt) from None
@@ -473,7 +481,7 @@ def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any
         raise JudgeFailed(f"the judge's output could not be used: {exc}", raw=raw, model=result.model,
                           prompt=prompt) from None
     return JudgeResult(scores=scores, suggestions=suggestions, summary=summary, model=result.model, prompt=prompt,
-                       raw=raw, rubric_version=f"{scene}@{RUBRIC_VERSION}", usage=dict(result.usage))
+                       raw=raw, rubric_version=rubric_id(scene), usage=dict(result.usage))
 
 
 # -- proposals -------------------------------------------------------------------------------------

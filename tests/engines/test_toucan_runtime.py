@@ -279,7 +279,8 @@ def _exports_as_toucan_rows(ids: list[int]) -> None:
     assert (rqa["desired_tools_used_percentage"], rqa["order_correctness"]) == (1.0, True)
     assert rqa["rule_filter"] == {"passed": True, "failed": []}
     assert rqa["completeness"]["score"] in range(1, 6) and rqa["judge_model"] == "scripted-reference"
-    assert rqa["conciseness"] == {"score": None, "reasoning": ""}  # the toucan rubric has no such dimension
+    assert rqa["conciseness"]["score"] in range(1, 6)  # the toucan rubric (v2) judges it
+    assert rqa["overall_score"] == (rqa["completeness"]["score"] + rqa["conciseness"]["score"]) / 2
     assert row["metadata"]["servers"] == ["git", "sqlite"] and row["metadata"]["verifier"] == "tool_accuracy_proxy"
     assert validate_line("toucan", row) == []
     for mutate, problem in [

@@ -196,3 +196,10 @@ def test_drafts_come_from_rules_and_suggestions_tiered_by_the_policy_not_the_jud
     model = drafts["model"]
     assert model.tier == "yellow" and model.options[0] == "gpt-4o-mini" and 2 <= len(model.options) <= 4
     assert drafts["scene_config.image"].tier == "red" and "sandbox image" in drafts["scene_config.image"].impact_note
+
+
+def test_the_toucan_rubric_judges_completeness_and_conciseness_under_its_own_version():
+    from apps.reviews.review_agent import RUBRICS, rubric_id
+
+    assert {"completeness", "conciseness"} <= set(RUBRICS["toucan"])
+    assert rubric_id("toucan") == "toucan@2" and rubric_id("code_exec") == "code_exec@1"
