@@ -418,7 +418,10 @@ class _Episode:
             await self.emit("system", f"explicit replay of trajectory {self.replay_of}'s recorded model answers",
                             {"replay_of": self.replay_of})
 
-        tools = runtime.tools(config)
+        try:
+            tools = runtime.tools(config)
+        except SetupError as exc:  # e.g. the task names an MCP server that is not registered
+            raise _Stop(ERROR, f"the scene's tools could not be listed: {exc}", kind="config") from None
         self.result.tools = tools
         self.validators = {
             t["function"]["name"]: _validator(t["function"].get("parameters") or {"type": "object"}) for t in tools

@@ -395,6 +395,17 @@ def test_an_explicit_replay_is_served_another_trajectorys_answers_and_recorded_a
     assert_no_sandbox_left(local)
 
 
+def test_a_toucan_task_naming_an_unregistered_server_is_a_config_error(local: Any) -> None:
+    config = {**config_for(HELLO), "scene": "toucan",
+              "scene_config": {"target_servers": ["nowhere"], "target_tools": ["nowhere__x"]}}
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.error_kind) == ("error", "config")
+    assert result.outcome_reason.startswith("the scene's tools could not be listed:") and "nowhere" in result.outcome_reason
+    assert server.model.chat_requests == 0
+    assert_no_sandbox_left(local)
+
+
 def test_a_replay_of_something_that_is_not_a_uuid_is_a_config_error(local: Any) -> None:
     with scripted(HELLO, *HELLO_STEPS) as (server, llm):
         result = run({**config_for(HELLO), "replay_of": "7"}, llm)
