@@ -156,7 +156,7 @@ def test_the_mcp_server_runs_in_the_background_and_dies_with_the_sandbox(
         assert command.proc.returncode is None
     finally:
         sandbox.destroy()
-    assert sandbox.id not in runtime._live
+    assert sandbox.id not in runtime._episodes
     assert_destroyed(fake, opensandbox_backend, sandbox.id)
 
 

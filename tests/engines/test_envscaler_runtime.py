@@ -285,7 +285,7 @@ def test_the_mcp_server_dies_with_the_sandbox() -> None:
     finally:
         sandbox.destroy()
     assert _bwraps_using(workspace) == []
-    assert sandbox.id not in runtime._live
+    assert sandbox.id not in runtime._episodes
 
 
 def _bwraps_using(workspace: str) -> list[int]:

@@ -162,6 +162,23 @@ def test_a_server_killed_from_outside_is_an_infrastructure_error_and_close_leave
         assert _bwraps_using(str(sandbox.workspace)) == []
 
 
+def test_a_server_killed_while_a_call_is_in_flight_ends_the_call_at_once_not_at_its_timeout(local_backend: Any) -> None:
+    import threading
+    import time
+
+    from apps.engines.mcp import McpCallTimeout
+
+    with local_backend.create(SandboxSpec(image=PLATFORM_PYTHON_PROFILE)) as sandbox:
+        hub = started(sandbox, spec("alpha"))
+        (pid,) = _bwraps_using(str(sandbox.workspace))
+        threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+        began = time.monotonic()
+        with pytest.raises(McpSessionError, match="alpha") as gone:
+            hub.call_tool("alpha__nap", {"seconds": 60}, timeout=40)
+        assert not isinstance(gone.value, McpCallTimeout) and time.monotonic() - began < 20
+        hub.close()
+
+
 def test_a_server_that_cannot_start_is_a_start_error_with_its_stderr_and_the_others_are_closed(
     local_backend: Any,
 ) -> None:

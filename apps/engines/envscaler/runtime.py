@@ -37,7 +37,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
-from apps.engines.mcp import McpCallTimeout, McpHub, McpServerSpec, McpSessionError, McpStartError
+from apps.engines.mcp import EpisodeHubs, McpCallTimeout, McpHub, McpServerSpec, McpSessionError, McpStartError
 from apps.engines.runtime import SceneRuntime, SetupError, ToolError, ToolResult
 from apps.engines.sandboxes import WORKDIR, Sandbox, SandboxSpec
 
@@ -139,8 +139,7 @@ class EnvScalerRuntime(SceneRuntime):
     scene_id = "envscaler"
 
     def __init__(self) -> None:
-        self._live: dict[str, _Live] = {}
-        self._lock = threading.Lock()
+        self._episodes = EpisodeHubs(McpSessionError, "no environment is running in sandbox {sandbox}")
 
     # -- what the agent sees
 
@@ -201,11 +200,9 @@ class EnvScalerRuntime(SceneRuntime):
             sandbox.write_file(SERVER_PATH, SERVER_SOURCE.read_bytes())
             sandbox.write_file(SPEC_PATH, json.dumps(server_spec(scene)).encode("utf-8"))
         live = _Live(hub, None)
-        with self._lock:
-            self._live[sandbox.id] = live
         # Whatever happens from here on, destroying the sandbox closes the hub (the hub's own
         # cleanup closes what it started should its start fail half-way).
-        sandbox.add_cleanup(lambda: self._close(sandbox.id))
+        self._episodes.add(sandbox, live)
         try:
             hub.start(sandbox, lifetime=float(config.get("timeout_s") or 600) + CHECK_TIMEOUT_S)
         except McpStartError as exc:
@@ -217,19 +214,6 @@ class EnvScalerRuntime(SceneRuntime):
         if missing:
             raise SetupError(f"the environment's MCP server does not offer the operations {missing}")
         live.initial_state = live.state = self._state(hub)
-
-    def _close(self, sandbox_id: str) -> None:
-        with self._lock:
-            live = self._live.pop(sandbox_id, None)
-        if live is not None:
-            live.hub.close()
-
-    def _get(self, sandbox: Sandbox) -> _Live:
-        with self._lock:
-            live = self._live.get(sandbox.id)
-        if live is None:
-            raise McpSessionError(f"no environment is running in sandbox {sandbox.id}")
-        return live
 
     @staticmethod
     def _state(hub: McpHub) -> Any:
@@ -247,7 +231,7 @@ class EnvScalerRuntime(SceneRuntime):
     def execute_tool(
         self, name: str, args: dict[str, Any], sandbox: Sandbox, config: dict[str, Any], *, timeout: float | None = None
     ) -> ToolResult:
-        live = self._get(sandbox)
+        live = self._episodes.get(sandbox)
         limit = float(timeout if timeout is not None else config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S)
         with live.lock:
             if live.wedged:
@@ -279,7 +263,7 @@ class EnvScalerRuntime(SceneRuntime):
     def verify(self, sandbox: Sandbox, config: dict[str, Any], final_answer: str) -> tuple[float | None, dict[str, Any]]:
         scene = scene_config(config)
         check = scene.get("check_func")
-        live = self._get(sandbox)
+        live = self._episodes.get(sandbox)
         if not check:
             # Exchanges no step carried (set-up's, when the agent called nothing) still go on record.
             records = live.hub.take_records()

@@ -7,10 +7,10 @@
 
 See docs/mcp.md.
 """
-from apps.engines.mcp.hub import McpHub, McpResponse, McpStartError
+from apps.engines.mcp.hub import EpisodeHubs, McpHub, McpResponse, McpStartError
 from apps.engines.mcp.records import McpReplayMiss, Recording
 from apps.engines.mcp.session import McpCallTimeout, McpSession, McpSessionError
 from apps.engines.mcp.spec import McpServerSpec, McpSpecError
 
-__all__ = ["McpCallTimeout", "McpHub", "McpReplayMiss", "McpResponse", "McpServerSpec", "McpSession",
+__all__ = ["EpisodeHubs", "McpCallTimeout", "McpHub", "McpReplayMiss", "McpResponse", "McpServerSpec", "McpSession",
            "McpSessionError", "McpSpecError", "McpStartError", "Recording"]

@@ -305,3 +305,38 @@ class McpHub:
         with self._lock:
             records, self._records = self._records, []
         return records
+
+
+class EpisodeHubs:
+    """A scene runtime's live episodes by sandbox id: each entry holds an `McpHub` (as `.hub`)
+    and is closed when its sandbox is destroyed. The runtime's hooks run in worker threads, so
+    the map is guarded by a lock."""
+
+    def __init__(self, missing: type[Exception], message: str) -> None:
+        """`missing(message.format(sandbox=id))` is raised for a sandbox with no live entry."""
+        self._live: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._missing, self._message = missing, message
+
+    def add(self, sandbox: Any, live: Any) -> None:
+        """Keep `live` for this sandbox; destroying the sandbox closes its hub."""
+        with self._lock:
+            self._live[sandbox.id] = live
+        sandbox.add_cleanup(lambda: self.close(sandbox.id))
+
+    def get(self, sandbox: Any) -> Any:
+        with self._lock:
+            live = self._live.get(sandbox.id)
+        if live is None:
+            raise self._missing(self._message.format(sandbox=sandbox.id))
+        return live
+
+    def __contains__(self, sandbox_id: str) -> bool:
+        with self._lock:
+            return sandbox_id in self._live
+
+    def close(self, sandbox_id: str) -> None:
+        with self._lock:
+            live = self._live.pop(sandbox_id, None)
+        if live is not None:
+            live.hub.close()

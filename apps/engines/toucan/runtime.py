@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
-from apps.engines.mcp import McpHub, McpServerSpec
+from apps.engines.mcp import EpisodeHubs, McpHub, McpServerSpec
 from apps.engines.runtime import SceneRuntime, SetupError, ToolResult
 from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, WORKDIR, Sandbox, SandboxSpec
 from apps.engines.toucan import quality
@@ -139,8 +139,7 @@ class ToucanRuntime(SceneRuntime):
     scene_id = SCENE
 
     def __init__(self) -> None:
-        self._live: dict[str, _Live] = {}
-        self._lock = threading.Lock()
+        self._episodes = EpisodeHubs(SetupError, "no MCP servers were started in sandbox {sandbox}")
 
     # -- what the agent sees
 
@@ -175,9 +174,7 @@ class ToucanRuntime(SceneRuntime):
         servers = registered_servers(list(scene_config(config).get("target_servers") or []))
         hub = McpHub.for_episode([s.spec for s in servers], config)
         live = _Live(hub)
-        with self._lock:
-            self._live[sandbox.id] = live
-        sandbox.add_cleanup(lambda: self._close(sandbox.id))
+        self._episodes.add(sandbox, live)
         # A replay answers from the recorded trajectory (its tools/list too): no fixtures, no servers.
         for server in [] if hub.replaying else servers:
             try:
@@ -193,25 +190,12 @@ class ToucanRuntime(SceneRuntime):
                 raise SetupError(f"the MCP server {server.name!r} no longer offers {', '.join(changed)} as registered "
                                  f"(snapshot {server.tools_sha256[:12]}); re-snapshot it in the registry")
 
-    def _close(self, sandbox_id: str) -> None:
-        with self._lock:
-            live = self._live.pop(sandbox_id, None)
-        if live is not None:
-            live.hub.close()
-
-    def _get(self, sandbox: Sandbox) -> _Live:
-        with self._lock:
-            live = self._live.get(sandbox.id)
-        if live is None:
-            raise SetupError(f"no MCP servers were started in sandbox {sandbox.id}")
-        return live
-
     # -- tools
 
     def execute_tool(
         self, name: str, args: dict[str, Any], sandbox: Sandbox, config: dict[str, Any], *, timeout: float | None = None
     ) -> ToolResult:
-        live = self._get(sandbox)
+        live = self._episodes.get(sandbox)
         # ToolError (a tool the hub does not offer) goes to the agent; McpSessionError (a server
         # gone) is an InfrastructureError and ends the episode as the platform's failure.
         result = live.hub.call_tool(name, args, timeout=timeout)
@@ -225,7 +209,7 @@ class ToucanRuntime(SceneRuntime):
 
     def verify(self, sandbox: Sandbox, config: dict[str, Any], final_answer: str) -> tuple[float | None, dict[str, Any]]:
         scene = scene_config(config)
-        live = self._get(sandbox)
+        live = self._episodes.get(sandbox)
         check = scene.get("check")
         skip_state = bool(live.hub.replaying and check and check.get("type") == "state")
         if skip_state:
