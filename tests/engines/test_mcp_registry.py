@@ -209,12 +209,14 @@ def test_a_secret_is_stored_as_a_reference_and_filled_in_only_for_the_hub(monkey
 def test_a_bad_record_in_a_file_is_reported_and_nothing_is_written(tmp_path: Path, capsys: Any) -> None:
     bad_name = {**BUNDLED["sqlite"], "name": "a__b"}
     unknown_tool = {**BUNDLED["time"], "name": "time2", "deny_tools": ["set_time"]}
+    bad_rank = {**BUNDLED["git"], "name": "git2", "labels": {"primary": "Dev", "rank": 0, "featured": "yes"}}
     path = tmp_path / "servers.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in (BUNDLED["time"], bad_name, {"name": "x"})) + "\n")
-    with pytest.raises(CommandError, match=r"3 problem\(s\); nothing was registered"):
+    path.write_text("\n".join(json.dumps(r) for r in (BUNDLED["time"], bad_name, {"name": "x"}, bad_rank)) + "\n")
+    with pytest.raises(CommandError, match=r"4 problem\(s\); nothing was registered"):
         call_command("mcp_register", str(path))
     err = capsys.readouterr().err
     assert "record 2 ('a__b'): name must be" in err
+    assert "record 4 ('git2'): labels must be" in err
     assert "record 3 ('x'): package is required" in err and "record 3 ('x'): launch is required" in err
     # Checked in the sandbox: a deny list naming a tool the server does not have.
     path.write_text(json.dumps([BUNDLED["time"], unknown_tool]))

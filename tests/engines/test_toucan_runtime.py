@@ -79,6 +79,23 @@ def test_the_runtime_is_registered_and_offers_the_servers_tools_named_server__to
         t["input_schema"] for t in registered["time"].tools if t["name"] == "convert_time")
 
 
+def test_registry_labels_drive_featured_and_power_law_sampling(registered: Any) -> None:
+    import random
+
+    from apps.engines.toucan.pipeline import server_records
+
+    records = {r["name"]: r for r in server_records()}
+    assert (records["time"]["rank"], records["time"]["labels"]["featured"]) == (1, True)
+    assert records["sqlite"]["labels"]["featured"] is False and "SQLite" in records["sqlite"]["description"]
+    featured = questions.plan_questions(list(records.values()), {"sampling": "featured", "total": 30},
+                                        rng=random.Random(5))
+    assert {p["servers"][0]["name"] for p in featured} == {"time", "git"}
+    drawn = questions.plan_questions(list(records.values()), {"sampling": "power_law", "total": 600,
+                                                              "power_law_alpha": 2.0}, rng=random.Random(5))
+    counts = {name: sum(p["servers"][0]["name"] == name for p in drawn) for name in records}
+    assert counts["time"] > counts["git"] > counts["sqlite"]  # ranks 1, 2, 4
+
+
 def test_an_unregistered_server_is_refused_with_its_name(registered: Any) -> None:
     config = toucan("What time is it?", ["time", "weather"], [])
     with scripted(config["prompt"], call("finish", answer="x")) as (_, llm):

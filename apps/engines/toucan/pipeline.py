@@ -63,13 +63,17 @@ def server_records(names: list[str] | None = None) -> list[dict[str, Any]]:
         spec = McpServerSpec.from_dict(row.spec)
         labels = row.labels or {}
         package = row.package
-        about = [f"{package.get('name', row.name)} {package.get('version', '')}".strip()]
+        about = [labels.get("description") or f"{package.get('name', row.name)} {package.get('version', '')}".strip()]
         if labels.get("primary"):
             about.append(", ".join([labels["primary"], *labels.get("secondary", [])]))
-        records.append({"name": row.name, "description": "; ".join(about),
-                        "labels": {"primary_label": labels.get("primary", ""),
-                                   "secondary_labels": list(labels.get("secondary", []))},
-                        "tools": [t for t in row.tools or [] if spec.offers(t["name"])]})
+        record = {"name": row.name, "description": "; ".join(about),
+                  "labels": {"primary_label": labels.get("primary", ""),
+                             "secondary_labels": list(labels.get("secondary", [])),
+                             "featured": bool(labels.get("featured", False))},
+                  "tools": [t for t in row.tools or [] if spec.offers(t["name"])]}
+        if labels.get("rank"):
+            record["rank"] = labels["rank"]
+        records.append(record)
     return records
 
 

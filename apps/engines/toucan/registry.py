@@ -54,6 +54,9 @@ from apps.engines.toucan.fixtures import FixtureError, install_fixtures, validat
 from trajplatform.audit import audit_record
 from trajplatform.redaction import redact, storable
 
+# Toucan's server labels: primary/secondary category, whether it is featured, its usage rank (for
+# power-law sampling) and a one-line description for the question prompts.
+LABEL_FIELDS = frozenset({"primary", "secondary", "featured", "rank", "description"})
 RECORD_FIELDS = ("name", "package", "launch", "deny_tools", "labels", "secrets", "fixtures", "state_probe", "enabled")
 # The record's own fields; the rest of McpServerSpec is its `launch`.
 SPEC_FROM_RECORD = ("name", "package", "deny_tools")
@@ -167,11 +170,16 @@ def parse_record(data: Any) -> ServerRecord:
         errors.append(f"secrets must be a list of env var / setting names, got {secrets!r}")
         secrets = []
     labels = data.get("labels", {})
-    if not isinstance(labels, dict) or set(labels) - {"primary", "secondary"} \
+    rank = labels.get("rank") if isinstance(labels, dict) else None
+    if not isinstance(labels, dict) or set(labels) - LABEL_FIELDS \
             or not isinstance(labels.get("primary", ""), str) \
             or not (isinstance(labels.get("secondary", []), list)
-                    and all(isinstance(s, str) for s in labels.get("secondary", []))):
-        errors.append(f'labels must be {{"primary": str, "secondary": [str]}}, got {labels!r}')
+                    and all(isinstance(s, str) for s in labels.get("secondary", []))) \
+            or not isinstance(labels.get("featured", False), bool) \
+            or not (rank is None or (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1)) \
+            or not isinstance(labels.get("description", ""), str):
+        errors.append(f'labels must be {{"primary": str, "secondary": [str], "featured": bool, "rank": int >= 1 '
+                      f'(usage rank, 1 = most used), "description": str}} (all optional), got {labels!r}')
     probe = data.get("state_probe")
     if probe is not None and not _probe_ok(probe):
         errors.append(f'state_probe must be null, {{"command": [str, ...]}} or {{"tool": str, "arguments": {{}}}}, '
