@@ -82,7 +82,14 @@ from apps.engines.runtime import (
     get_runtime,
 )
 from apps.engines.runtime import in_thread as _in_thread  # sandbox I/O and sync callbacks
-from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxUnavailable, acquire, get_backend
+from apps.engines.sandboxes import (
+    SandboxError,
+    SandboxNotFound,
+    SandboxSpecUnsupported,
+    SandboxUnavailable,
+    acquire,
+    get_backend,
+)
 from trajplatform.redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -477,6 +484,9 @@ class _Episode:
             if isinstance(backend, str):
                 backend = get_backend(backend)
             self.sandbox = await _in_thread(acquire, spec, trajectory=self.trajectory, backend=backend)
+        except SandboxSpecUnsupported as exc:
+            await self.emit("error", f"sandbox not available for this task: {exc}", {"error_kind": "config"})
+            raise _Stop(ERROR, f"sandbox not available for this task: {exc}", kind="config") from None
         except Exception as exc:
             if not isinstance(exc, (SandboxError, OSError)):
                 logger.exception("sandbox creation failed")

@@ -226,6 +226,17 @@ def test_a_bad_record_in_a_file_is_reported_and_nothing_is_written(tmp_path: Pat
     assert not McpServer.objects.exists() and not AuditEvent.objects.exists()
 
 
+def test_a_server_that_needs_egress_is_refused_by_the_local_backend_and_nothing_is_written(tmp_path: Path,
+                                                                                        capsys: Any) -> None:
+    online = {**BUNDLED["time"], "name": "online", "launch": {**BUNDLED["time"]["launch"], "network": "egress"}}
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps([online]))
+    with pytest.raises(CommandError, match=r"1 problem\(s\)"):
+        call_command("mcp_register", str(path))
+    assert "only network='none'" in capsys.readouterr().err
+    assert not McpServer.objects.exists() and not AuditEvent.objects.exists()
+
+
 def test_a_file_that_is_not_json_is_reported_by_line(tmp_path: Path) -> None:
     path = tmp_path / "servers.jsonl"
     path.write_text(json.dumps(BUNDLED["time"]) + "\n{oops\n")

@@ -96,6 +96,18 @@ def test_registry_labels_drive_featured_and_power_law_sampling(registered: Any) 
     assert counts["time"] > counts["git"] > counts["sqlite"]  # ranks 1, 2, 4
 
 
+def test_a_server_that_needs_egress_is_a_config_error_on_the_local_backend_never_run_offline(registered: Any) -> None:
+    time_row = registered["time"]
+    McpServer.objects.create(name="online", spec={**time_row.spec, "name": "online", "network": "egress"},
+                             labels={}, tools=time_row.tools, tools_sha256=time_row.tools_sha256)
+    config = toucan("What time is it in Tokyo?", ["online"], ["online__get_current_time"])
+    with scripted(config["prompt"], call("online__get_current_time", timezone="Asia/Tokyo"),
+                  call("finish", answer="x")) as (_, llm):
+        result = run(config, llm)
+    assert (result.outcome, result.error_kind, result.retryable) == ("error", "config", False)
+    assert "only network='none'" in result.outcome_reason and result.steps == []
+
+
 def test_an_unregistered_server_is_refused_with_its_name(registered: Any) -> None:
     config = toucan("What time is it?", ["time", "weather"], [])
     with scripted(config["prompt"], call("finish", answer="x")) as (_, llm):

@@ -26,6 +26,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 TRANSPORTS = ("stdio", "http")
+# What the server needs from its sandbox's network: "none" (offline, the default) or "egress"
+# (a production server that reaches the internet: its episodes get network="open", which only
+# the OpenSandbox backend gives; the local backend refuses it with a clear error).
+NETWORKS = ("none", "egress")
 PACKAGE_KINDS = ("pypi", "npm", "module")
 SEPARATOR = "__"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -53,6 +57,7 @@ class McpServerSpec:
     platform_tools: list[str] = field(default_factory=list)
     call_timeout_s: float = 30.0
     start_timeout_s: float = 60.0
+    network: str = "none"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -71,6 +76,11 @@ class McpServerSpec:
         if tool in self.deny_tools or tool in self.platform_tools:
             return False
         return self.allow_tools is None or tool in self.allow_tools
+
+    @property
+    def sandbox_network(self) -> str:
+        """The SandboxSpec network mode this server needs."""
+        return "open" if self.network == "egress" else "none"
 
     def launch_argv(self, transport: str) -> list[str]:
         """The command for `transport` ("stdio" or "http"), placeholders filled in."""
@@ -121,6 +131,8 @@ class McpServerSpec:
             strings(self.allow_tools, "allow_tools")
         strings(self.deny_tools, "deny_tools")
         strings(self.platform_tools, "platform_tools")
+        if self.network not in NETWORKS:
+            raise McpSpecError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
         for name in ("call_timeout_s", "start_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -45,6 +45,7 @@ from apps.engines.sandboxes.base import (
     SandboxInfo,
     SandboxNotFound,
     SandboxSpec,
+    SandboxSpecUnsupported,
     SandboxUnavailable,
     StdioCommand,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "SandboxFileNotFound",
     "SandboxInfo",
     "SandboxNotFound",
+    "SandboxSpecUnsupported",
     "SandboxSpec",
     "SandboxUnavailable",
     "StdioCommand",

@@ -65,6 +65,11 @@ class SandboxUnavailable(SandboxError):
     """The backend cannot provide sandboxes here (missing tool, blocked namespaces, no server)."""
 
 
+class SandboxSpecUnsupported(SandboxError):
+    """This backend cannot give what the spec asks for (e.g. network egress locally): the task's
+    configuration, not a passing fault, so it is not retried."""
+
+
 class SandboxNotFound(SandboxError):
     """No sandbox with this id exists (any more) on the backend."""
 

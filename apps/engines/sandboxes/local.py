@@ -57,6 +57,7 @@ from apps.engines.sandboxes.base import (
     SandboxInfo,
     SandboxNotFound,
     SandboxSpec,
+    SandboxSpecUnsupported,
     SandboxUnavailable,
     StdioCommand,
     logger,
@@ -632,7 +633,7 @@ class LocalBackend(SandboxBackend):
 
     def _create(self, spec: SandboxSpec, labels: dict[str, str]) -> LocalSandbox:
         if spec.network != "none":
-            raise SandboxError(
+            raise SandboxSpecUnsupported(
                 f"the local backend supports only network='none' (got {spec.network!r}): sharing the host "
                 "network would expose every service on its loopback; use the opensandbox backend for egress"
             )

@@ -283,7 +283,7 @@ def take_snapshot(record: ServerRecord, *, backend: Any = None) -> Snapshot:
     names the record gives and run its state probe. McpRegistryError naming the server."""
     spec = resolved_spec(record.spec, record.secrets, record.fixtures)
     sandbox_spec = SandboxSpec(image=PLATFORM_MCP_PROFILE, labels={"scene": "toucan", "purpose": "mcp-snapshot"},
-                               ttl=SNAPSHOT_LIFETIME_S + 300)
+                               ttl=SNAPSHOT_LIFETIME_S + 300, network=record.spec.sandbox_network)
     try:
         with (backend or get_backend()).create(sandbox_spec) as sandbox:
             install_fixtures(sandbox, record.fixtures)

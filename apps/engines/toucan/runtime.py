@@ -166,7 +166,11 @@ class ToucanRuntime(SceneRuntime):
     def sandbox_spec(self, config: dict[str, Any]) -> SandboxSpec:
         lifetime = float(config.get("timeout_s") or DEFAULT_TIMEOUT_S) + TTL_MARGIN_S
         image = scene_config(config).get("image") or PLATFORM_MCP_PROFILE
-        return SandboxSpec(image=image, labels={"scene": SCENE}, ttl=lifetime)
+        # A server registered with network "egress" (a production server) needs an open network;
+        # the local backend refuses that with a clear error rather than run it offline.
+        servers = registered_servers(list(scene_config(config).get("target_servers") or []))
+        network = "open" if any(s.spec.sandbox_network == "open" for s in servers) else "none"
+        return SandboxSpec(image=image, labels={"scene": SCENE}, ttl=lifetime, network=network)
 
     def setup(self, sandbox: Sandbox, config: dict[str, Any]) -> None:
         from apps.engines.toucan.fixtures import FixtureError, install_fixtures
