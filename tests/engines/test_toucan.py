@@ -63,6 +63,13 @@ def test_multi_server_allocations_respect_primary_labels_and_refuse_what_cannot_
     with pytest.raises(questions.PlanError, match="fewer than two servers share the primary label"):
         questions.plan_questions([TIME, FETCH], {"mode": "multi_server", "num_tools": 2, "total": 1,
                                                  "allocation": "same_primary_label"}, rng=random.Random(0))
+    featured = [TIME, {**GIT, "labels": {**GIT["labels"], "featured": True}}, SQLITE, FETCH]
+    picked = questions.plan_questions(featured, {"mode": "multi_server", "num_tools": 2, "total": 10,
+                                                 "allocation": "random_featured"}, rng=random.Random(5))
+    assert all(sorted(s["name"] for s in p["servers"]) == ["git", "time"] for p in picked)
+    with pytest.raises(questions.PlanError, match="fewer than two servers are labelled featured"):
+        questions.plan_questions(SERVERS, {"mode": "multi_server", "num_tools": 2, "total": 1,
+                                           "allocation": "random_featured"}, rng=random.Random(0))
     with pytest.raises(questions.PlanError, match="num_tools >= 2"):
         questions.plan_questions(SERVERS, {"mode": "multi_server", "num_tools": 1}, rng=random.Random(0))
     with pytest.raises(questions.PlanError, match="sampling must be one of"):

@@ -22,8 +22,8 @@ topped up round-robin), `power_law` (weight 1 / rank^alpha, rank = the record's 
 position in the list; alpha `power_law_alpha`, default 0.5) or `featured` (random among servers
 labelled featured). Multi-server mode (num_tools >= 2) picks `servers_per_question` servers
 (default max(2, min(num_tools, servers))) by `allocation`: `random`, `same_primary_label` (a random
-seed server and others sharing its primary label) or `different_primary_labels` (one server from
-each of that many distinct primary labels). Where a label-based allocation cannot be met (too few
+seed server and others sharing its primary label), `different_primary_labels` (one server from
+each of that many distinct primary labels) or `random_featured` (among servers labelled featured). Where a label-based allocation cannot be met (too few
 servers share a label; too few labels), the plan is refused with the reason: unlike Toucan, which
 falls back to a random draw, a batch never silently changes strategy.
 
@@ -54,7 +54,7 @@ from apps.engines.pipelines import Template
 TEMPLATE_VERSION = "1"
 MODES = ("single_server", "multi_server")
 SAMPLINGS = ("random", "uniform", "power_law", "featured")
-ALLOCATIONS = ("random", "same_primary_label", "different_primary_labels")
+ALLOCATIONS = ("random", "same_primary_label", "different_primary_labels", "random_featured")
 DEFAULT_DEDUP_THRESHOLD = 0.85
 DEDUP_BLOCK = 256
 DEFAULT_MIN_CHARS = 20
@@ -177,6 +177,11 @@ def _multi_servers(servers: list[dict[str, Any]], s: SamplingSettings, rng: rand
     count = min(s.servers_per_question or max(2, min(s.num_tools, len(servers))), len(servers))
     if s.allocation == "random":
         return rng.sample(servers, count)
+    if s.allocation == "random_featured":
+        featured = [server for server in servers if (server.get("labels") or {}).get("featured")]
+        if len(featured) < 2:
+            raise PlanError("random_featured: fewer than two servers are labelled featured")
+        return rng.sample(featured, min(count, len(featured)))
     if s.allocation == "same_primary_label":
         seed = rng.choice(servers)
         label = _primary(seed)
