@@ -101,6 +101,8 @@ def test_a_server_that_needs_egress_is_a_config_error_on_the_local_backend_never
     McpServer.objects.create(name="online", spec={**time_row.spec, "name": "online", "network": "egress"},
                              labels={}, tools=time_row.tools, tools_sha256=time_row.tools_sha256)
     config = toucan("What time is it in Tokyo?", ["online"], ["online__get_current_time"])
+    assert ToucanRuntime().sandbox_spec(config).network == "open"  # what OpenSandbox is asked for
+    assert ToucanRuntime().sandbox_spec(toucan("q", ["time"], ["time__get_current_time"])).network == "none"
     with scripted(config["prompt"], call("online__get_current_time", timezone="Asia/Tokyo"),
                   call("finish", answer="x")) as (_, llm):
         result = run(config, llm)
