@@ -143,7 +143,11 @@ def test_the_split_is_deterministic_per_task_and_seeded(make_task: Any, approver
         by_task.setdefault(task_id, set()).add(split)
     assert all(len(s) == 1 for s in by_task.values())  # rollouts of a task never straddle the split
     n_val_tasks = sum(1 for s in by_task.values() if s == {"validation"})
-    assert 3 <= n_val_tasks <= 18  # 25% of 40 tasks, within hashing noise
+    # Which tasks go to validation depends on their ids (which differ between runs and
+    # databases): the count is what split_of says for these ids, and over a fixed range of ids
+    # the fraction is about the one asked for.
+    assert n_val_tasks == sum(split_of(t.pk, 7, 0.25) == "validation" for t in tasks)
+    assert 0.22 <= sum(split_of(pk, 7, 0.25) == "validation" for pk in range(1, 4001)) / 4000 <= 0.28
     assert a.counts["validation"] == a.members.filter(split="validation").count() == 2 * n_val_tasks
     other_seed = dataset_version_create(dataset_name="split", actor=approver, filter_spec={**spec, "split_seed": 8})
     assert rows(other_seed) != rows(a)
