@@ -990,6 +990,14 @@ def test_migrate_registers_the_sandbox_reconciler_too():
     assert Schedule.objects.filter(name=engine_jobs.RECONCILE_SCHEDULE_NAME, func=engine_jobs.RECONCILE_FUNC).exists()
 
 
+@pytest.mark.django_db
+def test_migrate_registers_the_pipeline_reaper_too():
+    # Not only when a pipeline run is created: a worker restarted after a crash reaps runs at once.
+    from apps.engines.pipelines import jobs as pipeline_jobs
+
+    assert Schedule.objects.filter(name=pipeline_jobs.REAP_SCHEDULE_NAME, func=pipeline_jobs.REAP_FUNC).exists()
+
+
 def test_the_sandbox_pool_starts_its_threads_before_the_loop_needs_them() -> None:
     pool = jobs._ThreadPool(max_workers=5, thread_name_prefix="test-start")
     try:
