@@ -77,8 +77,8 @@ print(json.dumps(out))
 def probed(sandbox_root_dir: Path) -> Iterator[dict[str, list[int]]]:
     """Every call of CALLS made once inside one sandbox: name -> [return value, errno]."""
     arch = platform.machine()
-    if arch not in ("x86_64", "aarch64"):
-        pytest.skip(f"no syscall table for {arch} in this test")
+    # The sandbox refuses to run isolated on any other architecture (its host check).
+    assert arch in ("x86_64", "aarch64"), f"no syscall table for {arch}"
     root = Path(tempfile.mkdtemp(prefix="seccomp-", dir=sandbox_root_dir))
     root.chmod(0o711)
     backend = LocalBackend(records=False, root=root)
@@ -133,7 +133,6 @@ print(" ".join(out))
     assert files.ok and files.stdout.startswith("data\n/usr/bin/python3\n"), files
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="the x32 ABI exists on x86_64 only")
 def test_a_system_call_of_another_abi_kills_the_process(local_backend: Any) -> None:
     # The filter's numbers are the 64-bit ABI's: an x32 call (its bit set in the number) would
     # otherwise reach the kernel unchecked where x32 is enabled. getpid, as x32.
