@@ -61,6 +61,21 @@ class ActionsOnlyMixin:
         return False
 
 
+class ReadOnlyInline(admin.TabularInline):
+    """A collapsed, read-only list of child rows with links to their own pages."""
+
+    show_change_link = True
+    can_delete = False
+    extra = 0
+    classes = ["collapse"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class IndentedJSONFormField(forms.JSONField):
     """An editable JSON field whose textarea starts indented."""
 

@@ -22,6 +22,7 @@ from trajplatform.admin import (
     AuditTrailMixin,
     IdSearchMixin,
     ReadableJSONMixin,
+    ReadOnlyInline,
     ViewOnlyMixin,
     pretty_json,
 )
@@ -115,7 +116,7 @@ def _task_link(task_id: int | None) -> SafeString | str:
     return format_html('<a href="{}">task #{}</a>', reverse("admin:tasks_task_change", args=[task_id]), task_id)
 
 
-class StageRunInline(admin.TabularInline):
+class StageRunInline(ReadOnlyInline):
     """A run's stage runs, read-only and collapsed; each links to its full record and its task."""
 
     model = StageRun
@@ -123,16 +124,6 @@ class StageRunInline(admin.TabularInline):
               "cost_usd", "short_error", "produced_task", "parsed")
     readonly_fields = fields
     ordering = ("index", "item_key")
-    show_change_link = True
-    can_delete = False
-    extra = 0
-    classes = ["collapse"]
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="error")
     def short_error(self, obj: StageRun) -> str:

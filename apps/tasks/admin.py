@@ -22,7 +22,7 @@ from apps.tasks.services import (
     BatchNameTaken, TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue,
     tasks_create, tasks_enqueue,
 )
-from trajplatform.admin import ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin
+from trajplatform.admin import ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ReadOnlyInline
 
 # Per-object warnings beyond this many are summarised in one line.
 MAX_WARNINGS = 10
@@ -233,21 +233,11 @@ class TaskAddForm(forms.ModelForm):
         return data
 
 
-class TrajectoryInline(admin.TabularInline):
+class TrajectoryInline(ReadOnlyInline):
     model = Trajectory
     fields = ("iteration", "sample_index", "status", "outcome", "reward", "total_tokens", "created_at")
     readonly_fields = fields
     ordering = ("-iteration", "sample_index")
-    show_change_link = True
-    can_delete = False
-    extra = 0
-    classes = ["collapse"]
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Task)
