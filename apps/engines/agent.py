@@ -73,13 +73,16 @@ from jsonschema import Draft202012Validator
 
 from apps.engines.llm import LLMClient, LLMError, cache_identity
 from apps.engines.runtime import (
+    EpisodeContext,
     InfrastructureError,
     NoEngineError,
     SceneRuntime,
     SetupError,
     ToolError,
     ToolResult,
+    enter_episode,
     get_runtime,
+    leave_episode,
 )
 from apps.engines.runtime import in_thread as _in_thread  # sandbox I/O and sync callbacks
 from apps.engines.sandboxes import (
@@ -313,8 +316,16 @@ class _Episode:
         should_cancel: Callable[[], Any] | None,
         trajectory: Any,
         on_sandbox_destroyed: Callable[[Any], None] | None = None,
+        parent: "_Episode | None" = None,
+        label: str = "",
+        shared_sandbox: Any = None,
     ):
         self.config = config
+        self.parent = parent
+        self.context = EpisodeContext(self, depth=parent.context.depth + 1 if parent else 0, label=label)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.in_agent_loop = False  # the agent loop runs (a sub-episode's wall clock is bounded by it)
+        self.subepisodes: dict[str, int] = {}  # label -> how many ran (their cache identities)
         self.on_sandbox_destroyed = on_sandbox_destroyed
         self.llm = llm
         self.sandbox_backend = sandbox_backend
@@ -329,7 +340,8 @@ class _Episode:
         self.trajectory = trajectory
         self.result = EpisodeResult()
         self.runtime: SceneRuntime | None = None
-        self.sandbox: Any = None
+        self.sandbox: Any = shared_sandbox
+        self.owns_sandbox = shared_sandbox is None  # a sub-episode in its parent's sandbox does not
         self.sandbox_task: asyncio.Task[None] | None = None
         self.tool_mode = "native"
         self.validators: dict[str, Draft202012Validator] = {}
@@ -370,6 +382,8 @@ class _Episode:
 
     async def run(self) -> EpisodeResult:
         started = time.monotonic()
+        self.loop = asyncio.get_running_loop()
+        entered = enter_episode(self.context)
         try:
             await self._run()
         except _Stop as stop:
@@ -381,6 +395,7 @@ class _Episode:
             if self.sandbox_task is not None and not self.sandbox_task.done():
                 await asyncio.wait([self.sandbox_task])  # it may still hand over a sandbox to destroy
             await self._destroy_sandbox()
+            leave_episode(entered)
         result = self.result
         result.duration_ms = int((time.monotonic() - started) * 1000)
         result.outcome_reason = redact(result.outcome_reason)
@@ -415,7 +430,7 @@ class _Episode:
             raise _Stop(ERROR, f"tool_mode must be one of {', '.join(TOOL_MODES)}, got {self.tool_mode!r}", kind="config")
         if not isinstance(config.get("prompt"), str) or not config["prompt"].strip():
             raise _Stop(ERROR, "the task has no prompt", kind="config")
-        if self.replay_of:
+        if self.replay_of and self.parent is None:  # a sub-episode gets its parent's identity
             try:
                 self.cache_key_extra = cache_identity(self.replay_of)
             except ValueError:
@@ -449,7 +464,11 @@ class _Episode:
         # cancelled (see _call_model).
         self.sandbox_task = asyncio.create_task(self._start_sandbox(runtime))
         self.deadline = time.monotonic() + self.timeout
-        await self._loop(runtime)
+        self.in_agent_loop = True
+        try:
+            await self._loop(runtime)
+        finally:
+            self.in_agent_loop = False
         await self._verify(runtime)
 
     async def _sandbox_ready(self) -> None:
@@ -473,6 +492,8 @@ class _Episode:
             await self._start_sandbox_now(runtime)
 
     async def _start_sandbox_now(self, runtime: SceneRuntime) -> None:
+        if not self.owns_sandbox:
+            return  # a sub-episode working in its parent's sandbox, which is set up
         try:
             spec = runtime.sandbox_spec(self.config)
         except SandboxError as exc:
@@ -510,7 +531,7 @@ class _Episode:
 
     async def _destroy_sandbox(self) -> None:
         sandbox = self.sandbox
-        if sandbox is None:
+        if sandbox is None or not self.owns_sandbox:
             return
         try:
             # Shielded: a hard cancel of the episode still lets the destroy run to its end.
@@ -660,16 +681,59 @@ class _Episode:
                 "status_code": err.status_code, "attempts": err.attempts,
             })
             raise _Stop(ERROR, f"LLM error: {type(err).__name__}: {err}", kind="llm", retryable=err.retryable) from None
+        self.count_model_call(chat)
+        self.left_cache = self.left_cache or not chat.cached
+        self.result.model, self.result.provider = chat.model, chat.provider
+        return chat
+
+    def count_model_call(self, chat: Any) -> None:
+        """Add one model call's tokens and cost to the episode's totals."""
         result = self.result
         result.llm_calls += 1
         result.cached_calls += int(chat.cached)
-        self.left_cache = self.left_cache or not chat.cached
         result.prompt_tokens += int(chat.usage.get("prompt_tokens", 0))
         result.completion_tokens += int(chat.usage.get("completion_tokens", 0))
         result.total_tokens += int(chat.usage.get("total_tokens", 0))
         result.cost_usd += chat.cost_usd
-        result.model, result.provider = chat.model, chat.provider
-        return chat
+
+    # -- sub-episodes (EpisodeContext.arun_subepisode; runtime.py says what passes down)
+
+    async def subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True) -> EpisodeResult:
+        label = str(label or "sub")
+        n = self.subepisodes.get(label, 0)
+        self.subepisodes[label] = n + 1
+        name = f"{label}#{n}"
+        config = {k: v for k, v in dict(config).items() if k != "replay_of"}  # the identity passes down instead
+        if self.in_agent_loop:  # bounded by what is left of the parent's wall clock
+            left = max(0.0, self.deadline - time.monotonic())
+            config["timeout_s"] = min(float(config.get("timeout_s") or DEFAULT_TIMEOUT_S), left)
+        if self.budget:
+            left_tokens = max(1, self.budget - self.result.total_tokens)
+            config["max_tokens"] = min(int(config.get("max_tokens") or left_tokens), left_tokens)
+        shared = None
+        if share_sandbox and config.get("scene") == self.config.get("scene"):
+            await self._sandbox_ready()
+            shared = self.sandbox
+        parent_emit = self.emit
+
+        async def on_event(kind: str, message: str, data: dict[str, Any]) -> None:
+            # The child's end is not the parent's: its "result" is a system line here.
+            await parent_emit("system" if kind == "result" else kind, f"[{name}] {message}", {**data, "sub": name})
+
+        extra = dict(self.cache_key_extra or {})
+        extra["sub"] = "/".join(filter(None, [extra.get("sub", ""), name]))
+        child = _Episode(
+            config=config, llm=self.llm, sandbox_backend=self.sandbox_backend, cache_key_extra=extra,
+            on_event=on_event, should_cancel=self.should_cancel, trajectory=self.trajectory,
+            parent=self, label=name, shared_sandbox=shared,
+        )
+        child.replay_of = self.replay_of
+        await self.emit("system", f"sub-episode {name} starting ({config.get('scene')})", {"sub": name})
+        result = await child.run()
+        for key in ("llm_calls", "cached_calls", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd"):
+            setattr(self.result, key, getattr(self.result, key) + getattr(result, key))
+        self.left_cache = self.left_cache or child.left_cache
+        return result
 
     def _parse_arguments(self, name: str, raw: Any) -> tuple[Any, str | None, str]:
         """(arguments, error, error kind): the arguments as parsed (the raw value when they are

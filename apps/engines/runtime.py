@@ -17,6 +17,26 @@ run_shell awaits `Sandbox.arun`, which runs the command without a thread of its 
     runtime.verify(sandbox, config, final_answer) -> (reward | None, verifier_output)
     runtime.is_finish(name); runtime.finish_answer(args)
 
+Every hook runs inside an episode: `current_episode()` returns its `EpisodeContext` (also in
+the worker threads the loop runs hooks in). Through it a runtime reads the episode's config,
+recorded steps and messages, keeps per-episode state (`ctx.state`, e.g. the pages opened),
+and runs sub-episodes of the same loop:
+
+    ctx = current_episode()
+    result = ctx.run_subepisode(child_config, label="explore")      # from a hook in a worker thread
+    result = await ctx.arun_subepisode(child_config, label="solve")  # from aexecute_tool
+
+A sub-episode is one more episode of the shared loop (apps/engines/agent.py) with its own
+config (scene, prompt, tools, limits): cancellation and the LLM client pass down, its live log
+goes to the parent's (prefixed with its label), its model calls are cached under the parent's
+identity plus "<label>#<n>" (so a retried or replayed parent replays its sub-episodes), its
+token budget is what is left of the parent's, its wall clock is bounded by what is left of the
+parent's while the parent's agent loop runs, and its tokens and cost are added to the parent's
+totals. With `share_sandbox` (the default) and the parent's scene it works in the parent's
+sandbox (set up once, destroyed with the parent); otherwise it makes its own. It returns the
+child's `EpisodeResult`; what of it the parent records is the caller's choice (a step's
+`ToolResult.extra`, or the verifier output).
+
 Errors a runtime raises say whose fault they are: `ToolError` is the agent's (a missing
 file, a bad path: the message goes back to the model as the tool's result);
 `SandboxNotFound` / `SandboxUnavailable` (from the sandbox package) and
@@ -25,6 +45,8 @@ file, a bad path: the message goes back to the model as the tool's result);
 """
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +69,90 @@ class SetupError(Exception):
 
 class NoEngineError(LookupError):
     """The scene has no runtime (yet), or is not a scene at all."""
+
+
+MAX_SUBEPISODE_DEPTH = 3
+
+
+class EpisodeContext:
+    """What a runtime may see of the episode it serves: `current_episode()` inside any hook.
+
+    `config`, `steps`, `messages` and `sandbox` are the episode's own (read them, do not
+    change them); `state` is scratch space the runtime owns for this episode; `depth` is 0 for
+    a top-level episode and one more for each level of sub-episode, `label` the sub-episode's
+    label ("" at the top)."""
+
+    def __init__(self, host: Any, *, depth: int = 0, label: str = ""):
+        self._host = host  # the loop's episode (apps.engines.agent._Episode)
+        self.depth = depth
+        self.label = label
+        self.state: dict[str, Any] = {}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._host.config
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self._host.result.steps
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self._host.result.messages
+
+    @property
+    def sandbox(self) -> Any:
+        return self._host.sandbox
+
+    @property
+    def llm(self) -> Any:
+        """The episode's LLM client, for a runtime's own model call (e.g. a page reader); count
+        it with `count_model_call` so the episode's tokens and cost include it."""
+        return self._host.llm
+
+    def count_model_call(self, chat: Any) -> None:
+        """Add a runtime's own model call (an `llm.ChatResult`) to the episode's totals."""
+        self._host.count_model_call(chat)
+
+    async def arun_subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True) -> Any:
+        """Run a sub-episode of the shared loop (see the module docstring); its EpisodeResult."""
+        if self.depth >= MAX_SUBEPISODE_DEPTH:
+            raise ToolError(f"sub-episodes nest at most {MAX_SUBEPISODE_DEPTH} deep")
+        return await self._host.subepisode(config, label=label, share_sandbox=share_sandbox)
+
+    def run_subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True) -> Any:
+        """`arun_subepisode` for a hook running in a worker thread (execute_tool, verify):
+        blocks until the sub-episode ends. Not callable on the episode's event loop itself."""
+        loop = self._host.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("run_subepisode blocks: on the event loop, await arun_subepisode instead")
+        future = asyncio.run_coroutine_threadsafe(
+            self.arun_subepisode(config, label=label, share_sandbox=share_sandbox), loop)
+        return future.result()
+
+
+_current: contextvars.ContextVar[EpisodeContext] = contextvars.ContextVar("trajplatform_episode")
+
+
+def current_episode() -> EpisodeContext:
+    """The episode a runtime hook serves; LookupError outside an episode."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise LookupError("not inside an episode of the shared loop") from None
+
+
+def enter_episode(context: EpisodeContext) -> contextvars.Token[EpisodeContext]:
+    """For the loop: make `context` current (undo with `leave_episode(token)`)."""
+    return _current.set(context)
+
+
+def leave_episode(token: contextvars.Token[EpisodeContext]) -> None:
+    _current.reset(token)
 
 
 @dataclass
