@@ -394,6 +394,18 @@ ENVSCALER_MCP_HOST = env_str("ENVSCALER_MCP_HOST", "0.0.0.0")
 # --- reviews (apps/reviews) ---------------------------------------------------------------
 # The judge is the configured LLM (LLM_* / LLM_PROVIDERS above); REVIEW_JUDGE_MODEL asks the
 # primary provider for another model. A judge that fails is retried every
+# Web toolset (apps/engines/web, docs/web.md): corpora built by `manage.py corpus_build` live in
+# WEB_CORPUS_DIR; a task's scene_config.web.corpus defaults to WEB_CORPUS_DEFAULT. The live backend
+# searches with ddgs (or the SearXNG JSON API at WEB_SEARXNG_URL), fetches public addresses only
+# (WEB_ALLOW_PRIVATE_TARGETS=1 allows private ones: tests' loopback servers), at most
+# WEB_RATE_PER_S requests a second per worker, each within WEB_FETCH_TIMEOUT_S and WEB_MAX_PAGE_BYTES.
+WEB_CORPUS_DIR = Path(env_str("WEB_CORPUS_DIR", str(VAR_DIR / "corpora")))
+WEB_CORPUS_DEFAULT = env_str("WEB_CORPUS_DEFAULT", "debian-docs")
+WEB_SEARXNG_URL = env_str("WEB_SEARXNG_URL")
+WEB_ALLOW_PRIVATE_TARGETS = env_bool("WEB_ALLOW_PRIVATE_TARGETS", False)
+WEB_RATE_PER_S = env_float("WEB_RATE_PER_S", 2.0)
+WEB_FETCH_TIMEOUT_S = env_float("WEB_FETCH_TIMEOUT_S", 15.0)
+WEB_MAX_PAGE_BYTES = env_int("WEB_MAX_PAGE_BYTES", 5_000_000)
 # REVIEW_JUDGE_RETRY_MINUTES, at most REVIEW_JUDGE_MAX_ATTEMPTS calls per review; its review
 # stays `judge_failed` (no score) until one succeeds.
 REVIEW_QUALITY_THRESHOLD = env_int("REVIEW_QUALITY_THRESHOLD", 80)
