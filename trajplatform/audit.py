@@ -69,6 +69,7 @@ ACTIONS: dict[str, str] = {
     "datasets.export_start": "an export of a dataset version (format, split) was queued",
     "datasets.export_finish": "an export file was completely written and renamed into place (checksum recorded)",
     "datasets.export_fail": "an export failed; no file was put in place",
+    "datasets.template_check": "a finished export was rendered through a chat template and checked (per-record report)",
 }
 
 

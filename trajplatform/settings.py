@@ -301,6 +301,10 @@ DATASET_DEDUP_THRESHOLD = env_float("DATASET_DEDUP_THRESHOLD", 0.92)
 DATASET_VALIDATION_FRACTION = env_float("DATASET_VALIDATION_FRACTION", 0.1)
 DATASET_EXPORT_CHUNK = env_int("DATASET_EXPORT_CHUNK", 2000)
 DATASET_EMBED_BATCH = env_int("DATASET_EMBED_BATCH", 64)
+# Chat templates named by `dataset_export --check-template NAME` (NAME.jinja) and benchmark test sets
+# named by decontamination (NAME.jsonl / NAME.txt): files an operator puts there, never downloaded.
+DATASET_CHAT_TEMPLATE_DIR = Path(env_str("DATASET_CHAT_TEMPLATE_DIR", str(VAR_DIR / "chat_templates")))
+DATASET_TESTSET_DIR = Path(env_str("DATASET_TESTSET_DIR", str(VAR_DIR / "testsets")))
 
 # --- REST API, webhooks, health, skills (trajplatform/api.py, webhooks.py, health.py, skills.py)
 API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "600/min")  # per API token (or per user for sessions)

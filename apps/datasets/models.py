@@ -223,3 +223,31 @@ class ExportJob(models.Model):
     @property
     def file_name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
+
+
+class TemplateCheck(models.Model):
+    """A finished export rendered through one chat template (templates.py); part of the version's card.
+
+    Written once by the template_check_record service and never changed.
+    """
+
+    version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="template_checks")
+    export = models.ForeignKey(ExportJob, on_delete=models.PROTECT, related_name="template_checks")
+    template = models.CharField(max_length=200)
+    template_sha256 = models.CharField(max_length=64)
+    format = models.CharField(max_length=40)
+    records = models.PositiveIntegerField()
+    passed = models.PositiveIntegerField()
+    failed = models.PositiveIntegerField()
+    summary = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder,
+                               help_text="totals and the failing records with their problems")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="template_checks"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["version", "template", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.version} {self.format} through {self.template}: {self.passed}/{self.records}"

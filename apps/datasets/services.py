@@ -522,3 +522,38 @@ def _export_ready(job: ExportJob) -> None:
 
 def _job_actor(job: ExportJob) -> str:
     return "export job" if job.in_export_dir else "manage.py dataset_export"
+
+
+# --- rendered validation (chat templates) -------------------------------------------------------
+
+def template_check_run(*, job: ExportJob, template_name: str, actor: Any) -> Any:
+    """Render a finished export through a chat template and record the result (TemplateCheck + audit row).
+
+    Raises ExportError for an export that is not done, a format no template renders, or a
+    template that cannot be loaded; the check itself reads the file outside the transaction.
+    """
+    from apps.datasets import templates
+    from apps.datasets.models import TemplateCheck
+
+    _require(actor, EXPORT_PERMISSION, "checking an export against a chat template")
+    if job.status != ExportJob.Status.DONE:
+        raise ExportError(f"export #{job.pk} is {job.status}; only a finished export can be checked")
+    try:
+        template = templates.load_template(template_name)
+        report = templates.check_file(job.path, job.format, template)
+    except templates.TemplateError as exc:
+        raise ExportError(str(exc)) from None
+    except OSError as exc:
+        raise ExportError(f"cannot read {job.path}: {exc.strerror}") from None
+    summary = report.summary()
+    with transaction.atomic():
+        check = TemplateCheck.objects.create(
+            version=job.version, export=job, template=template.name, template_sha256=template.sha256,
+            format=job.format, records=summary["records"], passed=summary["passed"], failed=summary["failed"],
+            summary=summary, created_by=actor if _is_user(actor) else None,
+        )
+        audit_record("datasets.template_check", actor=actor, target=check,
+                     actor_repr=None if _is_user(actor) else "manage.py dataset_export",
+                     data={"export": job.pk, "template": template.name, "template_sha256": template.sha256,
+                           "records": summary["records"], "failed": summary["failed"]})
+    return check, report

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 from apps.datasets.cli import DatasetCommand, ProgressBar, get_version, resolve_user
 from apps.datasets.jobs import export_run
 from apps.datasets.models import ExportJob
-from apps.datasets.services import SPLITS, DatasetError, export_start
+from apps.datasets.services import SPLITS, DatasetError, export_start, template_check_run
 
 HELP = """\
 Export one split of a dataset version in one format to PATH, in this process.
@@ -22,6 +22,7 @@ An existing PATH is refused unless --force. The export is recorded (checksum, li
 excluded records) on the version page and in `dataset_stats`.
 """
 MAX_EXCLUDED_SHOWN = 20
+MAX_PROBLEMS_SHOWN = 5
 
 
 class Command(DatasetCommand):
@@ -35,6 +36,11 @@ class Command(DatasetCommand):
         parser.add_argument("--out", required=True, metavar="PATH", help="the file to write")
         parser.add_argument("--split", default="all", choices=SPLITS)
         parser.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
+        parser.add_argument("--check-template", action="append", default=[], metavar="NAME",
+                            help="after writing, render every line through this chat template (a .jinja file, a "
+                                 "tokenizer directory, or a name in DATASET_CHAT_TEMPLATE_DIR) and report per record: "
+                                 "nothing dropped, assistant mask, reasoning, round trip; repeatable; exit 1 if a "
+                                 "record fails (formats sft-trl, dpo-trl, dpo-step-trl, kto-trl, reward-trl)")
         parser.add_argument("--user", metavar="USERNAME", help="act as this user (their permissions apply)")
         parser.add_argument("--no-progress", action="store_true")
 
@@ -67,3 +73,24 @@ class Command(DatasetCommand):
             f"wrote {job.path}: {job.lines} lines, {job.bytes} bytes, {len(job.excluded)} excluded{resumed}"
         ))
         self.stdout.write(f"sha256 {job.sha256}")
+        failed = 0
+        for name in options["check_template"]:
+            try:
+                check, report = template_check_run(job=job, template_name=name, actor=actor)
+            except (DatasetError, PermissionDenied) as exc:
+                raise CommandError(f"--check-template {name}: {exc}") from None
+            for record in report.records:
+                if not record.ok:
+                    for problem in record.problems[:MAX_PROBLEMS_SHOWN]:
+                        self.stderr.write(f"{check.template}: line {record.line}: {problem}")
+                    if len(record.problems) > MAX_PROBLEMS_SHOWN:
+                        self.stderr.write(f"{check.template}: line {record.line}: ... and "
+                                          f"{len(record.problems) - MAX_PROBLEMS_SHOWN} more")
+            s = check.summary
+            reasoning = (f", reasoning kept in {s['reasoning_kept']} turn(s), stripped in {s['reasoning_stripped']}"
+                         if s["reasoning_kept"] or s["reasoning_stripped"] else "")
+            self.stdout.write(f"template {check.template} ({check.template_sha256[:12]}): {check.passed}/{check.records}"
+                              f" records pass; assistant mask {s['mask']}{reasoning}")
+            failed += check.failed
+        if failed:
+            raise CommandError(f"{failed} record check(s) failed against the chat template(s); the file is written")
