@@ -11,7 +11,9 @@ DEMO_ADMIN ?= admin
 DEMO_ADMIN_PASSWORD ?= trajplatform-demo
 # Debian packages: what running the platform needs, and what the test suite adds.
 APT_RUN := bubblewrap python3-pytest git
-APT_TEST := $(APT_RUN) postgresql chromium
+# The offline web's documents (manage.py corpus_build debian-docs --from debian; docs/web.md).
+APT_DEMO := python3.11-doc dict-foldoc dict-jargon
+APT_TEST := $(APT_RUN) $(APT_DEMO) postgresql chromium
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -21,7 +23,7 @@ export FASTMCP_SHOW_SERVER_BANNER := false
 export ADBUTILS_ADB_PATH ?= /bin/false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-test apt-run apt-test migrate demo serve worker offline-model test test-sqlite test-postgres _pytest check clean
+.PHONY: help install install-test apt-run apt-test apt-demo migrate demo serve worker offline-model test test-sqlite test-postgres _pytest check clean
 
 help:
 	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks"
@@ -46,6 +48,9 @@ apt-run:
 
 apt-test:
 	$(call apt_ensure,$(APT_TEST))
+
+apt-demo:
+	$(call apt_ensure,$(APT_DEMO))
 
 # torch first, from the local CPU wheel: an unpinned torch pulls gigabytes of CUDA.
 $(VENV)/.installed: requirements.lock

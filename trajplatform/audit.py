@@ -48,6 +48,7 @@ ACTIONS: dict[str, str] = {
     "engines.mcp_server_resnapshot": "a registered MCP server's tools/list was taken again in a sandbox (hashes recorded)",
     "engines.mcp_server_set_enabled": "a registered MCP server was enabled or disabled",
     "tasks.iteration_start": "an iteration of a task started: its trajectories were queued for the workers",
+    "engines.corpus_build": "an offline-web corpus was built (or rebuilt) and registered with its licences",
     "tasks.tasks_enqueue": "queued tasks (e.g. a whole batch) were started in one go",
     "tasks.iteration_finish": "every trajectory of a task's iteration ended; the task moved on to review",
     "tasks.rollout_retry": "a trajectory ended in a retryable error (LLM 5xx/429, lost sandbox) and was queued again",

@@ -252,3 +252,32 @@ class McpServer(models.Model):
     @property
     def deny_tools(self) -> list[str]:
         return list(self.spec.get("deny_tools") or [])
+
+
+class Corpus(models.Model):
+    """One built offline-web corpus (apps/engines/web/corpus.py): where its file is and what it holds.
+
+    Written by `apps.engines.web.services.corpus_register` after `manage.py corpus_build` (one
+    audit row per build); the admin shows rows read-only. `licences` (one entry per source: name,
+    licence, attribution, copyright file) travel into the data card of a dataset built on it.
+    """
+
+    name = models.CharField(max_length=64, unique=True)
+    path = models.CharField(max_length=500, help_text="the SQLite file (under WEB_CORPUS_DIR)")
+    sha256 = models.CharField(max_length=64, help_text="of the file as built")
+    pages = models.PositiveIntegerField(default=0)
+    links = models.PositiveIntegerField(default=0, help_text="resolved links between its pages")
+    bytes = models.PositiveBigIntegerField(default=0)
+    sources = models.JSONField(default=dict, blank=True, help_text="pages per source")
+    inputs = models.JSONField(default=list, blank=True, help_text="what it was built from (--from ...)")
+    licences = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
+    build_seconds = models.FloatField(default=0.0)
+    built_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "corpora"
+
+    def __str__(self) -> str:
+        return self.name

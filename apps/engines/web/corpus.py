@@ -534,10 +534,5 @@ def _open_cached(name: str) -> Corpus:
     return corpus
 
 
-def corpus_licences(name: str) -> list[dict[str, str]]:
-    """The licences recorded in a built corpus (for data cards)."""
-    return Corpus.named(name).licences
-
-
 def content_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,0 +1,82 @@
+"""Writes about corpora: building one and registering it (one audit row per build).
+
+`corpus_build(name, inputs, ...)` reads the inputs, writes the corpus file (apps.engines.web.corpus)
+and registers it in the `Corpus` table; the file is written before the transaction (a rollback
+leaves a file that a rebuild replaces), the row and the audit row inside it.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.engines.models import Corpus
+from apps.engines.web import corpus as C
+from trajplatform.audit import audit_record
+
+DEBIAN = "debian"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def corpus_inputs(inputs: list[str], *, base_url: str = "", licence: str = "") -> tuple[Iterator[C.Document], list[dict[str, str]]]:
+    """The documents and licences of `--from` inputs: "debian", a directory (needs `base_url`) or a .jsonl file.
+
+    A directory or JSONL needs `licence` (what the operator says it is under): a corpus
+    without a recorded licence cannot be carried into a data card."""
+    licences: list[dict[str, str]] = []
+    sources: list[Iterator[C.Document]] = []
+    for item in inputs:
+        if item == DEBIAN:
+            sources.append(C.iter_debian())
+            licences += C.DEBIAN_LICENCES
+            continue
+        path = Path(item)
+        if not licence:
+            raise C.CorpusError(f"--from {item}: say what licence its documents are under (--licence)")
+        if path.is_dir():
+            if not base_url:
+                raise C.CorpusError(f"--from {item}: a directory needs --base-url (the URL its files are served at)")
+            sources.append(C.iter_directory(path, base_url))
+            licences.append({"source": path.name, "name": str(path), "licence": licence})
+        elif path.is_file() and path.suffix == ".jsonl":
+            sources.append(C.iter_jsonl(path))
+            licences.append({"source": path.stem, "name": str(path), "licence": licence})
+        else:
+            raise C.CorpusError(f"--from {item}: not 'debian', a directory or a .jsonl file")
+
+    def chain() -> Iterator[C.Document]:
+        for source in sources:
+            yield from source
+
+    return chain(), licences
+
+
+def corpus_build(*, name: str, inputs: list[str], base_url: str = "", licence: str = "", actor: Any = None,
+                 actor_repr: str | None = None) -> tuple[Corpus, C.BuildReport]:
+    """Build the corpus `name` from `inputs` and register it (CorpusError for bad inputs; nothing written)."""
+    path = C.corpus_path(name)
+    documents, licences = corpus_inputs(inputs, base_url=base_url, licence=licence)
+    report = C.build_corpus(name, documents, licences=licences, path=path)
+    sha256 = _file_sha256(report.path)
+    with transaction.atomic():
+        row, created = Corpus.objects.select_for_update().update_or_create(name=name, defaults={
+            "path": str(report.path), "sha256": sha256, "pages": report.pages, "links": report.links,
+            "bytes": report.bytes, "sources": report.sources, "inputs": list(inputs), "licences": licences,
+            "build_seconds": round(report.seconds, 3), "built_at": timezone.now(),
+        })
+        audit_record("engines.corpus_build", actor=actor, actor_repr=actor_repr, target=row, data={
+            "created": created, "inputs": list(inputs), "pages": report.pages, "links": report.links,
+            "dropped_links": report.dropped_links, "sha256": sha256, "licences": [l["licence"] for l in licences],
+        })
+    return row, report
+
