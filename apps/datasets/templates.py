@@ -2,7 +2,7 @@
 
 Format rules (exporters/) say a line is well formed; this says whether a model's chat template
 trains on what the line meant. Each conversation of a line (sft-trl: its messages; dpo-trl and
-dpo-step-trl: prompt + chosen and prompt + rejected; kto-trl and reward-trl: prompt + completion)
+dpo-step-trl: prompt + chosen and prompt + rejected; kto-trl and reward-score: prompt + completion)
 goes through transformers' own `apply_chat_template` with the line's tools, and is checked for:
 
 * **nothing dropped**: the system and user texts, every tool result, every assistant text, every
@@ -39,7 +39,7 @@ import orjson
 from django.conf import settings
 
 # Formats whose lines hold conversations a chat template renders (tool-call arguments as objects).
-CHECKABLE_FORMATS = ("sft-trl", "dpo-trl", "dpo-step-trl", "kto-trl", "reward-trl")
+CHECKABLE_FORMATS = ("sft-trl", "dpo-trl", "dpo-step-trl", "kto-trl", "reward-score")
 _CONTROL = re.compile(r"<\|[^|<>\s]{1,40}\|>|<｜[^｜<>\s]{1,40}｜>")
 MAX_PROBLEMS = 8
 
@@ -316,7 +316,7 @@ def conversations_of(fmt: str, line: dict[str, Any]) -> list[tuple[str, list[dic
     if fmt in ("dpo-trl", "dpo-step-trl"):
         return [("prompt+chosen", line["prompt"] + line["chosen"]),
                 ("prompt+rejected", line["prompt"] + line["rejected"])]
-    if fmt in ("kto-trl", "reward-trl"):
+    if fmt in ("kto-trl", "reward-score"):
         return [("prompt+completion", line["prompt"] + line["completion"])]
     raise TemplateError(f"format {fmt!r} cannot be checked against a chat template; "
                         f"one of: {', '.join(CHECKABLE_FORMATS)}")

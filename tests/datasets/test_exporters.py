@@ -49,6 +49,9 @@ def pair(make_task: Any) -> tuple[Any, Any]:
 @pytest.mark.parametrize("fmt", SINGLE)
 def test_every_single_record_format_writes_valid_lines(fmt: str, pair: tuple[Any, Any]) -> None:
     good, bad = pair
+    if fmt == "reward-score":  # its lines carry a review score
+        make_review(good, overall=80)
+        make_review(bad, overall=20)
     result, lines, data = export(fmt, [good.pk, bad.pk])
     per_task = FORMATS[fmt].one_per_task
     assert result.lines == len(lines) == (1 if per_task else 2)
@@ -459,6 +462,7 @@ def test_exports_redact_secrets_keys_and_optionally_pii(make_task: Any) -> None:
                               "Authorization: Bearer abc.def.ghijklmnop\n"
                               f"{key}\nmail ana@example.org or call +1 415-555-0100")
     leaky = make_trajectory(task, messages=messages, steps=steps)
+    make_review(leaky, overall=50)  # reward-score's lines carry a review score
     for fmt in SINGLE:
         _, _, data = export(fmt, [leaky.pk])
         text = data.decode()

@@ -5,7 +5,8 @@
     validate_line("sharegpt", obj)                         # the consumer's rules, [] = valid
 
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
-sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py). Every line is redacted (configured secrets, API-key shapes, bearer
+sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), dpo-step-trl (stepdpo.py), kto-trl and
+reward-score (kto.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
 that cannot be rendered or whose line fails its validator is not written and is listed in
 `ExportResult.excluded` with the reason, so a file is never half-valid. Lines are serialized
@@ -25,7 +26,7 @@ from django.conf import settings
 
 from trajplatform.redaction import redact, secret_values
 
-from . import dpo, formats, toucan
+from . import dpo, formats, kto, stepdpo, toucan
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
@@ -82,6 +83,13 @@ _ALL = [
              "target_tools, question_quality_assessment, response_quality_assessment (judge completeness/"
              "conciseness 1-5, tool-call accuracy, rule filter), metadata", toucan.render_toucan,
              toucan.validate_toucan),
+    Exporter("dpo-step-trl", "1", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
+             "= the single assistant turns where they first diverge, tools, metadata (both ids, prefix length, "
+             "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),
+    Exporter("kto-trl", "1", False, "TRL KTO, unpaired: prompt, completion, label (human verdict, else verifier "
+             "outcome), tools", kto.render_kto, kto.validate_kto),
+    Exporter("reward-score", "1", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
+             "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
 ]
 FORMATS: dict[str, Exporter] = {e.name: e for e in _ALL}
 

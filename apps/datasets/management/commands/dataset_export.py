@@ -40,7 +40,7 @@ class Command(DatasetCommand):
                             help="after writing, render every line through this chat template (a .jinja file, a "
                                  "tokenizer directory, or a name in DATASET_CHAT_TEMPLATE_DIR) and report per record: "
                                  "nothing dropped, assistant mask, reasoning, round trip; repeatable; exit 1 if a "
-                                 "record fails (formats sft-trl, dpo-trl, dpo-step-trl, kto-trl, reward-trl)")
+                                 "record fails (formats sft-trl, dpo-trl, dpo-step-trl, kto-trl, reward-score)")
         parser.add_argument("--user", metavar="USERNAME", help="act as this user (their permissions apply)")
         parser.add_argument("--no-progress", action="store_true")
 
