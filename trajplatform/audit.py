@@ -36,6 +36,7 @@ ACTIONS: dict[str, str] = {
     "tasks.task_create": "a task was created",
     "tasks.task_cancel": "a task was cancelled",
     "tasks.task_requeue": "a finished task was queued again",
+    "tasks.trajectory_attach": "an episode run elsewhere (search2qa's solver) was stored as a task's queued trajectory",
     "engines.sandbox_destroy": "an operator destroyed a sandbox from the console",
     "engines.sandbox_reap": "the reconciler destroyed a sandbox nobody owned, whose owner finished or whose TTL passed",
     "engines.envscaler_import": "EnvScaler environments and scenarios were validated and imported as a batch of tasks",

@@ -105,6 +105,12 @@ class EpisodeContext:
         return self._host.sandbox
 
     @property
+    def trajectory(self) -> Any:
+        """The Trajectory row the episode is stored on (a sub-episode: its parent's); None when the
+        caller runs the loop without one (tests, bench). Read it; write through the task services."""
+        return self._host.trajectory
+
+    @property
     def llm(self) -> Any:
         """The episode's LLM client, for a runtime's own model call (e.g. a page reader); count
         it with `count_model_call` so the episode's tokens and cost include it."""
@@ -221,6 +227,7 @@ RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
     "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
+    "search2qa": "apps.engines.search2qa.runtime:Search2QARuntime",
 }
 _instances: dict[str, SceneRuntime] = {}
 

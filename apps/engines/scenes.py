@@ -91,18 +91,29 @@ SCENES: dict[str, Scene] = {
         Scene(
             "search2qa",
             "Search2QA (multi-hop QA synthesis)",
-            "Explore sources from a seed with search and crawl tools, emit a hard single-answer "
-            "question, evolve it, and rewrite the trace into an answering trajectory.",
+            "A QA factory: explore the web from a seed and propose a multi-hop question, evolve it "
+            "(long-to-short), check it in code, test it on a no-tool and a deep_search solver, and emit a "
+            "deep_search task with the passing solver's run (apps/engines/search2qa, docs/search2qa.md).",
             _obj(
                 {
-                    "seed": _STR,
+                    "seed": {"type": "string", "minLength": 1},
                     "qa_mode": {"enum": ["question", "answer"]},
                     "max_evolutions": {"type": "integer", "minimum": 0, "maximum": 5},
                     "enable_evolution": {"type": "boolean"},
-                    "enable_rewrite": {"type": "boolean"},
-                }
+                    "web": _obj({"backend": {"enum": ["corpus", "live"]}, "corpus": _STR}),
+                    "difficulty_check": {"enum": ["off", "no_tool", "full"]},
+                    "uniqueness_check": {"type": "boolean"},
+                    "max_answer_words": {"type": "integer", "minimum": 1, "maximum": 50},
+                    "min_sources": {"type": "integer", "minimum": 1, "maximum": 10},
+                    "quote_match": {"type": "number", "minimum": 0.5, "maximum": 1},
+                    "stage_max_steps": {"type": "integer", "minimum": 1, "maximum": 100},
+                    "solver_max_steps": {"type": "integer", "minimum": 1, "maximum": 100},
+                    "emit": {"type": "boolean"},
+                    "output_batch": {"type": "string", "minLength": 1, "maxLength": 200},
+                },
+                required=("seed",),
             ),
-            defaults={"qa_mode": "question", "max_evolutions": 2, "enable_evolution": True, "enable_rewrite": True},
+            defaults={"qa_mode": "question", "max_evolutions": 2, "enable_evolution": True, "difficulty_check": "full"},
             required_params=("seed", "qa_mode"),
         ),
         Scene(

@@ -815,6 +815,36 @@ def task_retry(*, task: Task, actor: Any, reason: str = "") -> Task:
     return task_requeue(task=task, actor=actor, reason=reason)
 
 
+def trajectory_attach_episode(*, task: Task, result: Any, source: dict[str, Any], actor: Any = None) -> "Trajectory":
+    """Store an episode that already ran elsewhere (search2qa's deep_search solver) as the one queued
+    trajectory of the task's current iteration, as a rollout worker would: claimed by compare-and-swap,
+    then finished (`trajectories_finish`: the iteration ends and its review is enqueued on commit).
+    `source` (what ran it: scene, task, trajectory) is stored in the audit row. Refused
+    (TransitionError) unless the task's current iteration has exactly one trajectory, still queued."""
+    import secrets
+
+    from apps.tasks.models import Trajectory
+
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        rows = list(Trajectory.objects.filter(task=task, iteration=task.current_iteration).values_list("pk", "status"))
+        if len(rows) != 1 or rows[0][1] != Trajectory.Status.QUEUED:
+            raise TransitionError(f"task {task.pk}: iteration {task.current_iteration} has {len(rows)} trajectories "
+                                  f"({', '.join(sorted({s for _, s in rows})) or 'none'}); an episode is attached "
+                                  "only to a single queued one")
+        token, now = secrets.token_hex(16), timezone.now()
+        pk = rows[0][0]
+        if not Trajectory.objects.filter(pk=pk, status=Trajectory.Status.QUEUED).update(
+                status=Trajectory.Status.RUNNING, worker=f"attached:{source.get('scene', '')}"[:200],
+                claim_token=token, started_at=now, heartbeat_at=now):
+            raise TransitionError(f"trajectory {pk} was claimed meanwhile")
+        stored = trajectories_finish([{"trajectory_id": pk, "claim_token": token, "result": result}])[0]
+        audit_record("tasks.trajectory_attach", actor=actor, target=stored,
+                     data={"task": task.pk, "iteration": task.current_iteration, "outcome": stored.outcome,
+                           "reward": stored.reward, "source": source})
+    return stored
+
+
 # --- the console's controls for whole batches --------------------------------------------------
 
 
