@@ -166,6 +166,13 @@ class EpisodeResult:
     cached_calls: int = 0
     duration_ms: int = 0
     sandbox: dict[str, Any] = field(default_factory=dict)  # id, backend, record_id, downgrades, destroyed
+    # The sub-episodes it ran (EpisodeContext.run_subepisode with keep=True), stored with it as
+    # child trajectories; on a sub-episode's own result: who it was and where it ran from.
+    subepisodes: list["EpisodeResult"] = field(default_factory=list)
+    label: str = ""  # "coder#0": the parent's name for it
+    role: str = ""  # the role that acted (config "role"), else the label's name
+    parent_step: int | None = None  # the parent's step that ran it; None from its verifier
+    config: dict[str, Any] = field(default_factory=dict)  # a sub-episode's config
 
 
 class _Stop(Exception):
@@ -698,7 +705,8 @@ class _Episode:
 
     # -- sub-episodes (EpisodeContext.arun_subepisode; runtime.py says what passes down)
 
-    async def subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True) -> EpisodeResult:
+    async def subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True,
+                         keep: bool = True) -> EpisodeResult:
         label = str(label or "sub")
         n = self.subepisodes.get(label, 0)
         self.subepisodes[label] = n + 1
@@ -729,7 +737,12 @@ class _Episode:
         )
         child.replay_of = self.replay_of
         await self.emit("system", f"sub-episode {name} starting ({config.get('scene')})", {"sub": name})
+        parent_step = len(self.result.steps) if self.in_agent_loop else None  # the step running it
         result = await child.run()
+        result.label, result.role, result.parent_step = name, str(config.get("role") or label), parent_step
+        result.config = config
+        if keep:
+            self.result.subepisodes.append(result)
         for key in ("llm_calls", "cached_calls", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd"):
             setattr(self.result, key, getattr(self.result, key) + getattr(result, key))
         self.left_cache = self.left_cache or child.left_cache

@@ -26,6 +26,7 @@ and runs sub-episodes of the same loop:
     result = ctx.run_subepisode(child_config, label="explore")      # from a hook in a worker thread
     result = await ctx.arun_subepisode(child_config, label="solve")  # from aexecute_tool
 
+`ctx.all_steps` adds the steps of the sub-episodes (after the step that ran them).
 A sub-episode is one more episode of the shared loop (apps/engines/agent.py) with its own
 config (scene, prompt, tools, limits): cancellation and the LLM client pass down, its live log
 goes to the parent's (prefixed with its label), its model calls are cached under the parent's
@@ -34,8 +35,9 @@ token budget is what is left of the parent's, its wall clock is bounded by what 
 parent's while the parent's agent loop runs, and its tokens and cost are added to the parent's
 totals. With `share_sandbox` (the default) and the parent's scene it works in the parent's
 sandbox (set up once, destroyed with the parent); otherwise it makes its own. It returns the
-child's `EpisodeResult`; what of it the parent records is the caller's choice (a step's
-`ToolResult.extra`, or the verifier output).
+child's `EpisodeResult`; it is kept on the parent's result (`subepisodes`) and stored with it as
+a child trajectory (apps.tasks.models.Trajectory.parent) unless `keep=False`; what else of it
+the parent records is the caller's choice (a step's `ToolResult.extra`, the verifier output).
 
 Errors a runtime raises say whose fault they are: `ToolError` is the agent's (a missing
 file, a bad path: the message goes back to the model as the tool's result);
@@ -120,13 +122,28 @@ class EpisodeContext:
         """Add a runtime's own model call (an `llm.ChatResult`) to the episode's totals."""
         self._host.count_model_call(chat)
 
-    async def arun_subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True) -> Any:
-        """Run a sub-episode of the shared loop (see the module docstring); its EpisodeResult."""
+    @property
+    def subepisodes(self) -> list[Any]:
+        """The EpisodeResults of the sub-episodes this episode kept so far, in the order they ended."""
+        return self._host.result.subepisodes
+
+    @property
+    def all_steps(self) -> list[dict[str, Any]]:
+        """The episode's steps and, after each step that ran sub-episodes, theirs (recursively):
+        everything the episode did, e.g. for a verifier asking which pages were opened."""
+        return _with_children(self._host.result)
+
+    async def arun_subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True,
+                              keep: bool = True) -> Any:
+        """Run a sub-episode of the shared loop (see the module docstring); its EpisodeResult.
+        With `keep` it is stored with the episode as a child trajectory (role: config "role",
+        else the label); without, only what the caller records of it remains."""
         if self.depth >= MAX_SUBEPISODE_DEPTH:
             raise ToolError(f"sub-episodes nest at most {MAX_SUBEPISODE_DEPTH} deep")
-        return await self._host.subepisode(config, label=label, share_sandbox=share_sandbox)
+        return await self._host.subepisode(config, label=label, share_sandbox=share_sandbox, keep=keep)
 
-    def run_subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True) -> Any:
+    def run_subepisode(self, config: dict[str, Any], *, label: str, share_sandbox: bool = True,
+                       keep: bool = True) -> Any:
         """`arun_subepisode` for a hook running in a worker thread (execute_tool, verify):
         blocks until the sub-episode ends. Not callable on the episode's event loop itself."""
         loop = self._host.loop
@@ -137,8 +154,23 @@ class EpisodeContext:
         if running is loop:
             raise RuntimeError("run_subepisode blocks: on the event loop, await arun_subepisode instead")
         future = asyncio.run_coroutine_threadsafe(
-            self.arun_subepisode(config, label=label, share_sandbox=share_sandbox), loop)
+            self.arun_subepisode(config, label=label, share_sandbox=share_sandbox, keep=keep), loop)
         return future.result()
+
+
+def _with_children(result: Any) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    children: dict[int | None, list[Any]] = {}
+    for child in result.subepisodes:
+        children.setdefault(child.parent_step, []).append(child)
+    for step in result.steps:
+        steps.append(step)
+        for child in children.pop(step.get("index"), []):
+            steps.extend(_with_children(child))
+    for rest in children.values():  # run by the verifier, or by a step that did not finish
+        for child in rest:
+            steps.extend(_with_children(child))
+    return steps
 
 
 _current: contextvars.ContextVar[EpisodeContext] = contextvars.ContextVar("trajplatform_episode")
@@ -227,7 +259,7 @@ RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
     "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
-    "search2qa": "apps.engines.search2qa.runtime:Search2QARuntime",
+    "multi_agent": "apps.engines.multi_agent:MultiAgentRuntime",
 }
 _instances: dict[str, SceneRuntime] = {}
 

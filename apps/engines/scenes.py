@@ -7,6 +7,7 @@ whole platform uses (model choices, import validation, the API's /scenes).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ class Scene:
     config_schema: dict[str, Any]
     defaults: dict[str, Any] = field(default_factory=dict)
     required_params: tuple[str, ...] = ()
+    # Rules the schema cannot say: "module:function", given the config (schema-valid, defaults
+    # filled in), returning (field, reason) pairs; imported on use.
+    check: str = ""
 
     def validator(self) -> Draft202012Validator:
         return Draft202012Validator(self.config_schema)
@@ -176,8 +180,33 @@ SCENES: dict[str, Scene] = {
         Scene(
             "multi_agent",
             "Multi-agent",
-            "Several agents with their own roles and tools coordinate on one task.",
-            _obj({"roles": {"type": "array", "items": {"type": "object"}}}),
+            "Several roles act in one base scene's environment (its sandbox, tools and verifier): a lead "
+            "delegates to roles run as sub-episodes, or leads a round-robin discussion; each role's view "
+            "is stored as a child trajectory (apps/engines/multi_agent.py, docs/multi_agent.md).",
+            _obj(
+                {
+                    "base_scene": _STR,
+                    "base_config": {"type": "object"},
+                    "protocol": {"enum": ["delegate", "round_robin"]},
+                    "roles": {"type": "array", "minItems": 1, "items": _obj({
+                        "name": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9_-]{0,39}$"},
+                        "system_prompt": _STR,
+                        "description": _STR,
+                        "tools": _STR_LIST,
+                        "model": _STR,
+                        "max_steps": {"type": "integer", "minimum": 1, "maximum": 200},
+                        "trainable": {"type": "boolean"},
+                    }, required=("name",))},
+                    "lead": _STR,
+                    "max_rounds": {"type": "integer", "minimum": 1, "maximum": 20},
+                    "consensus": {"enum": ["none", "all_agree"]},
+                    "acting_role": _STR,
+                },
+                required=("base_scene", "roles", "lead"),
+            ),
+            defaults={"protocol": "delegate", "base_config": {}},
+            required_params=("base_scene", "roles", "lead"),
+            check="apps.engines.multi_agent:check_config",
         ),
     ]
 }
@@ -210,4 +239,10 @@ def validate_scene_config(scene_id: str, config: Any) -> dict[str, Any]:
         raise SceneConfigError(
             [("config" + "".join(f".{p}" for p in e.absolute_path), e.message) for e in errors]
         )
-    return {**scene.defaults, **config}
+    config = {**scene.defaults, **config}
+    if scene.check:
+        module, _, function = scene.check.partition(":")
+        problems = getattr(importlib.import_module(module), function)(config)
+        if problems:
+            raise SceneConfigError(problems)
+    return config

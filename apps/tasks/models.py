@@ -161,10 +161,29 @@ class TrajectoryStatus(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
 
 
+class TopLevelTrajectories(models.Manager):
+    """`Trajectory.objects`: the episodes the platform schedules, claims, reviews and counts.
+    The sub-episodes stored under one of them (`parent` set: a multi_agent role's view, a
+    search2qa stage) are reached through `Trajectory.all_objects` or `trajectory.subtrajectories()`."""
+
+    def get_queryset(self) -> models.QuerySet:
+        return super().get_queryset().filter(parent__isnull=True)
+
+
 class Trajectory(models.Model):
-    """One agent episode for one task iteration and sample."""
+    """One agent episode for one task iteration and sample, or (with `parent`) a sub-episode of one.
+
+    A sub-episode of the shared loop (apps.engines.runtime.EpisodeContext.run_subepisode) is
+    stored, when its episode is, as a child trajectory: the parent's task, iteration and sample,
+    its own messages, tools and steps, the `role` that acted and the `label` the parent's log and
+    steps name it by ("coder#0"; nested ones "coder#0/tester#1"), and `parent_step`, the index of
+    the parent's step that ran it (None when the parent's verifier did). Children are final when
+    stored and never claimed; `Trajectory.objects` leaves them out, so every count, claim and
+    review of a task's episodes stays what it was."""
 
     Status = TrajectoryStatus
+    objects = TopLevelTrajectories()
+    all_objects = models.Manager()
     FINAL = frozenset({Status.FINISHED, Status.CANCELLED})
 
     class Outcome(models.TextChoices):
@@ -176,6 +195,12 @@ class Trajectory(models.Model):
     # primary keys repeat across databases, a UUID does not.
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="trajectories")
+    # related_name "+": the reverse manager would filter through TopLevelTrajectories and find no
+    # children; use subtrajectories().
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    role = models.CharField(max_length=100, blank=True)
+    label = models.CharField(max_length=200, blank=True)
+    parent_step = models.IntegerField(null=True, blank=True)
     iteration = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)])
     sample_index = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
@@ -222,7 +247,10 @@ class Trajectory(models.Model):
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "trajectories"
         constraints = [
-            models.UniqueConstraint(fields=["task", "iteration", "sample_index"], name="trajectory_unique_sample"),
+            models.UniqueConstraint(fields=["task", "iteration", "sample_index"], condition=Q(parent__isnull=True),
+                                    name="trajectory_unique_sample"),
+            models.UniqueConstraint(fields=["parent", "label"], condition=Q(parent__isnull=False),
+                                    name="trajectory_unique_child_label"),
             models.CheckConstraint(condition=Q(iteration__gte=1), name="trajectory_iteration_ge_1"),
             models.CheckConstraint(
                 condition=Q(status="finished", outcome__in=["success", "failure", "error"])
@@ -239,6 +267,10 @@ class Trajectory(models.Model):
 
     def __str__(self) -> str:
         return f"trajectory #{self.pk} ({self.task_id} it{self.iteration}/s{self.sample_index})"
+
+    def subtrajectories(self) -> models.QuerySet:
+        """The sub-episodes stored under this trajectory (not their own children), in order."""
+        return Trajectory.all_objects.filter(parent=self).order_by("id")
 
     def content(self) -> dict[str, Any]:
         """What the content hash covers: the training-relevant record, not bookkeeping."""

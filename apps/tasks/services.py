@@ -474,6 +474,10 @@ def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]
         # Not the episodes just written (they can be megabytes of JSON to decode again): callers
         # want their state; a deferred field still loads if one is read.
         stored = Trajectory.objects.defer(*_EPISODE_FIELDS).in_bulk(claimed)
+        for item in items:
+            result = item.get("result")
+            if item["trajectory_id"] in stored and getattr(result, "subepisodes", None):
+                _store_subepisodes(stored[item["trajectory_id"]], result.subepisodes, now)
         notes = {
             item["trajectory_id"]: [("system", f"stored with {sum(replaced.values())} character(s) that cannot be "
                                     "stored (NUL bytes, lone surrogates) replaced by U+FFFD", {REPLACED_CHARS: replaced})]
@@ -499,6 +503,24 @@ def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]
 
 
 _EPISODE_FIELDS = ("messages", "tools", "steps", "verifier_output", "config_snapshot")
+
+
+def _store_subepisodes(parent: Any, results: list[Any], now: Any) -> None:
+    """Inside the finishing transaction: a stored episode's sub-episodes (EpisodeResult.subepisodes)
+    as its child trajectories, theirs under them; final, never claimed (Trajectory.parent)."""
+    from apps.tasks.models import Trajectory
+
+    for result in results:
+        values, _ = _storable_result_fields(result, "")
+        child = Trajectory.all_objects.create(
+            task_id=parent.task_id, iteration=parent.iteration, sample_index=parent.sample_index, parent=parent,
+            role=str(result.role)[:100], label=str(result.label)[:200], parent_step=result.parent_step,
+            config_snapshot=storable(dict(result.config or {})), worker=parent.worker,
+            started_at=now - timedelta(milliseconds=max(0, int(result.duration_ms or 0))), finished_at=now,
+            **values,
+        )
+        if result.subepisodes:
+            _store_subepisodes(child, result.subepisodes, now)
 
 
 def _maybe_finish_iteration(task: Task | None, iteration: int) -> None:

@@ -1,0 +1,181 @@
+"""The multi_agent scene on the real loop: roles as sub-episodes over code_exec's sandbox and
+verifier, driven by the offline scripted model; the sub-episodes stored as child trajectories."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apps.engines.offline_model import running_offline_model
+from apps.engines.scenes import SceneConfigError, validate_scene_config
+from apps.tasks import jobs
+from apps.tasks.models import Task, Trajectory
+from apps.tasks.services import task_start_iteration, trajectories_finish
+from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
+
+PROMPT = "[team] Write add.py with add(a, b) returning the sum, and check it."
+CODER = "[coder] Write add.py with a function add(a, b) that returns a + b."
+TESTER = "[tester] Run python3 -c 'from add import add; print(add(2, 3))' and report what it prints."
+VERIFIER = {"files": {"test_add.py": "from add import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"},
+            "command": "python3 -m pytest -q"}
+ROLES = [
+    {"name": "planner", "system_prompt": "You plan and delegate; you do not write code.", "tools": ["read_file"]},
+    {"name": "coder", "description": "writes code", "tools": ["write_file", "read_file", "run_shell"], "max_steps": 4},
+    {"name": "tester", "description": "runs checks", "tools": ["run_shell"], "trainable": False},
+]
+
+
+def scene_config(**over: Any) -> dict[str, Any]:
+    return {"base_scene": "code_exec", "base_config": {"verifier": VERIFIER}, "roles": ROLES, "lead": "planner",
+            **over}
+
+
+def scripts(body: str = "def add(a, b):\n    return a + b\n") -> list[dict[str, Any]]:
+    return [
+        {"id": "lead", "prompt": PROMPT, "reference_solution": [
+            call("delegate", "the coder writes it", role="coder", instruction=CODER),
+            call("delegate", role="tester", instruction=TESTER),
+            call("finish", answer="add.py is written and prints 5 for add(2, 3)"),
+        ]},
+        {"id": "coder", "prompt": CODER, "reference_solution": [
+            call("write_file", path="add.py", content=body),
+            call("finish", answer="wrote add.py"),
+        ]},
+        {"id": "tester", "prompt": TESTER, "reference_solution": [
+            call("run_shell", command="python3 -c 'from add import add; print(add(2, 3))'"),
+            call("finish", answer="it prints 5"),
+        ]},
+    ]
+
+
+def config(**over: Any) -> dict[str, Any]:
+    return config_for(PROMPT, scene_config(**over), scene="multi_agent")
+
+
+def test_the_lead_delegates_to_roles_that_act_in_its_sandbox_and_the_base_verifier_decides() -> None:
+    with running_offline_model(scripts=scripts()) as server:
+        result = run(config(), client(server.url))
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    assert [s["tool"] for s in result.steps] == ["delegate", "delegate", "finish"]
+    assert result.steps[0]["output"] == "wrote add.py"
+    assert result.steps[1]["subagent"] == {"role": "tester", "label": "tester#0", "outcome": "success",
+                                           "reason": "finished (no verifier)", "steps": 2,
+                                           "total_tokens": result.subepisodes[1].total_tokens}
+    # Each role saw its own tools: the lead read_file + delegate + finish, the tester run_shell + finish.
+    assert [t["function"]["name"] for t in result.tools] == ["read_file", "delegate", "finish"]
+    coder, tester = result.subepisodes
+    assert [t["function"]["name"] for t in tester.tools] == ["run_shell", "finish"]
+    assert tester.steps[0]["output"].rstrip().endswith("5")  # the coder's file, in the same sandbox
+    assert coder.messages[0]["content"].startswith("You are the coder of a team.")
+    facts = result.verifier_output["multi_agent"]
+    assert facts["roles_never_acted"] == [] and facts["shared_reward"] == 1.0
+    assert [(d["role"], d["outcome"]) for d in facts["delegations"]] == [("coder", "success"), ("tester", "success")]
+    assert result.verifier_output["passed"] == 1  # code_exec's pytest verifier
+
+
+def test_a_wrong_role_makes_the_shared_reward_zero() -> None:
+    with running_offline_model(scripts=scripts(body="def add(a, b):\n    return a - b\n")) as server:
+        result = run(config(), client(server.url))
+    assert (result.outcome, result.reward) == ("failure", 0.0)
+    assert result.verifier_output["multi_agent"]["shared_reward"] == 0.0
+
+
+def test_a_role_that_runs_out_of_steps_is_reported_to_the_lead_as_the_tools_result() -> None:
+    lazy = scripts()
+    lazy[1]["reference_solution"] = [call("read_file", path="nothing.txt")] * 5
+    with running_offline_model(scripts=lazy) as server:
+        result = run(config(), client(server.url))
+    assert result.steps[0]["output"].startswith("coder did not finish (failure: max_steps (4) reached")
+    assert result.steps[0]["subagent"]["outcome"] == "failure"
+    assert result.reward == 0.0  # nobody wrote add.py
+
+
+def test_a_role_naming_a_tool_the_base_scene_lacks_is_a_config_error() -> None:
+    roles = [dict(ROLES[0]), {"name": "coder", "tools": ["write_file", "browse"]}]
+    with running_offline_model(scripts=scripts()) as server:
+        result = run(config(roles=roles), client(server.url))
+    assert (result.outcome, result.error_kind, result.steps) == ("error", "config", [])
+    assert "role coder names tools the code_exec scene does not have: browse" in result.outcome_reason
+
+
+def test_cancel_reaches_the_roles() -> None:
+    asked = {"n": 0}
+
+    def should_cancel() -> bool:
+        asked["n"] += 1
+        return asked["n"] > 2  # the lead's first turn and the coder's first turn run, then stop
+
+    with running_offline_model(scripts=scripts()) as server:
+        result = run(config(), client(server.url), should_cancel=should_cancel)
+    assert result.cancelled and result.outcome == "error"
+    assert result.subepisodes[0].cancelled
+    assert len(result.steps) == 1 and "cancelled" in result.steps[0]["output"]
+
+
+def test_round_robin_every_role_takes_a_turn_and_consensus_is_reported() -> None:
+    prompt = "[rr] Agree on 6*7."
+    post = "Proposal: the answer is 42."
+    roles = [{"name": "moderator"}, {"name": "alice", "tools": ["run_shell"]}, {"name": "bob", "tools": []}]
+
+    def turn(role: str) -> str:
+        return f"[moderator] {post}\n\nIt is your turn, {role}."
+
+    rr_scripts = [
+        {"id": "lead", "prompt": prompt, "reference_solution": [
+            call("post", message=post), call("post", message="again?"), call("finish", answer="42")]},
+        {"id": "alice", "prompt": turn("alice"), "reference_solution": [
+            call("run_shell", command="echo $((6*7))"), call("say", message="42, checked", agree=True)]},
+        {"id": "bob", "prompt": f"[alice] 42, checked\n\nIt is your turn, bob.", "reference_solution": [
+            call("say", message="agreed", agree=True)]},
+    ]
+    cfg = config_for(prompt, {"base_scene": "code_exec", "protocol": "round_robin", "roles": roles,
+                              "lead": "moderator", "max_rounds": 1, "consensus": "all_agree"}, scene="multi_agent")
+    with running_offline_model(scripts=rr_scripts) as server:
+        result = run(cfg, client(server.url))
+    assert result.outcome == "success", result.outcome_reason
+    first, again, _ = result.steps
+    assert first["output"] == "[alice] 42, checked\n\n[bob] agreed\n\nEvery role agrees: finish with the group's answer."
+    assert again["error"].startswith("the discussion has had its 1 rounds")
+    alice, bob = result.subepisodes
+    assert alice.steps[0]["output"].rstrip().endswith("42")
+    assert "[moderator] Proposal: the answer is 42." in bob.messages[1]["content"]  # broadcast, named
+    assert [t["function"]["name"] for t in bob.tools] == ["say"]
+    rounds = result.verifier_output["multi_agent"]["rounds"]
+    assert [(t["role"], t["agree"]) for t in rounds[0]["turns"]] == [("alice", True), ("bob", True)]
+
+
+def test_sub_episodes_are_stored_as_child_trajectories_that_task_counts_leave_out(make_task) -> None:
+    task = make_task(scene="multi_agent", prompt=PROMPT, scene_config=scene_config())
+    task_start_iteration(task=task)
+    [claim] = jobs.claim_trajectories(1, worker="w")
+    trajectory = claim.trajectory
+    with running_offline_model(scripts=scripts()) as server:
+        result = run(trajectory.config_snapshot, client(server.url))
+    [stored] = trajectories_finish([{"trajectory_id": trajectory.pk, "claim_token": claim.token, "result": result}])
+    assert stored.outcome == "success"
+    children = list(stored.subtrajectories())
+    assert [(c.role, c.label, c.parent_step, c.status, c.outcome) for c in children] == [
+        ("coder", "coder#0", 0, "finished", "success"), ("tester", "tester#0", 1, "finished", "success")]
+    assert children[0].steps[0]["tool"] == "write_file" and children[0].content_sha256
+    assert children[1].config_snapshot["scene_config"]["acting_role"] == "tester"
+    assert (children[0].task_id, children[0].iteration, children[0].sample_index) == (task.pk, 1, 0)
+    # Task-level counts see the lead only: the iteration ended and went to review.
+    assert task.trajectories.count() == 1 and Trajectory.objects.count() == 1
+    assert Trajectory.all_objects.count() == 3
+    task.refresh_from_db()
+    assert task.status == Task.Status.REVIEWING
+
+
+@pytest.mark.parametrize("over, field, reason", [
+    ({"lead": "boss"}, "config.lead", "must be one of the roles"),
+    ({"base_scene": "multi_agent"}, "config.base_scene", "cannot compose multi_agent"),
+    ({"base_scene": "nope"}, "config.base_scene", "unknown scene"),
+    ({"roles": [{"name": "a"}, {"name": "a"}], "lead": "a"}, "config.roles", "must be unique"),
+    ({"base_config": {"verifier": {"files": {}}}}, "config.base_config.verifier", "'command' is a required property"),
+])
+def test_bad_configs_are_refused_with_the_field(over: dict[str, Any], field: str, reason: str) -> None:
+    with pytest.raises(SceneConfigError) as err:
+        validate_scene_config("multi_agent", scene_config(**over))
+    assert any(f == field and reason in r for f, r in err.value.errors), err.value.errors
