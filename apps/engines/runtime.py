@@ -260,6 +260,7 @@ RUNTIMES: dict[str, str] = {
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
     "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
     "multi_agent": "apps.engines.multi_agent:MultiAgentRuntime",
+    "search2qa": "apps.engines.search2qa.runtime:Search2QARuntime",
 }
 _instances: dict[str, SceneRuntime] = {}
 
