@@ -7,6 +7,7 @@ keep the two in step.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -185,11 +186,19 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns on every request otherwise
+MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
+# The artifact store (trajplatform/artifacts.py: screenshots by content hash): any Django storage
+# backend (e.g. django-storages' "storages.backends.s3.S3Storage") with its options as JSON;
+# by default files under MEDIA_ROOT/artifacts.
+ARTIFACTS_STORAGE_BACKEND = env_str("ARTIFACTS_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
+ARTIFACTS_STORAGE_OPTIONS = json.loads(env_str("ARTIFACTS_STORAGE_OPTIONS", "") or "null") or (
+    {"location": str(MEDIA_ROOT / "artifacts")}
+    if ARTIFACTS_STORAGE_BACKEND == "django.core.files.storage.FileSystemStorage" else {})
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "artifacts": {"BACKEND": ARTIFACTS_STORAGE_BACKEND, "OPTIONS": ARTIFACTS_STORAGE_OPTIONS},
 }
-MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
 LOGIN_URL = "admin:login"
 
 # --- queue and live updates -----------------------------------------------------------

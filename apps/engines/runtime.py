@@ -259,6 +259,7 @@ RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
     "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
+    "gui": "apps.engines.gui.runtime:GuiRuntime",
     "multi_agent": "apps.engines.multi_agent:MultiAgentRuntime",
     "search2qa": "apps.engines.search2qa.runtime:Search2QARuntime",
 }

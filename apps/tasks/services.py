@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.tasks.models import Batch, Task
+from trajplatform import artifacts
 from trajplatform.audit import audit_record
 from trajplatform.redaction import secret_values, storable, storable_count, unstorable_fields
 
@@ -474,6 +475,8 @@ def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]
         # Not the episodes just written (they can be megabytes of JSON to decode again): callers
         # want their state; a deferred field still loads if one is read.
         stored = Trajectory.objects.defer(*_EPISODE_FIELDS).in_bulk(claimed)
+        artifacts.link_trajectories({item["trajectory_id"]: [values.get("steps"), values.get("messages")]
+                                     for item, values in zip(items, fields) if item["trajectory_id"] in stored})
         for item in items:
             result = item.get("result")
             if item["trajectory_id"] in stored and getattr(result, "subepisodes", None):

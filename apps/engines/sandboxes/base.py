@@ -152,6 +152,9 @@ class SandboxSpec:
     `image` is an OpenSandbox image (``python:3.11``) or, on the local backend, a named runtime
     profile (``default``); see each backend for how it treats the other kind. `ttl` is the
     lifetime after which the reconciler destroys the sandbox (None: only explicit destroy).
+    `address_space_mb` is each process's address-space limit: 0 the backend's default, None
+    none at all (browsers reserve ~88 GiB of virtual memory they never use), which the local
+    backend gives only where a memory cgroup bounds the sandbox and refuses otherwise.
     """
 
     image: str | None = None
@@ -164,6 +167,7 @@ class SandboxSpec:
     network: str = "none"
     ttl: timedelta | None = DEFAULT_TTL
     labels: dict[str, str] = field(default_factory=dict)
+    address_space_mb: int | None = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.ttl, (int, float)) and not isinstance(self.ttl, bool):
@@ -182,6 +186,9 @@ class SandboxSpec:
             raise SandboxError(f"pids must be at least 8 (a shell and a few children), got {self.pids}")
         if self.memory_mb < 32:
             raise SandboxError(f"memory_mb must be at least 32, got {self.memory_mb}")
+        space = self.address_space_mb
+        if space is not None and (isinstance(space, bool) or not isinstance(space, int) or space < 0):
+            raise SandboxError(f"address_space_mb must be 0 (the default), a number of MiB or None, got {space!r}")
         object.__setattr__(self, "env", validate_env(self.env))
         object.__setattr__(self, "labels", validate_labels(self.labels))
 
@@ -195,6 +202,7 @@ class SandboxSpec:
             "open_files": self.open_files,
             "network": self.network,
             "ttl_s": self.ttl.total_seconds() if self.ttl else None,
+            "address_space_mb": self.address_space_mb,
         }
 
 

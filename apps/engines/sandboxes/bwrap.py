@@ -260,7 +260,7 @@ def reset_host_support() -> None:
 class RunLimits:
     """The rlimits of one command, applied by the sandbox's own shell (see `shell_argv`)."""
 
-    address_space: int
+    address_space: int | None  # bytes; None: unlimited (a memory cgroup bounds the sandbox)
     cpu_seconds: int
     file_size: int
     open_files: int
@@ -275,7 +275,7 @@ class RunLimits:
         """
         return (
             f"ulimit -S -t {self.cpu_seconds} && ulimit -H -t {self.cpu_seconds + 1} && "
-            f"ulimit -v {self.address_space // 1024} && ulimit -f {self.file_size // 512} && "
+            f"ulimit -v {'unlimited' if self.address_space is None else self.address_space // 1024} && ulimit -f {self.file_size // 512} && "
             f"ulimit -n {self.open_files} && ulimit -p {self.processes} && ulimit -c 0"
         )
 

@@ -191,7 +191,11 @@ class LocalSandbox(Sandbox):
         # With a memory cgroup the real limit is the cgroup's; the address-space rlimit is
         # only a backstop, generous because runtimes (V8, the JVM, Go) reserve far more
         # virtual memory than they use.
-        address_space = memory * 8 if "memory" in self.cgroup.paths else memory
+        address_space: int | None = memory * 8 if "memory" in self.cgroup.paths else memory
+        if spec.address_space_mb:
+            address_space = spec.address_space_mb << 20
+        elif spec.address_space_mb is None and "memory" in self.cgroup.paths:
+            address_space = None  # _create refused None without a memory cgroup
         cpu_seconds = int(math.ceil(timeout * max(1.0, spec.cpu))) + 1
         return RunLimits(
             address_space=address_space,
@@ -625,6 +629,7 @@ class LocalBackend(SandboxBackend):
             open_files=spec_data.get("open_files", 1024),
             network="none",
             ttl=timedelta(seconds=spec_data["ttl_s"]) if spec_data.get("ttl_s") else None,
+            address_space_mb=spec_data.get("address_space_mb", 0),
             labels={k: v for k, v in meta.get("labels", {}).items() if not k.startswith("trajplatform.io/")},
         )
         return LocalSandbox(self, meta["id"], spec, meta.get("labels", {}), meta=meta)
@@ -687,6 +692,12 @@ class LocalBackend(SandboxBackend):
                     downgrades.append(f"no {controller} cgroup ({why}); fallback: {fallback}")
             else:
                 downgrades.append(f"no cgroups: RLIMIT_NPROC={spec.pids} is shared by every process of uid {host.uid}")
+            if spec.address_space_mb is None and "memory" not in cgroup.paths:
+                raise SandboxSpecUnsupported(
+                    "the sandbox asks for no address-space limit (a browser reserves ~88 GiB), which the local "
+                    "backend gives only where a memory cgroup bounds the sandbox; this host has none, so the "
+                    "sandbox is refused rather than run unbounded"
+                )
             now = _now()
             meta = {
                 "id": sandbox_id,
