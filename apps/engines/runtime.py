@@ -293,3 +293,5 @@ def get_runtime(scene_id: str) -> SceneRuntime:
     runtime = getattr(importlib.import_module(module_name), class_name)()
     _instances[scene_id] = runtime
     return runtime
+    "toolace": "apps.engines.toolace.runtime:ToolAceRuntime",
+    "deep_search": "apps.engines.deep_search.runtime:DeepSearchRuntime",

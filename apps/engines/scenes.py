@@ -37,6 +37,8 @@ def _obj(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str
 _STR = {"type": "string"}
 _STR_LIST = {"type": "array", "items": {"type": "string"}}
 _FILES = {"type": "object", "additionalProperties": {"type": "string"}, "description": "path -> file content"}
+# The web toolset's settings (apps/engines/web, docs/web.md): the offline corpus (default) or the live web.
+_WEB = _obj({"backend": {"enum": ["corpus", "live"]}, "corpus": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]{0,63}$"}})
 
 SCENES: dict[str, Scene] = {
     s.id: s
@@ -174,8 +176,27 @@ SCENES: dict[str, Scene] = {
         Scene(
             "deep_search",
             "Deep search",
-            "Multi-step research with search and crawl tools ending in a sourced answer.",
-            _obj({"expected_answer": _STR, "sources": _STR_LIST}),
+            "Multi-step research with web tools (search / open / find over the offline corpus or the live "
+            "web) ending in a sourced answer graded by normalised exact match, or a report with checked "
+            "citations (apps/engines/deep_search, docs/web.md).",
+            _obj(
+                {
+                    "expected_answer": _STR,
+                    "aliases": _STR_LIST,
+                    "sources": {**_STR_LIST, "description": "gold source URLs (informative; not required to be cited)"},
+                    "require_sources": {"type": "boolean", "description": "reward = EM x every cited URL was opened"},
+                    "web": _WEB,
+                    "output": {"enum": ["answer", "report"]},
+                    "report": _obj({"min_words": {"type": "integer", "minimum": 0},
+                                    "max_words": {"type": "integer", "minimum": 1},
+                                    "min_sources": {"type": "integer", "minimum": 0}}),
+                    "explore": {"type": "boolean", "description": "offer explore(question): a sub-episode that "
+                                                                  "searches and reads, then summarises"},
+                    "explore_max_steps": {"type": "integer", "minimum": 1, "maximum": 50},
+                    "generation": {"type": "object", "description": "how the question was made (search2qa gates, seed)"},
+                }
+            ),
+            defaults={"require_sources": True, "output": "answer"},
         ),
         Scene(
             "multi_agent",

@@ -89,7 +89,7 @@ def test_a_pair_that_passes_every_gate_gets_reward_one_with_each_gate_listed() -
     assert gates(result)["distinct_pages"]["pages"] == sorted([LOVELACE, ADA])
     # The stages were sub-episodes of the same loop: their steps, outcomes and tokens are kept.
     assert [s["label"] for s in out["stages"]] == ["evolve-1", "no-tool"]
-    assert [st["tool"] for st in out["stages"][0]["steps"]] == ["open", "evolve_qa"]
+    assert out["stages"][0]["tools"] == ["open", "evolve_qa"] and out["stages"][0]["opened"] == [BABBAGE]
     assert out["stages"][1]["final_answer"] == "1980"
     assert result.llm_calls == 4 + 2 + 1  # explore, evolve, no-tool
     assert [s["tool"] for s in result.steps] == ["search", "open", "open", "propose_qa"]

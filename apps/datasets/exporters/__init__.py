@@ -26,7 +26,7 @@ from django.conf import settings
 
 from trajplatform.redaction import redact, secret_values
 
-from . import dpo, formats, kto, stepdpo, toucan
+from . import dpo, formats, kto, qa, stepdpo, toucan
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
@@ -83,6 +83,11 @@ _ALL = [
              "target_tools, question_quality_assessment, response_quality_assessment (judge completeness/"
              "conciseness 1-5, tool-call accuracy, rule filter), metadata", toucan.render_toucan,
              toucan.validate_toucan),
+    Exporter("qa", "1", False, "QA pairs (search2qa / deep_search): question, answer, aliases, sources, gates, "
+             "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True),
+    Exporter("qa-verl", "1", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
+             "answer and extra_info {aliases, sources, gates}", qa.render_qa_verl, qa.validate_qa_verl,
+             one_per_task=True),
     Exporter("dpo-step-trl", "1", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
              "= the single assistant turns where they first diverge, tools, metadata (both ids, prefix length, "
              "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),

@@ -33,14 +33,28 @@ def external_id(qa: dict[str, Any]) -> str:
     return "search2qa-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
-def task_item(config: dict[str, Any], qa: dict[str, Any]) -> dict[str, Any]:
+def generation(config: dict[str, Any], rounds: int, gates: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the pair was made, carried in the emitted task's scene_config (the QA export reads it):
+    the seed, the search2qa task and trajectory, the evolution rounds and the gates it passed
+    before the deep_search solver ran (that solver's passing run is the task's first trajectory)."""
+    from apps.engines.search2qa.runtime import settings_of
+
+    s = settings_of(config)
+    trajectory = current_episode().trajectory
+    return {"pipeline": EMIT_SOURCE, "seed": s.get("seed"), "qa_mode": s["qa_mode"], "rounds": rounds,
+            "source_task": getattr(trajectory, "task_id", None),
+            "source_trajectory": str(trajectory.uuid) if trajectory is not None else None,
+            "gates": [{"name": g["name"], "passed": g["passed"], "reason": g["reason"]} for g in gates]}
+
+
+def task_item(config: dict[str, Any], qa: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
     """The emitted deep_search task, as a task-file item (apps.tasks.importers shape)."""
     from apps.engines.search2qa.runtime import settings_of
 
     s = settings_of(config)
     sources = list(dict.fromkeys(e["url"] for e in qa.get("evidence") or []))
     scene_config: dict[str, Any] = {"expected_answer": qa["answer"], "aliases": list(qa.get("aliases") or []),
-                                    "sources": sources}
+                                    "sources": sources, "generation": made}
     if s.get("web"):
         scene_config["web"] = dict(s["web"])
     item: dict[str, Any] = {
@@ -63,11 +77,11 @@ def _validated_fields(item: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def solver_config(config: dict[str, Any], qa: dict[str, Any]) -> dict[str, Any]:
+def solver_config(item: dict[str, Any]) -> dict[str, Any]:
     """The config of the deep_search solver sub-episode: the emitted task's config snapshot."""
     from apps.tasks.models import Task
 
-    return Task(**_validated_fields(task_item(config, qa))).config_snapshot()
+    return Task(**_validated_fields(item)).config_snapshot()
 
 
 def _in_own_thread(fn: Any) -> Any:
@@ -86,13 +100,11 @@ def _in_own_thread(fn: Any) -> Any:
         return pool.submit(work).result()
 
 
-def emit_task(config: dict[str, Any], qa: dict[str, Any], solver: Any, gates: list[dict[str, Any]]) -> dict[str, Any]:
-    """Create (or find) the pair's deep_search task and attach the solver's run; what was done."""
+def emit_task(config: dict[str, Any], item: dict[str, Any], solver: Any, gates: list[dict[str, Any]]) -> dict[str, Any]:
+    """Create (or find) the pair's deep_search task (`item`) and attach the solver's run; what was done."""
     from apps.engines.search2qa.runtime import settings_of
 
-    ctx = current_episode()
-    trajectory = ctx.trajectory
-    item = task_item(config, qa)
+    trajectory = current_episode().trajectory
     _validated_fields(item)  # a config error before anything is written
     s = settings_of(config)
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
+from apps.engines.web.corpus import url_key
+
 Gate = dict[str, Any]
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -75,10 +77,14 @@ def _evidence(qa: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in qa.get("evidence") or [] if isinstance(e, dict)]
 
 
+def _keys(urls: Iterable[str]) -> set[str]:
+    return {url_key(u) for u in urls}
+
+
 def evidence_opened(qa: dict[str, Any], opened: Iterable[str]) -> Gate:
-    opened = set(opened)
+    opened = _keys(opened)
     evidence = _evidence(qa)
-    missing = sorted({e.get("url", "") for e in evidence if e.get("url") not in opened})
+    missing = sorted({e.get("url", "") for e in evidence if url_key(e.get("url") or "") not in opened})
     if not evidence:
         return gate("evidence_opened", False, "the pair cites no evidence", missing=[])
     if missing:
@@ -89,13 +95,14 @@ def evidence_opened(qa: dict[str, Any], opened: Iterable[str]) -> Gate:
 
 
 def score_quotes(qa: dict[str, Any], opened: Iterable[str], page_text: Callable[[str], str]) -> list[dict[str, Any]]:
-    """Per evidence item: url, opened, score (0..1; 0 for a page never opened: it is not looked up)."""
-    opened = set(opened)
+    """Per evidence item: url, opened, score (0..1; 0 for a page never opened: it is not looked up).
+    URLs compare by `url_key` (no fragment, no trailing slash, scheme and host lowercased)."""
+    opened = _keys(opened)
     scored = []
     pages: dict[str, str] = {}
     for e in _evidence(qa):
         url, quote = e.get("url") or "", e.get("quote") or ""
-        item = {"url": url, "quote": quote[:200], "opened": url in opened, "score": 0.0}
+        item = {"url": url, "quote": quote[:200], "opened": url_key(url) in opened, "score": 0.0}
         if item["opened"]:
             if url not in pages:
                 pages[url] = page_text(url)
@@ -119,7 +126,7 @@ def evidence_quotes(scored: list[dict[str, Any]], threshold: float) -> Gate:
 
 
 def distinct_pages(scored: list[dict[str, Any]], threshold: float, minimum: int) -> Gate:
-    pages = sorted({s["url"] for s in scored if s["opened"] and s["score"] >= threshold})
+    pages = sorted({url_key(s["url"]) for s in scored if s["opened"] and s["score"] >= threshold})
     if len(pages) < minimum:
         return gate("distinct_pages", False, f"the supported evidence spans {len(pages)} page(s); at least "
                     f"{minimum} needed (multi-hop)", pages=pages)

@@ -33,6 +33,7 @@ import json
 from typing import Any
 
 from apps.engines.runtime import SceneRuntime, SetupError, ToolResult, current_episode
+from apps.engines.search2qa import emit as E
 from apps.engines.search2qa import gates as G
 from apps.engines.search2qa import prompts as P
 from apps.engines.web.toolset import opened_urls, web_tools, web_toolset
@@ -45,7 +46,6 @@ DEFAULTS = {
     "uniqueness_check": False, "max_answer_words": 12, "min_sources": 2, "quote_match": 0.9,
     "stage_max_steps": 12, "solver_max_steps": 12, "emit": True,
 }
-STEP_OUTPUT_CHARS = 600  # what a sub-episode summary keeps of each step's output
 
 
 def settings_of(config: dict[str, Any]) -> dict[str, Any]:
@@ -65,17 +65,13 @@ def finish_args(steps: list[dict[str, Any]], tool: str) -> dict[str, Any] | None
 
 
 def summarize(label: str, result: Any) -> dict[str, Any]:
-    """What the factory's verifier output keeps of a sub-episode."""
+    """What the factory's verifier output keeps of a sub-episode (the whole run is stored as a
+    child trajectory of the factory's, apps.tasks.models.Trajectory.parent)."""
     return {
         "label": label, "outcome": result.outcome, "outcome_reason": result.outcome_reason,
         "reward": result.reward, "final_answer": result.final_answer, "total_tokens": result.total_tokens,
         "llm_calls": result.llm_calls, "duration_ms": result.duration_ms,
-        "steps": [{k: v for k, v in {
-            "tool": s.get("tool"), "arguments": s.get("arguments"), "error": s.get("error"),
-            "output": (s.get("output") or "")[:STEP_OUTPUT_CHARS], "url": s.get("url"),
-            "results": s.get("results"), "content_sha256": s.get("content_sha256"),
-        }.items() if v is not None} for s in result.steps],
-        "verifier_output": result.verifier_output,
+        "tools": [s.get("tool") for s in result.steps], "opened": sorted(opened_urls(result.steps)),
     }
 
 
@@ -143,6 +139,7 @@ class Factory:
         self.stages: list[dict[str, Any]] = []
         self.rounds: list[dict[str, Any]] = []
         self.opened: set[str] = set()
+        self.item: dict[str, Any] | None = None
 
     # -- sub-episodes
 
@@ -181,9 +178,7 @@ class Factory:
             "opened": sorted(self.opened), "difficulty_check": mode,
         }
         if reward == 1.0 and self.s["emit"]:
-            from apps.engines.search2qa.emit import emit_task
-
-            output["emitted"] = emit_task(self.config, qa, solver, self.gates)
+            output["emitted"] = E.emit_task(self.config, self._item(qa), solver, self.gates)
         elif reward < 1.0:
             output["note"] = "gates failed: " + ", ".join(output["failed"])
         return reward, output
@@ -266,13 +261,17 @@ class Factory:
             self.gates.append(G.gate("no_tool_fails", True, f"a solver without tools missed it ({given!r})",
                                      answer=given))
 
+    def _item(self, qa: dict[str, Any]) -> dict[str, Any]:
+        """The deep_search task this pair becomes; made once, so the solver runs the emitted config."""
+        if self.item is None:
+            self.item = E.task_item(self.config, qa, E.generation(self.config, len(self.rounds) - 1, self.gates))
+        return self.item
+
     def _solve(self, qa: dict[str, Any], *, run: bool) -> Any:
         if not run:
             self._skip("tool_solver_passes")
             return None
-        from apps.engines.search2qa.emit import solver_config
-
-        result = self._run("solve", solver_config(self.config, qa))
+        result = self._run("solve", E.solver_config(self._item(qa)))
         passed = result.outcome == "success" and result.reward == 1.0
         reason = (f"a deep_search solver with tools answered it ({result.final_answer!r})" if passed else
                   f"the deep_search solver did not pass: {result.outcome}: {result.outcome_reason}")
