@@ -192,6 +192,7 @@ def _card(
         "excluded": len(excluded),
         "excluded_by_filter": sum(1 for e in excluded if e["stage"] == "filter"),
         "excluded_as_duplicates": sum(1 for e in excluded if e["stage"] == "dedup"),
+        "excluded_as_contaminated": sum(1 for e in excluded if e["stage"] == "decontam"),
     }
     data_card = {
         "schema": CARD_SCHEMA,
@@ -318,6 +319,9 @@ def dataset_version_create(
          "reason": result.excluded[r.trajectory_id]}
         for r in rows if r.trajectory_id in result.excluded
     )
+    decontam_card = None
+    if spec["decontam"]:
+        members, decontam_card = _decontaminate(members, spec["decontam"], excluded, embedder, progress)
     excluded.sort(key=lambda e: (e["task_id"], e["trajectory_id"]))
     splits = {r.trajectory_id: split_of(r.task_id, spec["split_seed"], spec["validation_fraction"]) for r in members}
     diff = _diff(parent, [r.trajectory_id for r in members], excluded)
@@ -341,6 +345,7 @@ def dataset_version_create(
             dataset_name=dataset.name, number=number, parent=parent, spec=spec, members=members, splits=splits,
             excluded=excluded, scanned=scanned, dedup_result=result, exporter_versions=exporter_versions, diff=diff,
         )
+        data_card["decontam"] = decontam_card
         version = DatasetVersion.objects.create(
             dataset=dataset, number=number, parent=parent, filter_spec=spec, counts=counts, data_card=data_card,
             exporter_versions=exporter_versions, split_seed=spec["split_seed"], notes=notes,
@@ -359,6 +364,27 @@ def dataset_version_create(
                   "added": len(diff["added"]) if diff else None, "removed": len(diff["removed"]) if diff else None},
         )
     return version
+
+
+def _decontaminate(members: list[_Row], decontam_spec: dict[str, Any], excluded: list[dict[str, Any]],
+                   embedder: dedup_mod.Embedder | None, progress: Progress | None) -> tuple[list[_Row], dict[str, Any]]:
+    """(members left, the card's decontam section); matches are appended to excluded (stage decontam)."""
+    from apps.datasets import decontam
+
+    try:
+        found = decontam.check(decontam.members_of([r.trajectory_id for r in members]), decontam_spec,
+                               embedder=embedder)
+    except decontam.DecontamError as exc:
+        raise DatasetError(f"decontam: {exc}") from None
+    if progress:
+        progress("decontam", len(members), len(members))
+    for r in members:
+        match = found.matches.get(r.trajectory_id)
+        if match is not None:
+            excluded.append({"trajectory_id": r.trajectory_id, "task_id": r.task_id, "stage": "decontam",
+                             "reason": match.reason(decontam_spec), "benchmark": match.benchmark,
+                             "item": match.item_id})
+    return [r for r in members if r.trajectory_id not in found.matches], decontam.card_section(decontam_spec, found)
 
 
 def _is_user(actor: Any) -> bool:

@@ -14,6 +14,8 @@ A spec is a JSON object; every key is optional and unknown keys are errors:
     dedup: {exact: bool, near: bool, threshold: 0-1}
     validation_fraction: 0-0.5      share of tasks in the validation split
     split_seed: int                 seeds the split (default: the parent's, else 0)
+    decontam: {test_sets: [name], ngram, ngram_threshold, embedding, cosine_threshold}
+                                    drop members matching benchmark test sets (decontam.py)
 
 Scenes, batches, models and dates define the scope: trajectories outside it are not
 considered. Inside it, every trajectory that fails a quality rule (or is a duplicate) is
@@ -28,13 +30,15 @@ from typing import Any
 from django.conf import settings
 from django.utils.dateparse import parse_date, parse_datetime
 
+from apps.datasets.decontam import DecontamError
+from apps.datasets.decontam import validate_spec as validate_decontam
 from apps.engines.scenes import SCENES
 from apps.tasks.models import Batch
 from trajplatform.redaction import unstorable_fields
 
 KNOWN_KEYS = (
     "scenes", "batches", "models", "min_score", "accepted_only", "success_only", "min_reward",
-    "since", "until", "dedup", "validation_fraction", "split_seed",
+    "since", "until", "dedup", "validation_fraction", "split_seed", "decontam",
 )
 DEDUP_KEYS = ("exact", "near", "threshold")
 MAX_VALIDATION_FRACTION = 0.5
@@ -209,7 +213,12 @@ def validate_filter_spec(raw: Any, *, default_seed: int = 0) -> dict[str, Any]:
             0.0, MAX_VALIDATION_FRACTION,
         ),
         "split_seed": seed,
+        "decontam": None,
     }
+    try:
+        spec["decontam"] = validate_decontam(raw.get("decontam"))
+    except DecontamError as exc:
+        errors["decontam"] = str(exc)
     if errors:
         raise FilterSpecError(errors)
     return spec

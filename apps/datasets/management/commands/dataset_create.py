@@ -34,6 +34,11 @@ and cosine of all-MiniLM-L6-v2 embeddings of the task prompt AND of the action s
 cluster is kept, and trajectories duplicating a member of an earlier published version are
 dropped.
 
+Decontamination (off unless test sets are named): --decontam NAME checks each member's task
+prompt and answer against the items of DATASET_TESTSET_DIR/NAME.jsonl (or .txt): word 13-gram
+overlap >= 0.5 of an item's n-grams, or all-MiniLM-L6-v2 cosine >= 0.9; matches are excluded
+and listed in the data card with the benchmark and item they matched.
+
 --filter takes the same spec as JSON (or @FILE); the flags override its keys.
 The new version's parent is --parent N, else the latest published version.
 """
@@ -72,6 +77,19 @@ def _spec_from(options: dict[str, Any]) -> dict[str, Any]:
             dedup["threshold"] = options["dedup_threshold"]
         if dedup:
             spec["dedup"] = dedup
+    decontam = spec.get("decontam") if spec.get("decontam") is not None else {}
+    if isinstance(decontam, dict):  # anything else is reported by the spec validation
+        decontam = dict(decontam)
+        if options.get("decontam"):
+            decontam["test_sets"] = sorted(set(decontam.get("test_sets") or []) | set(options["decontam"]))
+        for flag, key in (("decontam_ngram", "ngram"), ("decontam_overlap", "ngram_threshold"),
+                          ("decontam_cosine", "cosine_threshold")):
+            if options.get(flag) is not None:
+                decontam[key] = options[flag]
+        if options.get("no_decontam_embedding"):
+            decontam["embedding"] = False
+        if decontam:
+            spec["decontam"] = decontam
     return spec
 
 
@@ -94,6 +112,15 @@ class Command(DatasetCommand):
         parser.add_argument("--dedup-threshold", type=float, metavar="COS")
         parser.add_argument("--no-exact-dedup", action="store_true")
         parser.add_argument("--no-near-dedup", action="store_true", help="skip the embedding model entirely")
+        parser.add_argument("--decontam", action="append", metavar="TESTSET",
+                            help="drop members matching this benchmark test set (TESTSET.jsonl or .txt in "
+                                 "DATASET_TESTSET_DIR); repeatable")
+        parser.add_argument("--decontam-ngram", type=int, metavar="N", help="word n-gram size (default 13)")
+        parser.add_argument("--decontam-overlap", type=float, metavar="X",
+                            help="share of a test item's n-grams that marks a match (default 0.5)")
+        parser.add_argument("--decontam-cosine", type=float, metavar="COS",
+                            help="MiniLM cosine that marks a match (default 0.9)")
+        parser.add_argument("--no-decontam-embedding", action="store_true", help="n-gram overlap only")
         parser.add_argument("--validation-fraction", type=float, metavar="F", help="share of tasks (default 0.1)")
         parser.add_argument("--split-seed", type=int, metavar="N")
         parser.add_argument("--parent", type=int, metavar="N", help="parent version number")
@@ -123,6 +150,7 @@ class Command(DatasetCommand):
             f"{version} ({version.status}): {c['members']} trajectories from {c['tasks']} tasks "
             f"(train {c['train']}, validation {c['validation']}); {c['in_scope']} in scope, "
             f"{c['excluded_by_filter']} excluded by the filter, {c['excluded_as_duplicates']} as duplicates"
+            + (f", {c['excluded_as_contaminated']} as contaminated" if c.get("excluded_as_contaminated") else "")
         ))
         diff = version.data_card.get("diff")
         if diff:
