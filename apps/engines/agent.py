@@ -477,6 +477,11 @@ class _Episode:
         finally:
             self.in_agent_loop = False
         await self._verify(runtime)
+        # A runtime that generates its dialogue (toolace's mt mode) hands over the record to store.
+        record = await _in_thread(runtime.transcript, self.config)
+        if record is not None:
+            self.result.messages, self.result.steps = record["messages"], record["steps"]
+            self.result.tools = record.get("tools", self.result.tools)
 
     async def _sandbox_ready(self) -> None:
         """Wait for the sandbox; raises what made or set it up raised (a _Stop)."""
@@ -648,7 +653,13 @@ class _Episode:
                 output = await self._step(runtime, None, action.name, action.arguments, common, "json_text")
                 messages.append({"role": "user", "content": f"[{action.name} result]\n{output}"})
             if self.finished:
-                return
+                # Multi-turn: the runtime may answer a finish with the user's next request.
+                follow_up = await _in_thread(runtime.next_user_turn, self.config, self.result.final_answer)
+                if not follow_up:
+                    return
+                messages.append({"role": "user", "content": str(follow_up)})
+                self.finished = False
+                await self.emit("system", f"the user follows up: {follow_up}", {"turn": self.turns, "text": follow_up})
 
     def _wall_clock(self) -> _Stop:
         return _Stop(FAILURE, f"wall-clock timeout ({self.timeout:g}s) reached without finish")

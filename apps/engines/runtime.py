@@ -16,6 +16,8 @@ run_shell awaits `Sandbox.arun`, which runs the command without a thread of its 
     await runtime.aexecute_tool(name, args, sandbox, config, timeout=s) -> ToolResult
     runtime.verify(sandbox, config, final_answer) -> (reward | None, verifier_output)
     runtime.is_finish(name); runtime.finish_answer(args)
+    runtime.next_user_turn(config, final_answer) -> str | None   # after finish: a follow-up goes on
+    runtime.transcript(config) -> None | {"messages", "steps", "tools"}   # after verify: what to store
 
 Every hook runs inside an episode: `current_episode()` returns its `EpisodeContext` (also in
 the worker threads the loop runs hooks in). Through it a runtime reads the episode's config,
@@ -246,6 +248,17 @@ class SceneRuntime:
         """(reward, verifier_output) after finish; (None, {}) when the task has no verifier."""
         return None, {}
 
+    def next_user_turn(self, config: dict[str, Any], final_answer: str) -> str | None:
+        """Asked after each finish: the user's next request (appended as a user message, the
+        episode goes on) or None (the episode ends and is verified)."""
+        return None
+
+    def transcript(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Asked after verify: None stores the episode as it ran; a dict {"messages", "steps",
+        "tools"} is stored instead (a runtime that generates the dialogue, e.g. toolace's mt mode,
+        keeping the generation conversation in its verifier output)."""
+        return None
+
     def is_finish(self, name: str) -> bool:
         return name == self.finish_tool
 
@@ -259,6 +272,7 @@ RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
     "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
+    "toolace": "apps.engines.toolace.runtime:ToolAceRuntime",
     "gui": "apps.engines.gui.runtime:GuiRuntime",
     "multi_agent": "apps.engines.multi_agent:MultiAgentRuntime",
     "search2qa": "apps.engines.search2qa.runtime:Search2QARuntime",
@@ -293,5 +307,3 @@ def get_runtime(scene_id: str) -> SceneRuntime:
     runtime = getattr(importlib.import_module(module_name), class_name)()
     _instances[scene_id] = runtime
     return runtime
-    "toolace": "apps.engines.toolace.runtime:ToolAceRuntime",
-    "deep_search": "apps.engines.deep_search.runtime:DeepSearchRuntime",

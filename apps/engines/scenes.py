@@ -90,9 +90,36 @@ SCENES: dict[str, Scene] = {
         Scene(
             "toolace",
             "ToolACE (synthetic tool use)",
-            "Tool-calling dialogues over evolved, coupled tool sets, including missing-parameter "
-            "clarification turns.",
-            _obj({"tools": {"type": "array", "items": {"type": "object"}}, "task_type": _STR}),
+            "Tool-calling dialogues over synthesized tool suites that execute (an envscaler environment in "
+            "the sandbox), with a simulated user answering clarification turns; agent or ToolACE-MT mode "
+            "(apps/engines/toolace, docs/toolace.md).",
+            _obj(
+                {
+                    # the suite as an envscaler environment (see "envscaler")
+                    "env_name": _STR, "class_name": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                    "env_description": _STR, "code": _STR, "init_config": {"type": "object"}, "check_func": _STR,
+                    "operations": {"type": "array", "items": _obj(
+                        {"name": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "description": _STR,
+                         "parameters": {"type": "object"}}, required=("name", "parameters"))},
+                    "task_id": _STR, "suite": _STR, "image": _STR,
+                    "task_type": {"enum": ["single", "parallel", "dependent", "missing_param", "non_tool"]},
+                    "mode": {"enum": ["agent", "mt"]},
+                    "expected_calls": {"type": "array", "items": _obj(
+                        {"tool": _STR, "arguments": {"type": "object"}}, required=("tool", "arguments"))},
+                    # what only the user knows: {name: value} or {name: {"value", "aliases"}}
+                    "user_facts": {"type": "object"},
+                    "missing_params": _STR_LIST,
+                    "expected_answer": _STR,
+                    "follow_ups": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                    "persona": _STR,
+                    "user_simulator": _obj({"kind": {"enum": ["deterministic", "llm"]}, "model": _STR,
+                                            "prompt": _STR}, required=("kind",)),
+                    "refine_rounds": {"type": "integer", "minimum": 0, "maximum": 5},
+                    "generation": {"type": "object"},
+                },
+                required=("env_name", "code", "operations"),
+            ),
+            required_params=("env_name",),
         ),
         Scene(
             "search2qa",

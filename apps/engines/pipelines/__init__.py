@@ -29,6 +29,7 @@ from typing import Any, Callable
 # scene -> "module:function" building its Pipeline from a run's config.
 PIPELINES: dict[str, str] = {
     "toucan": "apps.engines.toucan.pipeline:build",
+    "toolace": "apps.engines.toolace.pipeline:build",
 }
 
 

@@ -1,0 +1,221 @@
+"""The toolace generation pipeline: executable tool suites, then tasks admitted by execution.
+
+    manage.py synthesize_pipeline toolace --seeds examples/toolace/seeds.jsonl --wait [--start-offline-model]
+
+A seed names a domain and optionally 1-6 tool specs to start from (PRESET_TOOLS, the
+reference's six, when it gives neither):
+
+    {"id": "calendar-email", "domain": "a work calendar with e-mail", "tools": [{name, description, parameters}]}
+
+Stages per item (apps/engines/pipelines/; every llm prompt starts with its key line):
+
+1. refine (llm, toolace/refine): ToolACE's tool self-evolution, step 1 — the seed's tools made
+   precise: defaults, enums, nested objects, a return shape, >= 2 declared error cases each.
+2. expand (llm, toolace/expand): complementary operations of the same domain (the reference's
+   expansion), all in one list.
+3. couple (llm, toolace/couple): dependencies and tool chains, **and** the Python class with
+   seeded state that implements every operation (`code`, `class_name`, `init_config`), example
+   arguments per operation, and the suite's usage flows. Its validator is the suite gate
+   (gates.py: envscaler's static checks, its in-sandbox validation, a smoke call of every
+   operation); a failure is sent back once with the traceback, then the seed is dropped with the
+   reason stored.
+4. flows (code, fan-out): one item per usage flow, "<seed>.<flow id>".
+5. tasks (llm, toolace/tasks, fan-out): per flow, tasks of the types single / parallel /
+   dependent / missing_param / non_tool, each with expected calls, user facts, hidden parameters,
+   a check function, optionally an expected answer, a persona, follow-ups and the mode (agent|mt);
+   one item per task, "<seed>.<flow>.<task id>".
+6. task_gate (code, all items): gates.task_gates — static rules, hidden values kept out of the
+   prompt, then the expected calls replayed in a fresh environment in a sandbox (one per suite):
+   every call succeeds and the check passes; a non-tool task leaves the state unchanged.
+
+Each survivor becomes a `toolace` task whose scene_config carries the environment (so the
+trajectory replays on its own) and the task's dialogue facts; `generation` records the seed,
+flow, tool chains and template versions.
+
+Run config: model, concurrency, user_simulator (set on every task), refine_rounds, max_steps.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template
+from apps.engines.toolace.gates import GateError, operations_for_server, suite_gate, task_gates
+
+NAME = "toolace"
+RUN_CONFIG_KEYS = ("model", "concurrency", "user_simulator", "refine_rounds", "max_steps")
+DEFAULT_MAX_STEPS = 12
+
+# The reference workbench's six preset source tools (workbench-notes §1.3).
+PRESET_TOOLS = [
+    {"name": "get_weather", "description": "Current weather for a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    {"name": "search_web", "description": "Search the web",
+     "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}},
+    {"name": "send_email", "description": "Send an e-mail",
+     "parameters": {"type": "object", "properties": {"to": {"type": "string"}, "subject": {"type": "string"},
+                                                     "body": {"type": "string"}}, "required": ["to", "subject"]}},
+    {"name": "query_database", "description": "Run a read query on a table",
+     "parameters": {"type": "object", "properties": {"table": {"type": "string"}, "filter": {"type": "object"}},
+                    "required": ["table"]}},
+    {"name": "create_file", "description": "Create a file with content",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["path"]}},
+    {"name": "call_api", "description": "Call an HTTP API endpoint",
+     "parameters": {"type": "object", "properties": {"endpoint": {"type": "string"}, "method": {"type": "string"}},
+                    "required": ["endpoint"]}},
+]
+
+_OPERATION = {"type": "object", "required": ["name", "description", "parameters"],
+              "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                             "parameters": {"type": "object"}}}
+OPERATIONS_SCHEMA = {"type": "object", "required": ["operations"],
+                     "properties": {"operations": {"type": "array", "minItems": 1, "items": _OPERATION}}}
+SUITE_SCHEMA = {"type": "object", "required": ["env_name", "class_name", "description", "operations", "code",
+                                               "init_config", "flows"],
+                "properties": {
+                    "env_name": {"type": "string"}, "class_name": {"type": "string"}, "description": {"type": "string"},
+                    "operations": {"type": "array", "minItems": 2, "items": {**_OPERATION, "required": [
+                        "name", "description", "parameters", "returns", "errors", "example"]}},
+                    "tool_chains": {"type": "array"}, "code": {"type": "string"}, "init_config": {"type": "object"},
+                    "flows": {"type": "array", "minItems": 1, "items": {
+                        "type": "object", "required": ["id", "name", "steps"],
+                        "properties": {"id": {"type": "string"}, "steps": {"type": "array"}}}}}}
+TASK_SCHEMA = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["id", "type", "prompt", "expected_calls", "check_func"],
+    "properties": {"id": {"type": "string"}, "type": {"type": "string"}, "prompt": {"type": "string", "minLength": 1},
+                   "persona": {"type": "string"}, "mode": {"enum": ["agent", "mt"]},
+                   "expected_calls": {"type": "array", "items": {
+                       "type": "object", "required": ["tool", "arguments"],
+                       "properties": {"tool": {"type": "string"}, "arguments": {"type": "object"}}}},
+                   "user_facts": {"type": "object"}, "missing_params": {"type": "array", "items": {"type": "string"}},
+                   "check_func": {"type": "string"}, "expected_answer": {"type": "string"},
+                   "follow_ups": {"type": "array", "items": {"type": "string"}},
+                   "init_config": {"type": "object"}}}}}}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1)
+
+
+REFINE = Template(id="toolace/refine", version="1", system="You design precise, realistic tool APIs. Answer with JSON only.",
+                  user=lambda i: (
+                      f"Domain: {i['seed'].get('domain') or i['seed'].get('id')}\n"
+                      f"Source tools:\n{_dumps(i['seed'].get('tools') or PRESET_TOOLS)}\n\n"
+                      "Refine each tool: a clear description, a JSON-schema `parameters` object with types, "
+                      "defaults, enums and nested objects where they fit, a `returns` shape, and at least two "
+                      "`errors` ({type: a Python exception class name, when}). Answer {\"operations\": [...]}."))
+EXPAND = Template(id="toolace/expand", version="1", system="You design precise, realistic tool APIs. Answer with JSON only.",
+                  user=lambda i: (
+                      f"Domain: {i['seed'].get('domain') or i['seed'].get('id')}\n"
+                      f"Refined tools:\n{_dumps(i['refine']['operations'])}\n\n"
+                      "Add complementary operations of the same domain (create/read/update/delete, search, "
+                      "summaries) whose data the others use, so tasks can chain them. Keep every refined tool. "
+                      "Answer {\"operations\": [...all operations...]}."))
+COUPLE = Template(id="toolace/couple", version="1",
+                  system="You implement tool suites as small stateful Python classes. Answer with JSON only.",
+                  user=lambda i: (
+                      f"Domain: {i['seed'].get('domain') or i['seed'].get('id')}\n"
+                      f"Operations:\n{_dumps(i['expand']['operations'])}\n\n"
+                      "Couple them into one executable suite. Answer a JSON object with: env_name, class_name, "
+                      "description; operations (each with name, description, parameters, returns, errors "
+                      "[{type, when}], example (arguments that succeed on the seeded state), depends_on); "
+                      "tool_chains [{name, description, sequence}]; code: the Python source of class "
+                      "<class_name> whose __init__ takes the seeded state as keyword arguments with defaults and "
+                      "whose methods are the operations (keyword arguments as declared, raising the declared "
+                      "errors, returning JSON-able values); init_config: the seeded state; flows: usage flows "
+                      "[{id, name, description, steps: [{tool_name, purpose}]}]."))
+TASKS = Template(id="toolace/tasks", version="1",
+                 system="You write checkable tool-use tasks for a tool suite. Answer with JSON only.",
+                 user=lambda i: (
+                     f"Suite {i['suite']['env_name']}: {i['suite']['description']}\n"
+                     f"Operations:\n{_dumps(operations_for_server(i['suite']))}\n"
+                     f"Seeded state (init_config):\n{_dumps(i['suite']['init_config'])}\n"
+                     f"Usage flow:\n{_dumps(i['flow'])}\n\n"
+                     "Write tasks for this flow, of the types single, parallel, dependent, missing_param and "
+                     "non_tool. Each: id, type, prompt (the user's request), optional persona, expected_calls "
+                     "[{tool, arguments}] in order, user_facts {name: value} (what only the user knows), "
+                     "missing_params (user facts deliberately left out of the prompt: the assistant must ask), "
+                     "check_func (`def check(env): ...` on the final state), optional expected_answer, optional "
+                     "follow_ups (later requests), mode (agent or mt). Answer {\"items\": [...]}."))
+TEMPLATES = (REFINE, EXPAND, COUPLE, TASKS)
+
+
+def check_suite(parsed: Any, inputs: dict[str, Any]) -> str | None:
+    """The couple stage's validator: the suite gate; its reason (with tracebacks) goes back for one repair."""
+    try:
+        suite_gate(parsed)
+    except GateError as exc:
+        return str(exc)
+    return None
+
+
+def flows_stage(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    suite = inputs["couple"]
+    return [{**flow, "id": str(flow["id"])} for flow in suite["flows"]]
+
+
+def gate_all(items: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """scope="all": every task of a suite gated in one sandbox; Drop(reason) for the rejected."""
+    by_suite: dict[str, list[str]] = {}
+    for key, inputs in items.items():
+        by_suite.setdefault(key.split(".", 1)[0], []).append(key)
+    answer: dict[str, Any] = {}
+    for keys in by_suite.values():
+        suite = items[keys[0]]["suite"]
+        verdicts = task_gates(suite, {key: items[key]["task"] for key in keys})
+        for key in keys:
+            answer[key] = Drop(verdicts[key]) if verdicts[key] else items[key]["task"]
+    return answer
+
+
+def build(config: dict[str, Any]) -> Pipeline:
+    """The toolace pipeline for a run's config (PipelineError on a bad config)."""
+    unknown = sorted(set(config) - set(RUN_CONFIG_KEYS))
+    if unknown:
+        raise PipelineError(f"unknown toolace run config {', '.join(unknown)}; known: {', '.join(RUN_CONFIG_KEYS)}")
+    simulator = config.get("user_simulator")
+    if simulator is not None and (not isinstance(simulator, dict) or simulator.get("kind") not in ("deterministic", "llm")):
+        raise PipelineError("user_simulator must be {\"kind\": \"deterministic\"} or {\"kind\": \"llm\", \"model\", \"prompt\"}")
+    max_steps = config.get("max_steps", DEFAULT_MAX_STEPS)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not 1 <= max_steps <= 500:
+        raise PipelineError("max_steps must be a whole number from 1 to 500")
+
+    def task(key: str, state: dict[str, Any]) -> dict[str, Any]:
+        suite, item, flow = state["couple"], state["task_gate"], state["flows"]
+        scene = {
+            "env_name": suite["env_name"], "class_name": suite.get("class_name") or suite["env_name"],
+            "env_description": suite.get("description") or "", "code": suite["code"],
+            "operations": operations_for_server(suite),
+            "init_config": item.get("init_config") or suite.get("init_config") or {},
+            "check_func": item["check_func"], "task_id": key, "suite": key.split(".", 1)[0],
+            "task_type": item["type"], "mode": item.get("mode") or "agent",
+            "expected_calls": item.get("expected_calls") or [], "user_facts": item.get("user_facts") or {},
+            "missing_params": item.get("missing_params") or [],
+            "generation": {"pipeline": NAME, "item": key, "flow": flow, "tool_chains": suite.get("tool_chains") or [],
+                           "templates": {t.id: t.version for t in TEMPLATES}},
+        }
+        for field in ("expected_answer", "persona", "follow_ups"):
+            if item.get(field):
+                scene[field] = item[field]
+        if simulator:
+            scene["user_simulator"] = simulator
+        if "refine_rounds" in config:
+            scene["refine_rounds"] = config["refine_rounds"]
+        return {"scene": NAME, "prompt": item["prompt"], "external_id": f"toolace-{key}", "config": scene,
+                "expected_tools": sorted({c["tool"] for c in item.get("expected_calls") or []}),
+                "max_steps": max_steps}
+
+    return Pipeline(name=NAME, task=task, stages=(
+        LLMStage(name="refine", template=REFINE, schema=OPERATIONS_SCHEMA, temperature=0.5,
+                 inputs=lambda s: {"seed": s["seed"]}),
+        LLMStage(name="expand", template=EXPAND, schema=OPERATIONS_SCHEMA, temperature=0.8,
+                 inputs=lambda s: {"seed": s["seed"], "refine": s["refine"]}),
+        LLMStage(name="couple", template=COUPLE, schema=SUITE_SCHEMA, validator=check_suite, repairs=1,
+                 temperature=0.5, inputs=lambda s: {"seed": s["seed"], "expand": s["expand"]}),
+        CodeStage(name="flows", fn=flows_stage, fan_out=True, inputs=lambda s: {"couple": s["couple"]}),
+        LLMStage(name="tasks", template=TASKS, schema=TASK_SCHEMA, fan_out=True, temperature=0.7,
+                 inputs=lambda s: {"suite": s["couple"], "flow": s["flows"]}),
+        CodeStage(name="task_gate", fn=gate_all, scope="all",
+                  inputs=lambda s: {"suite": s["couple"], "task": s["tasks"]}),
+    ))

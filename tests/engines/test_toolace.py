@@ -1,0 +1,238 @@
+"""The toolace scene: the simulated user, the gates, the generation pipeline, and trajectories from
+the real loop (offline scripted model, local sandbox, the suite served by envscaler's server) with
+the verifier's hard rules, follow-ups and the mt mode's re-fill.
+
+The suites, tasks and solutions are the bundled demo's (examples/toolace/build.py).
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from apps.engines import ask_user
+from apps.engines.offline_model import running_offline_model
+from apps.engines.pipelines import jobs as pipeline_jobs
+from apps.engines.pipelines import services as pipeline_services
+from apps.engines.runtime import get_runtime
+from apps.engines.toolace import gates
+from apps.engines.toolace.pipeline import build as build_pipeline
+from apps.engines.toolace.runtime import ToolAceRuntime
+from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 - llm_env is a fixture
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
+
+EXAMPLES = Path(settings.BASE_DIR) / "examples"
+_spec = importlib.util.spec_from_file_location("toolace_build", EXAMPLES / "toolace" / "build.py")
+demo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(demo)
+SCRIPTS = json.loads((EXAMPLES / "pipelines" / "toolace" / "scripts.json").read_text())
+SUITES = {"calendar-email": (demo.CAL_SUITE, demo.CAL_TASKS), "expense-reports": (demo.EXP_SUITE, demo.EXP_TASKS)}
+
+
+def demo_task(key: str) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """(episode config, the scripted solution) of a demo task "<seed>.<flow>.<task id>", made by the
+    pipeline's own task builder."""
+    seed, flow_id, task_id = key.split(".")
+    suite, flows = SUITES[seed]
+    entry = next(t for t in flows[flow_id] if t["task"]["id"] == task_id)
+    flow = next(f for f in suite["flows"] if f["id"] == flow_id)
+    row = build_pipeline({}).task(key, {"couple": suite, "flows": flow, "task_gate": entry["task"]})
+    return config_for(row["prompt"], row["config"], scene="toolace", max_steps=row["max_steps"]), entry["solution"]
+
+
+def solve(config: dict[str, Any], solution: list[dict[str, Any]]) -> Any:
+    with running_offline_model(scripts=[{"id": "s", "prompt": config["prompt"], "reference_solution": solution}]) as srv:
+        return run(config, client(srv.url))
+
+
+# --- the simulated user ------------------------------------------------------------------------
+
+
+def test_the_deterministic_user_gives_the_facts_a_question_names_and_nothing_else() -> None:
+    facts = {"manager_name": {"value": "Priya Natarajan", "aliases": ["boss"]}, "amount": 23.4}
+    reply = ask_user.answer("Who is your manager? What is their name?", facts)
+    assert (reply.text, reply.revealed) == ("The manager name is Priya Natarajan.", ["manager_name"])
+    assert ask_user.answer("Who is your boss?", facts).revealed == ["manager_name"]  # by alias
+    assert ask_user.answer("How much was it, what amount?", facts).text == "The amount is 23.4."
+    unknown = ask_user.answer("What is your favourite colour?", facts)
+    assert (unknown.text, unknown.revealed) == ("I don't know that.", [])
+    assert reply.as_extra() == {"simulated_user": True, "user_simulator": "deterministic",
+                                "revealed_facts": ["manager_name"]}
+    with pytest.raises(ask_user.FactsError):
+        ask_user.parse_facts(["not", "a", "dict"])
+
+
+def test_the_llm_user_gets_its_own_prompt_and_model_and_revealed_facts_are_decided_in_code() -> None:
+    asked: list[dict[str, Any]] = []
+    counted: list[Any] = []
+
+    class Chat:
+        content, model, provider, usage, cost_usd, latency_ms, cached = "Oh, it was 23.4 dollars.", "m", "p", {}, 0, 1, False
+
+    class Llm:
+        def chat(self, messages: list[dict[str, Any]], **kw: Any) -> Chat:
+            asked.append({"messages": messages, **kw})
+            return Chat()
+
+    simulator = ask_user.LLMSimulator(Llm(), model="user-model", prompt="You are Lena. Facts:\n{facts}",
+                                      on_chat=counted.append)
+    reply = ask_user.answer("How much was lunch?", {"amount": 23.4, "date": "2026-11-21"}, simulator=simulator)
+    assert (reply.text, reply.revealed, reply.simulator) == ("Oh, it was 23.4 dollars.", ["amount"], "llm")
+    assert asked[0]["model"] == "user-model" and len(counted) == 1
+    assert asked[0]["messages"][0]["content"] == "You are Lena. Facts:\n- amount: 23.4\n- date: 2026-11-21"
+    assert asked[0]["messages"][1] == {"role": "user", "content": "How much was lunch?"}
+
+
+# --- the gates ---------------------------------------------------------------------------------
+
+
+def test_the_suite_gate_passes_a_working_suite_and_names_an_operation_that_raises() -> None:
+    report = gates.suite_gate(demo.CAL_SUITE)
+    assert [s["operation"] for s in report["smoke"]] == [op["name"] for op in demo.CAL_OPS]
+    with pytest.raises(gates.GateError) as broken:
+        gates.suite_gate({**demo.CAL_SUITE, "code": demo.CAL_CODE_BUGGY})
+    assert str(broken.value).startswith("suite.smoke: find_contact(")
+    assert "undeclared AttributeError" in str(broken.value) and "Traceback" in str(broken.value)
+    # A declared error is not a smoke failure; a static problem never reaches the sandbox.
+    declared = copy.deepcopy(demo.CAL_SUITE)
+    declared["operations"][2]["example"] = {"event_id": "EV-999"}  # cancel_event declares KeyError
+    gates.suite_gate(declared)
+    with pytest.raises(gates.GateError, match=r"^suite\.static: .*example arguments break the schema"):
+        gates.suite_gate({**demo.CAL_SUITE, "operations": [{**demo.CAL_OPS[0], "example": {"date": 3}},
+                                                           *demo.CAL_OPS[1:]]})
+
+
+def test_the_task_gate_admits_by_replay_and_rejects_a_failing_check_a_raising_call_and_a_leak() -> None:
+    calendar = {f"{f}.{t['task']['id']}": t["task"] for f, ts in demo.CAL_TASKS.items() for t in ts}
+    verdicts = gates.task_gates(demo.CAL_SUITE, calendar)
+    assert verdicts["schedule.debrief"].startswith("task.leak: the prompt contains hidden value(s) manager_name")
+    assert verdicts["cleanup.vendor"].startswith("task.check: the check function does not pass")
+    assert {k for k, v in verdicts.items() if v is None} == {
+        "schedule.budget", "schedule.design-sync", "mail.offsite", "mail.omar-mt", "mail.parking", "cleanup.cancel-two"}
+    dinner = next(t["task"] for t in demo.EXP_TASKS["items"] if t["task"]["id"] == "dinner")
+    assert gates.task_gates(demo.EXP_SUITE, {"d": dinner})["d"] == (
+        "task.replay: expected call 0 (add_expense) raised ValueError: 75 is over the meals limit of 60")
+    weak = {**dinner, "type": "non_tool", "expected_calls": [],
+            "check_func": "def check(env):\n    return len(env.reports) >= 2\n"}
+    assert gates.task_gates(demo.EXP_SUITE, {"n": weak})["n"] == (
+        "task.check: a non-tool task's check passes on a changed state (after create_report, add_expense, "
+        "submit_report): it must assert the state unchanged")
+
+
+# --- the pipeline ------------------------------------------------------------------------------
+
+
+def test_the_pipeline_synthesizes_suites_and_admits_only_tasks_that_execute() -> None:
+    from apps.engines.models import StageRun
+    from apps.tasks.models import Task
+
+    run = pipeline_services.pipeline_run_create(scene="toolace", seeds=demo.SEEDS, actor=None, batch_name="gen")
+    with running_offline_model(scripts=SCRIPTS) as server:
+        result = pipeline_jobs.run_pipeline(run.pk, llm=client(server.url))
+    assert result["status"] == "completed", result
+    couple = {r.item_key: r for r in StageRun.objects.filter(run=run, stage="couple")}
+    assert couple["calendar-email"].status == "succeeded" and couple["calendar-email"].repair_attempts == 1
+    assert couple["expense-reports"].repair_attempts == 0
+    assert couple["weather"].status == "dropped" and "suite.smoke: get_forecast" in couple["weather"].error
+    gate = StageRun.objects.get(run=run, stage="task_gate").parsed_output
+    assert {k: v.split(":")[0] for k, v in gate["dropped"].items()} == demo.GATE_FAILS
+    tasks = {t.external_id: t for t in Task.objects.filter(scene="toolace")}
+    assert len(tasks) == 13
+    lunch = tasks["toolace-expense-reports.items.lunch"].scene_config
+    assert lunch["missing_params"] == ["amount"] and lunch["user_facts"] == {"amount": 23.4}
+    assert lunch["code"] == demo.EXP_SUITE["code"] and lunch["generation"]["flow"]["id"] == "items"
+    assert tasks["toolace-calendar-email.mail.omar-mt"].scene_config["mode"] == "mt"
+
+
+# --- trajectories from the real loop -----------------------------------------------------------
+
+
+def test_a_missing_parameter_is_asked_for_and_the_episode_is_rewarded_by_check_and_rules() -> None:
+    config, solution = demo_task("expense-reports.items.lunch")
+    assert isinstance(get_runtime("toolace"), ToolAceRuntime)
+    result = solve(config, solution)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    asked = result.steps[0]
+    assert asked["tool"] == "ask_user" and asked["simulated_user"] is True
+    assert asked["output"] == "The amount is 23.4." and asked["revealed_facts"] == ["amount"]
+    rules = result.verifier_output["rules"]
+    assert all(r["passed"] for r in rules.values()) and rules["expected_calls"]["coverage"] == 1.0
+    assert [t["function"]["name"] for t in result.tools] == [
+        "create_report", "add_expense", "get_report", "list_reports", "submit_report", "ask_user", "finish"]
+
+
+def test_a_hidden_value_used_before_the_user_gave_it_scores_zero_though_the_check_passes() -> None:
+    config, _ = demo_task("expense-reports.items.lunch")
+    result = solve(config, [call("add_expense", report_id="R-7", category="meals", amount=23.4, date="2026-11-21"),
+                            call("finish", answer="Added.")])
+    verifier = result.verifier_output
+    assert verifier["check_reward"] == 1.0 and result.reward == 0.0
+    assert verifier["failed_rules"] == ["hidden_params", "grounding"]
+    assert verifier["note"].startswith("hard rule hidden_params failed: step 0 (add_expense) uses amount=")
+
+
+@pytest.mark.parametrize("key", ["calendar-email.mail.parking", "expense-reports.items.travel-450"])
+def test_each_suites_wrong_solution_scores_zero_with_the_rule_named(key: str) -> None:
+    config, solution = demo_task(key)
+    result = solve(config, solution)
+    assert (result.outcome, result.reward) == ("failure", 0.0)
+    assert "grounding" in result.verifier_output["failed_rules"]
+    assert "expected_calls" in result.verifier_output["failed_rules"]
+
+
+def test_follow_ups_are_sent_after_each_finish_until_the_script_ends() -> None:
+    config, solution = demo_task("calendar-email.schedule.budget")
+    result = solve(config, solution)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    assert [m["role"] for m in result.messages] == [
+        "system", "user", "assistant", "tool", "assistant", "tool", "user", "assistant", "tool", "assistant", "tool"]
+    assert result.messages[6]["content"] == "Thanks. What else is on my calendar that day?"
+    assert [s["tool"] for s in result.steps] == ["create_event", "finish", "list_events", "finish"]
+    assert result.final_answer.startswith("On 2026-12-03: Team standup")
+    assert result.verifier_output["rules"]["expected_answer"]["passed"]
+
+
+def test_mt_executes_the_skeleton_refills_the_stale_suffix_and_stores_an_ordinary_dialogue() -> None:
+    config, solution = demo_task("calendar-email.mail.omar-mt")
+    result = solve(config, solution)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    mt_report = result.verifier_output["mt"]
+    assert mt_report["consistent"] and mt_report["rounds"] == 1 and mt_report["refilled_turns"] == [1, 2]
+    generation = mt_report["generation_messages"]
+    assert "omar@example.com" in generation[3]["content"] and "from_turn=1" in generation[3]["content"]
+    # stored: the dialogue itself, with real outputs, as an agent episode would be
+    assert [s["tool"] for s in result.steps] == ["find_contact", "send_email", "finish"]
+    first, mail = result.steps[0], result.steps[1]
+    assert first["output"] == '{"name": "Omar Haddad", "email": "omar.haddad@example.com"}'
+    assert first["skeleton_output"] == '{"name": "Omar Haddad", "email": "omar@example.com"}'
+    assert (first["refilled"], mail["refilled"], mail["arguments"]["to"]) == (False, True, "omar.haddad@example.com")
+    assert mail["state_changed"] is True and first["source"] == "mt"
+    assert [m["role"] for m in result.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                    "assistant", "tool"]
+    assert "write_dialogue" not in json.dumps(result.messages) and "ask_user" in [
+        t["function"]["name"] for t in result.tools]
+
+
+def test_mt_with_a_clarification_turn_and_no_refill() -> None:
+    config, solution = demo_task("expense-reports.file.lodging-mt")
+    result = solve(config, solution)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    asked = result.steps[0]
+    assert (asked["tool"], asked["output"], asked["skeleton_output"]) == (
+        "ask_user", "The date is 2026-11-19.", "2026-11-19")
+    assert result.verifier_output["mt"]["rounds"] == 0 and not any(s["refilled"] for s in result.steps)
+
+
+def test_mt_that_never_agrees_with_the_real_outputs_scores_zero() -> None:
+    config, solution = demo_task("calendar-email.mail.omar-mt")
+    config["scene_config"]["refine_rounds"] = 0
+    result = solve(config, [solution[0], call("finish", answer="Sent.")])
+    assert result.reward == 0.0 and "mt_consistent" in result.verifier_output["failed_rules"]
+    # what ran (the prefix before the stale suffix) is still the stored dialogue
+    assert [s["tool"] for s in result.steps] == ["find_contact"]
