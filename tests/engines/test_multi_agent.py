@@ -179,3 +179,69 @@ def test_bad_configs_are_refused_with_the_field(over: dict[str, Any], field: str
     with pytest.raises(SceneConfigError) as err:
         validate_scene_config("multi_agent", scene_config(**over))
     assert any(f == field and reason in r for f, r in err.value.errors), err.value.errors
+
+
+def _stored_episode(make_task: Any) -> Trajectory:
+    task = make_task(scene="multi_agent", prompt=PROMPT, scene_config=scene_config())
+    task_start_iteration(task=task)
+    [claim] = jobs.claim_trajectories(1, worker="w")
+    with running_offline_model(scripts=scripts()) as server:
+        result = run(claim.trajectory.config_snapshot, client(server.url))
+    [stored] = trajectories_finish([{"trajectory_id": claim.pk, "claim_token": claim.token, "result": result}])
+    return stored
+
+
+def _export(fmt: str, ids: list[int], **options: Any) -> tuple[list[dict[str, Any]], Any]:
+    import io
+
+    import orjson
+
+    from apps.datasets.exporters import export_records, load_records
+
+    out = io.BytesIO()
+    result = export_records(fmt, load_records(ids), out, options=options or None)
+    return [orjson.loads(line) for line in out.getvalue().splitlines()], result
+
+
+def test_exports_give_each_trainable_roles_view_with_the_shared_reward(make_task) -> None:
+    lead = _stored_episode(make_task)
+    coder, tester = lead.subtrajectories()
+    # Per-trajectory chat formats: the planner's and the coder's views (the tester is not trainable).
+    lines, result = _export("sft-openai", [lead.pk])
+    assert result.excluded == [] and len(lines) == 2
+    assert lines[0]["messages"][1]["content"] == PROMPT
+    assert lines[1]["messages"][1]["content"] == CODER
+    assert [c["function"]["name"] for m in lines[1]["messages"] if m["role"] == "assistant"
+            for c in m["tool_calls"]] == ["write_file", "finish"]
+    rl, _ = _export("rl", [lead.pk], roles="all")
+    assert [(r["trajectory_id"], r["reward"]) for r in rl] == [(lead.pk, 1.0), (coder.pk, 1.0), (tester.pk, 1.0)]
+    only_lead, _ = _export("sharegpt", [lead.pk], roles="lead")
+    assert len(only_lead) == 1
+    named, _ = _export("sft-trl", [lead.pk], roles=["tester"])
+    assert named[0]["messages"][1]["content"] == TESTER
+    # raw: the whole multi-speaker record, sub-trajectories included.
+    [raw], _ = _export("raw", [lead.pk])
+    assert [(s["role"], s["label"], s["parent_step"]) for s in raw["subtrajectories"]] == [
+        ("coder", "coder#0", 0), ("tester", "tester#0", 1)]
+    # AgentJet's shape: per-agent timelines, the model's turns of trainable agents carry the loss.
+    [aj], _ = _export("multiagent-agentjet", [lead.pk])
+    assert aj["reward"] == 1.0 and aj["is_success"] is True
+    assert [(t["agent"], t["trainable"]) for t in aj["timelines"]] == [
+        ("planner", True), ("coder", True), ("tester", False)]
+    coder_line = aj["timelines"][1]["messages"]
+    assert [(m["role"], m["author"], m["loss_mask"]) for m in coder_line][:3] == [
+        ("system", "env", 0), ("user", "env", 0), ("assistant", "llm", 1)]
+    assert all(m["loss_mask"] == 0 for m in aj["timelines"][2]["messages"])
+    # A scene's own format lists other scenes' trajectories as excluded, with the reason.
+    from tests.datasets.exporter_data import make_trajectory
+
+    other = make_trajectory(make_task(prompt="plain code_exec"))
+    lines, result = _export("multiagent-agentjet", [other.pk, lead.pk])
+    assert len(lines) == 1 and result.excluded == [{
+        "trajectory_id": other.pk, "task_id": other.task_id,
+        "reason": "multiagent-agentjet: for multi_agent trajectories, not code_exec"}]
+
+
+def test_a_bad_roles_option_is_refused() -> None:
+    with pytest.raises(ValueError, match="roles: one of trainable, lead, all"):
+        _export("sft-openai", [], roles="everyone")

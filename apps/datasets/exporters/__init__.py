@@ -26,7 +26,7 @@ from django.conf import settings
 
 from trajplatform.redaction import redact, secret_values
 
-from . import dpo, formats, kto, qa, stepdpo, toucan
+from . import dpo, formats, kto, roles, qa, stepdpo, toucan
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
@@ -48,6 +48,8 @@ class Exporter:
     one_per_task: bool = False  # RL task shapes: the first renderable record of each task
     # Pairwise formats: one task's records, ctx -> ([(line, [source records])], excluded).
     render_group: Callable[[list[dict[str, Any]], dict[str, Any]], Any] | None = None
+    # A scene's own format (its records only; others are listed as excluded with the reason).
+    scenes: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<Exporter {self.name} v{self.version}>"
@@ -88,6 +90,9 @@ _ALL = [
     Exporter("qa-verl", "1", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
              "answer and extra_info {aliases, sources, gates}", qa.render_qa_verl, qa.validate_qa_verl,
              one_per_task=True),
+    Exporter("multiagent-agentjet", "1", False, "multi_agent episodes in AgentJet's shape: per-agent timelines "
+             "(messages with author llm|env and loss_mask) tagged by role, the shared reward (roles.py)",
+             roles.render_agentjet_multiagent, roles.validate_agentjet_multiagent, scenes=("multi_agent",)),
     Exporter("dpo-step-trl", "1", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
              "= the single assistant turns where they first diverge, tools, metadata (both ids, prefix length, "
              "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),
@@ -126,6 +131,7 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
         "dpo_min_margin": 0.2,
         "include_system": True,
         "redact_pii": bool(getattr(settings, "EXPORT_REDACT_PII", False)),
+        "roles": "trainable",
         "split": "train",
         "start_index": 0,
     }
@@ -144,6 +150,7 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
     start = resolved["start_index"]
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise ValueError("start_index: must be a whole number >= 0")
+    resolved["roles"] = roles.check_roles_option(resolved["roles"])
     return resolved
 
 
@@ -199,6 +206,11 @@ class _Redactor:
 # -- export --------------------------------------------------------------------------------
 
 
+def _role_views(records: Iterable[dict[str, Any]], choice: Any) -> Iterator[dict[str, Any]]:
+    for record in records:
+        yield from roles.views(record, choice)
+
+
 def _groups(records: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     """Consecutive records of one task; a task id seen again after its group is an error."""
     done: set[int] = set()
@@ -224,7 +236,8 @@ def export_records(
 
     Options: dpo_min_margin (0.2), include_system (True), redact_pii (settings.EXPORT_REDACT_PII),
     split (verl's extra_info.split, "train"), start_index (verl's extra_info.index of the first
-    line, 0: a file written in chunks continues the count).
+    line, 0: a file written in chunks continues the count), roles (multi_agent: whose views the
+    per-trajectory formats write, "trainable" / "lead" / "all" / a list of names; roles.py).
     """
     exporter = _exporter(fmt)
     ctx = _options(options)
@@ -259,7 +272,16 @@ def export_records(
                 write(obj, sources)
     else:
         assert exporter.render is not None
-        for record in records:
+        # multi_agent: one line per selected role's view (roles.py); the task-level, raw and
+        # multi-agent formats take the whole episode.
+        whole = exporter.one_per_task or exporter.name in ("raw", "multiagent-agentjet")
+        for record in (records if whole else _role_views(records, ctx["roles"])):
+            scene = (record.get("task") or {}).get("scene")
+            if exporter.scenes and scene not in exporter.scenes:
+                result.excluded.append({"trajectory_id": record["trajectory_id"], "task_id": record["task_id"],
+                                        "reason": f"{exporter.name}: for {', '.join(exporter.scenes)} trajectories, "
+                                        f"not {scene}"})
+                continue
             if exporter.one_per_task and record["task_id"] in written_tasks:
                 result.excluded.append({"trajectory_id": record["trajectory_id"], "task_id": record["task_id"],
                                         "reason": f"{exporter.name}: one line per task, task {record['task_id']} "

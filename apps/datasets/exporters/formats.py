@@ -534,7 +534,7 @@ def render_raw(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
 
 def validate_raw(obj: Any) -> list[str]:
     """The canonical record's shape (lossless: content is not judged, only its types)."""
-    problems = _keys(obj, set(RAW_REQUIRED) | set(RAW_NULLABLE))
+    problems = _keys(obj, set(RAW_REQUIRED) | set(RAW_NULLABLE), {"subtrajectories"})
     if problems and not isinstance(obj, dict):
         return problems
     for key, kind in RAW_REQUIRED.items():
@@ -547,6 +547,8 @@ def validate_raw(obj: Any) -> list[str]:
             problems.append(f"line.{key}: wrong type {type(value).__name__}")
     if obj.get("schema_version") != RAW_SCHEMA_VERSION:
         problems.append(f"line.schema_version: must be {RAW_SCHEMA_VERSION!r}")
+    if "subtrajectories" in obj and not isinstance(obj["subtrajectories"], list):
+        problems.append("line.subtrajectories: must be a list (a multi_agent episode's sub-episodes)")
     for i, msg in enumerate(obj.get("messages") or []):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             problems.append(f"line.messages[{i}]: must be an object with a role")

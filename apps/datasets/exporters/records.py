@@ -123,11 +123,43 @@ def _row_fields() -> list[str]:
     return ["id", "task_id", "task__batch__name", *(f"task__{f}" for f in TASK_FIELDS), *TRAJECTORY_FIELDS]
 
 
+SUBTRAJECTORY_FIELDS = (
+    "id", "parent_id", "label", "role", "parent_step", "messages", "tools", "steps", "final_answer", "outcome",
+    "outcome_reason", "reward", "total_tokens", "content_sha256",
+)
+MAX_SUBTRAJECTORY_DEPTH = 4
+
+
+def _subtrajectories(parent_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """parent id -> its sub-episodes' records (apps.tasks.models.Trajectory.parent), nested ones
+    under theirs; one query per level of nesting."""
+    from apps.tasks.models import Trajectory
+
+    out: dict[int, list[dict[str, Any]]] = {}
+    found: dict[int, dict[str, Any]] = {}
+    parents = list(parent_ids)
+    for _ in range(MAX_SUBTRAJECTORY_DEPTH):
+        if not parents:
+            break
+        rows = json_values(Trajectory.all_objects.filter(parent_id__in=parents).order_by("id"), SUBTRAJECTORY_FIELDS)
+        parents = []
+        for row in rows:
+            parent_id = row.pop("parent_id")
+            child = {"trajectory_id": row.pop("id"), **row, "subtrajectories": []}
+            found[child["trajectory_id"]] = child
+            siblings = found[parent_id]["subtrajectories"] if parent_id in found else out.setdefault(parent_id, [])
+            siblings.append(child)
+            parents.append(child["trajectory_id"])
+    return out
+
+
 def load_records(trajectory_ids: Sequence[int], *, chunk_size: int = 500) -> Iterator[dict[str, Any]]:
     """Canonical records for these trajectories, in the given order, one chunk in memory.
 
-    Each chunk costs two queries (trajectories with their task and batch; their reviews).
-    Ids that no longer exist are skipped.
+    Each chunk costs three queries (trajectories with their task and batch; their reviews; their
+    sub-episodes, one more per level of nesting). A trajectory with sub-episodes (multi_agent's
+    roles, apps/datasets/exporters/roles.py) carries them under `subtrajectories`; others have
+    no such key, so their records are what they were. Ids that no longer exist are skipped.
     """
     from apps.tasks.models import Trajectory
 
@@ -138,7 +170,11 @@ def load_records(trajectory_ids: Sequence[int], *, chunk_size: int = 500) -> Ite
     while chunk := list(islice(iterator, chunk_size)):
         rows = {row["id"]: row for row in json_values(Trajectory.objects.filter(pk__in=chunk).order_by(), fields)}
         reviews = _latest_reviews(list(rows))
+        children = _subtrajectories(list(rows))
         for trajectory_id in chunk:
             row = rows.get(trajectory_id)
             if row is not None:
-                yield _record(row, reviews.get(trajectory_id))
+                record = _record(row, reviews.get(trajectory_id))
+                if trajectory_id in children:
+                    record["subtrajectories"] = children[trajectory_id]
+                yield record
