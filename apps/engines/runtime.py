@@ -272,6 +272,7 @@ RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
     "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
+    "deep_search": "apps.engines.deep_search.runtime:DeepSearchRuntime",
     "toolace": "apps.engines.toolace.runtime:ToolAceRuntime",
     "gui": "apps.engines.gui.runtime:GuiRuntime",
     "multi_agent": "apps.engines.multi_agent:MultiAgentRuntime",

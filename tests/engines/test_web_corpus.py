@@ -203,6 +203,7 @@ def test_search_open_find_over_the_default_corpus(tiny_corpus):
     text = web.page_text("https://tiny.example/people/lovelace.html")
     assert opened.extra == {"url": "https://tiny.example/people/lovelace.html", "offset": 0,
                             "content_sha256": C.content_sha256(text)}
+    assert web.page_text("https://tiny.example/missing.html") is None
     later = web.execute("open", {"url": "https://tiny.example/people/lovelace.html", "offset": 20}, timeout=5)
     assert text[20:60] in later.output and later.extra["offset"] == 20
 

@@ -76,6 +76,9 @@ class WebBackend(Protocol):
 
     def page(self, url: str, *, timeout: float | None) -> Page | None: ...
 
+    def known_page(self, url: str) -> Page | None:
+        """The page if the backend has it without a request (corpus: any page; live: one fetched)."""
+
     def take_records(self) -> list[dict[str, Any]]: ...
 
 
@@ -93,6 +96,9 @@ class CorpusBackend:
     def page(self, url: str, *, timeout: float | None) -> Page | None:
         return self.corpus.page(url)
 
+    def known_page(self, url: str) -> Page | None:
+        return self.corpus.page(url)
+
     def take_records(self) -> list[dict[str, Any]]:
         return []
 
@@ -108,8 +114,10 @@ def web_settings(config: dict[str, Any]) -> dict[str, Any]:
     return web
 
 
-def web_toolset(config: dict[str, Any]) -> "WebToolset":
-    """The toolset an episode's config asks for (InfrastructureError when the corpus is not built)."""
+def web_toolset(config: dict[str, Any], *, steps: Iterable[dict[str, Any]] = ()) -> "WebToolset":
+    """The toolset an episode's config asks for (InfrastructureError when the corpus is not built).
+
+    `steps`: recorded steps whose live exchanges it knows (page_text of a page fetched there)."""
     web = web_settings(config)
     backend = web["backend"]
     if backend == "corpus":
@@ -120,7 +128,7 @@ def web_toolset(config: dict[str, Any]) -> "WebToolset":
     if backend == "live":
         from apps.engines.web.live import LiveBackend
 
-        return WebToolset(LiveBackend.for_config(config))
+        return WebToolset(LiveBackend.for_config(config, steps=steps))
     raise InfrastructureError(f"unknown web backend {backend!r} (corpus | live)")
 
 
@@ -146,9 +154,11 @@ class WebToolset:
             result.extra["web_calls"] = records
         return result
 
-    def page_text(self, url: str, *, timeout: float | None = None) -> str:
-        """The full text of a page (ToolError when the backend does not have it)."""
-        return self._page(url, timeout).text
+    def page_text(self, url: str) -> str | None:
+        """The full text of a page as the agent could read it, without a new request (the corpus's
+        page, or the live page fetched in this episode or in the `steps` given); None if unknown."""
+        page = self.backend.known_page(url)
+        return page.text if page is not None else None
 
     def _page(self, url: str, timeout: float | None) -> Page:
         if not url.strip():

@@ -1,0 +1,153 @@
+"""The deep_search scene driven end to end: the offline scripted model over loopback HTTP, the shared
+loop, the web toolset over a tiny corpus; EM/F1 normalisation, sources_ok, report mode, explore."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apps.engines.deep_search.verify import exact_match, normalize_answer, token_f1
+from apps.engines.offline_model import running_offline_model
+from apps.engines.runtime import get_runtime
+from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (fixture)
+from tests.engines.test_web_corpus import tiny_corpus  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("llm_env", "tiny_corpus")]
+
+LOVELACE = "https://tiny.example/people/lovelace.html"
+ADA = "https://tiny.example/languages/ada.md"
+QUESTION = "[ds] In what year was the language named after Lord Byron's daughter first standardised?"
+
+
+def episode(prompt: str, solution: list[dict[str, Any]], scene_config: dict[str, Any] | None = None,
+            extra_scripts: list[dict[str, Any]] = (), **fields: Any):
+    scene_config = {"expected_answer": "1983", "aliases": ["Ada 83"], **(scene_config or {})}
+    scripts = [{"id": "main", "prompt": prompt, "reference_solution": solution}, *extra_scripts]
+    with running_offline_model(scripts=scripts) as server:
+        return run(config_for(prompt, scene_config, scene="deep_search", **fields), client(server.url),
+                   sandbox_backend=None)
+
+
+RESEARCH = [
+    call("search", "who is Lord Byron's daughter", query="daughter of Lord Byron", k=3),
+    call("open", url=LOVELACE),
+    call("open", url=ADA),
+    call("find", url=ADA, pattern=r"standardi[sz]ed in \d{4}"),
+]
+
+
+@pytest.mark.parametrize("prediction, golds, em, f1", [
+    ("The Tech Model Railroad Club!", ["tech model railroad club"], True, 1.0),
+    ("  An  ANSWER, with “quotes” ", ["answer with quotes"], True, 1.0),
+    ("don’t panic", ["dont panic"], True, 1.0),
+    ("1983", ["1983"], True, 1.0),
+    ("in 1983", ["1983"], False, 0.6667),
+    ("Ada 83", ["1983", "Ada 83"], True, 1.0),
+    ("Babbage", ["Charles Babbage"], False, 0.6667),
+    ("the", ["a"], False, 0.0),  # nothing left after normalising matches nothing
+    ("", ["1983"], False, 0.0),
+])
+def test_normalised_exact_match_and_f1(prediction, golds, em, f1):
+    assert exact_match(prediction, golds) is em
+    assert token_f1(prediction, golds) == f1
+
+
+def test_normalisation_is_search_r1s():
+    assert normalize_answer("The  Quick, Brown FOX.") == "quick brown fox"
+    assert normalize_answer("a theory of an atom") == "theory of atom"
+
+
+def test_a_correct_sourced_answer_gets_reward_one():
+    result = episode(QUESTION, [*RESEARCH, call("finish", answer="1983", sources=[ADA, LOVELACE])])
+    assert result.outcome == "success", result.outcome_reason
+    assert result.reward == 1.0
+    out = result.verifier_output
+    assert out["em"] == 1.0 and out["f1"] == 1.0 and out["sources_ok"] is True
+    assert out["sources"] == [
+        {"url": ADA, "opened": True, "exists": True, "contains_answer": True},
+        {"url": LOVELACE, "opened": True, "exists": True, "contains_answer": False},
+    ]
+    search, opened = result.steps[0], result.steps[1]
+    assert search["results"][0]["rank"] == 1 and search["results"][0]["url"] == LOVELACE
+    assert opened["url"] == LOVELACE and opened["offset"] == 0 and len(opened["content_sha256"]) == 64
+    assert result.steps[3]["matches"][0]["line"].startswith("Ada is a structured")
+    assert result.sandbox == {} or not result.sandbox.get("id")  # no sandbox for the corpus backend
+
+
+def test_a_wrong_answer_gets_zero_with_f1_as_partial_credit():
+    result = episode(QUESTION, [*RESEARCH, call("finish", answer="in 1983", sources=[ADA])])
+    assert result.outcome == "failure" and result.reward == 0.0
+    assert result.verifier_output["em"] == 0.0 and result.verifier_output["f1"] == 0.6667
+    assert "does not match" in result.verifier_output["note"]
+
+
+def test_citing_a_page_not_opened_fails_when_sources_are_required():
+    solution = [call("search", query="Ada language 1983"), call("finish", answer="1983", sources=[ADA])]
+    result = episode(QUESTION, solution)
+    assert result.reward == 0.0 and result.verifier_output["em"] == 1.0
+    assert result.verifier_output["sources_ok"] is False
+    assert result.verifier_output["sources"][0]["opened"] is False
+    relaxed = episode(QUESTION, solution, {"require_sources": False})
+    assert relaxed.reward == 1.0 and relaxed.verifier_output["sources_ok"] is False
+
+
+def test_citing_a_page_that_does_not_exist_or_nothing_fails():
+    made_up = episode(QUESTION, [*RESEARCH, call("finish", answer="1983", sources=["https://tiny.example/made-up"])])
+    assert made_up.reward == 0.0
+    assert made_up.verifier_output["sources"] == [
+        {"url": "https://tiny.example/made-up", "opened": False, "exists": False, "contains_answer": False}]
+    nothing = episode(QUESTION, [*RESEARCH, call("finish", answer="1983", sources=[])])
+    assert nothing.reward == 0.0 and "no source cited" in nothing.verifier_output["note"]
+
+
+def test_the_agents_mistakes_go_back_to_it():
+    solution = [call("open", url="https://tiny.example/nope"), call("find", url=ADA, pattern="(bad"),
+                *RESEARCH, call("finish", answer="1983", sources=[ADA])]
+    result = episode(QUESTION, solution)
+    assert result.steps[0]["error"].startswith("no page at https://tiny.example/nope")
+    assert "not a regular expression" in result.steps[1]["error"]
+    assert result.reward == 1.0
+
+
+def test_report_mode_checks_citations_and_length():
+    report = "Ada Lovelace, daughter of Lord Byron, worked with Charles Babbage. " * 3
+    sc = {"output": "report", "report": {"min_words": 10, "max_words": 60, "min_sources": 2}}
+    good = episode("[ds] write a short report on Ada Lovelace", [
+        call("open", url=LOVELACE), call("open", url="https://tiny.example/people/babbage.html"),
+        call("finish", report=report, sources=[LOVELACE, "https://tiny.example/people/babbage.html"])], sc)
+    assert good.reward == 1.0, good.verifier_output
+    assert good.final_answer == report
+    assert good.verifier_output["checks"] == {"cited_pages_opened": True, "enough_sources": True, "length_ok": True}
+    finish_schema = next(t for t in get_runtime("deep_search").tools({"scene_config": sc})
+                         if t["function"]["name"] == "finish")
+    assert finish_schema["function"]["parameters"]["required"] == ["report", "sources"]
+    short = episode("[ds] write a short report on Babbage", [
+        call("open", url=LOVELACE), call("finish", report="Too short.", sources=[LOVELACE])], sc)
+    assert short.reward == 0.0
+    assert short.verifier_output["checks"] == {"cited_pages_opened": True, "enough_sources": False, "length_ok": False}
+
+
+def test_explore_runs_a_sub_episode_whose_opened_pages_count():
+    sub_prompt = "[deep_search/explore] Research this and report what you found, with the pages you read:\n" \
+                 "Who was Lord Byron's daughter and what is named after her?"
+    explorer = {"id": "explorer", "prompt": sub_prompt, "reference_solution": [
+        call("search", query="Lord Byron daughter"), call("open", url=LOVELACE), call("open", url=ADA),
+        call("finish", answer="Ada Lovelace; the Ada language (standardised 1983) is named after her.",
+             sources=[LOVELACE, ADA])]}
+    result = episode(QUESTION, [
+        call("explore", question="Who was Lord Byron's daughter and what is named after her?"),
+        call("finish", answer="1983", sources=[ADA])], {"explore": True}, extra_scripts=[explorer])
+    assert result.outcome == "success", result.outcome_reason
+    explore = result.steps[0]
+    assert explore["output"].startswith("Ada Lovelace; the Ada language")
+    assert explore["explore"]["outcome"] == "success" and explore["explore"]["opened"] == [ADA, LOVELACE]
+    assert result.reward == 1.0 and result.verifier_output["sources"][0]["opened"] is True
+    assert result.llm_calls == 2 + 4
+    # the explorer itself gets no explore tool and is not graded
+    child = result.subepisodes[0]
+    assert "explore" not in [t["function"]["name"] for t in child.tools] and child.reward is None
+
+
+def test_no_expected_answer_means_no_reward():
+    result = episode("[ds] anything", [call("finish", answer="x", sources=[])], {"expected_answer": "", "aliases": []})
+    assert result.reward is None and result.outcome == "success"
