@@ -124,6 +124,8 @@ CHECK_PENALTIES: dict[str, tuple[float, float]] = {
     "unknown_tools": (5, 15),
     "invalid_arguments": (5, 15),
     "unhandled_errors": (5, 15),
+    "repeated_delegations": (5, 10),
+    "unanswered_delegations": (5, 15),
     "verifier": (0, 0),  # the reward already weighs half of the base
 }
 CHECK_TITLES = {
@@ -137,6 +139,8 @@ CHECK_TITLES = {
     "limit_exhausted": "step, time or token limit exhausted",
     "empty_final_answer": "empty final answer",
     "sensitive_data": "secrets or personal data visible in observations",
+    "repeated_delegations": "the same instruction delegated to the same role again",
+    "unanswered_delegations": "delegations whose role never finished",
 }
 REPEAT_THRESHOLD = 3
 FINISH_TOOLS = frozenset({"finish", "submit", "final_answer"})
@@ -298,6 +302,24 @@ def run_checks(trajectory: Any) -> dict[str, Any]:
     checks["sensitive_data"] = _check(
         sum(len(v) for v in hits.values()), "; ".join(f"{k} in steps {v}" for k, v in sorted(hits.items()))
     )
+
+    # multi_agent: the steps that ran a role (apps/engines/multi_agent.py) carry `subagent`.
+    delegated: dict[str, list[int]] = {}
+    unanswered = []
+    for step in steps:
+        sub = step.get("subagent")
+        if not isinstance(sub, dict):
+            continue
+        args = step.get("arguments") if isinstance(step.get("arguments"), dict) else {}
+        key = json.dumps([sub.get("role"), " ".join(str(args.get("instruction") or "").split())])
+        delegated.setdefault(key, []).append(step.get("index"))
+        if sub.get("outcome") != "success":
+            unanswered.append(f"{sub.get('label')} (step {step.get('index')}: {sub.get('outcome')})")
+    repeated = {json.loads(k)[0]: v for k, v in delegated.items() if len(v) > 1}
+    checks["repeated_delegations"] = _check(
+        sum(len(v) - 1 for v in repeated.values()),
+        "; ".join(f"{role} got the same instruction in steps {v}" for role, v in sorted(repeated.items())))
+    checks["unanswered_delegations"] = _check(len(unanswered), "; ".join(unanswered))
 
     for name, check in checks.items():
         per, cap = CHECK_PENALTIES[name]

@@ -245,3 +245,29 @@ def test_exports_give_each_trainable_roles_view_with_the_shared_reward(make_task
 def test_a_bad_roles_option_is_refused() -> None:
     with pytest.raises(ValueError, match="roles: one of trainable, lead, all"):
         _export("sft-openai", [], roles="everyone")
+
+
+def test_review_checks_catch_a_repeated_delegation_and_one_nobody_answered(make_task) -> None:
+    from apps.reviews.review_agent import run_checks
+
+    twice = scripts()
+    twice[0]["reference_solution"] = [
+        call("delegate", role="coder", instruction=CODER),
+        call("delegate", role="coder", instruction=CODER),
+        call("delegate", role="tester", instruction=TESTER),
+        call("finish", answer="done"),
+    ]
+    twice[2]["reference_solution"] = [call("run_shell", command="true")] * 3  # never finishes
+    roles = [ROLES[0], ROLES[1], {**ROLES[2], "max_steps": 2}]
+    task = make_task(scene="multi_agent", prompt=PROMPT, scene_config=scene_config(roles=roles))
+    task_start_iteration(task=task)
+    [claim] = jobs.claim_trajectories(1, worker="w")
+    with running_offline_model(scripts=twice) as server:
+        result = run(claim.trajectory.config_snapshot, client(server.url))
+    [stored] = trajectories_finish([{"trajectory_id": claim.pk, "claim_token": claim.token, "result": result}])
+    checks = run_checks(stored)
+    assert checks["repeated_delegations"]["count"] == 1
+    assert checks["repeated_delegations"]["detail"] == "coder got the same instruction in steps [0, 1]"
+    assert checks["unanswered_delegations"]["detail"] == "tester#0 (step 2: failure)"
+    assert checks["unanswered_delegations"]["penalty"] == 5
+    assert [c.label for c in stored.subtrajectories()] == ["coder#0", "coder#1", "tester#0"]
