@@ -304,6 +304,44 @@ def _api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
 
 
+def is_vision(config: dict[str, Any]) -> bool:
+    """Whether the episode's model sees images (config or scene_config `vision: true`)."""
+    return bool(config.get("vision") or (config.get("scene_config") or {}).get("vision"))
+
+
+def image_parts(refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI image content parts for artifact refs; the URL stays `artifact:<sha>` in the record."""
+    return [{"type": "image_url", "image_url": {"url": f"artifact:{ref['artifact']}"}} for ref in refs]
+
+
+def _inline_artifacts(messages: list[dict[str, Any]], cache: dict[str, str]) -> list[dict[str, Any]]:
+    """The API's copy of the messages with each `artifact:<sha>` image URL as a data: URL."""
+    from trajplatform import artifacts
+
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(p.get("type") == "image_url" for p in content if isinstance(p, dict)):
+            parts = []
+            for part in content:
+                url = (part.get("image_url") or {}).get("url", "") if isinstance(part, dict) else ""
+                if url.startswith(artifacts.URL_PREFIX):
+                    sha = url[len(artifacts.URL_PREFIX):]
+                    if sha not in cache:
+                        cache[sha] = artifacts.data_url(sha)
+                    part = {**part, "image_url": {**part["image_url"], "url": cache[sha]}}
+                parts.append(part)
+            message = {**message, "content": parts}
+        out.append(message)
+    return out
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content or "")
+
+
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
@@ -353,6 +391,9 @@ class _Episode:
         self.tool_mode = "native"
         self.validators: dict[str, Draft202012Validator] = {}
         self.max_steps = int(config.get("max_steps") or DEFAULT_MAX_STEPS)
+        self.vision = is_vision(config)
+        self.turn_images: list[dict[str, Any]] = []  # this turn's image observations (artifact refs)
+        self.inlined: dict[str, str] = {}  # artifact sha -> data: URL, for the model calls
         self.step_timeout = float(config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S)
         self.timeout = float(config.get("timeout_s") or DEFAULT_TIMEOUT_S)
         self.budget = int(config.get("max_tokens") or 0)
@@ -470,6 +511,8 @@ class _Episode:
         # the other); the first tool call waits for it. If it fails first, that model call is
         # cancelled (see _call_model).
         self.sandbox_task = asyncio.create_task(self._start_sandbox(runtime))
+        if type(runtime).initial_observation is not SceneRuntime.initial_observation:
+            await self._initial_observation(runtime)
         self.deadline = time.monotonic() + self.timeout
         self.in_agent_loop = True
         try:
@@ -482,6 +525,28 @@ class _Episode:
         if record is not None:
             self.result.messages, self.result.steps = record["messages"], record["steps"]
             self.result.tools = record.get("tools", self.result.tools)
+
+    async def _initial_observation(self, runtime: SceneRuntime) -> None:
+        """The runtime's look at the environment before the first model turn (gui's start page):
+        its text appended to the task's prompt, its images (vision only) a user message after it."""
+        await self._sandbox_ready()
+        try:
+            observed = await _in_thread(runtime.initial_observation, self.sandbox, self.config)
+        except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
+            raise self._lost(exc, "taking the initial observation") from None
+        except SetupError as exc:
+            raise _Stop(ERROR, f"sandbox set-up failed: {exc}", kind="config") from None
+        if not observed:
+            return
+        parts = [{"type": "text", "text": observed}] if isinstance(observed, str) else list(observed)
+        text = "\n".join(p["text"] for p in parts if p.get("type") == "text" and p.get("text"))
+        first = self.result.messages[1]
+        if text:
+            first["content"] = f"{first['content']}\n\n{text}"
+        images = [p for p in parts if p.get("type") == "image_url"]
+        if images and self.vision:
+            self.result.messages.append({"role": "user", "content": [
+                {"type": "text", "text": "[the start page]"}, *images]})
 
     async def _sandbox_ready(self) -> None:
         """Wait for the sandbox; raises what made or set it up raised (a _Stop)."""
@@ -600,7 +665,7 @@ class _Episode:
             self.turns += 1
             message = dict(chat.message)
             message.setdefault("content", None)
-            observation = truncate_text(str(messages[-1].get("content") or ""), OBSERVATION_CHARS)[0]
+            observation = truncate_text(_text_of(messages[-1].get("content")), OBSERVATION_CHARS)[0]
             messages.append(message)
             content = message.get("content") or ""
             reasoning = message.get("reasoning_content") or ""
@@ -652,6 +717,12 @@ class _Episode:
             else:
                 output = await self._step(runtime, None, action.name, action.arguments, common, "json_text")
                 messages.append({"role": "user", "content": f"[{action.name} result]\n{output}"})
+            if self.turn_images and self.vision and not self.finished:
+                # Tool messages carry text only: the page as it is now goes in a user message.
+                messages.append({"role": "user", "content": [
+                    {"type": "text", "text": f"[screenshot after step {len(self.result.steps) - 1}]"},
+                    *image_parts(self.turn_images[-1:])]})
+            self.turn_images = []
             if self.finished:
                 # Multi-turn: the runtime may answer a finish with the user's next request.
                 follow_up = await _in_thread(runtime.next_user_turn, self.config, self.result.final_answer)
@@ -666,9 +737,12 @@ class _Episode:
 
     async def _call_model(self, remaining: float) -> Any:
         config = self.config
+        api_messages = _api_messages(self.result.messages)
+        if self.vision:
+            api_messages = await _in_thread(_inline_artifacts, api_messages, self.inlined)
         call = asyncio.ensure_future(asyncio.wait_for(
             self.llm.achat(
-                _api_messages(self.result.messages),
+                api_messages,
                 tools=self.result.tools if self.tool_mode == "native" else None,
                 temperature=config.get("temperature"),
                 top_p=config.get("top_p"),
@@ -844,6 +918,9 @@ class _Episode:
             output = result.output
             step.update(exit_code=result.exit_code, duration_ms=result.duration_ms,
                         truncated=result.truncated, timed_out=result.timed_out, **result.extra)
+            if result.images:
+                step["images"] = list(result.images)
+                self.turn_images.extend(result.images)
         output, cut = truncate_text(redact(output, labels=False))
         step["output"] = output
         step["truncated"] = bool(step["truncated"] or cut)

@@ -41,6 +41,20 @@ child's `EpisodeResult`; it is kept on the parent's result (`subepisodes`) and s
 a child trajectory (apps.tasks.models.Trajectory.parent) unless `keep=False`; what else of it
 the parent records is the caller's choice (a step's `ToolResult.extra`, the verifier output).
 
+Two hooks for scenes that observe an environment (gui, mobile):
+
+* `runtime.initial_observation(sandbox, config) -> str | list[content parts] | None`: a runtime
+  that overrides it makes the loop wait for set-up before the first model turn (otherwise the
+  sandbox is made while the model answers) and append its text to the task's prompt in the
+  first user message (gui: the start page's URL, title and snapshot); image parts in a list
+  (`{"type": "image_url", "image_url": {"url": "artifact:<sha>"}}`) follow as a user message
+  of their own, for a vision episode only.
+* image observations: `ToolResult.images` (artifact refs from trajplatform/artifacts.py) are
+  kept on the step as `images`; when the config (or scene_config) says `vision: true`, after
+  the turn's tool messages (text only) the loop adds a user message with the turn's last image
+  as an OpenAI `image_url` content part. Messages and steps keep `artifact:<sha>` refs, never
+  base64: the loop inlines them as data: URLs only in the copy it sends to the model.
+
 Errors a runtime raises say whose fault they are: `ToolError` is the agent's (a missing
 file, a bad path: the message goes back to the model as the tool's result);
 `SandboxNotFound` / `SandboxUnavailable` (from the sandbox package) and
@@ -200,7 +214,9 @@ class ToolResult:
     """One tool call's result. `output` is the text for the model (the loop caps its length).
 
     `exit_code` is a real process status or None (no process ran, or it was killed on its
-    deadline): never derived from anything else. `extra` lands in the step record.
+    deadline): never derived from anything else. `extra` lands in the step record. `images`
+    are image observations, artifact refs (trajplatform/artifacts.py `store`): the step keeps
+    them as `images`, and a vision episode shows the model the turn's last one.
     """
 
     output: str
@@ -209,6 +225,7 @@ class ToolResult:
     truncated: bool = False
     timed_out: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SceneRuntime:
@@ -229,6 +246,11 @@ class SceneRuntime:
 
     def setup(self, sandbox: Any, config: dict[str, Any]) -> None:
         """Prepare the sandbox before the agent's first turn."""
+
+    def initial_observation(self, sandbox: Any, config: dict[str, Any]) -> str | list[dict[str, Any]] | None:
+        """What the model sees of the environment before its first turn (see the module
+        docstring); only a runtime that overrides this makes the first turn wait for set-up."""
+        return None
 
     def execute_tool(
         self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *, timeout: float | None = None

@@ -717,7 +717,11 @@ def test_the_wall_clock_limit_clips_a_command_and_fails_the_run(local: Any) -> N
 # --- scenes and infrastructure --------------------------------------------------------------------
 
 
-def test_a_scene_without_an_engine_is_an_honest_error() -> None:
+def test_a_scene_without_an_engine_is_an_honest_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.engines import runtime as registry
+
+    monkeypatch.delitem(registry.RUNTIMES, "gui")  # a registered scene whose engine is not there
+    monkeypatch.setattr(registry, "_instances", {})
     with scripted(HELLO, *HELLO_STEPS) as (server, llm):
         gui = run(config_for(HELLO, scene="gui"), llm)
         bogus = run({**config_for(HELLO), "scene": "teleport"}, llm)

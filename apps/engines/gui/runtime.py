@@ -21,9 +21,10 @@ never offered, so the agent cannot reach the reward channel. Navigation is limit
 task's allowed origins (the start page's origin, or scene_config.allowed_origins).
 
 After every action the platform (not the agent) takes a screenshot: it goes to the artifact
-store (trajplatform/artifacts.py) and the step keeps its reference (`screenshot`), the page's
-`url` and `title` and the acted-on element's box (`action`), which the console draws. With
-scene_config `vision: true` the screenshot is also an image observation for the model.
+store (trajplatform/artifacts.py) and the step keeps its reference (`images`, the loop's image
+observations), the page's `url` and `title` and the acted-on element's box (`action`, CSS
+pixels of the screenshot), which the console draws. With scene_config `vision: true` the model
+also sees the screenshot.
 The start page is the episode's initial observation (text: URL, title, snapshot).
 
 verify: checks.py on the final page, the site's state file or the answer (scene_config.check).
@@ -200,14 +201,16 @@ class GuiRuntime(SceneRuntime):
                              "(the pinned page or browser changed: re-record with examples/gui/build.py)")
         live.initial_shot = self._observe(sandbox, live).get("screenshot")
 
-    def initial_observation(self, sandbox: Sandbox, config: dict[str, Any]) -> str:
-        """The start page as the model first sees it (appended to the task's prompt)."""
-        live = self._episodes.get(sandbox)
-        return "The browser shows the start page.\n" + page_text(live.start)
+    def initial_observation(self, sandbox: Sandbox, config: dict[str, Any]) -> str | list[dict[str, Any]]:
+        """The start page as the model first sees it: text appended to the task's prompt, and
+        for a vision task its screenshot."""
+        from apps.engines.agent import image_parts
 
-    def initial_images(self, sandbox: Sandbox, config: dict[str, Any]) -> list[dict[str, Any]]:
         live = self._episodes.get(sandbox)
-        return [live.initial_shot] if live.initial_shot else []
+        text = "The browser shows the start page.\n" + page_text(live.start)
+        if not vision(config) or not live.initial_shot:
+            return text
+        return [{"type": "text", "text": text}, *image_parts([live.initial_shot])]
 
     # -- tools
 
@@ -248,10 +251,10 @@ class GuiRuntime(SceneRuntime):
         # McpSessionError (the browser server is gone) is an InfrastructureError.
         result = live.hub.call_tool(name, args, timeout=timeout)
         observed = self._observe(sandbox, live)
-        result.extra.update(observed)
-        shot = observed.get("screenshot")
-        if shot and hasattr(result, "images"):
-            result.images = [shot]
+        shot = observed.pop("screenshot", None)
+        result.extra.update(observed)  # url, title, the acted-on element's box
+        if shot:
+            result.images = [shot]  # the step's `images`: what the console draws on, what vision sees
         result.extra["mcp_calls"] = result.extra.get("mcp_calls", []) + live.hub.take_records()
         return result
 

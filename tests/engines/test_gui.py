@@ -1,0 +1,231 @@
+"""The gui scene with a real browser: Debian's chromium driven by our Playwright MCP server in a
+local sandbox, through the MCP hub, the shared agent loop and the offline scripted model.
+
+Chromium is slow to start on a 2-core machine: the tests of the runtime's tools and checks share
+one site episode (a module fixture); the loop tests run one episode each.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from django.test import override_settings
+
+from apps.engines.gui.runtime import GuiRuntime, browser_config
+from apps.engines.mcp import McpSessionError
+from apps.engines.runtime import InfrastructureError, SetupError, ToolError, register_runtime
+from apps.engines.sandboxes.local import LocalBackend
+from tests.engines.test_agent import call, config_for, llm_env, run, scripted  # noqa: F401 - llm_env is a fixture
+from tests.engines.test_envscaler_runtime import _bwraps_using
+
+CLICK_PROMPT = 'Click on the "Ok" button.'  # MiniWoB click-button, seed 1
+CLICK = {"source": "miniwob", "task": "click-button", "seed": 1, "utterance": CLICK_PROMPT, "check": {"type": "miniwob"}}
+SHOP = {"source": "site", "site": "shop", "check": {"type": "site_state", "assertions": [
+    {"path": "orders", "op": "len", "value": 1}, {"path": "orders.0.items.0.sku", "op": "eq", "value": "mug"}]}}
+
+
+@pytest.fixture(scope="module")
+def artifact_root() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="gui-artifacts-") as root:
+        storages = {"default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+                    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+                    "artifacts": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                                  "OPTIONS": {"location": root}}}
+        from django.core.files.storage import storages as handler
+
+        with override_settings(STORAGES=storages):
+            handler._backends = None
+            handler._storages.pop("artifacts", None)
+            yield Path(root)
+        handler._backends = None
+        handler._storages.pop("artifacts", None)
+
+
+@pytest.fixture(scope="module")
+def shop(django_db_setup: Any, django_db_blocker: Any, sandbox_root_dir: Path, artifact_root: Path) -> Iterator[dict[str, Any]]:
+    """One shop episode's sandbox with the browser started (no loop): the runtime's tools and checks."""
+    root = Path(tempfile.mkdtemp(prefix="gui-", dir=sandbox_root_dir))
+    root.chmod(0o711)
+    backend = LocalBackend(records=False, root=root)
+    runtime = GuiRuntime()
+    config = config_for("Buy a blue mug with standard shipping.", SHOP, scene="gui")
+    sandbox = backend.create(runtime.sandbox_spec(config))
+    try:
+        with django_db_blocker.unblock():
+            runtime.setup(sandbox, config)
+        yield {"runtime": runtime, "sandbox": sandbox, "config": config}
+    finally:
+        sandbox.destroy()
+
+
+def act(shop: dict[str, Any], name: str, **args: Any) -> Any:
+    return shop["runtime"].execute_tool(name, args, shop["sandbox"], shop["config"], timeout=20)
+
+
+def ref_of(snapshot: str, text: str) -> str:
+    """The ref of the first snapshot line holding `text`."""
+    for line in snapshot.splitlines():
+        if text in line and "[ref=" in line:
+            return line.split("[ref=")[1].split("]")[0]
+    raise AssertionError(f"{text!r} not in the snapshot:\n{snapshot}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agent_cannot_call_a_platform_only_tool(shop: dict[str, Any]) -> None:
+    names = {t["function"]["name"] for t in shop["runtime"].tools(shop["config"])}
+    assert {"browser_click", "browser_type", "browser_snapshot", "finish"} <= names
+    assert not {n for n in names if n.startswith("platform_")} and "browser_take_screenshot" not in names
+    for tool in ("platform_evaluate", "platform_start", "platform_observe"):
+        with pytest.raises(ToolError, match="not available to the agent"):
+            act(shop, tool, expression="core.endEpisode(1)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_navigation_outside_the_allowed_origins_is_refused(shop: dict[str, Any]) -> None:
+    for url in ("http://127.0.0.1:8101/", "file:///workspace/.gui/site-state.json", "https://example.com/"):
+        result = act(shop, "browser_navigate", url=url)
+        assert result.extra["is_error"] and "refused" in result.output, result.output
+        assert result.extra["url"].startswith("http://127.0.0.1:8100/")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_shop_purchase_passes_its_state_check_and_every_step_keeps_a_screenshot(shop: dict[str, Any]) -> None:
+    from trajplatform import artifacts
+
+    runtime, sandbox, config = shop["runtime"], shop["sandbox"], shop["config"]
+    before = runtime.verify(sandbox, config, "")
+    assert before[0] == 0.0 and before[1]["check"]["assertions"][0]["actual"] == []
+    page = act(shop, "browser_navigate", url="http://127.0.0.1:8100/")
+    added = act(shop, "browser_click", element="Add Blue mug", ref=ref_of(page.output, "Add Blue mug to cart"))
+    assert "Cart (1)" in added.output and added.extra["action"]["box"]["width"] > 0
+    checkout = act(shop, "browser_click", element="Checkout", ref=ref_of(added.output, "Checkout"))
+    form = checkout.output
+    filled = act(shop, "browser_fill_form", fields=[
+        {"name": "Name", "type": "textbox", "ref": ref_of(form, 'textbox "Name"'), "value": "Ana"},
+        {"name": "Address", "type": "textbox", "ref": ref_of(form, 'textbox "Address"'), "value": "1 Main St"},
+        {"name": "Shipping", "type": "combobox", "ref": ref_of(form, 'combobox "Shipping"'), "value": "standard"}])
+    done = act(shop, "browser_click", element="Place order", ref=ref_of(filled.output, "Place order"))
+    assert "Thank you" in done.output and "/order/A1001" in done.extra["url"]
+    for result in (page, added, checkout, filled, done):
+        [shot] = result.images
+        assert artifacts.read(shot["artifact"])[:8] == b"\x89PNG\r\n\x1a\n" and shot["width"] == 500
+    reward, output = runtime.verify(sandbox, config, "ordered")
+    assert reward == 1.0 and output["passed"] == output["total"] == 1
+    # The same final page checked the other ways, on the real page.
+    probe_config = {**config, "scene_config": {**config["scene_config"], "check": [
+        {"type": "url", "reference_url": "http://127.0.0.1:8100/order/A1001"},
+        {"type": "js", "predicate": "document.querySelector('h1').textContent === 'Thank you!'"},
+        {"type": "program_html", "program_html": [
+            {"url": "last", "locator": "", "required_contents": {"must_include": ["A1001", "standard"]}},
+            {"url": "http://127.0.0.1:8100/cart", "locator": "document.querySelector('h1').textContent",
+             "required_contents": {"exact_match": "Cart"}}]}]}}
+    assert runtime.verify(sandbox, probe_config, "")[0] == 1.0
+    failing = {**config, "scene_config": {**config["scene_config"], "check": [
+        {"type": "js", "predicate": "document.title === 'Checkout'"}]}}
+    assert runtime.verify(sandbox, failing, "")[0] == 0.0
+    broken = {**config, "scene_config": {**config["scene_config"], "check": {"type": "js", "predicate": "nosuchvar.x"}}}
+    with pytest.raises(SetupError, match="check cannot run"):
+        runtime.verify(sandbox, broken, "")
+
+
+def test_an_unknown_source_or_a_path_in_a_miniwob_task_is_a_setup_error() -> None:
+    with pytest.raises(SetupError, match="source"):
+        browser_config({"scene_config": {"source": "ftp"}})
+    with pytest.raises(SetupError, match="task"):
+        browser_config({"scene_config": {"source": "miniwob", "task": "../../etc/passwd"}})
+    with pytest.raises(SetupError, match="allowed_origins"):
+        browser_config({"scene_config": {"source": "url", "start_url": "https://example.com"}})
+
+
+# --- episodes of the shared loop -----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings", "llm_env")
+def test_a_miniwob_episode_with_vision_earns_the_pages_reward_and_shows_the_model_screenshots(artifact_root: Path) -> None:
+    from trajplatform import artifacts
+
+    config = config_for(CLICK_PROMPT, {**CLICK, "vision": True}, scene="gui", max_steps=4, timeout_s=90)
+    with scripted(CLICK_PROMPT, call("browser_click", element="Ok button", ref="e7"), call("finish", answer="clicked")) as (
+            server, llm):
+        result = run(config, llm)
+        requests = [r["body"] for r in server.model.requests]
+    assert result.outcome == "success" and result.reward == 1.0, (result.outcome_reason, result.steps)
+    assert result.verifier_output["check"]["raw_reward"] == 1.0
+    first = result.messages[1]["content"]
+    assert first.startswith(CLICK_PROMPT) and 'button "Ok" [ref=e7]' in first  # the initial observation
+    start_image, step_image = [m for m in result.messages if m["role"] == "user" and isinstance(m["content"], list)]
+    [click] = [s for s in result.steps if s["tool"] == "browser_click"]
+    [ref] = click["images"]
+    assert step_image["content"][1] == {"type": "image_url", "image_url": {"url": f"artifact:{ref['artifact']}"}}
+    assert start_image["content"][1]["image_url"]["url"].startswith("artifact:")
+    assert "base64" not in json.dumps(result.messages) + json.dumps(result.steps)
+    # What the model was sent: the same parts, inlined as data: URLs.
+    sent = [m for m in requests[1]["messages"] if m["role"] == "user" and isinstance(m["content"], list)]
+    assert sent[-1]["content"][1]["image_url"]["url"] == artifacts.data_url(ref["artifact"])
+    assert click["action"]["box"] and click["url"].endswith("click-button.html")
+    tools = {t["function"]["name"] for t in result.tools}
+    assert "browser_take_screenshot" in tools and not any(t.startswith("platform_") for t in tools)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings", "llm_env")
+def test_a_wrong_click_scores_zero_and_the_model_gets_text_only_without_vision(artifact_root: Path) -> None:
+    config = config_for(CLICK_PROMPT, CLICK, scene="gui", max_steps=4, timeout_s=90)
+    with scripted(CLICK_PROMPT, call("browser_click", element="some text", ref="e5"), call("finish", answer="done")) as (
+            _, llm):
+        result = run(config, llm)
+    assert result.outcome == "failure" and result.reward == 0.0
+    assert not [m for m in result.messages if isinstance(m["content"], list)]
+    assert [s["images"][0]["artifact"] for s in result.steps if s["tool"] == "browser_click"]  # still kept
+
+
+class _CrashingGui(GuiRuntime):
+    """The gui runtime whose browser dies before the agent's click (chromium killed)."""
+
+    def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
+                     timeout: float | None = None) -> Any:
+        if name == "browser_click":
+            killed = 0
+            for bwrap in _bwraps_using(str(sandbox.workspace)):
+                for pid in _descendants(bwrap):
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if os.path.basename(cmdline[0]) == b"chromium" and not any(a.startswith(b"--type=") for a in cmdline):
+                        os.kill(pid, signal.SIGKILL)  # the episode's own browser, started by this test
+                        killed += 1
+            assert killed == 1
+        return super().execute_tool(name, args, sandbox, config, timeout=timeout)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out.extend(children)
+            stack.extend(children)
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings", "llm_env")
+def test_a_browser_crash_mid_episode_is_an_infrastructure_error(artifact_root: Path) -> None:
+    register_runtime("gui", _CrashingGui)
+    try:
+        config = config_for(CLICK_PROMPT, CLICK, scene="gui", max_steps=4, timeout_s=90)
+        with scripted(CLICK_PROMPT, call("browser_click", element="Ok", ref="e7"), call("finish", answer="x")) as (_, llm):
+            result = run(config, llm)
+    finally:
+        register_runtime("gui", "apps.engines.gui.runtime:GuiRuntime")
+    assert result.outcome == "error" and result.error_kind == "infrastructure" and result.retryable, result.outcome_reason
+    assert "browser" in result.outcome_reason
+    assert issubclass(McpSessionError, InfrastructureError)
