@@ -133,7 +133,7 @@ SCENES: dict[str, Scene] = {
                     "qa_mode": {"enum": ["question", "answer"]},
                     "max_evolutions": {"type": "integer", "minimum": 0, "maximum": 5},
                     "enable_evolution": {"type": "boolean"},
-                    "web": _obj({"backend": {"enum": ["corpus", "live"]}, "corpus": _STR}),
+                    "web": _WEB,
                     "difficulty_check": {"enum": ["off", "no_tool", "full"]},
                     "uniqueness_check": {"type": "boolean"},
                     "max_answer_words": {"type": "integer", "minimum": 1, "maximum": 50},

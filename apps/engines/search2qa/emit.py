@@ -23,6 +23,7 @@ from typing import Any
 
 from apps.engines.runtime import SetupError, current_episode
 from apps.engines.search2qa.gates import normalize_answer
+from apps.engines.web.toolset import web_settings
 
 EMIT_SOURCE = "search2qa"
 DEFAULT_BATCH = "search2qa-output"
@@ -55,8 +56,7 @@ def task_item(config: dict[str, Any], qa: dict[str, Any], made: dict[str, Any]) 
     sources = list(dict.fromkeys(e["url"] for e in qa.get("evidence") or []))
     scene_config: dict[str, Any] = {"expected_answer": qa["answer"], "aliases": list(qa.get("aliases") or []),
                                     "sources": sources, "generation": made}
-    if s.get("web"):
-        scene_config["web"] = dict(s["web"])
+    scene_config["web"] = web_settings(config)  # the corpus named, not left to a default that may change
     item: dict[str, Any] = {
         "external_id": external_id(qa), "scene": "deep_search", "prompt": qa["question"], "config": scene_config,
         "max_steps": int(s["solver_max_steps"]), "samples_per_iteration": 1,

@@ -1,36 +1,32 @@
 """The search2qa code gates: checks on a question-answer pair and the pages the run opened.
 
-    gate = answer_not_in_question(qa)                      # {"name", "passed", "reason", ...}
-    gate = evidence_opened(qa, opened)                     # every evidence url was opened in the run
-    gate = evidence_quotes(qa, opened, page_text, 0.9)     # every quote occurs (fuzzily) in its page
-    gate = distinct_pages(qa, opened, page_text, 0.9, 2)   # the supported facts span >= 2 pages
+    gate = answer_not_in_question(qa)                 # {"name", "passed", "reason", ...}
+    gate = evidence_opened(qa, opened)                # every evidence url was opened in the run
+    scored = score_quotes(qa, opened, page_text)      # per evidence item: opened, fuzzy score
+    gate = evidence_quotes(scored, 0.9)               # every quote occurs (fuzzily) in its page
+    gate = distinct_pages(scored, 0.9, 2)             # the supported facts span >= 2 pages
     gate = short_answer(qa, 12)
+    covers("It was 1983.", ["1983"])                  # the difficulty gate's match
 
 Nothing here calls a model. A quote "occurs" in a page when rapidfuzz's partial ratio (the best
 alignment of the quote against any stretch of the page) of the two, lowercased with whitespace
 collapsed, reaches the threshold: a quote with a changed quotation mark or a dropped comma still
 matches, a paraphrase does not. Answers are compared in the Search-R1 / ASearcher normal form
-(lowercase, punctuation and the articles a/an/the removed, whitespace collapsed).
+(lowercase, punctuation and the articles a/an/the removed, whitespace collapsed), deep_search's
+`normalize_answer` and `exact_match`, so the factory and the solver it checks agree.
 """
 from __future__ import annotations
 
-import re
-import string
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from rapidfuzz import fuzz
 
+from apps.engines.deep_search.verify import exact_match as exact_match  # re-exported: one normal form
+from apps.engines.deep_search.verify import normalize_answer
 from apps.engines.web.corpus import url_key
 
 Gate = dict[str, Any]
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """Search-R1 / ASearcher normal form: lowercase, punctuation and articles removed, spaces collapsed."""
-    return " ".join(_ARTICLES.sub(" ", (text or "").lower().translate(_PUNCTUATION)).split())
 
 
 def gate(name: str, passed: bool, reason: str, **details: Any) -> Gate:
@@ -131,12 +127,6 @@ def distinct_pages(scored: list[dict[str, Any]], threshold: float, minimum: int)
         return gate("distinct_pages", False, f"the supported evidence spans {len(pages)} page(s); at least "
                     f"{minimum} needed (multi-hop)", pages=pages)
     return gate("distinct_pages", True, f"the supported evidence spans {len(pages)} pages", pages=pages)
-
-
-def exact_match(prediction: str, answers: Iterable[str]) -> bool:
-    """Normalised exact match against any of the answers."""
-    normalized = normalize_answer(prediction or "")
-    return bool(normalized) and any(normalized == normalize_answer(a) for a in answers)
 
 
 def covers(prediction: str, answers: Iterable[str]) -> bool:

@@ -114,7 +114,11 @@ class Search2QARuntime(SceneRuntime):
 
     def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
                      timeout: float | None = None) -> ToolResult:
-        return web_toolset(config).execute(name, args, timeout=timeout)
+        # One toolset per episode: a live backend keeps its rate limit and its recorded exchanges.
+        state = current_episode().state
+        if "web" not in state:
+            state["web"] = web_toolset(config)
+        return state["web"].execute(name, args, timeout=timeout)
 
     # -- after finish: the factory's remaining stages
 
@@ -134,7 +138,6 @@ class Factory:
         self.seed = str(self.s.get("seed") or "")
         if not self.seed.strip():
             raise SetupError("a search2qa task needs scene_config.seed")
-        self.web = web_toolset(config)
         self.gates: list[dict[str, Any]] = []
         self.stages: list[dict[str, Any]] = []
         self.rounds: list[dict[str, Any]] = []
@@ -218,7 +221,10 @@ class Factory:
 
     def _code_gates(self, qa: dict[str, Any]) -> bool:
         threshold = float(self.s["quote_match"])
-        scored = G.score_quotes(qa, self.opened, self.web.page_text)
+        # With the steps so far (explore's and the evolve rounds'), a live backend reads the pages
+        # those runs fetched from their records, not from the web again.
+        web = web_toolset(self.config, steps=self.ctx.all_steps)
+        scored = G.score_quotes(qa, self.opened, web.page_text)
         self.gates += [
             G.answer_not_in_question(qa),
             G.short_answer(qa, int(self.s["max_answer_words"])),
