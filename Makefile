@@ -97,7 +97,7 @@ install-test: apt-test $(VENV)/.installed $(VENV)/.installed-mcp $(VENV)/.instal
 migrate: install
 	$(PY) manage.py migrate --no-input -v0
 
-demo: migrate
+demo: apt-demo migrate
 	DEMO_ADMIN_PASSWORD='$(DEMO_ADMIN_PASSWORD)' $(PY) manage.py bootstrap_admin $(DEMO_ADMIN) --password-env DEMO_ADMIN_PASSWORD
 	$(PY) manage.py import_tasks examples/tasks/demo.jsonl --batch demo --once
 	$(PY) manage.py synthesize --tasks examples/tasks/code_exec.jsonl --batch demo-rollouts --once --wait --start-offline-model
@@ -110,6 +110,11 @@ demo: migrate
 	@# (questions, dedup against earlier ones, quality check) and rolled out (docs/toucan.md)
 	$(PY) manage.py synthesize --tasks examples/tasks/toucan.jsonl --batch demo-toucan --once --wait --start-offline-model
 	$(PY) manage.py synthesize_pipeline toucan --seeds examples/toucan/seeds.jsonl --batch demo-toucan-generated --wait --start-offline-model
+	@# the offline web (docs/web.md): FOLDOC, the Jargon File and the Python docs in one BM25 index
+	$(PY) manage.py corpus_build debian-docs --from debian
+	@# search2qa (docs/search2qa.md): QA pairs explored, evolved, checked and solved by deep_search
+	@# episodes over that corpus; each pair becomes a deep_search task in demo-search2qa-qa with its solver run
+	$(PY) manage.py synthesize --tasks examples/search2qa/tasks.jsonl --batch demo-search2qa --once --wait --start-offline-model --solutions examples/search2qa
 	@# a published dataset version from the code rollouts, and one export of it (once)
 	$(PY) manage.py dataset_stats demo-code >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-code --batch demo-rollouts --min-score 80 --success-only --publish --no-progress
@@ -118,6 +123,10 @@ demo: migrate
 	$(PY) manage.py dataset_stats demo-toucan >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-toucan --batch demo-toucan-generated --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-toucan --version 1 --format toucan --out var/exports/demo-toucan-v1.toucan.jsonl --force --no-progress
+	$(PY) manage.py dataset_stats demo-qa >/dev/null 2>&1 || \
+	  $(PY) manage.py dataset_create demo-qa --batch demo-search2qa-qa --success-only --publish --no-progress
+	$(PY) manage.py dataset_export demo-qa --version 1 --format qa --out var/exports/demo-qa-v1.qa.jsonl --force --no-progress
+	$(PY) manage.py dataset_export demo-qa --version 1 --format qa-verl --out var/exports/demo-qa-v1.qa-verl.jsonl --force --no-progress
 	@echo
 	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
 	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. Under Tasks > Batches: 'demo' (the example"
@@ -126,8 +135,10 @@ demo: migrate
 	@echo "model in the local sandbox, then reviewed), 'demo-envscaler' (15 MCP environment tasks),"
 	@echo "'demo-toucan' (12 tasks on real MCP servers) and 'demo-toucan-generated' (questions the toucan"
 	@echo "pipeline generated, deduplicated and checked; its stage runs under Engines > Pipeline runs)."
+	@echo "'demo-search2qa' (the search2qa factory: 3 verified QA pairs and one dropped as too easy) and"
+	@echo "'demo-search2qa-qa' (the deep_search tasks it emitted, each with its executed solver run)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
-	@echo "Datasets 'demo-code' v1 and 'demo-toucan' v1 (Toucan's row format): http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
+	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format) and 'demo-qa' v1 (QA pairs): http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
 
 # The web server (daphne) in the foreground and one django-q2 worker cluster beside it;
 # Ctrl-C stops both.
