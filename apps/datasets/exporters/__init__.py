@@ -5,7 +5,7 @@
     validate_line("sharegpt", obj)                         # the consumer's rules, [] = valid
 
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
-sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), dpo-step-trl (stepdpo.py), kto-trl and
+sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), toolace (ToolACE's row, toolace.py), dpo-step-trl (stepdpo.py), kto-trl and
 reward-score (kto.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
 that cannot be rendered or whose line fails its validator is not written and is listed in
@@ -26,7 +26,7 @@ from django.conf import settings
 
 from trajplatform.redaction import redact, secret_values
 
-from . import dpo, formats, kto, roles, qa, stepdpo, toucan
+from . import dpo, formats, kto, roles, qa, stepdpo, toolace, toucan
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
@@ -85,6 +85,9 @@ _ALL = [
              "target_tools, question_quality_assessment, response_quality_assessment (judge completeness/"
              "conciseness 1-5, tool-call accuracy, rule filter), metadata", toucan.render_toucan,
              toucan.validate_toucan),
+    Exporter("toolace", "1", False, "ToolACE's released row: system (instructions + the tools as JSON), "
+             "conversations user/assistant/tool with calls in bracket syntax [f(a=1, b=\"x\")] (validated by parsing "
+             "them back), clarifications as plain turns", toolace.render_toolace, toolace.validate_toolace),
     Exporter("qa", "1", False, "QA pairs (search2qa / deep_search): question, answer, aliases, sources, gates, "
              "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True),
     Exporter("qa-verl", "1", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "

@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from apps.engines.ask_user import ASK_USER
+
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
@@ -43,8 +45,52 @@ def function_specs(tools: Any) -> list[dict[str, Any]]:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RenderError(f"tools[{i}]: not an OpenAI function spec with a name")
+        if fn["name"] == ASK_USER:
+            continue  # asked in plain words: render_messages makes its calls assistant / user turns
         specs.append(fn)
     return specs
+
+
+def _ask_user_as_turns(messages: list[Any]) -> list[Any]:
+    """The shared ask_user toolset's exchanges as ordinary turns: the question an assistant message
+    (the turn's text before it when the turn called nothing else) and the simulated user's reply a
+    user message, after the turn's other tool results."""
+    out: list[Any] = []
+    pending: set[Any] = set()
+    questions: list[str] = []
+    answers: list[str] = []
+
+    def flush() -> None:
+        if questions:
+            out.append({"role": "assistant", "content": "\n".join(questions)})
+        if answers:
+            out.append({"role": "user", "content": "\n".join(answers)})
+        pending.clear(), questions.clear(), answers.clear()
+
+    for msg in messages:
+        if isinstance(msg, dict) and msg.get("role") == "tool" and msg.get("tool_call_id") in pending:
+            answers.append(str(msg.get("content") or ""))
+            continue
+        if not (isinstance(msg, dict) and msg.get("role") == "tool"):
+            flush()
+        calls = msg.get("tool_calls") if isinstance(msg, dict) and msg.get("role") == "assistant" else None
+        asks = [c for c in calls or [] if isinstance(c, dict) and (c.get("function") or {}).get("name") == ASK_USER]
+        if not asks:
+            out.append(msg)
+            continue
+        pending.update(c.get("id") for c in asks)
+        for c in asks:
+            args = parse_arguments(c["function"].get("arguments"))
+            questions.append(str((args or {}).get("question") or c["function"].get("arguments") or ""))
+        others = [c for c in calls if c not in asks]
+        if others:
+            out.append({**msg, "tool_calls": others})
+        else:
+            text = "\n\n".join(t for t in (msg.get("content"), *questions) if t)
+            out.append({k: v for k, v in msg.items() if k != "tool_calls"} | {"content": text})
+            questions.clear()
+    flush()
+    return out
 
 
 def render_messages(
@@ -56,12 +102,16 @@ def render_messages(
     arguments="string" keeps tool-call arguments as JSON text (OpenAI); "object" parses them
     (TRL chat templates); arguments that are not a JSON object cannot be rendered as objects.
     Our own keys beyond the OpenAI message shape are dropped, except `reasoning_content`
-    when reasoning=True; tool results keep their `name` when tool_name=True.
+    when reasoning=True; tool results keep their `name` when tool_name=True. Calls of the
+    shared `ask_user` tool become an assistant question and the user's reply as a user message
+    (and `function_specs` leaves the tool out), so every chat format shows a clarification as
+    ordinary turns.
     """
     out: list[dict[str, Any]] = []
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RenderError("no messages")
+    messages = _ask_user_as_turns(messages)
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RenderError(f"messages[{i}]: not an object")
