@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django_q.models import OrmQ
 
 from apps.datasets.exporters import export_records, load_records
 from apps.engines.search2qa.prompts import stage_key
+from apps.reviews.jobs import REVIEW_JOB
+from apps.tasks.services import TransitionError, tasks_create, trajectory_attach_episode
 from apps.tasks.models import Batch, Task, Trajectory
 from trajplatform.audit import AuditEvent
 from tests.engines.test_search2qa import (  # noqa: F401 (tiny_web: the autouse fixture)
@@ -34,11 +37,12 @@ def solver(answer: str = "1983") -> dict[str, Any]:
     ]}
 
 
-def synthesize(tmp_path: Path, scripts: list[dict[str, Any]], **scene: Any) -> str:
-    task = {"external_id": "s2q-emit", "scene": "search2qa", "prompt": PROMPT, "max_steps": 10,
-            "config": {"seed": SEED, "max_evolutions": 0, "difficulty_check": "full", **scene}}
+def synthesize(tmp_path: Path, scripts: list[dict[str, Any]], prompts: tuple[str, ...] = (PROMPT,), **scene: Any) -> str:
     tasks = tmp_path / "s2q.jsonl"
-    tasks.write_text(json.dumps(task) + "\n")
+    tasks.write_text("".join(json.dumps({
+        "external_id": f"s2q-emit-{i}", "scene": "search2qa", "prompt": prompt, "max_steps": 10,
+        "config": {"seed": SEED, "max_evolutions": 0, "difficulty_check": "full", **scene}}) + "\n"
+        for i, prompt in enumerate(prompts)))
     solutions = tmp_path / "scripts.json"
     solutions.write_text(json.dumps(scripts))
     out = io.StringIO()
@@ -77,6 +81,7 @@ def test_a_verified_pair_becomes_a_deep_search_task_with_the_passing_solver_run_
     assert solved.messages[1] == {"role": "user", "content": QUESTION}
     assert solved.verifier_output["em"] == 1.0 and solved.verifier_output["sources_ok"] is True
     assert task.status == Task.Status.REVIEWING  # handed to the review agent like any rollout
+    assert (task.pk, 1) in [row.task["args"] for row in OrmQ.objects.all() if row.task["func"] == REVIEW_JOB]
     actions = list(AuditEvent.objects.filter(target_type="tasks.task", target_id=str(task.pk))
                    .values_list("action", flat=True))
     assert "tasks.task_create" in actions and "tasks.iteration_finish" in actions
@@ -113,6 +118,32 @@ def test_a_solver_that_misses_fails_the_last_gate_and_nothing_is_emitted(tmp_pat
     result = export_records("qa", load_records([factory.pk]), buf)
     assert result.lines == 0
     assert result.excluded[0]["reason"] == "qa: the pair did not pass every gate (failed: tool_solver_passes)"
+
+
+@pytest.mark.usefixtures("offline_only")
+def test_the_same_pair_made_twice_is_one_task_and_its_solver_run_is_attached_once(tmp_path: Path) -> None:
+    again = PROMPT + " (again)"
+    synthesize(tmp_path, [explore(PROMPT, qa()), explore(again, qa()), no_tool(SEED, "1980"), solver()],
+               prompts=(PROMPT, again))
+    first, second = Trajectory.objects.filter(task__batch__name="s2q").order_by("task__external_id")
+    assert first.reward == second.reward == 1.0
+    made = [t.verifier_output["emitted"] for t in (first, second)]
+    assert made[0]["task_id"] == made[1]["task_id"]
+    assert sorted(m["created"] for m in made) == [False, True]
+    assert [m["trajectory_id"] is None for m in sorted(made, key=lambda m: m["created"])] == [True, False]
+    assert Task.objects.filter(scene="deep_search").count() == 1
+    assert Trajectory.objects.filter(task__scene="deep_search").count() == 1
+    assert AuditEvent.objects.filter(action="tasks.trajectory_attach").count() == 1
+
+
+def test_an_episode_is_attached_only_to_a_single_queued_trajectory(make_user: Any) -> None:
+    item = {"scene": "deep_search", "prompt": "Which year?", "config": {"expected_answer": "1983"},
+            "samples_per_iteration": 2}
+    task = tasks_create(items=[item], actor=make_user("admin")).tasks[0]
+    with pytest.raises(TransitionError, match="has 2 trajectories"):
+        trajectory_attach_episode(task=task, result=None, source={"scene": "search2qa"})
+    assert set(Trajectory.objects.filter(task=task).values_list("status", flat=True)) == {"queued"}
+    assert not AuditEvent.objects.filter(action="tasks.trajectory_attach").exists()
 
 
 def test_stage_keys_name_the_stage_the_seed_and_the_round() -> None:
