@@ -25,6 +25,7 @@ from apps.datasets import dedup as dedup_mod
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
 from apps.datasets.selectors import trajectories_with_reviews
 from apps.datasets.spec import DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
+from apps.engines.web.selectors import task_corpus_licences
 from apps.tasks.models import Task, Trajectory
 from trajplatform.audit import audit_record
 
@@ -222,6 +223,8 @@ def _card(
             "near_removed": dedup_result.near_removed,
         },
         "exporter_versions": exporter_versions,
+        # the documents web-scene episodes read (the offline corpora), with the licences they are under
+        "licences": task_corpus_licences(sorted({r.task_id for r in members})),
         "excluded": excluded,
         "excluded_reasons": card_stats.counts_by(
             kind for e in excluded for kind in card_stats.reason_kinds(e["reason"])),

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import sqlite3
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -154,8 +155,8 @@ def html_document(raw: bytes | str, url: str, *, source: str, select: str | None
         found = root.xpath(select)
         if found:
             body = found[0]
-    for bad in body.xpath("|".join(f".//{t}" for t in _SKIP_TAGS)):
-        bad.drop_tree()
+    for bad in body.xpath("|".join(f".//{t}" for t in _SKIP_TAGS) + "|.//a[@class='headerlink']"):
+        bad.drop_tree()  # headerlink: Sphinx's "¶" anchors
     links = []
     for a in body.iter("a"):
         href = a.get("href")
@@ -171,7 +172,11 @@ def html_document(raw: bytes | str, url: str, *, source: str, select: str | None
 
 
 def _clean_text(text: str) -> str:
-    lines = [" ".join(line.split()) for line in text.replace("\r", "").split("\n")]
+    """Blank runs collapsed, trailing space cut; a line's indentation kept (code stays readable)."""
+    lines = []
+    for line in text.replace("\r", "").expandtabs(4).split("\n"):
+        words = " ".join(line.split())
+        lines.append(" " * min(len(line) - len(line.lstrip()), 24) + words if words else "")
     out: list[str] = []
     for line in lines:
         if line or (out and out[-1]):
@@ -312,7 +317,7 @@ def iter_dictd(name: str, base_url: str, root: Path = DICTD_DIR) -> Iterator[Doc
             n += 1
             url = head_url(base_url, title) + f"_({n})"
         seen_urls.add(url)
-        body = "\n".join(lines[1:])
+        body = textwrap.dedent("\n".join(lines[1:]))
         links = [(" ".join(m.group(1).split()), "xref:" + head_key(m.group(1))) for m in _XREF.finditer(body)]
         text = _clean_text(title + "\n" + _XREF.sub(lambda m: " ".join(m.group(1).split()), body))
         yield Document(url=url, title=title, text=text, links=links, source=name,

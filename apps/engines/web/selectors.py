@@ -15,3 +15,27 @@ def corpus_licences(names: list[str]) -> list[dict[str, str]]:
                 seen.add(key)
                 out.append({"corpus": row.name, **entry})
     return out
+
+
+# Scenes whose tasks read the web toolset's `scene_config.web`.
+WEB_SCENES = ("deep_search", "search2qa")
+
+
+def task_corpora(task_ids: list[int]) -> list[str]:
+    """The corpora the given tasks' episodes searched (their scene_config.web; the default corpus
+    when a web scene's task names none and uses the corpus backend)."""
+    from django.conf import settings
+
+    from apps.tasks.models import Task
+
+    names: set[str] = set()
+    for scene_config in Task.objects.filter(pk__in=task_ids, scene__in=WEB_SCENES).values_list("scene_config", flat=True):
+        web = (scene_config or {}).get("web") or {}
+        if web.get("backend", "corpus") == "corpus":
+            names.add(web.get("corpus") or settings.WEB_CORPUS_DEFAULT)
+    return sorted(names)
+
+
+def task_corpus_licences(task_ids: list[int]) -> list[dict[str, str]]:
+    """The licences of the corpora the given tasks searched (a data card's `licences`)."""
+    return corpus_licences(task_corpora(task_ids))
