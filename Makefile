@@ -112,6 +112,9 @@ demo: apt-demo migrate
 	$(PY) manage.py synthesize_pipeline toucan --seeds examples/toucan/seeds.jsonl --batch demo-toucan-generated --wait --start-offline-model
 	@# the offline web (docs/web.md): FOLDOC, the Jargon File and the Python docs in one BM25 index
 	$(PY) manage.py corpus_build debian-docs --from debian
+	@# deep_search (docs/web.md): multi-hop questions over that corpus, graded by exact match with cited pages
+	@# checked against the pages opened (one answered wrongly on purpose: reward 0)
+	$(PY) manage.py synthesize --tasks examples/tasks/deep_search.jsonl --batch demo-deep-search --once --wait --start-offline-model
 	@# search2qa (docs/search2qa.md): QA pairs explored, evolved, checked and solved by deep_search
 	@# episodes over that corpus; each pair becomes a deep_search task in demo-search2qa-qa with its solver run
 	$(PY) manage.py synthesize --tasks examples/search2qa/tasks.jsonl --batch demo-search2qa --once --wait --start-offline-model --solutions examples/search2qa
@@ -135,6 +138,7 @@ demo: apt-demo migrate
 	@echo "model in the local sandbox, then reviewed), 'demo-envscaler' (15 MCP environment tasks),"
 	@echo "'demo-toucan' (12 tasks on real MCP servers) and 'demo-toucan-generated' (questions the toucan"
 	@echo "pipeline generated, deduplicated and checked; its stage runs under Engines > Pipeline runs)."
+	@echo "'demo-deep-search' (10 research questions over the offline web: rewards by exact match and sources),"
 	@echo "'demo-search2qa' (the search2qa factory: 3 verified QA pairs and one dropped as too easy) and"
 	@echo "'demo-search2qa-qa' (the deep_search tasks it emitted, each with its executed solver run)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
