@@ -167,6 +167,29 @@ def test_a_missing_parameter_is_asked_for_and_the_episode_is_rewarded_by_check_a
         "create_report", "add_expense", "get_report", "list_reports", "submit_report", "ask_user", "finish"]
 
 
+def test_an_llm_user_answers_through_the_episodes_model_client_and_is_recorded_and_counted() -> None:
+    config, solution = demo_task("expense-reports.items.lunch")
+    config["scene_config"]["user_simulator"] = {"kind": "llm", "model": "scripted-reference",
+                                                 "prompt": "You are Lena.\n{facts}"}
+    question = solution[0]["tool_calls"][0]["arguments"]["question"]
+    scripts = [{"id": "agent", "prompt": config["prompt"], "reference_solution": solution},
+               {"id": "user", "prompt": question, "reference_solution": [{"content": "Lunch came to 23.4, thanks."}]}]
+    with running_offline_model(scripts=scripts) as server:
+        result = run(config, client(server.url))
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    asked = result.steps[0]
+    assert (asked["output"], asked["user_simulator"], asked["revealed_facts"]) == (
+        "Lunch came to 23.4, thanks.", "llm", ["amount"])
+    assert asked["user_simulator_llm"]["usage"]["total_tokens"] > 0
+    assert result.llm_calls == len(solution) + 1  # the agent's turns and the simulated user's
+    # a simulated user whose model fails ends the episode as the platform's error, retryable
+    config["scene_config"]["user_simulator"]["model"] = "no-such-model"
+    with running_offline_model(scripts=scripts) as server:
+        failed = run(config, client(server.url))
+    assert (failed.outcome, failed.error_kind, failed.retryable) == ("error", "infrastructure", True)
+    assert "the simulated user's model failed" in failed.outcome_reason
+
+
 def test_a_hidden_value_used_before_the_user_gave_it_scores_zero_though_the_check_passes() -> None:
     config, _ = demo_task("expense-reports.items.lunch")
     result = solve(config, [call("add_expense", report_id="R-7", category="meals", amount=23.4, date="2026-11-21"),

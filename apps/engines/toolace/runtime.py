@@ -30,7 +30,8 @@ from jsonschema import Draft202012Validator
 
 from apps.engines.ask_user import ASK_USER, ASK_USER_TOOL, FactsError, LLMSimulator, answer
 from apps.engines.envscaler.runtime import FINISH_TOOL, EnvScalerRuntime, scene_config
-from apps.engines.runtime import ToolError, ToolResult, current_episode
+from apps.engines.llm import LLMError
+from apps.engines.runtime import InfrastructureError, ToolError, ToolResult, current_episode
 from apps.engines.toolace import mt
 from apps.engines.toolace.rules import Context, check_rules
 
@@ -105,11 +106,15 @@ class ToolAceRuntime(EnvScalerRuntime):
             ctx = current_episode()
             simulator = LLMSimulator(ctx.llm, model=sim.get("model") or "", prompt=sim.get("prompt") or "",
                                      on_chat=ctx.count_model_call,
-                                     cache_key_extra={"toolace_user": scene.get("task_id") or "", "n": len(ctx.steps)})
+                                     # one answer per trajectory and question: a retry replays it
+                                     cache_key_extra={"toolace_user": str(getattr(ctx.trajectory, "uuid", "") or ""),
+                                                      "task": scene.get("task_id") or "", "n": len(ctx.steps)})
         try:
             reply = answer(question, scene.get("user_facts") or {}, simulator=simulator)
         except FactsError as exc:
             raise ToolError(f"the task's user facts are unusable: {exc}") from None
+        except LLMError as exc:  # the platform's trouble, not the agent's: the episode ends, retryable
+            raise InfrastructureError(f"the simulated user's model failed: {type(exc).__name__}: {exc}") from None
         return ToolResult(output=reply.text, extra=reply.as_extra())
 
     def next_user_turn(self, config: dict[str, Any], final_answer: str) -> str | None:
