@@ -118,6 +118,9 @@ demo: apt-demo migrate
 	@# search2qa (docs/search2qa.md): QA pairs explored, evolved, checked and solved by deep_search
 	@# episodes over that corpus; each pair becomes a deep_search task in demo-search2qa-qa with its solver run
 	$(PY) manage.py synthesize --tasks examples/search2qa/tasks.jsonl --batch demo-search2qa --once --wait --start-offline-model --solutions examples/search2qa
+	@# multi_agent (docs/multi_agent.md): planner + coder + tester, and a round-robin group, over code_exec's
+	@# sandbox; each role a sub-episode stored as a child trajectory; code_exec's pytest gives the shared reward
+	$(PY) manage.py synthesize --tasks examples/tasks/multi_agent.jsonl --batch demo-multi-agent --once --wait --start-offline-model --solutions examples/tasks/multi_agent.jsonl examples/multi_agent/roles.jsonl
 	@# a published dataset version from the code rollouts, and one export of it (once)
 	$(PY) manage.py dataset_stats demo-code >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-code --batch demo-rollouts --min-score 80 --success-only --publish --no-progress
@@ -130,6 +133,10 @@ demo: apt-demo migrate
 	  $(PY) manage.py dataset_create demo-qa --batch demo-search2qa-qa --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-qa --version 1 --format qa --out var/exports/demo-qa-v1.qa.jsonl --force --no-progress
 	$(PY) manage.py dataset_export demo-qa --version 1 --format qa-verl --out var/exports/demo-qa-v1.qa-verl.jsonl --force --no-progress
+	$(PY) manage.py dataset_stats demo-multi-agent >/dev/null 2>&1 || \
+	  $(PY) manage.py dataset_create demo-multi-agent --batch demo-multi-agent --success-only --publish --no-progress
+	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format multiagent-agentjet --out var/exports/demo-multi-agent-v1.multiagent-agentjet.jsonl --force --no-progress
+	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format sft-trl --out var/exports/demo-multi-agent-v1.sft-trl.jsonl --force --no-progress
 	@echo
 	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
 	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. Under Tasks > Batches: 'demo' (the example"
@@ -141,6 +148,7 @@ demo: apt-demo migrate
 	@echo "'demo-deep-search' (10 research questions over the offline web: rewards by exact match and sources),"
 	@echo "'demo-search2qa' (the search2qa factory: 3 verified QA pairs and one dropped as too easy) and"
 	@echo "'demo-search2qa-qa' (the deep_search tasks it emitted, each with its executed solver run)."
+	@echo "'demo-multi-agent' (5 team tasks on code_exec: each role's sub-episode is a child trajectory; ma-004 scores 0)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
 	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format) and 'demo-qa' v1 (QA pairs): http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
 

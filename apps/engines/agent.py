@@ -634,7 +634,9 @@ class _Episode:
                 logger.exception("on_sandbox_destroyed failed; the reconciler will mark sandbox %s", self.sandbox.id)
 
     def _lost(self, exc: BaseException, when: str) -> _Stop:
-        return _Stop(ERROR, f"infrastructure: sandbox lost {when}: {exc}", kind="infrastructure", retryable=True)
+        # An InfrastructureError names its own trouble (a tool server, a sub-episode's LLM): not the sandbox.
+        what = "failed" if isinstance(exc, InfrastructureError) else "sandbox lost"
+        return _Stop(ERROR, f"infrastructure: {what} {when}: {exc}", kind="infrastructure", retryable=True)
 
     async def _sandbox_alive(self) -> bool:
         try:
@@ -936,7 +938,8 @@ class _Episode:
         """Record the step the sandbox died in (its tool call stays unanswered) and end."""
         step.update(error=f"infrastructure: {exc}", error_kind="infrastructure")
         self.result.steps.append(step)
-        await self.emit("error", f"sandbox lost: {exc}", {"error_kind": "infrastructure", "index": step["index"]})
+        what = "infrastructure failure" if isinstance(exc, InfrastructureError) else "sandbox lost"
+        await self.emit("error", f"{what}: {exc}", {"error_kind": "infrastructure", "index": step["index"]})
         return self._lost(exc, f"in step {step['index']} ({step['tool']})")
 
     # -- after finish
