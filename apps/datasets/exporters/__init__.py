@@ -6,7 +6,7 @@
 
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
 sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), toolace (ToolACE's row, toolace.py), dpo-step-trl (stepdpo.py), kto-trl and
-reward-score (kto.py). Every line is redacted (configured secrets, API-key shapes, bearer
+reward-score (kto.py), atif and adp (../interchange.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
 that cannot be rendered or whose line fails its validator is not written and is listed in
 `ExportResult.excluded` with the reason, so a file is never half-valid. Lines are serialized
@@ -55,6 +55,17 @@ class Exporter:
         return f"<Exporter {self.name} v{self.version}>"
 
 
+def _interchange(name: str) -> Callable[..., Any]:
+    """A function of apps.datasets.interchange, imported when called (that module imports this package)."""
+    def call(*args: Any) -> Any:
+        from apps.datasets import interchange
+
+        return getattr(interchange, name)(*args)
+
+    call.__name__ = name
+    return call
+
+
 _ALL = [
     Exporter("sft-openai", "1", False, "OpenAI chat fine-tuning: messages with tool_calls (arguments as JSON "
              "strings), role tool with tool_call_id, tools, parallel_tool_calls",
@@ -101,6 +112,12 @@ _ALL = [
              "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),
     Exporter("kto-trl", "1", False, "TRL KTO, unpaired: prompt, completion, label (human verdict, else verifier "
              "outcome), tools", kto.render_kto, kto.validate_kto),
+    Exporter("atif", "1", False, "Harbor's Agent Trajectory Interchange Format (ATIF-v1.4), one trajectory per "
+             "line: steps with tool_calls and observation results, final_metrics, our record in extra.trajplatform",
+             _interchange("render_atif"), _interchange("validate_atif")),
+    Exporter("adp", "1", False, "neulab's Agent Data Protocol (1.2.0): text_observation / api_action / "
+             "message_action content, our record in details.trajplatform", _interchange("render_adp"),
+             _interchange("validate_adp")),
     Exporter("reward-score", "1", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
              "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
 ]

@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.datasets.cli import resolve_user
+from apps.datasets.interchange import interchange_import
 from apps.datasets.raw_import import RawImportError, trajectories_import
 
 MAX_ERRORS_SHOWN = 200
@@ -18,18 +19,32 @@ class Command(BaseCommand):
         "checked first; every bad line is reported as FILE:LINE: reason and nothing is written. "
         "Each source batch becomes a new batch of the same name unless --batch is given "
         "(a name that already exists is refused). "
-        "Human reviews need their reviewer's account to exist here."
+        "Human reviews need their reviewer's account to exist here. "
+        "--format atif|adp|mini-swe-agent reads other tools' trajectories (and our atif/adp exports, "
+        "which come back as they went out) through the same checks."
     )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("file", metavar="FILE", help="a raw export (.jsonl)")
         parser.add_argument("--batch", metavar="NAME", help="put every imported task in one new batch of this name")
+        parser.add_argument("--format", default="raw", choices=["raw", "atif", "adp", "mini-swe-agent"],
+                            help="raw (ours, default); atif (Harbor's ATIF, JSONL or one trajectory.json); adp "
+                                 "(Agent Data Protocol, JSONL or a JSON list); mini-swe-agent (one .traj.json)")
+        parser.add_argument("--outcome", choices=["success", "failure"],
+                            help="the outcome of trajectories from another tool (they carry none we can verify); "
+                                 "required for those, ignored for our own exports")
+        parser.add_argument("--scene", help="the scene of tasks from another tool (default code_exec)")
         parser.add_argument("--user", metavar="USERNAME", help="record this user as the importer (default: system)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         actor = resolve_user(options["user"])
         try:
-            result = trajectories_import(path_or_file=options["file"], actor=actor, batch_name=options["batch"])
+            if options["format"] == "raw":
+                result = trajectories_import(path_or_file=options["file"], actor=actor, batch_name=options["batch"])
+            else:
+                result = interchange_import(path=options["file"], fmt=options["format"], actor=actor,
+                                            batch_name=options["batch"], outcome=options["outcome"],
+                                            scene=options["scene"])
         except RawImportError as exc:
             for line in exc.errors[:MAX_ERRORS_SHOWN]:
                 self.stderr.write(line)

@@ -1,0 +1,591 @@
+"""Interchange with other agent tools: ATIF (Harbor) and the Agent Data Protocol (neulab) out and in,
+mini-swe-agent's trajectory JSON in.
+
+* **ATIF** (Agent Trajectory Interchange Format, Harbor's RFC 0001, schema "ATIF-v1.4"): one
+  trajectory object `{schema_version, session_id, agent{name, version, model_name}, steps,
+  final_metrics, extra}` per line. A system step, a user step, then one agent step per assistant
+  turn: `message`, `reasoning_content`, `tool_calls [{tool_call_id, function_name, arguments
+  (object)}]` and the turn's tool results as `observation.results [{source_call_id, content}]`.
+* **ADP** (Agent Data Protocol, schema "1.2.0"): `{schema_version, id, content, details}` with
+  `content` a sequence of `text_observation` (the user's prompt: source "user_msg"; tool results:
+  source "environment" with `tool_call_id`), `api_action` (a tool call: `function`, `kwargs`,
+  `tool_call_id`, the turn's text as `description`, `reasoning_content`) and `message_action`
+  (assistant text without calls). ADP has no system role: the system prompt is in `details`.
+* **mini-swe-agent** (`<instance_id>.traj.json`, trajectory_format "mini-swe-agent-1.1"), import
+  only: assistant turns become `bash` tool calls (from `extra.actions`, else the fenced command
+  block), the `<returncode>` user messages after them their results; tool-call mode
+  (`tool_calls` + role `tool`) is read as is; the `exit` message is dropped and `info.submission`
+  becomes the final answer.
+
+Our exports put the canonical record's other fields (task, reviews, outcome, reward, verifier
+output, tools, steps, ...) under `extra.trajplatform` (ATIF) / `details.trajplatform` (ADP), and
+anything the standard fields cannot say exactly (a null content, tool-call arguments that are
+not the canonical JSON of their object) beside the step; so export -> import -> export gives the
+same lines. Files from other tools carry none of that: their tasks get the scene given on import
+(default code_exec), an external id from the session / instance / trajectory id, the source file,
+format and agent under `config_snapshot.imported_from`, and the outcome given on import — a
+foreign trajectory says nothing verifiable about success, so import refuses one without
+`outcome` rather than guess.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+from .exporters.chat import RenderError
+from .exporters.formats import _keys
+from .exporters.records import RAW_SCHEMA_VERSION
+
+ATIF_VERSION = "ATIF-v1.4"
+ATIF_VERSIONS = ("ATIF-v1.0", "ATIF-v1.1", "ATIF-v1.2", "ATIF-v1.3", "ATIF-v1.4", "ATIF-v1.5")
+ADP_VERSION = "1.2.0"
+ADP_VERSIONS = ("1.0.0", "1.1.0", "1.2.0")
+AGENT_NAME = "trajplatform"
+AGENT_VERSION = "1"
+IMPORT_FORMATS = ("atif", "adp", "mini-swe-agent")
+OUTCOMES = ("success", "failure")
+_KEPT_OUT = ("messages",)  # rebuilt from the steps / content
+
+
+class InterchangeError(ValueError):
+    """A file that cannot be imported; the message names the trajectory and the problem."""
+
+
+def _args_object(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+    except ValueError:
+        raise RenderError(f"tool-call arguments are not JSON: {str(raw)[:60]!r}") from None
+    if not isinstance(value, dict):
+        raise RenderError("tool-call arguments are not a JSON object")
+    return value
+
+
+def _args_text(args: dict[str, Any]) -> str:
+    return json.dumps(args, ensure_ascii=False)
+
+
+def _turns(messages: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(message, the tool messages right after it) for each non-tool message."""
+    i = 0
+    while i < len(messages):
+        msg = messages[i]
+        if not isinstance(msg, dict):
+            raise RenderError(f"messages[{i}]: not an object")
+        j = i + 1
+        while j < len(messages) and isinstance(messages[j], dict) and messages[j].get("role") == "tool":
+            j += 1
+        if msg.get("role") == "tool":
+            raise RenderError(f"messages[{i}]: a tool result that follows no assistant turn")
+        yield msg, messages[i + 1:j]
+        i = j
+
+
+def _as_written(value: Any) -> Any:
+    """The value as a reader gets it back from the line (exports sort keys, so argument objects too)."""
+    return orjson.loads(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+
+
+def _argument_texts(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """Call id -> the arguments as the model wrote them, where that is not how we would write their object
+    (key order, spacing): the standard formats carry arguments as objects, and exports sort keys."""
+    out = {}
+    for msg in messages:
+        for call in msg.get("tool_calls") or []:
+            raw = call.get("function", {}).get("arguments")
+            if isinstance(raw, str) and isinstance(call.get("id"), str):
+                try:
+                    rewritten = _args_text(_as_written(_args_object(raw)))
+                except RenderError:
+                    continue
+                if rewritten != raw:
+                    out[call["id"]] = raw
+    return out
+
+
+def _restore_arguments(messages: list[dict[str, Any]], originals: Any) -> list[dict[str, Any]]:
+    if isinstance(originals, dict) and originals:
+        for msg in messages:
+            for call in msg.get("tool_calls") or []:
+                if call.get("id") in originals:
+                    call["function"]["arguments"] = originals[call["id"]]
+    return messages
+
+
+def _provenance(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in _KEPT_OUT}
+
+
+# --- ATIF -------------------------------------------------------------------------------------
+
+def render_atif(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RenderError("no messages")
+    steps: list[dict[str, Any]] = []
+    for msg, results in _turns(messages):
+        role = msg.get("role")
+        step: dict[str, Any] = {"step_id": len(steps) + 1}
+        if role in ("system", "user"):
+            step.update(source=role, message=msg.get("content") or "")
+        elif role == "assistant":
+            step.update(source="agent", message=msg.get("content") or "")
+            if record.get("model"):
+                step["model_name"] = record["model"]
+            if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
+                step["reasoning_content"] = msg["reasoning_content"]
+            calls = msg.get("tool_calls") or []
+            if calls:
+                step["tool_calls"] = [{"tool_call_id": c.get("id") or "", "function_name": c["function"]["name"],
+                                       "arguments": _args_object(c["function"].get("arguments"))} for c in calls]
+            if results:
+                step["observation"] = {"results": [
+                    {"source_call_id": r.get("tool_call_id"), "content": r.get("content") or ""} for r in results]}
+        else:
+            raise RenderError(f"unsupported role {role!r}")
+        originals = _argument_texts([msg])
+        if originals:
+            step["extra"] = {"trajplatform_arguments": originals}
+        if _messages_of_atif_step(_as_written(step)) != [msg, *results]:
+            step["extra"] = {"trajplatform_messages": [msg, *results]}
+        steps.append(step)
+    agent = {"name": AGENT_NAME, "version": AGENT_VERSION, "extra": {}}
+    if record.get("model"):
+        agent["model_name"] = record["model"]
+    final = {"total_prompt_tokens": record.get("prompt_tokens") or 0,
+             "total_completion_tokens": record.get("completion_tokens") or 0,
+             "total_steps": len(steps), "extra": {"reward": record.get("reward"), "outcome": record.get("outcome")}}
+    try:
+        final["total_cost_usd"] = float(record.get("cost_usd") or 0)
+    except (TypeError, ValueError):
+        pass
+    task = record.get("task") or {}
+    return {"schema_version": ATIF_VERSION, "session_id": f"trajplatform-{record['trajectory_id']}",
+            "agent": agent, "steps": steps, "final_metrics": final,
+            "notes": f"trajplatform {task.get('scene') or ''} trajectory {record['trajectory_id']} of task "
+                     f"{record['task_id']}; extra.trajplatform holds the platform's record",
+            "extra": {"trajplatform": _provenance(record)}}
+
+
+def _messages_of_atif_step(step: dict[str, Any]) -> list[dict[str, Any]]:
+    extra = step.get("extra") or {}
+    if isinstance(extra.get("trajplatform_messages"), list):
+        return extra["trajplatform_messages"]
+    source = step.get("source")
+    message = step.get("message")
+    if source in ("system", "user"):
+        return [{"role": source, "content": message if isinstance(message, str) else ""}]
+    calls = step.get("tool_calls") or []
+    out: dict[str, Any] = {"role": "assistant", "content": message if message or not calls else None}
+    if step.get("reasoning_content"):
+        out["reasoning_content"] = step["reasoning_content"]
+    names: dict[str, str] = {}
+    if calls:
+        out["tool_calls"] = []
+        for call in calls:
+            args = call.get("arguments")
+            out["tool_calls"].append({"id": call.get("tool_call_id"), "type": "function", "function": {
+                "name": call.get("function_name"), "arguments": _args_text(args if isinstance(args, dict) else {})}})
+            names[call.get("tool_call_id")] = call.get("function_name")
+    results = ((step.get("observation") or {}).get("results")) or []
+    tools = [{"role": "tool", "tool_call_id": r.get("source_call_id"), "name": names.get(r.get("source_call_id"), ""),
+              "content": r.get("content") if isinstance(r.get("content"), str) else ""} for r in results]
+    return _restore_arguments([out, *tools], extra.get("trajplatform_arguments"))
+
+
+def validate_atif(obj: Any) -> list[str]:
+    problems = _keys(obj, {"schema_version", "session_id", "agent", "steps"}, {"notes", "final_metrics", "extra"})
+    if problems and not isinstance(obj, dict):
+        return problems
+    if obj.get("schema_version") not in ATIF_VERSIONS:
+        problems.append(f"line.schema_version: one of {', '.join(ATIF_VERSIONS)}")
+    if not isinstance(obj.get("session_id"), str) or not obj["session_id"]:
+        problems.append("line.session_id: a non-empty string")
+    agent = obj.get("agent")
+    if not isinstance(agent, dict) or not all(isinstance(agent.get(k), str) for k in ("name", "version")):
+        problems.append("line.agent: needs name and version strings")
+    steps = obj.get("steps")
+    if not isinstance(steps, list) or not steps:
+        return problems + ["line.steps: a non-empty list"]
+    for i, step in enumerate(steps):
+        at = f"line.steps[{i}]"
+        if not isinstance(step, dict):
+            problems.append(f"{at}: must be an object")
+            continue
+        if step.get("step_id") != i + 1:
+            problems.append(f"{at}.step_id: must be {i + 1} (ordinal from 1)")
+        if step.get("source") not in ("system", "user", "agent"):
+            problems.append(f"{at}.source: one of system, user, agent")
+        if not isinstance(step.get("message"), str):
+            problems.append(f"{at}.message: a string (may be empty)")
+        ids = set()
+        for j, call in enumerate(step.get("tool_calls") or []):
+            if step.get("source") != "agent":
+                problems.append(f"{at}.tool_calls: only agent steps call tools")
+            if not isinstance(call, dict) or not isinstance(call.get("tool_call_id"), str) \
+                    or not isinstance(call.get("function_name"), str) or not isinstance(call.get("arguments"), dict):
+                problems.append(f"{at}.tool_calls[{j}]: needs tool_call_id, function_name and an arguments object")
+            else:
+                ids.add(call["tool_call_id"])
+        observation = step.get("observation")
+        if observation is not None:
+            results = observation.get("results") if isinstance(observation, dict) else None
+            if not isinstance(results, list):
+                problems.append(f"{at}.observation.results: a list")
+            else:
+                for j, result in enumerate(results):
+                    source = result.get("source_call_id") if isinstance(result, dict) else 0
+                    if source is not None and source not in ids:
+                        problems.append(f"{at}.observation.results[{j}].source_call_id: {source!r} is no call of "
+                                        "this step")
+    return problems
+
+
+# --- ADP --------------------------------------------------------------------------------------
+
+def render_adp(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RenderError("no messages")
+    content: list[dict[str, Any]] = []
+    system: list[str] = []
+    for msg, results in _turns(messages):
+        role = msg.get("role")
+        if role == "system":
+            system.append(msg.get("content") or "")
+        elif role == "user":
+            content.append({"class_": "text_observation", "content": msg.get("content") or "", "source": "user_msg"})
+        elif role == "assistant":
+            content += _adp_items(msg, results)
+        else:
+            raise RenderError(f"unsupported role {role!r}")
+    details: dict[str, Any] = {"trajplatform": _provenance(record), "system": "\n\n".join(system) or None}
+    originals = _argument_texts(messages)
+    if originals:
+        details["trajplatform_arguments"] = originals
+    if _adp_messages(_as_written(content), details) != messages:
+        details["trajplatform_messages"] = messages  # what the standard items cannot say exactly
+    return {"schema_version": ADP_VERSION, "id": f"trajplatform-{record['trajectory_id']}", "content": content,
+            "details": details}
+
+
+def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    text = msg.get("content") or ""
+    calls = msg.get("tool_calls") or []
+    reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
+    items: list[dict[str, Any]] = []
+    if not calls:
+        item = {"class_": "message_action", "content": text}
+        if reasoning:
+            item["reasoning_content"] = reasoning
+        items.append(item)
+    for k, call in enumerate(calls):
+        item = {"class_": "api_action", "function": call["function"]["name"],
+                "kwargs": _args_object(call["function"].get("arguments")), "tool_call_id": call.get("id")}
+        if k == 0 and text:
+            item["description"] = text
+        if k == 0 and reasoning:
+            item["reasoning_content"] = reasoning
+        items.append(item)
+    for result in results:
+        items.append({"class_": "text_observation", "content": result.get("content") or "",
+                      "source": "environment", "tool_call_id": result.get("tool_call_id")})
+    return items
+
+
+def _adp_messages(items: list[dict[str, Any]], details: dict[str, Any]) -> list[dict[str, Any]]:
+    exact = details.get("trajplatform_messages")
+    if isinstance(exact, list):
+        return exact
+    system = details.get("system")
+    head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
+    return _restore_arguments(head + _messages_of_adp(items), details.get("trajplatform_arguments"))
+
+
+def _messages_of_adp(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Our messages from ADP content items (api_actions in a row are one assistant turn)."""
+    out: list[dict[str, Any]] = []
+    names: dict[Any, str] = {}
+    for item in items:
+        kind = item.get("class_")
+        if kind == "text_observation" and item.get("source") == "user_msg":
+            out.append({"role": "user", "content": item.get("content") or ""})
+        elif kind == "text_observation":
+            call_id = item.get("tool_call_id")
+            out.append({"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""),
+                        "content": item.get("content") or ""})
+        elif kind == "message_action":
+            msg = {"role": "assistant", "content": item.get("content") or ""}
+            if item.get("reasoning_content"):
+                msg["reasoning_content"] = item["reasoning_content"]
+            out.append(msg)
+        elif kind == "api_action":
+            kwargs = item.get("kwargs") if isinstance(item.get("kwargs"), dict) else {}
+            call = {"id": item.get("tool_call_id"), "type": "function",
+                    "function": {"name": item.get("function"), "arguments": _args_text(kwargs)}}
+            names[item.get("tool_call_id")] = item.get("function") or ""
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
+                    and not item.get("description") and not item.get("reasoning_content"):
+                last["tool_calls"].append(call)
+            else:
+                msg = {"role": "assistant", "content": item.get("description") or None}
+                if item.get("reasoning_content"):
+                    msg["reasoning_content"] = item["reasoning_content"]
+                msg["tool_calls"] = [call]
+                out.append(msg)
+        elif kind == "code_action":
+            call_id = item.get("tool_call_id") or f"adp_code_{len(out)}"
+            names[call_id] = "run_shell"
+            out.append({"role": "assistant", "content": item.get("description") or None, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {
+                    "name": "run_shell", "arguments": _args_text({"command": item.get("content") or ""})}}]})
+        else:
+            raise InterchangeError(f"ADP content item {kind!r} is not supported (text, api, code, message only)")
+    return out
+
+
+_ADP_ITEM_KEYS = {
+    "text_observation": ({"class_", "content", "source"}, {"tool_call_id", "reward", "name"}),
+    "message_action": ({"class_", "content"}, {"description", "reasoning_content"}),
+    "api_action": ({"class_", "function", "kwargs"}, {"description", "reasoning_content", "tool_call_id",
+                                                       "function_call"}),
+    "code_action": ({"class_", "language", "content"}, {"description", "reasoning_content", "tool_call_id"}),
+}
+
+
+def validate_adp(obj: Any) -> list[str]:
+    problems = _keys(obj, {"schema_version", "id", "content"}, {"details", "available_apis"})
+    if problems and not isinstance(obj, dict):
+        return problems
+    if obj.get("schema_version") not in ADP_VERSIONS:
+        problems.append(f"line.schema_version: one of {', '.join(ADP_VERSIONS)}")
+    if not isinstance(obj.get("id"), str) or not obj["id"]:
+        problems.append("line.id: a non-empty string")
+    items = obj.get("content")
+    if not isinstance(items, list) or not items:
+        return problems + ["line.content: a non-empty list"]
+    call_ids: set[Any] = set()
+    for i, item in enumerate(items):
+        kind = item.get("class_") if isinstance(item, dict) else None
+        if kind not in _ADP_ITEM_KEYS:
+            problems.append(f"line.content[{i}].class_: one of {', '.join(_ADP_ITEM_KEYS)}")
+            continue
+        required, optional = _ADP_ITEM_KEYS[kind]
+        problems += _keys(item, required, optional, where=f"line.content[{i}]")
+        if kind == "text_observation" and item.get("source") not in ("user_msg", "agent", "environment"):
+            problems.append(f"line.content[{i}].source: one of user_msg, agent, environment")
+        if kind == "api_action":
+            if not isinstance(item.get("kwargs"), dict):
+                problems.append(f"line.content[{i}].kwargs: an object")
+            call_ids.add(item.get("tool_call_id"))
+        if kind == "text_observation" and item.get("tool_call_id") is not None \
+                and item["tool_call_id"] not in call_ids:
+            problems.append(f"line.content[{i}].tool_call_id: matches no earlier action")
+    return problems
+
+
+# --- import -----------------------------------------------------------------------------------
+
+def _documents(data: bytes, label: str) -> Iterator[tuple[str, Any]]:
+    """One JSON document (trajectory.json, .traj.json) or JSONL; (where, object) each."""
+    text = data.strip()
+    if not text:
+        raise InterchangeError(f"{label}: empty file")
+    try:
+        whole = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict):
+        yield label, whole
+        return
+    if isinstance(whole, list):
+        for i, obj in enumerate(whole):
+            yield f"{label}[{i}]", obj
+        return
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{label}:{number}", orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise InterchangeError(f"{label}:{number}: not valid JSON ({exc})") from None
+
+
+def _tools_for(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    names = sorted({c["function"]["name"] for m in messages for c in m.get("tool_calls") or []})
+    return [{"type": "function", "function": {"name": n, "description": "", "parameters": {
+        "type": "object", "properties": {}}}} for n in names]
+
+
+def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str, source: dict[str, Any],
+                    options: dict[str, Any], model: str = "", final_answer: str = "",
+                    tokens: tuple[int, int] = (0, 0), cost: float = 0.0, reward: Any = None) -> dict[str, Any]:
+    outcome = options.get("outcome")
+    if outcome not in OUTCOMES:
+        raise InterchangeError(f"{external_id}: a trajectory from another tool has no outcome we can verify; say "
+                               "which it is (outcome success or failure, --outcome)")
+    users = [m for m in messages if m["role"] == "user"]
+    if not users:
+        raise InterchangeError(f"{external_id}: no user message (the task)")
+    from apps.datasets.exporters.records import TASK_FIELDS
+    from apps.tasks.models import Task
+
+    task = {f: Task._meta.get_field(f).get_default() for f in TASK_FIELDS}  # the defaults a new task gets
+    task.update(scene=options.get("scene") or "code_exec", prompt=users[0]["content"], external_id=external_id[:200],
+                model=model[:200], batch="")
+    return {
+        "schema_version": RAW_SCHEMA_VERSION, "trajectory_id": n, "task_id": n, "task": task,
+        "reviews": {"auto": None, "human": None}, "iteration": 1, "sample_index": 0, "status": "finished",
+        "messages": messages, "tools": _tools_for(messages), "steps": [], "final_answer": final_answer,
+        "outcome": outcome, "outcome_reason": f"imported from {source['format']}: outcome given on import",
+        "reward": reward if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
+        "verifier_output": {}, "model": model[:200], "config_snapshot": {"imported_from": source},
+        "prompt_tokens": tokens[0], "completion_tokens": tokens[1], "total_tokens": tokens[0] + tokens[1],
+        "cost_usd": str(cost), "content_sha256": "", "error": "", "started_at": None, "finished_at": None,
+    }
+
+
+def _ours(extra: Any, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    record = (extra or {}).get("trajplatform") if isinstance(extra, dict) else None
+    if isinstance(record, dict) and record.get("schema_version") == RAW_SCHEMA_VERSION:
+        return {**record, "messages": messages}
+    return None
+
+
+def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
+    problems = validate_atif(obj)
+    if problems:
+        raise InterchangeError(f"{label}: not ATIF: {'; '.join(problems[:5])}")
+    messages = [m for step in obj["steps"] for m in _messages_of_atif_step(step)]
+    ours = _ours(obj.get("extra"), messages)
+    if ours is not None:
+        return ours
+    final = obj.get("final_metrics") or {}
+    agent = obj["agent"]
+    source = {"format": "atif", "schema_version": obj["schema_version"], "session_id": obj["session_id"],
+              "agent": {k: agent.get(k) for k in ("name", "version", "model_name")}, "file": options.get("file", ""),
+              "notes": obj.get("notes") or ""}
+    return _foreign_record(
+        messages, n=n, external_id=obj["session_id"], source=source, options=options,
+        model=agent.get("model_name") or "",
+        tokens=(int(final.get("total_prompt_tokens") or 0), int(final.get("total_completion_tokens") or 0)),
+        cost=float(final.get("total_cost_usd") or 0.0), reward=(final.get("extra") or {}).get("reward"))
+
+
+def from_adp(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
+    problems = validate_adp(obj)
+    if problems:
+        raise InterchangeError(f"{label}: not ADP: {'; '.join(problems[:5])}")
+    details = obj.get("details") if isinstance(obj.get("details"), dict) else {}
+    messages = _adp_messages(obj["content"], details)
+    ours = _ours(details, messages)
+    if ours is not None:
+        return ours
+    source = {"format": "adp", "schema_version": obj["schema_version"], "id": obj["id"],
+              "file": options.get("file", ""),
+              "details": {k: v for k, v in details.items() if isinstance(v, (str, int, float, bool))}}
+    return _foreign_record(messages, n=n, external_id=obj["id"], source=source, options=options)
+
+
+_MSWEA_BLOCK = re.compile(r"```(?:mswea_bash_command|bash)\s*\n(.*?)\n```", re.S)
+_RETURNCODE = re.compile(r"^\s*<returncode>")
+
+
+def from_mini_swe_agent(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+        raise InterchangeError(f"{label}: not a mini-swe-agent trajectory (no messages list)")
+    info = obj.get("info") if isinstance(obj.get("info"), dict) else {}
+    messages: list[dict[str, Any]] = []
+    pending: list[str] = []  # call ids of the last assistant turn still waiting for output
+    for i, msg in enumerate(obj["messages"]):
+        if not isinstance(msg, dict):
+            raise InterchangeError(f"{label}: messages[{i}] is not an object")
+        role, content = msg.get("role"), msg.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        content = content if isinstance(content, str) else ""
+        if role == "exit":
+            break
+        if role == "assistant":
+            out: dict[str, Any] = {"role": "assistant", "content": content or None}
+            if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
+                out["reasoning_content"] = msg["reasoning_content"]
+            if msg.get("tool_calls"):
+                out["tool_calls"] = [{"id": c.get("id"), "type": "function", "function": {
+                    "name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
+                    for c in msg["tool_calls"]]
+                pending = []
+            else:
+                actions = ((msg.get("extra") or {}).get("actions")) or [
+                    {"command": m} for m in _MSWEA_BLOCK.findall(content)]
+                if actions:
+                    out["tool_calls"] = [{"id": f"mswea_{i}_{k}", "type": "function", "function": {
+                        "name": "bash", "arguments": _args_text({"command": a.get("command", "")})}}
+                        for k, a in enumerate(actions)]
+                    pending = [c["id"] for c in out["tool_calls"]]
+                elif out["content"] is None:
+                    out["content"] = ""
+            messages.append(out)
+        elif role == "tool":
+            messages.append({"role": "tool", "tool_call_id": msg.get("tool_call_id"), "name": "bash",
+                             "content": content})
+        elif role == "user" and pending and _RETURNCODE.match(content):
+            messages.append({"role": "tool", "tool_call_id": pending.pop(0), "name": "bash", "content": content})
+        elif role in ("system", "user"):
+            if pending:  # a format error message or the like answers the turn's calls
+                for call_id in pending:
+                    messages.append({"role": "tool", "tool_call_id": call_id, "name": "bash", "content": content})
+                pending = []
+                continue
+            messages.append({"role": role, "content": content})
+        else:
+            raise InterchangeError(f"{label}: messages[{i}]: unsupported role {role!r}")
+    stats = info.get("model_stats") if isinstance(info.get("model_stats"), dict) else {}
+    model = (((info.get("config") or {}).get("model") or {}).get("model_name")) or ""
+    instance = str(obj.get("instance_id") or Path(options.get("file", "")).name.removesuffix(".traj.json") or n)
+    source = {"format": "mini-swe-agent", "trajectory_format": obj.get("trajectory_format") or "",
+              "mini_version": info.get("mini_version") or "", "instance_id": instance,
+              "exit_status": info.get("exit_status") or "", "file": options.get("file", ""),
+              "agent_type": ((info.get("config") or {}).get("agent_type")) or ""}
+    return _foreign_record(messages, n=n, external_id=instance, source=source, options=options, model=model,
+                           final_answer=info.get("submission") or "", cost=float(stats.get("instance_cost") or 0.0))
+
+
+READERS = {"atif": from_atif, "adp": from_adp, "mini-swe-agent": from_mini_swe_agent}
+
+
+def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = None, scene: str | None = None) -> bytes:
+    """The canonical raw JSONL for an ATIF / ADP / mini-swe-agent file (InterchangeError on bad input)."""
+    if fmt not in READERS:
+        raise InterchangeError(f"unknown import format {fmt!r}; one of: raw, {', '.join(IMPORT_FORMATS)}")
+    options = {"outcome": outcome, "scene": scene, "file": Path(label).name}
+    out = io.BytesIO()
+    for n, (where, obj) in enumerate(_documents(data, label), start=1):
+        record = READERS[fmt](obj, n, options, where)
+        out.write(orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE))
+    return out.getvalue()
+
+
+def interchange_import(*, path: str | Path, fmt: str, actor: Any, batch_name: str | None = None,
+                       outcome: str | None = None, scene: str | None = None) -> Any:
+    """Import an ATIF / ADP / mini-swe-agent file through the raw importer (all or nothing, one audit row)."""
+    from apps.datasets.raw_import import RawImportError, trajectories_import
+
+    path = Path(path)
+    if not path.is_file():
+        raise RawImportError([f"{path}: no such file"])
+    try:
+        raw = to_raw_lines(path.read_bytes(), fmt, label=str(path), outcome=outcome, scene=scene)
+    except (InterchangeError, RenderError) as exc:
+        raise RawImportError([str(exc)]) from None
+    buffer = io.BytesIO(raw)
+    buffer.name = f"{path.stem}.{fmt}"
+    return trajectories_import(path_or_file=buffer, actor=actor, batch_name=batch_name)

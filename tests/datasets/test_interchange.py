@@ -1,0 +1,228 @@
+"""ATIF and Agent Data Protocol export and import, mini-swe-agent import: round trips on a trajectory
+the real agent loop produced (offline scripted model, local sandbox) and on the rich episode, and
+other tools' files (the ATIF RFC's example, an ADP trajectory, mini-swe-agent text and tool-call mode)."""
+from __future__ import annotations
+
+import io
+import json
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from django.core.management import CommandError, call_command
+
+from apps.datasets.exporters import export_records, load_records, validate_line
+from apps.tasks.models import Task, Trajectory
+from tests.datasets.exporter_data import make_review, make_trajectory
+from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
+from tests.engines.test_agent import HELLO, HELLO_STEPS, config_for, llm_env, run, scripted  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def export(fmt: str, ids: list[int]) -> bytes:
+    out = io.BytesIO()
+    result = export_records(fmt, load_records(ids), out)
+    assert result.lines == len(ids), result.excluded
+    return out.getvalue()
+
+
+def import_file(path: Path, *args: str) -> list[Trajectory]:
+    before = set(Trajectory.objects.values_list("pk", flat=True))
+    call_command("import_trajectories", str(path), *args, stdout=StringIO(), stderr=StringIO())
+    return list(Trajectory.objects.exclude(pk__in=before).order_by("pk"))
+
+
+def normalized(data: bytes, fmt: str) -> list[dict[str, Any]]:
+    """Lines with the ids and batch a re-import changes taken out."""
+    out = []
+    for line in data.splitlines():
+        obj = orjson.loads(line)
+        record = obj["extra" if fmt == "atif" else "details"]["trajplatform"]
+        record["trajectory_id"] = record["task_id"] = 0
+        record["task"]["batch"] = ""
+        obj["session_id" if fmt == "atif" else "id"] = "x"
+        obj.pop("notes", None)  # names the ids too
+        out.append(obj)
+    return out
+
+
+@pytest.fixture
+def real_trajectory(make_task: Any, sandbox_settings: Any, llm_env: Any, reviewer: Any) -> Trajectory:  # noqa: F811
+    """One code_exec episode of the real loop, stored as the rollout job stores it."""
+    with scripted(HELLO, *HELLO_STEPS) as (_server, llm):
+        result = run(config_for(HELLO), llm)
+    assert result.outcome == "success"
+    task = make_task(prompt=HELLO, external_id="hello-1")
+    trajectory = Trajectory.objects.create(
+        task=task, iteration=1, sample_index=0, status="finished", messages=result.messages, tools=result.tools,
+        steps=result.steps, final_answer=result.final_answer, outcome=result.outcome,
+        outcome_reason=result.outcome_reason, reward=result.reward, model=result.model,
+        prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+        total_tokens=result.total_tokens)
+    make_review(trajectory, overall=88)
+    make_review(trajectory, kind="human", verdict="accept", reviewer=reviewer)
+    return trajectory
+
+
+@pytest.mark.parametrize("fmt", ["atif", "adp"])
+def test_a_real_loop_trajectory_goes_out_and_comes_back_unchanged(real_trajectory: Trajectory, fmt: str,
+                                                                 tmp_path: Path) -> None:
+    data = export(fmt, [real_trajectory.pk])
+    line = orjson.loads(data)
+    assert validate_line(fmt, line) == []
+    if fmt == "atif":
+        assert line["schema_version"] == "ATIF-v1.4" and [s["source"] for s in line["steps"]] == [
+            "system", "user", "agent", "agent", "agent"]
+        write = line["steps"][2]
+        assert write["message"] == "Write it." and write["tool_calls"][0]["function_name"] == "write_file"
+        assert write["tool_calls"][0]["arguments"] == {"path": "hello.txt", "content": "hello\n"}
+        assert write["observation"]["results"][0]["source_call_id"] == write["tool_calls"][0]["tool_call_id"]
+        assert line["final_metrics"]["total_prompt_tokens"] == real_trajectory.prompt_tokens
+        assert set(write["extra"]) == {"trajplatform_arguments"}
+    else:
+        assert line["schema_version"] == "1.2.0"
+        assert [i["class_"] for i in line["content"]][:3] == ["text_observation", "api_action", "text_observation"]
+        assert line["content"][1]["kwargs"] == {"path": "hello.txt", "content": "hello\n"}
+        assert line["details"]["system"] == real_trajectory.messages[0]["content"]
+        assert "trajplatform_messages" not in line["details"]  # the standard items say it all
+    path = tmp_path / f"out.{fmt}.jsonl"
+    path.write_bytes(data)
+    [back] = import_file(path, "--format", fmt, "--batch", f"back-{fmt}")
+    assert back.messages == real_trajectory.messages and back.tools == real_trajectory.tools
+    assert back.steps == real_trajectory.steps and back.content_sha256 == real_trajectory.content_sha256
+    assert back.reviews.filter(kind="human", verdict="accept").exists()
+    assert normalized(export(fmt, [back.pk]), fmt) == normalized(data, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["atif", "adp"])
+def test_the_rich_episode_round_trips_parallel_calls_null_content_and_reasoning(make_task: Any, fmt: str,
+                                                                               tmp_path: Path) -> None:
+    original = make_trajectory(make_task(prompt="Écris primes.py ✓"))
+    data = export(fmt, [original.pk])
+    assert validate_line(fmt, orjson.loads(data)) == []
+    path = tmp_path / f"rich.{fmt}.jsonl"
+    path.write_bytes(data)
+    [back] = import_file(path, "--format", fmt, "--batch", "rich")
+    assert back.messages == original.messages
+    assert normalized(export(fmt, [back.pk]), fmt) == normalized(data, fmt)
+
+
+ATIF_RFC_EXAMPLE = {  # the RFC's section IV example (abridged metrics)
+    "schema_version": "ATIF-v1.4", "session_id": "025B810F-B3A2-4C67-93C0-FE7A142A947A",
+    "agent": {"name": "harbor-agent", "version": "1.0.0", "model_name": "gemini-2.5-flash", "extra": {}},
+    "notes": "Initial test trajectory", "extra": {},
+    "final_metrics": {"total_prompt_tokens": 1120, "total_completion_tokens": 124, "total_cached_tokens": 200,
+                      "total_cost_usd": 0.00078, "total_steps": 3, "extra": {}},
+    "steps": [
+        {"step_id": 1, "timestamp": "2025-10-11T10:30:00Z", "source": "user",
+         "message": "What is the current trading price of Alphabet (GOOGL)?", "extra": {}},
+        {"step_id": 2, "source": "agent", "model_name": "gemini-2.5-flash", "reasoning_effort": "medium",
+         "message": "I will search for the current trading price and volume for GOOGL.",
+         "reasoning_content": "The request requires two data points.",
+         "tool_calls": [
+             {"tool_call_id": "call_price_1", "function_name": "financial_search",
+              "arguments": {"ticker": "GOOGL", "metric": "price"}},
+             {"tool_call_id": "call_volume_2", "function_name": "financial_search",
+              "arguments": {"ticker": "GOOGL", "metric": "volume"}}],
+         "observation": {"results": [
+             {"source_call_id": "call_price_1", "content": "GOOGL is currently trading at $185.35"},
+             {"source_call_id": "call_volume_2", "content": "GOOGL volume: 1.5M shares traded."}]},
+         "metrics": {"prompt_tokens": 520, "completion_tokens": 80, "cached_tokens": 200, "cost_usd": 0.00045}},
+        {"step_id": 3, "source": "agent", "model_name": "gemini-2.5-flash",
+         "message": "Alphabet (GOOGL) is trading at $185.35 with a volume of 1.5M shares traded."},
+    ],
+}
+
+
+def test_an_atif_file_from_harbor_comes_in_with_its_provenance(tmp_path: Path) -> None:
+    path = tmp_path / "trajectory.json"
+    path.write_text(json.dumps(ATIF_RFC_EXAMPLE))
+    with pytest.raises(CommandError, match="nothing was imported"):
+        import_file(path, "--format", "atif")
+    [t] = import_file(path, "--format", "atif", "--outcome", "success")
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert t.messages[1]["reasoning_content"] == "The request requires two data points."
+    assert [json.loads(c["function"]["arguments"]) for c in t.messages[1]["tool_calls"]] == [
+        {"ticker": "GOOGL", "metric": "price"}, {"ticker": "GOOGL", "metric": "volume"}]
+    assert t.messages[3] == {"role": "tool", "tool_call_id": "call_volume_2", "name": "financial_search",
+                             "content": "GOOGL volume: 1.5M shares traded."}
+    assert [tool["function"]["name"] for tool in t.tools] == ["financial_search"]
+    assert (t.outcome, t.reward, t.model, t.prompt_tokens) == ("success", None, "gemini-2.5-flash", 1120)
+    source = t.config_snapshot["imported_from"]
+    assert source["format"] == "atif" and source["agent"]["name"] == "harbor-agent"
+    assert source["session_id"] == ATIF_RFC_EXAMPLE["session_id"] and source["file"] == "trajectory.json"
+    task = Task.objects.get(pk=t.task_id)
+    assert task.external_id == ATIF_RFC_EXAMPLE["session_id"] and task.scene == "code_exec"
+    assert task.prompt.startswith("What is the current trading price")
+    # It goes out again as SFT data.
+    assert validate_line("sft-openai", orjson.loads(export("sft-openai", [t.pk]))) == []
+
+
+def test_an_adp_trajectory_comes_in_and_bad_items_are_refused(tmp_path: Path) -> None:
+    adp = {"schema_version": "1.2.0", "id": "nemotron-42", "content": [
+        {"class_": "text_observation", "content": "List the files.", "source": "user_msg"},
+        {"class_": "api_action", "function": "execute_bash", "kwargs": {"command": "ls"}, "tool_call_id": "c1",
+         "description": "I will list them."},
+        {"class_": "text_observation", "content": "a.txt", "source": "environment", "tool_call_id": "c1"},
+        {"class_": "message_action", "content": "There is a.txt."}],
+        "details": {"dataset": "example"}}
+    path = tmp_path / "adp.jsonl"
+    path.write_text(json.dumps(adp) + "\n")
+    [t] = import_file(path, "--format", "adp", "--outcome", "failure", "--scene", "code_exec")
+    assert t.messages == [
+        {"role": "user", "content": "List the files."},
+        {"role": "assistant", "content": "I will list them.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "execute_bash", "arguments": '{"command": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "execute_bash", "content": "a.txt"},
+        {"role": "assistant", "content": "There is a.txt."}]
+    assert t.outcome == "failure" and t.config_snapshot["imported_from"]["details"] == {"dataset": "example"}
+    adp["content"].append({"class_": "web_observation", "url": "https://example.org"})
+    path.write_text(json.dumps(adp) + "\n")
+    err = StringIO()
+    with pytest.raises(CommandError):
+        call_command("import_trajectories", str(path), "--format", "adp", "--outcome", "success", "--batch", "x",
+                     stdout=StringIO(), stderr=err)
+    assert "line.content[4].class_: one of text_observation" in err.getvalue()
+
+
+def test_mini_swe_agent_trajectories_come_in_in_text_and_tool_call_mode(tmp_path: Path) -> None:
+    text_mode = {
+        "info": {"model_stats": {"instance_cost": 0.05, "api_calls": 2}, "mini_version": "2.0.0",
+                 "config": {"model": {"model_name": "claude-sonnet"}, "agent_type": "DefaultAgent"},
+                 "exit_status": "Submitted", "submission": "diff --git a/x b/x"},
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "<task>Fix the bug</task>"},
+            {"role": "assistant", "content": "THOUGHT: look.\n```mswea_bash_command\nls -la\n```",
+             "extra": {"actions": [{"command": "ls -la"}], "cost": 0.003}},
+            {"role": "user", "content": "<returncode>0</returncode>\n<output>x.py</output>",
+             "extra": {"returncode": 0}},
+            {"role": "assistant", "content": "THOUGHT: done.\n```mswea_bash_command\necho COMPLETE\n```"},
+            {"role": "user", "content": "<returncode>0</returncode>\n<output></output>"},
+            {"role": "exit", "content": "", "extra": {"exit_status": "Submitted"}}],
+        "instance_id": "owner__repo__123", "trajectory_format": "mini-swe-agent-1.1"}
+    path = tmp_path / "owner__repo__123.traj.json"
+    path.write_text(json.dumps(text_mode))
+    [t] = import_file(path, "--format", "mini-swe-agent", "--outcome", "success")
+    assert [m["role"] for m in t.messages] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert json.loads(t.messages[2]["tool_calls"][0]["function"]["arguments"]) == {"command": "ls -la"}
+    assert json.loads(t.messages[4]["tool_calls"][0]["function"]["arguments"]) == {"command": "echo COMPLETE"}
+    assert t.messages[3]["tool_call_id"] == t.messages[2]["tool_calls"][0]["id"]
+    assert t.final_answer == "diff --git a/x b/x" and t.model == "claude-sonnet"
+    assert t.config_snapshot["imported_from"]["exit_status"] == "Submitted"
+    assert Task.objects.get(pk=t.task_id).external_id == "owner__repo__123"
+
+    tool_mode = {"info": {"exit_status": "Submitted", "submission": ""}, "instance_id": "b__c__1", "messages": [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "Do it."},
+        {"role": "assistant", "content": "", "reasoning_content": "hmm", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "pwd"}'}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "/repo"},
+        {"role": "exit", "content": ""}]}
+    path = tmp_path / "b__c__1.traj.json"
+    path.write_text(json.dumps(tool_mode))
+    [t] = import_file(path, "--format", "mini-swe-agent", "--outcome", "failure")
+    assert t.messages[2]["reasoning_content"] == "hmm" and t.messages[3]["content"] == "/repo"
+    assert validate_line("sft-trl", orjson.loads(export("sft-trl", [t.pk]))) == []
