@@ -148,7 +148,7 @@ demo: apt-demo migrate
 	@echo "'demo-deep-search' (10 research questions over the offline web: rewards by exact match and sources),"
 	@echo "'demo-search2qa' (the search2qa factory: 3 verified QA pairs and one dropped as too easy) and"
 	@echo "'demo-search2qa-qa' (the deep_search tasks it emitted, each with its executed solver run)."
-	@echo "'demo-multi-agent' (5 team tasks on code_exec: each role's sub-episode is a child trajectory; ma-004 scores 0)."
+	@echo "'demo-multi-agent' (6 team tasks on code_exec and deep_search: each role's run is a child trajectory; ma-004 scores 0)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
 	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format) and 'demo-qa' v1 (QA pairs): http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
 

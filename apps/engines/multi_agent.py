@@ -13,8 +13,8 @@ Protocols, both on the shared loop (apps/engines/agent.py) and its sub-episodes:
 
 * `delegate` (orchestrator-workers): the lead runs the loop with its tools plus
   `delegate(role, instruction)` and the base scene's finish. Each delegation is a sub-episode
-  for that role (its system prompt, its tools, its limits and model, the same sandbox); its
-  final answer is the tool's result. A role that does not finish is reported to the lead as
+  for that role (its system prompt, its tools, its limits and model, the same sandbox), which
+  ends with its own `finish(answer)`, a report for the lead: that is the tool's result. A role that does not finish is reported to the lead as
   the tool's result; an infrastructure error in it ends the whole episode.
 * `round_robin` (a group chat, like AgentScope's message hub): the lead speaks with
   `post(message)`; then every other role, in order, takes a turn — a sub-episode whose prompt
@@ -48,6 +48,7 @@ SCENE = "multi_agent"
 PROTOCOLS = ("delegate", "round_robin")
 CONSENSUS = ("none", "all_agree")
 DEFAULT_MAX_ROUNDS = 3
+REPORT = "finish"  # a delegated role's own finish(answer): its report to the lead
 
 
 def _scene(config: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +174,10 @@ class MultiAgentRuntime(SceneRuntime):
                                {"message": {"type": "string", "minLength": 1},
                                 "agree": {"type": "boolean", "description": "you agree with the current proposal"}},
                                ["message"])]
-        return keep + finish
+        # A delegated role reports to the lead; the base scene's finish (with its own arguments,
+        # e.g. deep_search's sources) is the lead's, whose answer the verifier grades.
+        return keep + [_fn(REPORT, "End your work: your answer or a short report for the lead.",
+                           {"answer": {"type": "string"}}, ["answer"])]
 
     def system_prompt(self, config: dict[str, Any]) -> str:
         base = self._base(config)
@@ -204,14 +208,14 @@ class MultiAgentRuntime(SceneRuntime):
 
     def is_finish(self, name: str) -> bool:
         config = current_episode().config
-        if name == "say" and not self._is_lead(config):
-            return True
+        if not self._is_lead(config):
+            return name == ("say" if self._protocol(config) == "round_robin" else REPORT)
         return self._base(config).is_finish(name)
 
     def finish_answer(self, args: dict[str, Any]) -> str:
         config = current_episode().config
-        if "message" in args and not self._is_lead(config) and self._protocol(config) == "round_robin":
-            return str(args["message"])
+        if not self._is_lead(config):
+            return str(args.get("message" if self._protocol(config) == "round_robin" else "answer") or "")
         return self._base(config).finish_answer(args)
 
     async def aexecute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,

@@ -5,8 +5,9 @@ roles' scripts, matched by the instruction the lead hands them).
     python3 examples/multi_agent/build.py          # rewrite both files
     python3 examples/multi_agent/build.py --check  # exit 1 if they are not what this writes
 
-Every task's reward comes from its base scene's verifier (code_exec's pytest here); ma-004's
-coder writes a wrong function on purpose, so that task scores 0.
+Every task's reward comes from its base scene's verifier (code_exec's pytest; deep_search's exact
+match and opened sources for ma-006, over the debian-docs corpus); ma-004's coder writes a wrong
+function on purpose, so that task scores 0.
 """
 from __future__ import annotations
 
@@ -130,6 +131,52 @@ def round_robin_task() -> tuple[dict, list[dict]]:
     return task, roles
 
 
+def research_task() -> tuple[dict, list[dict]]:
+    """deep_search as the base scene: a researcher and a verifier use the web tools, the writer
+    (the lead) only delegates and answers; the cited pages count as opened because the roles'
+    sub-episodes opened them (deep_search checks the episode's pages, its sub-episodes' included)."""
+    key = "ma-006"
+    lovelace, ada = "https://foldoc.example/ada_lovelace", "https://foldoc.example/ada"
+    researcher = (f"[{key} researcher] Find the programming language named after Lord Byron's daughter: open her "
+                  "FOLDOC entry and the language's entry, and report both URLs.")
+    verifier = f"[{key} verifier] Open {ada} and find the year the language was designed."
+    team = [
+        {"name": "writer", "description": "writes the final answer with its sources", "tools": []},
+        {"name": "researcher", "description": "searches the web and opens pages", "tools": ["search", "open", "find"],
+         "max_steps": 5},
+        {"name": "verifier", "description": "checks a claim on a given page", "tools": ["open", "find"],
+         "max_steps": 4},
+    ]
+    task = {
+        "external_id": key, "scene": "multi_agent",
+        "prompt": f"[{key}] In what year was the programming language named after Lord Byron's daughter designed?",
+        "config": {"base_scene": "deep_search",
+                   "base_config": {"expected_answer": "1979", "aliases": [], "sources": [lovelace, ada],
+                                   "require_sources": True, "web": {"backend": "corpus", "corpus": "debian-docs"}},
+                   "protocol": "delegate", "roles": team, "lead": "writer"},
+        "max_steps": 5,
+        "reference_solution": [
+            call("delegate", "The researcher finds the language.", role="researcher", instruction=researcher),
+            call("delegate", "The verifier confirms the year.", role="verifier", instruction=verifier),
+            call("finish", answer="1979", sources=[lovelace, ada]),
+        ],
+    }
+    roles = [
+        {"id": f"{key}-researcher", "prompt": researcher, "reference_solution": [
+            call("search", query="daughter of Lord Byron", k=3),
+            call("open", url=lovelace),
+            call("open", url=ada),
+            call("finish", answer=f"The language is Ada: {lovelace} and {ada}"),
+        ]},
+        {"id": f"{key}-verifier", "prompt": verifier, "reference_solution": [
+            call("open", url=ada),
+            call("find", url=ada, pattern="1979"),
+            call("finish", answer="Ada was designed in 1979."),
+        ]},
+    ]
+    return task, roles
+
+
 def build() -> tuple[list[dict], list[dict]]:
     tasks, roles = [], []
     for args in [
@@ -150,9 +197,9 @@ def build() -> tuple[list[dict], list[dict]]:
         task, scripts = delegate_task(*args)
         tasks.append(task)
         roles += scripts
-    task, scripts = round_robin_task()
-    tasks.append(task)
-    roles += scripts
+    for task, scripts in (round_robin_task(), research_task()):
+        tasks.append(task)
+        roles += scripts
     return tasks, roles
 
 

@@ -67,6 +67,7 @@ def test_the_lead_delegates_to_roles_that_act_in_its_sandbox_and_the_base_verifi
     assert [t["function"]["name"] for t in result.tools] == ["read_file", "delegate", "finish"]
     coder, tester = result.subepisodes
     assert [t["function"]["name"] for t in tester.tools] == ["run_shell", "finish"]
+    assert tester.tools[-1]["function"]["parameters"]["required"] == ["answer"]  # its report to the lead
     assert tester.steps[0]["output"].rstrip().endswith("5")  # the coder's file, in the same sandbox
     assert coder.messages[0]["content"].startswith("You are the coder of a team.")
     facts = result.verifier_output["multi_agent"]
