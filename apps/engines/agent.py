@@ -906,6 +906,7 @@ class _Episode:
                 )
             except ToolError as exc:
                 error = str(exc)
+                step.update({k: v for k, v in exc.extra.items() if k not in step})  # ToolError(extra=...)
             except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
                 raise await self._step_lost(step, exc) from None
             except SandboxError as exc:

@@ -74,7 +74,14 @@ from apps.engines.scenes import SCENES
 
 
 class ToolError(Exception):
-    """The agent's call cannot be carried out (bad arguments, missing file); told to the model."""
+    """The agent's call cannot be carried out (bad arguments, missing file); told to the model.
+
+    `extra` lands in the failed step's record, as `ToolResult.extra` does in a successful one
+    (e.g. the recorded exchange a replay needs: a live fetch that answered HTTP 404)."""
+
+    def __init__(self, *args: Any, extra: dict[str, Any] | None = None):
+        super().__init__(*args)
+        self.extra = dict(extra or {})
 
 
 class InfrastructureError(Exception):

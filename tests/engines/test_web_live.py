@@ -223,8 +223,9 @@ def test_replaying_the_records_makes_no_request(fake_web):
                        ("open", {"url": f"{fake_web}/missing"})):
         try:
             steps.append({"tool": name, **web.execute(name, args, timeout=5).extra})
-        except ToolError as exc:
-            steps.append({"tool": name, "error": str(exc), "web_calls": web.backend.take_records()})
+        except ToolError as exc:  # the failed exchange's record rides on the error, for the step
+            steps.append({"tool": name, "error": str(exc), **exc.extra})
+    assert steps[2]["web_calls"][0]["is_error"] is True
     hits = len(FakeWeb.hits)
     replay = WebToolset(L.LiveBackend(recording=Recording(L.web_records(steps), source="test")))
     assert replay.execute("search", {"query": "engine"}).extra["results"] == steps[0]["results"]
@@ -243,8 +244,8 @@ def test_a_deep_search_episode_on_the_live_web_replays_without_the_web(fake_web,
 
     prompt = "[live] When was the Analytical Engine first described?"
     scripts = [{"id": "live", "prompt": prompt, "reference_solution": [
-        call("search", query="Analytical Engine"), call("open", url=f"{fake_web}/engine.html"),
-        call("finish", answer="1837", sources=[f"{fake_web}/engine.html"])]}]
+        call("search", query="Analytical Engine"), call("open", url=f"{fake_web}/gone.html"),
+        call("open", url=f"{fake_web}/engine.html"), call("finish", answer="1837", sources=[f"{fake_web}/engine.html"])]}]
     config = config_for(prompt, {"expected_answer": "1837", "web": {"backend": "live"}}, scene="deep_search")
     original = uuid.uuid4()
     with running_offline_model(scripts=scripts) as server:
@@ -256,5 +257,7 @@ def test_a_deep_search_episode_on_the_live_web_replays_without_the_web(fake_web,
         again = run({**config, "replay_of": str(original)}, client(server.url), sandbox_backend=None)
     assert (again.outcome, again.reward) == ("success", 1.0), again.outcome_reason
     assert len(FakeWeb.hits) == hits
+    assert first.steps[1]["error"].endswith("answered HTTP 404") and first.steps[1]["web_calls"][0]["is_error"]
+    assert again.steps[1]["error"] == first.steps[1]["error"]  # the refusal replayed from its record
     assert [s.get("results") or s.get("content_sha256") for s in again.steps] == \
         [s.get("results") or s.get("content_sha256") for s in first.steps]

@@ -130,7 +130,7 @@ def _get_pinned(url: str, timeout: float, max_bytes: int) -> tuple[int, str, byt
             except httpx.HTTPError as exc:
                 raise ToolError(f"fetching {url} failed: {type(exc).__name__}: {exc}") from None
             try:
-                body = b""
+                body = bytearray()
                 for chunk in response.iter_bytes():
                     body += chunk
                     if len(body) > max_bytes:
@@ -140,7 +140,7 @@ def _get_pinned(url: str, timeout: float, max_bytes: int) -> tuple[int, str, byt
             finally:
                 response.close()
             content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
-            return response.status_code, content_type, body, dict(response.headers)
+            return response.status_code, content_type, bytes(body), dict(response.headers)
     raise ToolError(f"cannot connect to {url}: {error}")
 
 

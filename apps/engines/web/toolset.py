@@ -140,14 +140,20 @@ class WebToolset:
 
     def execute(self, name: str, args: dict[str, Any], *, timeout: float | None = None) -> ToolResult:
         started = time.monotonic()
-        if name == "search":
-            result = self._search(str(args.get("query") or ""), int(args.get("k") or DEFAULT_K), timeout)
-        elif name == "open":
-            result = self._open(str(args.get("url") or ""), int(args.get("offset") or 0), timeout)
-        elif name == "find":
-            result = self._find(str(args.get("url") or ""), str(args.get("pattern") or ""), timeout)
-        else:
-            raise ToolError(f"unknown web tool {name!r}")
+        try:
+            if name == "search":
+                result = self._search(str(args.get("query") or ""), int(args.get("k") or DEFAULT_K), timeout)
+            elif name == "open":
+                result = self._open(str(args.get("url") or ""), int(args.get("offset") or 0), timeout)
+            elif name == "find":
+                result = self._find(str(args.get("url") or ""), str(args.get("pattern") or ""), timeout)
+            else:
+                raise ToolError(f"unknown web tool {name!r}")
+        except ToolError as exc:
+            records = self.backend.take_records()  # a refused or failed fetch is replayed too
+            if records:
+                raise ToolError(str(exc), extra={**exc.extra, "web_calls": records}) from None
+            raise
         result.duration_ms = int((time.monotonic() - started) * 1000)
         records = self.backend.take_records()
         if records:
