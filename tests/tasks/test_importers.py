@@ -44,7 +44,7 @@ def test_it_fills_scene_config_defaults() -> None:
     _shape, fields, _ = validate_task({"scene": "search2qa", "prompt": "p", "config": {"seed": "https://a.test"}})
     assert fields is not None
     assert fields["scene_config"] == {"seed": "https://a.test", "qa_mode": "question", "max_evolutions": 2,
-                                      "enable_evolution": True, "enable_rewrite": True}
+                                      "enable_evolution": True, "difficulty_check": "full"}
 
 
 @pytest.mark.parametrize("field", ["priority", "max_steps", "max_iterations", "quality_threshold",
