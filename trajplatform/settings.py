@@ -427,6 +427,12 @@ REVIEW_JUDGE_MODEL = env_str("REVIEW_JUDGE_MODEL")
 REVIEW_JUDGE_MAX_TOKENS = env_int("REVIEW_JUDGE_MAX_TOKENS", 2000)
 REVIEW_JUDGE_RETRY_MINUTES = env_int("REVIEW_JUDGE_RETRY_MINUTES", 5)
 REVIEW_JUDGE_MAX_ATTEMPTS = env_int("REVIEW_JUDGE_MAX_ATTEMPTS", 5)
+# The human review queue (/review/work/, docs/console.md): distinct human verdicts each trajectory
+# takes, how long a claim reserves an item, and the share of auto-accepted trajectories (score at or
+# above the task's threshold) routed to humans as a sampled audit.
+REVIEW_REVIEWERS_PER_ITEM = env_int("REVIEW_REVIEWERS_PER_ITEM", 1)
+REVIEW_CLAIM_MINUTES = env_float("REVIEW_CLAIM_MINUTES", 30.0)
+REVIEW_AUDIT_SHARE = env_float("REVIEW_AUDIT_SHARE", 0.1)
 
 # --- dataset exports ---------------------------------------------------------------------
 # Exports always redact configured secrets, API-key shapes, bearer tokens and private keys;

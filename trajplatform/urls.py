@@ -1,24 +1,20 @@
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import SimpleRouter
 
-from trajplatform import api_views, health
-
-
-def home(request: HttpRequest) -> HttpResponse:
-    return redirect("admin:index")
+from trajplatform import api_views, health, views
 
 
 admin.site.site_header = "trajplatform console"
 admin.site.site_title = "trajplatform"
 admin.site.index_title = "Operator console"
+admin.site.site_url = "/"  # the role-aware home (trajplatform.views.home)
 
-handler404 = "trajplatform.api.handler404"
-handler500 = "trajplatform.api.handler500"
+handler403 = "trajplatform.views.handler403"
+handler404 = "trajplatform.views.handler404"
+handler500 = "trajplatform.views.handler500"
 
 PUBLIC = {"permission_classes": [AllowAny], "authentication_classes": [], "throttle_classes": []}
 
@@ -35,7 +31,8 @@ api_v1 = [
 ]
 
 urlpatterns = [
-    path("", home, name="home"),
+    path("", views.home, name="home"),
+    path("admin/login/", views.admin_login, name="login"),
     path("admin/", admin.site.urls),
     path("api/v1/", include((api_v1, "api"), namespace="api")),
     # The schema and its viewer describe the API and hold no data: readable without a token.

@@ -187,3 +187,41 @@ class PolicyRule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.field}: {self.tier}"
+
+
+class ReviewClaim(models.Model):
+    """A reviewer's reservation of one trajectory in the human review queue (issue 28).
+
+    A trajectory takes REVIEW_REVIEWERS_PER_ITEM distinct human verdicts; each active claim holds
+    one of those slots until it expires (REVIEW_CLAIM_MINUTES), is released, or ends in a verdict.
+    The partial unique constraints are the compare-and-swap: two reviewers taking the last free
+    slot at once insert the same (trajectory, slot) and one of them fails.
+    """
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "active"
+        RELEASED = "released", "released"
+        DONE = "done", "verdict recorded"
+        EXPIRED = "expired", "expired"
+
+    trajectory = models.ForeignKey("tasks.Trajectory", on_delete=models.CASCADE, related_name="review_claims")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="review_claims")
+    slot = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE, db_index=True)
+    claimed_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-claimed_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["trajectory", "slot"], condition=Q(status="active"),
+                                    name="reviewclaim_one_active_per_slot"),
+            models.UniqueConstraint(fields=["trajectory", "reviewer"], condition=Q(status="active"),
+                                    name="reviewclaim_one_active_per_reviewer"),
+        ]
+        indexes = [models.Index(fields=["reviewer", "status", "expires_at"], name="reviewclaim_reviewer_idx")]
+
+    def __str__(self) -> str:
+        return f"claim #{self.pk} of trajectory {self.trajectory_id} by {self.reviewer_id} ({self.status})"
+

@@ -6,10 +6,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from apps.reviews.models import Proposal, Review
+from apps.reviews.models import Proposal, Review, ReviewClaim
 from apps.tasks.models import Batch, Task, Trajectory
 
 
@@ -211,3 +212,91 @@ def queue_counts() -> dict[str, int]:
         red=Count("id", filter=Q(tier=Proposal.Tier.RED)),
         stale=Count("id", filter=Q(created_at__lt=stale_before())),
     )
+
+
+# -- the human review queue -------------------------------------------------------------------------
+
+AUDIT_BUCKETS = 1000
+JUDGE_VERDICTS = {"below": "judge: below the threshold", "accepted": "judge: accepted (sampled audit)",
+                  "failed": "judge failed"}
+
+
+def _count(queryset: QuerySet[Any], column: str, *, distinct: bool = False) -> Any:
+    rows = queryset.order_by().values("trajectory").annotate(n=Count(column, distinct=distinct)).values("n")
+    return Coalesce(Subquery(rows, output_field=IntegerField()), Value(0))
+
+
+def human_queue(*, reviewer: Any = None, batch: int | None = None, scene: str | None = None,
+                score_min: float | None = None, score_max: float | None = None, check: str | None = None,
+                judge: str | None = None, include_done: bool = False) -> QuerySet[Trajectory]:
+    """Trajectories awaiting a human verdict, oldest first, one query (correlated subqueries, no per-row reads).
+
+    In the queue: finished trajectories of their task's current iteration whose automatic review
+    is done or failed, and whose judge did not accept (score below the task's threshold, or no
+    score) -- plus a sampled audit of the accepted ones (REVIEW_AUDIT_SHARE, by a hash of the id) --
+    until they hold REVIEW_REVIEWERS_PER_ITEM distinct human verdicts. Annotated: score, judge_status,
+    audit (sampled), verdicts, holds (unexpired claims), open_slots. With `reviewer`, items they
+    judged and items they released within the claim time (skipped) are left out; with
+    `include_done`, items that hold all their verdicts stay in (progress counts)."""
+    now = timezone.now()
+    per_item = max(1, settings.REVIEW_REVIEWERS_PER_ITEM)
+    audit_buckets = round(min(max(settings.REVIEW_AUDIT_SHARE, 0.0), 1.0) * AUDIT_BUCKETS)
+    auto = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO)
+    humans = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN)
+    holds = ReviewClaim.objects.filter(trajectory=OuterRef("pk"), status=ReviewClaim.Status.ACTIVE, expires_at__gt=now)
+    queue = (
+        Trajectory.objects.filter(status=Trajectory.Status.FINISHED, iteration=F("task__current_iteration"))
+        .select_related("task", "task__batch")
+        .annotate(score=Subquery(auto.values("overall")[:1]), judge_status=Subquery(auto.values("status")[:1]),
+                  verdicts=_count(humans, "reviewer", distinct=True), holds=_count(holds, "id"),
+                  bucket=Mod(F("id") * 7919, AUDIT_BUCKETS))
+        .annotate(audit=Q(score__gte=F("task__quality_threshold")),
+                  open_slots=Value(per_item) - F("verdicts") - F("holds"))
+        .filter(judge_status__in=[Review.Status.DONE, Review.Status.JUDGE_FAILED])
+        .filter(Q(score__isnull=True) | Q(score__lt=F("task__quality_threshold")) | Q(bucket__lt=audit_buckets))
+        .order_by("id")
+    )
+    if not include_done:
+        queue = queue.filter(verdicts__lt=per_item)
+    if reviewer is not None:
+        skipped = ReviewClaim.objects.filter(
+            trajectory=OuterRef("pk"), reviewer=reviewer, status=ReviewClaim.Status.RELEASED,
+            ended_at__gt=now - timedelta(minutes=settings.REVIEW_CLAIM_MINUTES))
+        queue = queue.exclude(Exists(humans.filter(reviewer=reviewer))).exclude(Exists(skipped))
+    if batch:
+        queue = queue.filter(task__batch_id=batch)
+    if scene:
+        queue = queue.filter(task__scene=scene)
+    if score_min is not None:
+        queue = queue.filter(score__gte=score_min)
+    if score_max is not None:
+        queue = queue.filter(score__lte=score_max)
+    if check:
+        queue = queue.filter(Exists(Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO,
+                                                          **{f"checks__{check}__fired": True})))
+    if judge == "below":
+        queue = queue.filter(score__lt=F("task__quality_threshold"))
+    elif judge == "accepted":
+        queue = queue.filter(score__gte=F("task__quality_threshold"))
+    elif judge == "failed":
+        queue = queue.filter(judge_status=Review.Status.JUDGE_FAILED)
+    return queue
+
+
+def human_queue_size() -> int:
+    return human_queue().count()
+
+
+def reviewer_progress(reviewer: Any) -> dict[str, int]:
+    """The reviewer's verdicts: in total and since midnight (local time); one query."""
+    midnight = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    return Review.objects.filter(kind=Review.Kind.HUMAN, reviewer=reviewer).aggregate(
+        total=Count("id"), today=Count("id", filter=Q(created_at__gte=midnight)))
+
+
+def batch_review_progress(batch_id: int) -> dict[str, int]:
+    """A batch's human review: trajectories the queue routes to people, how many hold all their verdicts."""
+    per_item = max(1, settings.REVIEW_REVIEWERS_PER_ITEM)
+    counts = human_queue(batch=batch_id, include_done=True).order_by().aggregate(total=Count("id"), done=Count("id", filter=Q(verdicts__gte=per_item)))
+    counts["left"] = counts["total"] - counts["done"]
+    return counts

@@ -34,7 +34,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.reviews import policy
-from apps.reviews.models import Proposal, Review
+from apps.reviews.models import Proposal, Review, ReviewClaim
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import TransitionError
 from trajplatform.audit import audit_record
@@ -411,15 +411,16 @@ def human_verdict_record(*, trajectory: Trajectory, actor: Any, verdict: str, re
                          step_flags: Any = None) -> Review:
     """A reviewer's verdict on a finished trajectory: Review(kind=human, status done).
 
-    Raises ValidationError on a bad verdict, an empty reason or flags naming missing steps.
+    Raises ValidationError on a bad verdict, an empty reason for reject / needs-fix (accept needs
+    none) or flags naming missing steps; closes the actor's claim on it (the review queue).
     Repeating the caller's latest identical verdict returns it (no new row, no audit)."""
     if not getattr(actor, "is_authenticated", False) or not actor.has_perm("reviews.add_review"):
         raise PermissionDenied("human verdicts need the reviewer role")
     if verdict not in Review.Verdict.values:
         raise ValidationError(f"verdict must be one of {', '.join(Review.Verdict.values)}")
     reason = (reason or "").strip()
-    if not reason:
-        raise ValidationError("give a reason for the verdict")
+    if not reason and verdict != Review.Verdict.ACCEPT:
+        raise ValidationError(f"give a reason for the verdict {Review.Verdict(verdict).label!r} (only accept needs none)")
     with transaction.atomic():
         trajectory = Trajectory.objects.select_for_update().get(pk=trajectory.pk)
         if trajectory.status not in Trajectory.FINAL:
@@ -433,8 +434,12 @@ def human_verdict_record(*, trajectory: Trajectory, actor: Any, verdict: str, re
             trajectory=trajectory, kind=Review.Kind.HUMAN, status=Review.Status.DONE, verdict=verdict,
             rationale=reason[:10000], step_flags=flags, reviewer=actor, finished_at=timezone.now(),
         )
+        # The verdict ends the reviewer's claim on the item (the queue's slot is now a verdict).
+        closed = ReviewClaim.objects.filter(trajectory=trajectory, reviewer=actor, status=ReviewClaim.Status.ACTIVE
+                                            ).update(status=ReviewClaim.Status.DONE, ended_at=review.finished_at)
         audit_record("reviews.human_verdict", actor=actor, target=review, data={
             "trajectory": trajectory.pk, "verdict": verdict, "reason": reason[:500], "step_flags": flags,
+            "claim_closed": bool(closed),
         })
     return review
 
@@ -525,3 +530,102 @@ def policy_rule_delete(*, rule: Any, actor: Any) -> None:
     with transaction.atomic():
         audit_record("reviews.policy_change", actor=actor, target=rule, data={"deleted": True, "field": rule.field})
         rule.delete()
+
+
+# -- the human review queue: claims ----------------------------------------------------------------
+
+
+class ClaimError(Exception):
+    """A claim that cannot be taken or released; the message says why."""
+
+
+def _require_reviewer(actor: Any) -> None:
+    if not getattr(actor, "is_authenticated", False) or not actor.has_perm("reviews.add_review"):
+        raise PermissionDenied("the review queue needs the reviewer role")
+
+
+def review_claim(*, trajectory: Trajectory, actor: Any) -> ReviewClaim:
+    """Reserve one of the trajectory's REVIEW_REVIEWERS_PER_ITEM verdict slots for the actor until
+    REVIEW_CLAIM_MINUTES from now; the actor's own unexpired claim is returned as it is.
+
+    Raises ClaimError when every slot is taken (by verdicts or unexpired claims of others), when the
+    actor already gave a verdict, or when the trajectory has not finished. Claims past their expiry
+    are marked expired here (listed in the audit row). Two reviewers racing for the last slot insert
+    the same (trajectory, slot) under a partial unique constraint: one of them gets ClaimError."""
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    _require_reviewer(actor)
+    per_item = max(1, settings.REVIEW_REVIEWERS_PER_ITEM)
+    now = timezone.now()
+    active = ReviewClaim.objects.filter(trajectory_id=trajectory.pk, status=ReviewClaim.Status.ACTIVE)
+    try:
+        with transaction.atomic():
+            own = active.filter(reviewer=actor, expires_at__gt=now).first()
+            if own is not None:
+                return own
+            expired = list(active.filter(expires_at__lte=now).values_list("pk", flat=True))
+            if expired:
+                ReviewClaim.objects.filter(pk__in=expired, status=ReviewClaim.Status.ACTIVE).update(
+                    status=ReviewClaim.Status.EXPIRED, ended_at=now)
+            status = Trajectory.objects.filter(pk=trajectory.pk).values_list("status", flat=True).first()
+            if status not in Trajectory.FINAL:
+                raise ClaimError(f"trajectory {trajectory.pk} has not finished")
+            judged = Review.objects.filter(trajectory_id=trajectory.pk, kind=Review.Kind.HUMAN)
+            if judged.filter(reviewer=actor).exists():
+                raise ClaimError(f"you already gave a verdict on trajectory {trajectory.pk}")
+            verdicts = judged.values("reviewer").distinct().count()
+            held = list(active.select_related("reviewer").order_by("slot"))
+            if verdicts + len(held) >= per_item:
+                if held:
+                    who = ", ".join(f"{c.reviewer.get_username()} until {timezone.localtime(c.expires_at):%H:%M}"
+                                    for c in held)
+                    raise ClaimError(f"trajectory {trajectory.pk} is claimed by {who}")
+                raise ClaimError(f"trajectory {trajectory.pk} already has its {per_item} verdict(s)")
+            slot = min(set(range(per_item)) - {c.slot for c in held})
+            with transaction.atomic():  # a savepoint: the losing insert of a race rolls back alone
+                claim = ReviewClaim.objects.create(
+                    trajectory_id=trajectory.pk, reviewer=actor, slot=slot,
+                    expires_at=now + timedelta(minutes=settings.REVIEW_CLAIM_MINUTES))
+            audit_record("reviews.claim", actor=actor, target=claim, data={
+                "trajectory": trajectory.pk, "slot": slot, "expires_at": claim.expires_at.isoformat(),
+                "expired_claims": expired,
+            })
+    except IntegrityError:
+        raise ClaimError(f"trajectory {trajectory.pk} was claimed by another reviewer a moment ago") from None
+    return claim
+
+
+def review_claim_release(*, trajectory: Trajectory, actor: Any) -> ReviewClaim | None:
+    """Give back the actor's active claim on the trajectory (no verdict); None if they held none."""
+    _require_reviewer(actor)
+    with transaction.atomic():
+        claim = (ReviewClaim.objects.select_for_update()
+                 .filter(trajectory_id=trajectory.pk, reviewer=actor, status=ReviewClaim.Status.ACTIVE).first())
+        if claim is None:
+            return None
+        claim.status, claim.ended_at = ReviewClaim.Status.RELEASED, timezone.now()
+        claim.save(update_fields=["status", "ended_at"])
+        audit_record("reviews.claim_release", actor=actor, target=claim, data={"trajectory": trajectory.pk})
+    return claim
+
+
+NEXT_CANDIDATES = 25  # items tried per "next" before saying the queue is taken
+
+
+def review_claim_next(*, actor: Any, queue: Any) -> ReviewClaim | None:
+    """The actor's next item: their own unexpired claim in `queue` (a queryset of trajectories from
+    selectors.human_queue for the actor), else the first item they can claim; None if none."""
+    _require_reviewer(actor)
+    now = timezone.now()
+    own = (ReviewClaim.objects.filter(reviewer=actor, status=ReviewClaim.Status.ACTIVE, expires_at__gt=now,
+                                      trajectory__in=queue.values("pk")).order_by("claimed_at").first())
+    if own is not None:
+        return own
+    for trajectory in queue.filter(open_slots__gt=0)[:NEXT_CANDIDATES]:
+        try:
+            return review_claim(trajectory=trajectory, actor=actor)
+        except ClaimError:
+            continue  # taken meanwhile: try the next one
+    return None

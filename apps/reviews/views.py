@@ -3,7 +3,10 @@
     /review/                            pending proposals: filters tier/scene/batch/age/stale; decide
     /review/proposals/<id>/decide       POST decision=approve|reject|choose, option, comment
     /review/trajectories/<id>/          the trajectory viewer: review, checks, human verdicts, steps, live log
-    /review/trajectories/<id>/verdict   POST verdict, reason, flag (step indices), note_<index>
+    /review/trajectories/<id>/verdict   POST verdict, reason (reject / needs fix), flag (step indices),
+                                        note_<index>; queue=<filters>: then the next item of the queue
+    /review/work/                       the human review queue: filters, progress; POST work/next claims
+    /review/trajectories/<id>/claim | /release   POST (release then=next: skip to the next item)
     /review/tasks/<id>/                 iteration history with config diffs; end loop / force iteration
     /review/tasks/<id>/end | /force     POST
     /review/batches/                    batch progress; /review/batches/<id>/ its tasks
@@ -25,20 +28,21 @@ from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Avg, OuterRef, Subquery
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.engines.scenes import SCENE_CHOICES
 from apps.reviews import selectors, services
-from apps.reviews.models import Proposal, Review
+from apps.reviews.models import Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
 from apps.tasks.consumers import MAX_ID
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.services import TransitionError
-from apps.tasks.views import _json, _tool_names, episode_from
+from apps.tasks.views import viewer_context
 
 PAGE_SIZE = 50
 VIEW_PROPOSALS = "reviews.view_proposal"
@@ -132,8 +136,10 @@ def decide(request: HttpRequest, proposal_id: int) -> HttpResponse:
 
 
 class VerdictForm(forms.Form):
-    verdict = forms.ChoiceField(choices=Review.Verdict.choices)
-    reason = forms.CharField(max_length=10000, widget=forms.Textarea(attrs={"rows": 3}))
+    # Nothing pre-selected: a verdict is a choice the reviewer makes (keys a / r / f).
+    verdict = forms.ChoiceField(choices=Review.Verdict.choices, widget=forms.RadioSelect)
+    reason = forms.CharField(max_length=10000, required=False, label="Reason (required for reject and needs fix)",
+                             widget=forms.Textarea(attrs={"rows": 3}))
 
 
 @login_required
@@ -146,13 +152,18 @@ def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     checks = [{"id": k, **v, "title": v.get("title") or CHECK_TITLES.get(k, k)}
               for k, v in (review.checks if review else {}).items() if isinstance(v, dict)]
     steps = trajectory.steps if isinstance(trajectory.steps, list) else []
+    claims = list(ReviewClaim.objects.filter(trajectory=trajectory, status=ReviewClaim.Status.ACTIVE,
+                                             expires_at__gt=timezone.now()).select_related("reviewer"))
+    own_claim = next((c for c in claims if c.reviewer_id == request.user.pk), None)
+    queue_query = _queue_query(request.GET.get("queue", ""))
     return render(request, "reviews/trajectory.html", {
-        "nav": "review", "trajectory": trajectory, "task": trajectory.task,
-        "episode": episode_from(trajectory.messages, trajectory.steps),
-        "tool_names": _tool_names(trajectory.tools),
-        "verifier_output": _json(trajectory.verifier_output) if trajectory.verifier_output else "",
-        "is_final": trajectory.status in Trajectory.FINAL,
-        "review": review, "checks_fired": [c for c in checks if c.get("fired")],
+        **viewer_context(trajectory),
+        "claims": claims, "own_claim": own_claim, "queue_query": queue_query,
+        "in_queue": own_claim is not None or "queue" in request.GET,
+        "progress": selectors.reviewer_progress(request.user) if own_claim else None,
+        "batch_progress": selectors.batch_review_progress(trajectory.task.batch_id)
+        if own_claim and trajectory.task.batch_id else None,
+        "nav": "work" if own_claim else "review", "review": review, "checks_fired": [c for c in checks if c.get("fired")],
         "checks_passed": [c for c in checks if not c.get("fired")],
         "human_reviews": list(selectors.human_reviews(trajectory)[:50]),
         "can_verdict": request.user.has_perm("reviews.add_review") and trajectory.status in Trajectory.FINAL,
@@ -166,7 +177,9 @@ def verdict(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     if not request.user.has_perm("reviews.add_review"):
         raise PermissionDenied("human verdicts need the reviewer role")
     trajectory = get_object_or_404(Trajectory, pk=min(trajectory_id, MAX_ID))
-    page = reverse("reviews:trajectory", args=[trajectory.pk])
+    queue_query = _queue_query(request.POST.get("queue", ""))
+    in_queue = "queue" in request.POST
+    page = reverse("reviews:trajectory", args=[trajectory.pk]) + (f"?{urlencode({'queue': queue_query})}" if in_queue else "")
     flags = []
     for raw in request.POST.getlist("flag"):
         if not raw.isdigit():
@@ -174,13 +187,120 @@ def verdict(request: HttpRequest, trajectory_id: int) -> HttpResponse:
             return HttpResponseRedirect(page)
         flags.append({"step": int(raw), "note": request.POST.get(f"note_{raw}", "")})
     try:
-        services.human_verdict_record(trajectory=trajectory, actor=request.user, verdict=request.POST.get("verdict", ""),
-                                      reason=request.POST.get("reason", ""), step_flags=flags)
+        review = services.human_verdict_record(
+            trajectory=trajectory, actor=request.user, verdict=request.POST.get("verdict", ""),
+            reason=request.POST.get("reason", ""), step_flags=flags)
     except ValidationError as exc:
         messages.error(request, "Verdict not recorded: " + "; ".join(exc.messages))
-    else:
-        messages.success(request, "Verdict recorded.")
+        return HttpResponseRedirect(page)
+    messages.success(request, f"Verdict recorded: {review.get_verdict_display()} on trajectory #{trajectory.pk}.")
+    if in_queue:
+        return _next_item(request, queue_query)
     return HttpResponseRedirect(page)
+
+
+# -- the human review queue -------------------------------------------------------------------------
+
+
+class WorkFilterForm(forms.Form):
+    batch = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, label="batch id")
+    scene = forms.ChoiceField(choices=[("", "any scene"), *SCENE_CHOICES], required=False)
+    score_min = forms.FloatField(required=False, min_value=0, max_value=100, label="score from")
+    score_max = forms.FloatField(required=False, min_value=0, max_value=100, label="score to")
+    check = forms.ChoiceField(choices=[("", "any checks"), *sorted(CHECK_TITLES.items())], required=False,
+                              label="check fired")
+    judge = forms.ChoiceField(choices=[("", "any judge verdict"), *selectors.JUDGE_VERDICTS.items()], required=False,
+                              label="judge verdict")
+
+
+def _queue_query(raw: str) -> str:
+    """The queue's filters as a query string, keeping only fields the filter form knows."""
+    form = WorkFilterForm(QueryDict(raw[:2000]))
+    kept = {k: v for k, v in form.data.items() if k in form.fields and v}
+    return urlencode(kept)
+
+
+def _work_queue(request: HttpRequest, query: str) -> tuple[WorkFilterForm, Any]:
+    form = WorkFilterForm(QueryDict(query))
+    data = form.cleaned_data if form.is_valid() else {}
+    queue = selectors.human_queue(
+        reviewer=request.user, batch=data.get("batch"), scene=data.get("scene") or None,
+        score_min=data.get("score_min"), score_max=data.get("score_max"), check=data.get("check") or None,
+        judge=data.get("judge") or None)
+    return form, queue
+
+
+def _next_item(request: HttpRequest, query: str) -> HttpResponse:
+    _form, queue = _work_queue(request, query)
+    claim = services.review_claim_next(actor=request.user, queue=queue)
+    if claim is None:
+        messages.info(request, "Nothing left to review with these filters. Well done.")
+        return HttpResponseRedirect(reverse("reviews:work") + (f"?{query}" if query else ""))
+    return HttpResponseRedirect(reverse("reviews:trajectory", args=[claim.trajectory_id]) + "?" +
+                                urlencode({"queue": query}))
+
+
+@login_required
+@permission_required(VIEW_TRAJECTORIES, raise_exception=True)
+@require_GET
+def work(request: HttpRequest) -> HttpResponse:
+    query = _queue_query(request.GET.urlencode())
+    form, queue = _work_queue(request, query)
+    # A page of PAGE_SIZE + 1 rows says whether there is more: no count over the whole queue.
+    offset = max(0, min(int(request.GET["offset"]) if request.GET.get("offset", "").isdigit() else 0, 10**7))
+    rows = list(queue[offset:offset + PAGE_SIZE + 1])
+    batch = form.cleaned_data.get("batch") if form.is_valid() else None
+    own = {c.trajectory_id: c for c in ReviewClaim.objects.filter(
+        reviewer=request.user, status=ReviewClaim.Status.ACTIVE, expires_at__gt=timezone.now(),
+        trajectory_id__in=[t.pk for t in rows])}
+    return render(request, "reviews/work.html", {
+        "nav": "work", "form": form, "rows": [(t, own.get(t.pk)) for t in rows[:PAGE_SIZE]], "query": query,
+        "offset": offset, "more": len(rows) > PAGE_SIZE, "next_offset": offset + PAGE_SIZE,
+        "prev_offset": max(0, offset - PAGE_SIZE),
+        "progress": selectors.reviewer_progress(request.user),
+        "batch_progress": selectors.batch_review_progress(batch) if batch else None,
+        "can_review": request.user.has_perm("reviews.add_review"),
+        "per_item": settings.REVIEW_REVIEWERS_PER_ITEM, "claim_minutes": settings.REVIEW_CLAIM_MINUTES,
+        "audit_share": settings.REVIEW_AUDIT_SHARE,
+    })
+
+
+@login_required
+@require_POST
+def work_next(request: HttpRequest) -> HttpResponse:
+    """Claim the next item of the (filtered) queue and open it."""
+    if not request.user.has_perm("reviews.add_review"):
+        raise PermissionDenied("the review queue needs the reviewer role")
+    return _next_item(request, _queue_query(request.POST.get("queue", "")))
+
+
+@login_required
+@require_POST
+def claim(request: HttpRequest, trajectory_id: int) -> HttpResponse:
+    trajectory = get_object_or_404(Trajectory, pk=min(trajectory_id, MAX_ID))
+    query = _queue_query(request.POST.get("queue", ""))
+    try:
+        taken = services.review_claim(trajectory=trajectory, actor=request.user)
+    except services.ClaimError as exc:
+        messages.error(request, f"Not claimed: {exc}.")
+        return HttpResponseRedirect(reverse("reviews:work") + (f"?{query}" if query else ""))
+    messages.success(request, f"Trajectory #{trajectory.pk} is yours until "
+                              f"{timezone.localtime(taken.expires_at):%H:%M}.")
+    return HttpResponseRedirect(reverse("reviews:trajectory", args=[trajectory.pk]) + "?" + urlencode({"queue": query}))
+
+
+@login_required
+@require_POST
+def release(request: HttpRequest, trajectory_id: int) -> HttpResponse:
+    """Give the item back; with then=next, open the next one (a skip)."""
+    trajectory = get_object_or_404(Trajectory, pk=min(trajectory_id, MAX_ID))
+    query = _queue_query(request.POST.get("queue", ""))
+    released = services.review_claim_release(trajectory=trajectory, actor=request.user)
+    if released is not None:
+        messages.info(request, f"Trajectory #{trajectory.pk} released.")
+    if request.POST.get("then") == "next":
+        return _next_item(request, query)
+    return HttpResponseRedirect(reverse("reviews:work") + (f"?{query}" if query else ""))
 
 
 # -- a task's iterations --------------------------------------------------------------------------
@@ -271,9 +391,69 @@ def batch_detail(request: HttpRequest, batch_id: int) -> HttpResponse:
         tasks = tasks.filter(status=status)
     page, filter_query = _page(request, tasks)
     return render(request, "reviews/batch_detail.html", {
-        "nav": "review", "batch": batch, "row": _progress_rows([batch])[0], "page": page,
+        "nav": "batches", "batch": batch, "row": _progress_rows([batch])[0], "page": page,
         "filter_query": filter_query, "statuses": Task.Status.choices, "status": status,
+        "can_control": request.user.has_perm("tasks.change_task"),
     })
+
+
+@login_required
+@permission_required(VIEW_TASKS, raise_exception=True)
+@require_GET
+def batch_progress(request: HttpRequest, batch_id: int) -> HttpResponse:
+    """The batch's progress line alone (the batch page polls it while tasks are unfinished)."""
+    batch = get_object_or_404(Batch, pk=min(batch_id, MAX_ID))
+    return render(request, "reviews/_batch_progress.html", {"batch": batch, "row": _progress_rows([batch])[0]})
+
+
+BATCH_CONTROLS = {"start": "started", "cancel": "cancelled", "retry": "queued again"}
+
+
+def _require_control(request: HttpRequest, what: str, actions: dict[str, str], action: str) -> None:
+    if not request.user.has_perm("tasks.change_task"):
+        raise PermissionDenied(f"starting, cancelling or retrying a {what} needs the reviewer role")
+    if action not in actions:
+        raise Http404(f"no {what} action {action!r}; actions: {', '.join(actions)}")
+
+
+@login_required
+@require_POST
+def batch_control(request: HttpRequest, batch_id: int, action: str) -> HttpResponse:
+    """Start / Cancel / Retry a whole batch through the tasks services (each writes its audit rows)."""
+    from apps.tasks.services import batch_cancel, batch_retry, tasks_enqueue
+
+    _require_control(request, "batch", BATCH_CONTROLS, action)
+    batch = get_object_or_404(Batch, pk=min(batch_id, MAX_ID))
+    service = {"start": tasks_enqueue, "cancel": batch_cancel, "retry": batch_retry}[action]
+    n = service(batch=batch, actor=request.user)
+    messages.success(request, f"Batch {batch.name}: {n} task(s) {BATCH_CONTROLS[action]}.")
+    return HttpResponseRedirect(reverse("reviews:batch", args=[batch.pk]))
+
+
+TASK_CONTROLS = {"start": "started", "cancel": "cancelled", "retry": "queued again and started"}
+
+
+@login_required
+@require_POST
+def task_control(request: HttpRequest, task_id: int, action: str) -> HttpResponse:
+    """Start / Cancel / Retry one task through the tasks services."""
+    from apps.tasks.services import task_cancel, task_retry, tasks_enqueue
+
+    _require_control(request, "task", TASK_CONTROLS, action)
+    task = get_object_or_404(Task, pk=min(task_id, MAX_ID))
+    try:
+        if action == "start":
+            if not tasks_enqueue(tasks=Task.objects.filter(pk=task.pk), actor=request.user):
+                raise TransitionError(f"task {task.pk} is {task.status}: only a queued, not started task starts")
+        elif action == "cancel":
+            task_cancel(task=task, actor=request.user, reason=request.POST.get("comment", ""))
+        else:
+            task_retry(task=task, actor=request.user, reason=request.POST.get("comment", ""))
+    except TransitionError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Task #{task.pk} {TASK_CONTROLS[action]}.")
+    return HttpResponseRedirect(reverse("reviews:task", args=[task.pk]))
 
 
 # -- agreement -----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ websocket served by `apps.tasks.consumers.TrajectoryLogConsumer`.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,13 +16,17 @@ from django import forms
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from apps.engines.scenes import SCENE_CHOICES
 from apps.tasks.consumers import MAX_ID, MAX_SEQ
+from apps.reviews.models import Review
 from apps.tasks.models import Trajectory, TrajectoryLog
 from trajplatform import json_limits
 
@@ -41,6 +46,18 @@ class Action:
     call_id: str = ""
     result: str | None = None
     meta: list[str] = field(default_factory=list)
+    # the one-line summary of a collapsed step, and how the call ended
+    summary: str = ""
+    state: str = ""
+    is_error: bool = False
+    duration_ms: int | None = None
+    tokens: int | None = None
+    # code arguments as highlighted source, a file write as a diff against the previous content,
+    # state before / after as a diff (stateful scenes)
+    code: str = ""
+    diff: str = ""
+    new_file: bool = False
+    state_diff: str = ""
 
 
 @dataclass
@@ -124,6 +141,120 @@ def _step_meta(record: dict[str, Any]) -> list[str]:
     return meta
 
 
+# --- readable steps: summaries, highlighted code, diffs -------------------------------------------
+
+CODE_KEYS = ("code", "command", "cmd", "script", "content", "source", "patch", "sql")
+PATH_KEYS = ("path", "file", "filename", "file_path")
+MAX_HIGHLIGHT_CHARS = 200_000
+SUMMARY_CHARS = 90
+
+
+def _lexer(tool: str, key: str, path: str) -> Any:
+    from pygments.lexers import BashLexer, DiffLexer, PythonLexer, SqlLexer, TextLexer, get_lexer_for_filename
+    from pygments.util import ClassNotFound
+
+    if key == "patch":
+        return DiffLexer(stripnl=False)
+    if path:
+        try:
+            return get_lexer_for_filename(path, stripnl=False)
+        except ClassNotFound:
+            return TextLexer(stripnl=False)
+    if key in ("command", "cmd") or "shell" in tool or "bash" in tool:
+        return BashLexer(stripnl=False)
+    if key == "sql" or "sql" in tool:
+        return SqlLexer(stripnl=False)
+    if key in ("code", "script", "source") or "python" in tool:
+        return PythonLexer(stripnl=False)
+    return TextLexer(stripnl=False)
+
+
+def highlighted(text: str, lexer: Any) -> str:
+    """Source as highlighted HTML (Pygments, inline styles); plain escaped text when very long."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+
+    if len(text) > MAX_HIGHLIGHT_CHARS:
+        return format_html('<pre class="text code">{}</pre>', text)
+    return mark_safe(highlight(text, lexer, HtmlFormatter(noclasses=True, cssclass="highlight")))  # noqa: S308 (escaped by Pygments)
+
+
+def diff_html(before: str, after: str, *, before_label: str = "before", after_label: str = "after") -> str:
+    """A unified diff as HTML lines coloured by kind; empty when nothing changed."""
+    lines = list(difflib.unified_diff(before.splitlines(), after.splitlines(), before_label, after_label, lineterm="", n=3))
+    if not lines:
+        return ""
+    kinds = [("+++", "hdr"), ("---", "hdr"), ("@@", "hunk"), ("+", "add"), ("-", "del")]
+    spans = [format_html('<span class="{}">{}</span>', next((k for p, k in kinds if line.startswith(p)), "ctx"),
+                         line or " ") for line in lines]
+    return mark_safe('<pre class="text diff">' + "".join(spans) + "</pre>")  # noqa: S308 (each line escaped)
+
+
+def _one_line(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True, cls=DjangoJSONEncoder)
+    text = " ".join(text.split())
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def _outcome(record: dict[str, Any]) -> tuple[str, bool]:
+    """(label, is_error) of one executed call: errors and environment errors in red, never green."""
+    if record.get("error"):
+        return ("refused: " + str(record.get("error_kind")) if record.get("error_kind") else "error"), True
+    if record.get("env_error"):
+        return "environment error", True
+    if record.get("timed_out"):
+        return "timed out", True
+    exit_code = record.get("exit_code")
+    if isinstance(exit_code, int):
+        return f"exit {exit_code}", exit_code != 0
+    return "ok", False
+
+
+def _decorate(action: Action, record: dict[str, Any], files: dict[str, str]) -> None:
+    """Fill the summary, outcome, highlighted code, file diff and state diff of one recorded call."""
+    action.state, action.is_error = _outcome(record)
+    action.duration_ms = record.get("duration_ms") if isinstance(record.get("duration_ms"), int) else None
+    _show_arguments(action, record.get("arguments"), files, failed=bool(record.get("error")))
+    if "state_before" in record or "state_after" in record:
+        action.state_diff = diff_html(_json(record.get("state_before")), _json(record.get("state_after")),
+                                      before_label="state before", after_label="state after") or "unchanged"
+
+
+def _show_arguments(action: Action, args: Any, files: dict[str, str], *, failed: bool = False) -> None:
+    """The call's summary line; code arguments highlighted, a file write as a diff, the rest as JSON."""
+    tool = action.name.lower()
+    if isinstance(args, str):
+        try:
+            args = json_limits.loads(args)
+        except ValueError:
+            action.summary = _one_line(args)
+            return
+    if isinstance(args, dict):
+        path = next((str(args[k]) for k in PATH_KEYS if isinstance(args.get(k), str)), "")
+        key = next((k for k in CODE_KEYS if isinstance(args.get(k), str)), "")
+        if path:
+            action.summary = _one_line(path)
+        elif key:
+            action.summary = _one_line((args[key].strip().splitlines() or [""])[0])
+        else:
+            action.summary = _one_line(args)
+        if key:
+            source = args[key]
+            if path and key == "content" and not failed:
+                previous = files.get(path)
+                files[path] = source
+                if previous is not None:
+                    action.diff = diff_html(previous, source, before_label=f"{path} (before)", after_label=f"{path} (after)")
+                else:
+                    action.new_file = True
+            if not action.diff:
+                action.code = highlighted(source, _lexer(tool, key, path))
+            rest = {k: v for k, v in args.items() if k != key}
+            action.arguments = _json(rest) if rest else ""
+    else:
+        action.summary = _one_line(args if args is not None else "")
+
+
 def _conversation(messages: list[Any]) -> list[Message]:
     conversation = []
     for message in messages:
@@ -149,15 +280,26 @@ def _steps_from_records(records: list[Any]) -> list[Step]:
     """One step per record the agent loop wrote (observation, thought, tool, arguments, output, ...)."""
     steps: list[Step] = []
     previous_turn: Any = object()
+    files: dict[str, str] = {}  # path -> content last written by the agent, for the next write's diff
+    previous_outputs: set[str] = set()
+    turn_outputs: list[str] = []
     for n, record in enumerate(records, start=1):
         if not isinstance(record, dict):
             steps.append(Step(number=n, observations=[], thought="", actions=[Action("?", "", result=_text(record))]))
             continue
         turn = record.get("turn")
         reasoning = record.get("reasoning_content")
-        # Calls of one model reply share its observation; show it once, on the first of them.
-        observation = _text(record.get("observation")) if turn != previous_turn or turn is None else ""
+        new_turn = turn != previous_turn or turn is None
+        if new_turn:
+            previous_outputs = {o.strip() for o in turn_outputs} | {"\n".join(turn_outputs).strip()}
+            turn_outputs = []
+        # Calls of one model reply share its observation; show it once, on the first of them, and
+        # not at all when it only repeats the previous step's result (shown there already).
+        observation = _text(record.get("observation")) if new_turn else ""
+        if observation.strip() in previous_outputs:
+            observation = ""
         previous_turn = turn
+        turn_outputs.append(_text(record.get("output")))
         steps.append(Step(
             number=n,
             turn=turn if isinstance(turn, int) else None,
@@ -173,6 +315,12 @@ def _steps_from_records(records: list[Any]) -> list[Step]:
                 meta=_step_meta(record),
             )],
         ))
+        action = steps[-1].actions[0]
+        _decorate(action, record, files)
+        llm = record.get("llm") if isinstance(record.get("llm"), dict) else {}
+        usage = llm.get("usage") if isinstance(llm.get("usage"), dict) else {}
+        if new_turn and isinstance(usage.get("total_tokens"), int):
+            action.tokens = usage["total_tokens"]
     return steps
 
 
@@ -181,6 +329,7 @@ def _steps_from_messages(messages: list[Any]) -> tuple[list[Step], list[tuple[st
     steps: list[Step] = []
     pending: list[tuple[str, str]] = []
     by_call_id: dict[str, Action] = {}
+    files: dict[str, str] = {}
     for message in messages:
         if not isinstance(message, dict):
             pending.append(("message", _text(message)))
@@ -199,6 +348,7 @@ def _steps_from_messages(messages: list[Any]) -> tuple[list[Step], list[tuple[st
                     arguments=_arguments(function.get("arguments", "")),
                     call_id=str(call.get("id") or ""),
                 )
+                _show_arguments(action, function.get("arguments", ""), files)
                 actions.append(action)
                 if action.call_id:
                     by_call_id[action.call_id] = action
@@ -233,10 +383,27 @@ def episode_from(messages: Any, steps: Any) -> Episode:
 # --- pages --------------------------------------------------------------------------------
 
 class TrajectoryFilterForm(forms.Form):
+    q = forms.CharField(required=False, max_length=200, label="search",
+                        widget=forms.TextInput(attrs={"placeholder": "id, task id, or words of the prompt / answer",
+                                                      "type": "search"}))
     status = forms.ChoiceField(choices=[("", "any status"), *Trajectory.Status.choices], required=False)
     outcome = forms.ChoiceField(choices=[("", "any outcome"), *Trajectory.Outcome.choices], required=False)
     scene = forms.ChoiceField(choices=[("", "any scene"), *SCENE_CHOICES], required=False)
+    verdict = forms.ChoiceField(choices=[("", "any human verdict"), ("none", "no human verdict"),
+                                         *Review.Verdict.choices], required=False, label="human verdict")
     task = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1, label="task id")
+    batch = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1, label="batch id")
+
+    def clean_q(self) -> str:
+        value = self.cleaned_data["q"]
+        if "\x00" in value:
+            raise forms.ValidationError("the search may not contain NUL characters")
+        return value.strip()
+
+
+def _latest_verdict() -> Subquery:
+    return Subquery(Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN)
+                    .order_by("-created_at", "-id").values("verdict")[:1])
 
 
 @login_required
@@ -244,7 +411,14 @@ class TrajectoryFilterForm(forms.Form):
 @require_GET
 def trajectory_list(request: HttpRequest) -> HttpResponse:
     form = TrajectoryFilterForm(request.GET or None)
-    trajectories = Trajectory.objects.select_related("task").order_by("-created_at", "-id")
+    # Score and verdict come with the page's rows (subqueries), never one query per row.
+    trajectories = (
+        Trajectory.objects.select_related("task", "task__batch")
+        .defer("messages", "tools", "steps", "verifier_output", "config_snapshot")
+        .annotate(score=Subquery(Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO)
+                                 .values("overall")[:1]), verdict=_latest_verdict())
+        .order_by("-created_at", "-id")
+    )
     if form.is_bound:
         form.is_valid()
         # Apply the filters that parsed; the form shows the errors of the others.
@@ -257,6 +431,17 @@ def trajectory_list(request: HttpRequest) -> HttpResponse:
             trajectories = trajectories.filter(task__scene=data["scene"])
         if data.get("task"):
             trajectories = trajectories.filter(task_id=data["task"])
+        if data.get("batch"):
+            trajectories = trajectories.filter(task__batch_id=data["batch"])
+        if data.get("verdict") == "none":
+            trajectories = trajectories.filter(verdict__isnull=True)
+        elif data.get("verdict"):
+            trajectories = trajectories.filter(verdict=data["verdict"])
+        if q := data.get("q"):
+            match = Q(task__prompt__icontains=q) | Q(final_answer__icontains=q) | Q(task__external_id=q)
+            if q.isdigit() and int(q) <= MAX_ID:
+                match |= Q(pk=int(q)) | Q(task_id=int(q))
+            trajectories = trajectories.filter(match)
     page = Paginator(trajectories, LIST_PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
@@ -280,6 +465,18 @@ def _tool_names(tools: Any) -> list[str]:
     return names
 
 
+def viewer_context(trajectory: Trajectory) -> dict[str, Any]:
+    """What both trajectory pages (/trajectories/<id>/ and the review viewer) render."""
+    return {
+        "trajectory": trajectory,
+        "task": trajectory.task,
+        "episode": episode_from(trajectory.messages, trajectory.steps),
+        "tool_names": _tool_names(trajectory.tools),
+        "verifier_output": _json(trajectory.verifier_output) if trajectory.verifier_output else "",
+        "is_final": trajectory.status in Trajectory.FINAL,
+    }
+
+
 @login_required
 @permission_required(VIEW_PERMISSION, raise_exception=True)
 @require_GET
@@ -287,19 +484,7 @@ def trajectory_detail(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     if trajectory_id > MAX_ID:
         raise Http404("no such trajectory")
     trajectory = get_object_or_404(Trajectory.objects.select_related("task", "task__batch"), pk=trajectory_id)
-    return render(
-        request,
-        "tasks/trajectory_detail.html",
-        {
-            "nav": "trajectories",
-            "trajectory": trajectory,
-            "task": trajectory.task,
-            "episode": episode_from(trajectory.messages, trajectory.steps),
-            "tool_names": _tool_names(trajectory.tools),
-            "verifier_output": _json(trajectory.verifier_output) if trajectory.verifier_output else "",
-            "is_final": trajectory.status in Trajectory.FINAL,
-        },
-    )
+    return render(request, "tasks/trajectory_detail.html", {"nav": "trajectories", **viewer_context(trajectory)})
 
 
 def _json_error(message: str, status: int) -> JsonResponse:
@@ -354,3 +539,116 @@ def trajectory_log(request: HttpRequest, trajectory_id: int) -> JsonResponse:
         },
         encoder=DjangoJSONEncoder,
     )
+
+
+# --- start work from the browser ------------------------------------------------------------------
+
+MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+MAX_ERRORS_SHOWN = 50
+
+
+class TaskFileForm(forms.Form):
+    file = forms.FileField(label="Task file (.jsonl or .json)", help_text="the formats of manage.py import_tasks")
+    batch = forms.CharField(max_length=200, required=False, label="Batch name",
+                            help_text="default: the file's name (made unique)")
+    start = forms.BooleanField(required=False, initial=True, label="Start the batch now")
+
+
+class SingleTaskForm(forms.Form):
+    scene = forms.ChoiceField(choices=SCENE_CHOICES)
+    prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 5}), max_length=100_000)
+    external_id = forms.CharField(max_length=200, required=False, label="External id")
+    scene_config = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False, label="Scene config (JSON object)")
+    max_steps = forms.IntegerField(min_value=1, max_value=500, required=False, label="Max steps")
+    batch = forms.CharField(max_length=200, required=False, label="Batch name", help_text="default: a new batch")
+
+    def clean_scene_config(self) -> dict[str, Any]:
+        raw = self.cleaned_data["scene_config"].strip()
+        if not raw:
+            return {}
+        try:
+            value = json_limits.loads(raw)
+        except ValueError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("must be a JSON object")
+        return value
+
+
+def _import_file(request: HttpRequest, form: TaskFileForm) -> tuple[Any, list[str]]:
+    """Check then import an uploaded task file with the import command's service; (batch, errors)."""
+    from apps.tasks.importers import InvalidImport, check_file, iter_tasks
+    from apps.tasks.services import BatchNameTaken, batch_free_name, batch_import, tasks_enqueue
+
+    upload = form.cleaned_data["file"]
+    if upload.size > MAX_UPLOAD_BYTES:
+        return None, [f"{upload.name}: larger than {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB"]
+    # The raw file object: iterating Django's File wrapper restarts from byte 0 at every `for`.
+    upload.seek(0)
+    summary = check_file(upload.file)
+    if summary.errors:
+        errors = [e.format(upload.name) for e in summary.errors[:MAX_ERRORS_SHOWN]]
+        if len(summary.errors) > MAX_ERRORS_SHOWN:
+            errors.append(f"… and {len(summary.errors) - MAX_ERRORS_SHOWN} more")
+        return None, errors + ["nothing was imported"]
+    name = form.cleaned_data["batch"].strip() or batch_free_name(upload.name.rsplit(".", 1)[0][:200] or "upload")
+    try:
+        upload.seek(0)
+        batch = batch_import(rows=iter_tasks(upload.file), name=name, source_name=upload.name[:300],
+                             source_sha256=summary.sha256, source_format=summary.source_format, actor=request.user)
+    except (InvalidImport, BatchNameTaken, ValueError) as exc:
+        return None, [f"{upload.name}: {exc}", "nothing was imported"]
+    if form.cleaned_data["start"]:
+        tasks_enqueue(batch=batch, actor=request.user)
+    return batch, []
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+def task_new(request: HttpRequest) -> HttpResponse:
+    """Upload a task file (the import service: every line error shown, nothing written on error) or create one task."""
+    from django.contrib import messages
+    from django.core.exceptions import PermissionDenied
+    from django.shortcuts import redirect
+
+    from apps.tasks.services import BatchNameTaken, TaskCreateError, tasks_create
+
+    can_create = request.user.has_perm("tasks.add_task") and request.user.has_perm("tasks.add_batch")
+    file_form, single_form, errors = TaskFileForm(), SingleTaskForm(), []
+    if request.method == "POST":
+        if not can_create:
+            raise PermissionDenied("creating tasks needs the reviewer role")
+        if request.POST.get("kind") == "file":
+            file_form = TaskFileForm(request.POST, request.FILES)
+            if file_form.is_valid():
+                batch, errors = _import_file(request, file_form)
+                if batch is not None:
+                    started = " and started" if file_form.cleaned_data["start"] else " (not started: use Start)"
+                    messages.success(request, f"Imported {batch.task_count} tasks into batch {batch.name!r}{started}.")
+                    return redirect("reviews:batch", batch.pk)
+        elif request.POST.get("kind") == "single":
+            single_form = SingleTaskForm(request.POST)
+            if single_form.is_valid():
+                data = single_form.cleaned_data
+                item = {"scene": data["scene"], "prompt": data["prompt"], "config": data["scene_config"]}
+                if data["external_id"]:
+                    item["external_id"] = data["external_id"]
+                if data["max_steps"]:
+                    item["max_steps"] = data["max_steps"]
+                try:
+                    from trajplatform.skills import enabled_scene_ids
+
+                    result = tasks_create(items=[item], actor=request.user, batch_name=data["batch"], source="console",
+                                          allowed_scenes=set(enabled_scene_ids()))
+                except TaskCreateError as exc:
+                    errors = [f"{field.replace('tasks[0].', '')}: {reason}" for field, reason in exc.errors]
+                except BatchNameTaken as exc:
+                    errors = [str(exc)]
+                else:
+                    messages.success(request, f"Task #{result.tasks[0].pk} created and started.")
+                    return redirect("reviews:task", result.tasks[0].pk)
+        else:
+            errors = ["choose a task file or fill in the task form"]
+    return render(request, "tasks/task_new.html", {
+        "nav": "batches", "file_form": file_form, "single_form": single_form, "errors": errors, "can_create": can_create,
+    }, status=400 if errors or file_form.errors or single_form.errors else 200)

@@ -192,7 +192,7 @@ def test_pages_do_not_query_per_row(client, viewer, make_task, django_assert_max
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"verdict": "accept", "reason": ""}, "give a reason"),
+    ({"verdict": "needs_fix", "reason": ""}, "give a reason"),
     ({"verdict": "maybe", "reason": "x"}, "verdict must be one of"),
     ({"verdict": "reject", "reason": "x", "flag": ["abc"]}, "is not a step number"),
     ({"verdict": "reject", "reason": "x", "flag": ["42"]}, "step 42 does not exist"),

@@ -410,7 +410,8 @@ def test_a_human_verdict_is_a_human_review_with_flags_and_an_audit_row(make_task
 @pytest.mark.django_db
 @pytest.mark.parametrize("kwargs, message", [
     ({"verdict": "revise", "reason": "x"}, "verdict must be one of"),
-    ({"verdict": "accept", "reason": "  "}, "give a reason"),
+    ({"verdict": "reject", "reason": "  "}, "give a reason"),
+    ({"verdict": "needs_fix", "reason": ""}, "give a reason"),
     ({"verdict": "reject", "reason": "x", "step_flags": [{"step": 9}]}, "step 9 does not exist"),
     ({"verdict": "reject", "reason": "x", "step_flags": [{"note": "no step"}]}, "integer `step`"),
 ])

@@ -143,7 +143,9 @@ def test_steps_come_from_the_agents_step_records():
     assert step.thought == "I should look around first."
     (action,) = step.actions
     assert (action.name, action.call_id, action.result) == ("shell", "call_1", MESSAGES[3]["content"])
-    assert json.loads(action.arguments) == {"command": "ls -la"}
+    # A command is shown as highlighted source; no other arguments are left to list.
+    assert "ls" in action.code and "-la" in action.code and action.arguments == ""
+    assert (action.summary, action.state, action.is_error) == ("ls -la", "exit 0", False)
     assert action.meta[:2] == ["exit code 0", "12 ms"]
     assert [m.role for m in episode.conversation] == ["system", "user", "assistant", "tool", "assistant"]
 
@@ -155,7 +157,8 @@ def test_calls_of_one_model_reply_show_its_observation_once():
         {"turn": 2, "observation": "y", "thought": "done", "tool": "finish", "output": "ok", "error": "boom"},
     ]
     first, second, third = episode_from([], records).steps
-    assert (first.observations, second.observations, third.observations) == ([("", "the task")], [], [("", "y")])
+    # The third step's observation only repeats the second's result, shown there (issue 28).
+    assert (first.observations, second.observations, third.observations) == ([("", "the task")], [], [])
     assert first.actions[0].meta == ["no exit code"]
     assert "timed out" in second.actions[0].meta
     assert "error: boom" in third.actions[0].meta
@@ -168,7 +171,9 @@ def test_without_step_records_steps_are_rebuilt_from_the_messages():
     assert first.observations == [("task", MESSAGES[1]["content"])]
     (action,) = first.actions
     assert (action.name, action.call_id, action.result) == ("shell", "call_1", MESSAGES[3]["content"])
-    assert json.loads(action.arguments) == {"command": "ls -la"}
+    # A command is shown as highlighted source; no other arguments are left to list.
+    assert "ls" in action.code and "-la" in action.code and action.arguments == ""
+    assert (action.summary, action.state, action.is_error) == ("ls -la", "", False)
     assert second.actions == [] and second.thought == "There is one file: notes.txt."
 
 

@@ -51,7 +51,8 @@ class ReviewSerializer(BlankChoicesMixin, RedactedOutputMixin, serializers.Model
 
 class VerdictSerializer(StrictSerializerMixin, serializers.Serializer):
     verdict = serializers.ChoiceField(choices=Review.Verdict.choices)
-    reason = serializers.CharField(max_length=10000)
+    reason = serializers.CharField(max_length=10000, required=False, allow_blank=True, default="",
+                                   help_text="why; required for reject and needs_fix, optional for accept")
     step_flags = serializers.ListField(
         child=serializers.DictField(), required=False, default=list,
         help_text="[{step: index, note: text}] pointing at the steps the verdict is about",

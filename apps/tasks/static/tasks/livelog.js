@@ -190,7 +190,11 @@
   function start() {
     if (stopped) { return; }
     setState("connecting", attempts ? "reconnecting…" : "loading…");
-    backfill().then(openSocket, function () { scheduleReconnect(); });
+    // A finished trajectory's log is complete: read it once, never claim to follow it live.
+    var onBackfilled = panel.getAttribute("data-final") === "true"
+      ? function () { stop("finished", "finished: the complete log"); }
+      : openSocket;
+    backfill().then(onBackfilled, function () { scheduleReconnect(); });
   }
 
   start();
