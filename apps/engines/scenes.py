@@ -250,6 +250,8 @@ SCENES: dict[str, Scene] = {
                     "consensus": {"enum": ["none", "all_agree"]},
                     "acting_role": _STR,
                 },
+                    "browse": {"type": "boolean", "description": "offer browse(url, question): a reader model reads "
+                                                                 "the page (its tokens count in the episode's)"},
                 required=("base_scene", "roles", "lead"),
             ),
             defaults={"protocol": "delegate", "base_config": {}},

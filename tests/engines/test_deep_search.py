@@ -151,3 +151,21 @@ def test_explore_runs_a_sub_episode_whose_opened_pages_count():
 def test_no_expected_answer_means_no_reward():
     result = episode("[ds] anything", [call("finish", answer="x", sources=[])], {"expected_answer": "", "aliases": []})
     assert result.reward is None and result.outcome == "success"
+
+
+def test_browse_has_a_reader_model_read_the_page_and_counts_as_reading_it():
+    question = "When was the language first standardised?"
+    reader = {"id": "reader", "prompt": f"[web/browse url={ADA}] {question}",
+              "reference_solution": [{"content": 'It was standardised as "Ada 83" (1983).'}]}
+    result = episode(QUESTION, [call("browse", url=ADA, question=question),
+                                call("finish", answer="1983", sources=[ADA])], {"browse": True},
+                     extra_scripts=[reader])
+    assert result.outcome == "success", result.outcome_reason
+    browse = result.steps[0]
+    assert browse["output"].endswith('It was standardised as "Ada 83" (1983).')
+    assert browse["url"] == ADA and len(browse["content_sha256"]) == 64
+    assert browse["browse"]["question"] == question and browse["browse"]["usage"]["total_tokens"] > 0
+    assert result.llm_calls == 3  # two agent turns and the reader
+    assert result.total_tokens >= browse["browse"]["usage"]["total_tokens"]
+    assert result.reward == 1.0 and result.verifier_output["sources"][0]["opened"] is True
+    assert "browse" not in [t["function"]["name"] for t in get_runtime("deep_search").tools({"scene_config": {}})]

@@ -1,7 +1,8 @@
 """The deep_search scene: research with the web toolset, then a sourced answer graded in code.
 
 Tools: search / open / find (apps.engines.web, over scene_config.web: the offline corpus by
-default, or the live web), `finish(answer, sources)`; with `explore: true` also
+default, or the live web), `finish(answer, sources)`; with `browse: true` also `browse(url, question)`
+(a reader model reads the page and answers; apps.engines.web.toolset); with `explore: true` also
 `explore(question)` — WebThinker's deep explorer: a sub-episode of the shared loop (this scene,
 web tools only) that searches and reads, then finishes with a summary and its sources, returned
 to the agent as the tool's result. No sandbox: the corpus backend queries SQLite in the worker
@@ -9,7 +10,7 @@ and the live one fetches from it (no agent code runs).
 
 Answer mode (default): reward = EM (Search-R1 normalisation) of the answer against
 `expected_answer` + `aliases`, times `sources_ok` when `require_sources` (default true):
-every cited URL exists and was opened in this episode (its own open steps and its explore
+every cited URL exists and was read in this episode (its own open / browse steps and its explore
 sub-episodes'). F1 stays in verifier_output as partial credit. No expected answer: no reward.
 
 Report mode (`output: report`): `finish(report, sources)`; deterministic checks — at least
@@ -68,7 +69,8 @@ class DeepSearchRuntime(SceneRuntime):
     scene_id = SCENE
 
     def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
-        tools = web_tools() + [_finish_schema(_report_mode(config))]
+        names = ("search", "open", "find", "browse") if scene_config(config).get("browse") else ("search", "open", "find")
+        tools = web_tools(names) + [_finish_schema(_report_mode(config))]
         if scene_config(config).get("explore"):
             tools.append(EXPLORE_SCHEMA)
         return tools
@@ -83,6 +85,8 @@ class DeepSearchRuntime(SceneRuntime):
             "offset it tells you), and find to locate a word or pattern in a page. Follow the links pages give you: "
             "questions often need facts from two or more pages.",
         ]
+        if scene_config(config).get("browse"):
+            lines.append("browse has a reader read a whole page and answer a question about it; check what matters.")
         if scene_config(config).get("explore"):
             lines.append("explore hands a sub-question to a helper that researches it and returns a summary.")
         if _report_mode(config):
@@ -125,7 +129,7 @@ class DeepSearchRuntime(SceneRuntime):
         if not question.strip():
             raise ToolError("question is empty")
         ctx = current_episode()
-        child_scene = {k: v for k, v in scene_config(config).items() if k in ("web",)}
+        child_scene = {k: v for k, v in scene_config(config).items() if k in ("web", "browse")}
         child_config = {
             **{k: v for k, v in config.items() if k not in ("scene_config", "prompt", "system_prompt_extra")},
             "scene": SCENE, "prompt": EXPLORE_PROMPT + question, "scene_config": child_scene,

@@ -55,8 +55,21 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
             "pattern": {"type": "string", "minLength": 1, "description": "a regular expression"},
         }, "required": ["url", "pattern"], "additionalProperties": False},
     },
+    "browse": {
+        "description": "Have a reader model read a whole page and answer a question about it (WebExplorer's browse). "
+                       "Its answer can be wrong: check with open or find when it matters.",
+        "parameters": {"type": "object", "properties": {
+            "url": {"type": "string", "minLength": 1},
+            "question": {"type": "string", "minLength": 1, "description": "what to look for on the page"},
+        }, "required": ["url", "question"], "additionalProperties": False},
+    },
 }
-TOOL_NAMES = tuple(_SCHEMAS)
+TOOL_NAMES = ("search", "open", "find")  # the default set; "browse" is offered when a scene asks for it
+BROWSE_CHARS = 60_000
+BROWSE_MAX_TOKENS = 800
+BROWSE_SYSTEM = ("You read one web page for a researcher and answer their question from the page alone: quote or "
+                 "closely paraphrase what it says, name the facts that answer it, and say plainly when the page does "
+                 "not answer it. Be brief.")
 
 
 def web_tools(names: Iterable[str] = TOOL_NAMES) -> list[dict[str, Any]]:
@@ -147,6 +160,8 @@ class WebToolset:
                 result = self._open(str(args.get("url") or ""), int(args.get("offset") or 0), timeout)
             elif name == "find":
                 result = self._find(str(args.get("url") or ""), str(args.get("pattern") or ""), timeout)
+            elif name == "browse":
+                result = self._browse(str(args.get("url") or ""), str(args.get("question") or ""), timeout)
             else:
                 raise ToolError(f"unknown web tool {name!r}")
         except ToolError as exc:
@@ -227,7 +242,47 @@ class WebToolset:
         return ToolResult(output=output, extra={"url": page.url, "matches": matches})
 
 
+    def _browse(self, url: str, question: str, timeout: float | None) -> ToolResult:
+        """A second model call reads the page (its first BROWSE_CHARS characters) and answers `question`.
+
+        The reader's prompt starts with a key line `[web/browse url=<page url>] <question>` (the
+        offline model's content scripts match it); its tokens and cost are the episode's
+        (`count_model_call`) and are kept on the step under `browse`."""
+        from apps.engines.llm import LLMError
+        from apps.engines.runtime import current_episode
+
+        if not question.strip():
+            raise ToolError("question is empty")
+        page = self._page(url, timeout)
+        try:
+            ctx = current_episode()
+        except LookupError:
+            raise InfrastructureError("browse reads the page with the episode's model: it runs inside an episode") from None
+        text = page.text[:BROWSE_CHARS]
+        cut = f"\n[the page goes on: {len(page.text) - BROWSE_CHARS} more characters not shown]" if len(page.text) > BROWSE_CHARS else ""
+        messages = [{"role": "system", "content": BROWSE_SYSTEM},
+                    {"role": "user", "content": f"[web/browse url={page.url}] {question}\n\n{page.title}\n{page.url}\n\n{text}{cut}"}]
+        trajectory = getattr(ctx.trajectory, "uuid", "") or ""
+        try:
+            chat = ctx.llm.chat(messages, model=ctx.config.get("model") or None, temperature=0.0,
+                                max_tokens=BROWSE_MAX_TOKENS, timeout=timeout,
+                                # one reading per trajectory, step and page: a retried episode replays it
+                                cache_key_extra={"web_browse": str(trajectory), "label": ctx.label, "step": len(ctx.steps)})
+        except LLMError as exc:
+            raise InfrastructureError(f"the page reader's model failed: {type(exc).__name__}: {exc}") from None
+        ctx.count_model_call(chat)
+        answer = (chat.content or "").strip() or "(the reader gave no answer)"
+        return ToolResult(output=f"{page.title}\n{page.url}\n\n{answer}", extra={
+            "url": page.url, "content_sha256": content_sha256(page.text), "browse": {
+                "question": question, "model": chat.model, "provider": chat.provider, "usage": dict(chat.usage),
+                "cost_usd": str(chat.cost_usd), "latency_ms": chat.latency_ms, "cached": chat.cached,
+                "chars_read": len(text)}})
+
+
+READ_TOOLS = ("open", "browse")
+
+
 def opened_urls(steps: Iterable[dict[str, Any]]) -> set[str]:
-    """The URLs an episode successfully opened (its `open` steps without an error)."""
+    """The URLs an episode successfully read (its `open` and `browse` steps without an error)."""
     return {step["url"] for step in steps or []
-            if step.get("tool") == "open" and not step.get("error") and isinstance(step.get("url"), str)}
+            if step.get("tool") in READ_TOOLS and not step.get("error") and isinstance(step.get("url"), str)}
