@@ -165,3 +165,23 @@ def test_quote_matching_is_fuzzy_but_not_a_paraphrase() -> None:
     assert G.exact_match("the TMRC.", ["TMRC"]) and not G.exact_match("", ["TMRC"])
     assert G.covers("It was the TMRC, at MIT.", ["TMRC"]) and not G.covers("TMRCie", ["TMRC"])
     assert G.short_answer({"answer": " ".join(["word"] * 13)}, 12)["passed"] is False
+
+
+def uniqueness(seed: str, unique: bool, reason: str) -> dict[str, Any]:
+    return {"id": f"unique-{seed}", "prompt": stage_key("uniqueness", seed, 0),
+            "reference_solution": [call("judge_uniqueness", unique=unique, reason=reason)]}
+
+
+@pytest.mark.parametrize("unique", [True, False])
+def test_the_optional_uniqueness_judge_is_a_gate(unique: bool) -> None:
+    seed = f"tiny unique {unique}"
+    reason = "only one year fits" if unique else "Ada was also revised in 1995"
+    result = factory(seed, [explore(f"[s2q] explore the seed {seed}", qa()), uniqueness(seed, unique, reason),
+                            no_tool(seed, "1980")], uniqueness_check=True)
+    g = gates(result)
+    assert g["uniqueness"] == {"name": "uniqueness", "passed": unique, "reason": reason}
+    assert result.reward == (1.0 if unique else 0.0)
+    # A judge that says "not unique" spares the solvers.
+    assert g["no_tool_fails"]["passed"] is unique
+    assert [s["label"] for s in result.verifier_output["stages"]] == (
+        ["uniqueness", "no-tool"] if unique else ["uniqueness"])
