@@ -47,29 +47,28 @@ CAL_OPS = [
     op("create_event", "Create a calendar event; refused when it overlaps another event that day.",
        obj(["title", "date", "start", "end"], title=STR, date=DATE, start=TIME, end=TIME,
            attendees={"type": "array", "items": {"type": "string"}, "default": [],
-                      "description": "attendees' e-mail addresses"}),
+                      "description": "attendees' mailboxes"}),
        {"type": "object", "properties": {"event_id": STR}},
-       [("ValueError", "bad date or time, end before start, a conflict, an attendee that is not an e-mail")],
+       [("ValueError", "bad date or time, end before start, a conflict, an attendee that is not a mailbox")],
        {"title": "Planning", "date": "2026-12-05", "start": "10:00", "end": "10:30"}, ["find_contact"]),
     op("cancel_event", "Cancel an event by its id.", obj(["event_id"], event_id=STR),
        {"type": "object"}, [("KeyError", "no such event")], {"event_id": "EV-103"}, ["list_events"]),
-    op("find_contact", "Look a contact up by full name; gives their e-mail address.", obj(["name"], name=STR),
-       {"type": "object", "properties": {"name": STR, "email": STR}}, [("KeyError", "no contact of that name")],
+    op("find_contact", "Look a colleague up by full name; gives their internal mailbox.", obj(["name"], name=STR),
+       {"type": "object", "properties": {"name": STR, "mailbox": STR}}, [("KeyError", "no contact of that name")],
        {"name": "Dana Whitfield"}),
-    op("send_email", "Send an e-mail.", obj(["to", "subject"], to=STR, subject=STR, body={**STR, "default": ""}),
+    op("send_email", "Send an internal e-mail to a mailbox.", obj(["to", "subject"], to=STR, subject=STR, body={**STR, "default": ""}),
        {"type": "object", "properties": {"message_id": STR, "status": STR}},
-       [("ValueError", "the address is not an e-mail or the subject is empty")],
-       {"to": "dana.whitfield@example.com", "subject": "Hello"}, ["find_contact"]),
+       [("ValueError", "the address is not a mailbox of the directory or the subject is empty")],
+       {"to": "dana.whitfield", "subject": "Hello"}, ["find_contact"]),
 ]
 CAL_INIT = {
     "events": {
         "EV-101": {"title": "Team standup", "date": "2026-12-03", "start": "09:00", "end": "09:15", "attendees": []},
         "EV-102": {"title": "1:1 with Omar", "date": "2026-12-03", "start": "15:00", "end": "15:30",
-                   "attendees": ["omar.haddad@example.com"]},
+                   "attendees": ["omar.haddad"]},
         "EV-103": {"title": "Vendor call", "date": "2026-12-04", "start": "11:00", "end": "11:30", "attendees": []},
     },
-    "contacts": {"Dana Whitfield": "dana.whitfield@example.com", "Omar Haddad": "omar.haddad@example.com",
-                 "Priya Natarajan": "priya.natarajan@example.com"},
+    "contacts": {"Dana Whitfield": "dana.whitfield", "Omar Haddad": "omar.haddad", "Priya Natarajan": "priya.natarajan"},
 }
 CAL_CODE = (HERE / "suites" / "calendar_mail.py").read_text()
 # The couple stage's first answer: find_contact reads an attribute that does not exist. The smoke
@@ -209,9 +208,9 @@ def turn(*calls: tuple[str, dict, str], content: str = "") -> dict:
     return t
 
 
-OMAR = "omar.haddad@example.com"
-PRIYA = "priya.natarajan@example.com"
-DANA = "dana.whitfield@example.com"
+OMAR = "omar.haddad"
+PRIYA = "priya.natarajan"
+DANA = "dana.whitfield"
 BUDGET = {"title": "Budget review", "date": "2026-12-03", "start": "10:00", "end": "11:00"}
 DESIGN = {"title": "Design sync", "date": "2026-12-04", "start": "14:00", "end": "14:30", "attendees": [PRIYA]}
 OFFSITE = {"to": DANA, "subject": "Offsite agenda", "body": "The agenda is attached."}
@@ -256,10 +255,10 @@ CAL_TASKS = {
              # The skeleton guesses Omar's address; the real find_contact says otherwise, so the
              # turns from the e-mail on are re-filled with the real address.
              [call("write_dialogue", turns=[
-                 turn(("find_contact", {"name": "Omar Haddad"}, '{"name": "Omar Haddad", "email": "omar@example.com"}'),
+                 turn(("find_contact", {"name": "Omar Haddad"}, '{"name": "Omar Haddad", "mailbox": "ohaddad"}'),
                       content="Look Omar up first."),
-                 turn(("send_email", {**OMAR_MAIL, "to": "omar@example.com"},
-                       '{"message_id": "MSG-1", "to": "omar@example.com", "status": "sent"}')),
+                 turn(("send_email", {**OMAR_MAIL, "to": "ohaddad"},
+                       '{"message_id": "MSG-1", "to": "ohaddad", "status": "sent"}')),
                  turn(("finish", {"answer": "Sent Omar the budget review date."}, ""))]),
               call("write_dialogue", from_turn=1, turns=[
                   turn(("send_email", OMAR_MAIL, f'{{"message_id": "MSG-1", "to": "{OMAR}", "status": "sent"}}')),
@@ -271,7 +270,7 @@ CAL_TASKS = {
              [("find_contact", {"name": "Dana Whitfield"}),
               ("send_email", {"to": DANA, "subject": "Parking", "body": "The garage is closed on Friday."})],
              f'return any(m["to"] == "{DANA}" and m["subject"] == "Parking" for m in env.outbox)',
-             [call("send_email", "Her address is probably dana@example.com.", to="dana@example.com",
+             [call("send_email", "Her mailbox is probably dwhitfield.", to="dwhitfield",
                    subject="Parking", body="The garage is closed on Friday."), finish("Sent.")]),
     ],
     "cleanup": [

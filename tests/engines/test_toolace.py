@@ -228,13 +228,13 @@ def test_mt_executes_the_skeleton_refills_the_stale_suffix_and_stores_an_ordinar
     mt_report = result.verifier_output["mt"]
     assert mt_report["consistent"] and mt_report["rounds"] == 1 and mt_report["refilled_turns"] == [1, 2]
     generation = mt_report["generation_messages"]
-    assert "omar@example.com" in generation[3]["content"] and "from_turn=1" in generation[3]["content"]
+    assert "ohaddad" in generation[3]["content"] and "from_turn=1" in generation[3]["content"]
     # stored: the dialogue itself, with real outputs, as an agent episode would be
     assert [s["tool"] for s in result.steps] == ["find_contact", "send_email", "finish"]
     first, mail = result.steps[0], result.steps[1]
-    assert first["output"] == '{"name": "Omar Haddad", "email": "omar.haddad@example.com"}'
-    assert first["skeleton_output"] == '{"name": "Omar Haddad", "email": "omar@example.com"}'
-    assert (first["refilled"], mail["refilled"], mail["arguments"]["to"]) == (False, True, "omar.haddad@example.com")
+    assert first["output"] == '{"name": "Omar Haddad", "mailbox": "omar.haddad"}'
+    assert first["skeleton_output"] == '{"name": "Omar Haddad", "mailbox": "ohaddad"}'
+    assert (first["refilled"], mail["refilled"], mail["arguments"]["to"]) == (False, True, "omar.haddad")
     assert mail["state_changed"] is True and first["source"] == "mt"
     assert [m["role"] for m in result.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
                                                     "assistant", "tool"]

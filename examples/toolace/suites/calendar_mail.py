@@ -1,5 +1,5 @@
 class CalendarMail:
-    """A work calendar with an address book and an outbox."""
+    """A work calendar with the company directory (names -> internal mailboxes) and an outbox."""
 
     def __init__(self, events=None, contacts=None, outbox=None, next_event=200, next_message=1):
         self.events = dict(events or {})
@@ -34,9 +34,9 @@ class CalendarMail:
         for eid, event in self.events.items():
             if event["date"] == date and begin < self._minutes(event["end"]) and self._minutes(event["start"]) < finish:
                 raise ValueError(f"conflicts with {eid} ({event['title']} {event['start']}-{event['end']})")
-        for email in attendees or []:
-            if "@" not in email:
-                raise ValueError(f"attendee {email!r} is not an e-mail address")
+        for mailbox in attendees or []:
+            if mailbox not in self.contacts.values():
+                raise ValueError(f"attendee {mailbox!r} is not a mailbox of the directory")
         event_id = f"EV-{self.next_event}"
         self.next_event += 1
         self.events[event_id] = {"title": title, "date": date, "start": start, "end": end,
@@ -53,12 +53,12 @@ class CalendarMail:
         wanted = name.strip().lower()
         for contact, email in sorted(self.contacts.items()):
             if contact.lower() == wanted:
-                return {"name": contact, "email": email}
+                return {"name": contact, "mailbox": email}
         raise KeyError(f"no contact named {name!r}")
 
     def send_email(self, to, subject, body=""):
-        if "@" not in to:
-            raise ValueError(f"{to!r} is not an e-mail address")
+        if to not in self.contacts.values():
+            raise ValueError(f"{to!r} is not a mailbox of the directory")
         if not subject.strip():
             raise ValueError("the subject is empty")
         message_id = f"MSG-{self.next_message}"
