@@ -110,6 +110,9 @@ demo: apt-demo migrate
 	@# (questions, dedup against earlier ones, quality check) and rolled out (docs/toucan.md)
 	$(PY) manage.py synthesize --tasks examples/tasks/toucan.jsonl --batch demo-toucan --once --wait --start-offline-model
 	$(PY) manage.py synthesize_pipeline toucan --seeds examples/toucan/seeds.jsonl --batch demo-toucan-generated --wait --start-offline-model
+	@# toolace (docs/toolace.md): tool suites synthesized with their code and gated in the sandbox, tasks admitted
+	@# by replaying their calls, agent and mt dialogues with a simulated user (two wrong on purpose: reward 0)
+	$(PY) manage.py synthesize_pipeline toolace --seeds examples/toolace/seeds.jsonl --batch demo-toolace --wait --start-offline-model
 	@# the offline web (docs/web.md): FOLDOC, the Jargon File and the Python docs in one BM25 index
 	$(PY) manage.py corpus_build debian-docs --from debian
 	@# deep_search (docs/web.md): multi-hop questions over that corpus, graded by exact match with cited pages
@@ -129,6 +132,9 @@ demo: apt-demo migrate
 	$(PY) manage.py dataset_stats demo-toucan >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-toucan --batch demo-toucan-generated --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-toucan --version 1 --format toucan --out var/exports/demo-toucan-v1.toucan.jsonl --force --no-progress
+	$(PY) manage.py dataset_stats demo-toolace >/dev/null 2>&1 || \
+	  $(PY) manage.py dataset_create demo-toolace --batch demo-toolace --success-only --publish --no-progress
+	$(PY) manage.py dataset_export demo-toolace --version 1 --format toolace --out var/exports/demo-toolace-v1.toolace.jsonl --force --no-progress
 	$(PY) manage.py dataset_stats demo-qa >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-qa --batch demo-search2qa-qa --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-qa --version 1 --format qa --out var/exports/demo-qa-v1.qa.jsonl --force --no-progress
@@ -148,6 +154,8 @@ demo: apt-demo migrate
 	@echo "'demo-deep-search' (10 research questions over the offline web: rewards by exact match and sources),"
 	@echo "'demo-search2qa' (the search2qa factory: 3 verified QA pairs and one dropped as too easy) and"
 	@echo "'demo-search2qa-qa' (the deep_search tasks it emitted, each with its executed solver run)."
+	@echo "'demo-toolace' (13 tasks the toolace pipeline admitted by execution: agent and mt dialogues with clarification turns;"
+	@echo "its suites and gate verdicts under Engines > Pipeline runs; two wrong solutions score 0; dataset 'demo-toolace' in ToolACE's format)."
 	@echo "'demo-multi-agent' (6 team tasks on code_exec and deep_search: each role's run is a child trajectory; ma-004 scores 0)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
 	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format) and 'demo-qa' v1 (QA pairs): http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
