@@ -1,0 +1,135 @@
+"""The console in Chromium against a real daphne (issue 28): a reviewer works through the queue
+with the keyboard; two reviewers claim the same item; a task file with a bad line is refused with
+its line number and nothing written; the main pages at 1440 and 390 px (screenshots kept under
+var/test-artifacts/console/, and no page wider than the 390 px screen)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from playwright.sync_api import expect
+
+from apps.reviews.models import Review, ReviewClaim
+from apps.tasks.models import Batch, Task
+from tests.conftest import PASSWORD
+from tests.tasks.test_live_log_browser import (  # noqa: F401 (fixtures)
+    WAIT_MS,
+    daphne_server,
+    page,
+    static_root,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ARTIFACTS = Path(settings.BASE_DIR) / "var" / "test-artifacts" / "console"
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def sign_in(page, server, user, landing: str) -> None:
+    """Log in through the admin's form with no `next`: the role-aware home decides where to land."""
+    page.goto(f"{server.url}/admin/login/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{server.url}{landing}")
+
+
+def test_a_reviewer_works_through_the_queue_with_the_keyboard(daphne_server, page, awaiting, make_user):
+    items = awaiting(3)
+    reviewer = make_user("reviewer")
+    page.set_viewport_size({"width": 1440, "height": 900})
+    sign_in(page, daphne_server, reviewer, "/review/work/")
+    expect(page.locator("#work-queue tbody tr")).to_have_count(3)
+    shot(page, "work-queue-1440")
+    page.get_by_role("button", name="Start reviewing").click()
+    page.wait_for_url(f"**/review/trajectories/{items[0].pk}/?queue=")
+    expect(page.locator("#queuebar")).to_contain_text("yours until")
+    # j j: the second step is current; x flags it; a accepts with no reason and opens the next item
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    expect(page.locator("details.step.current")).to_have_attribute("id", "step-2")
+    page.keyboard.press("x")
+    expect(page.locator("details.step.flagged")).to_have_count(1)
+    shot(page, "review-item-1440")
+    page.keyboard.press("a")
+    page.wait_for_url(f"**/review/trajectories/{items[1].pk}/?queue=")
+    expect(page.locator(".messages")).to_contain_text(f"Verdict recorded: accept on trajectory #{items[0].pk}")
+    # r selects reject and puts the cursor in the reason; Ctrl+Enter submits
+    page.keyboard.press("r")
+    expect(page.locator("textarea[name=reason]")).to_be_focused()
+    page.keyboard.type("the answer misses 97")
+    page.keyboard.press("Control+Enter")
+    page.wait_for_url(f"**/review/trajectories/{items[2].pk}/?queue=")
+    # n skips the last one: released, and the queue has nothing else for this reviewer
+    page.keyboard.press("n")
+    expect(page.locator(".messages")).to_contain_text("Nothing left to review")
+    verdicts = dict(Review.objects.filter(kind="human", reviewer=reviewer).values_list("trajectory_id", "verdict"))
+    assert verdicts == {items[0].pk: "accept", items[1].pk: "reject"}
+    assert Review.objects.get(trajectory=items[0], kind="human").step_flags == [{"step": 1, "note": ""}]
+    assert ReviewClaim.objects.get(trajectory=items[2]).status == "released"
+
+
+def test_two_reviewers_claim_the_same_item(daphne_server, page, awaiting, make_user):
+    (item,) = awaiting(1)
+    first, second = make_user("reviewer"), make_user("reviewer")
+    sign_in(page, daphne_server, first, "/review/work/")
+    other = page.context.browser.new_context().new_page()
+    sign_in(other, daphne_server, second, "/review/work/")
+    # Both see the item free; the first claims it, then the second's click is refused.
+    page.get_by_role("button", name=f"Claim trajectory {item.pk}").click()
+    page.wait_for_url(f"**/review/trajectories/{item.pk}/?queue=")
+    other.get_by_role("button", name=f"Claim trajectory {item.pk}").click()
+    expect(other.locator(".messages")).to_contain_text(f"Not claimed: trajectory {item.pk} is claimed by {first.username}")
+    expect(other.locator(f"#item-{item.pk}")).to_contain_text("taken")
+    assert list(ReviewClaim.objects.values_list("reviewer_id", "status")) == [(first.pk, "active")]
+    other.context.close()
+
+
+def test_a_task_file_with_a_bad_line_is_refused_with_its_line_number(daphne_server, page, make_user, tmp_path):
+    good = '{"scene": "code_exec", "prompt": "Print hello.", "external_id": "a"}'
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(f'{good}\n{{"scene": "code_exec", "external_id": "b"}}\n')
+    sign_in(page, daphne_server, make_user("reviewer"), "/review/work/")
+    page.goto(f"{daphne_server.url}/tasks/new/")
+    page.set_input_files("#id_file", str(path))
+    page.get_by_role("button", name="Import").click()
+    expect(page.locator("#import-errors")).to_contain_text("tasks.jsonl:2: prompt: required field is missing")
+    expect(page.locator("#import-errors")).to_contain_text("nothing was imported")
+    shot(page, "task-file-refused-1440")
+    assert not Batch.objects.exists() and not Task.objects.exists()
+    # The fixed file goes in and starts; the batch page follows its progress.
+    path.write_text(f"{good}\n")
+    page.set_input_files("#id_file", str(path))
+    page.get_by_role("button", name="Import").click()
+    expect(page.locator("h1")).to_contain_text("Batch tasks")
+    expect(page.locator("#batch-progress")).to_contain_text("0 of 1 tasks final")
+    assert Task.objects.get().status == "running"
+
+
+PAGES = [
+    ("home", "/"), ("admin", "/admin/"), ("work", "/review/work/"), ("proposals", "/review/"),
+    ("trajectories", "/trajectories/"), ("batches", "/review/batches/"), ("start", "/tasks/new/"),
+    ("datasets", "/datasets/"), ("not-found", "/trajectories/999999/"),
+]
+
+
+def test_the_main_pages_fit_a_390_px_screen(daphne_server, page, awaiting, make_user):
+    items = awaiting(2)
+    admin = make_user("admin", is_superuser=True)
+    sign_in(page, daphne_server, admin, "/")
+    pages = PAGES + [("trajectory", f"/trajectories/{items[0].pk}/"), ("review", f"/review/trajectories/{items[0].pk}/"),
+                     ("batch", f"/review/batches/{items[0].task.batch_id}/")]
+    for width in (1440, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        for name, path in pages:
+            page.goto(f"{daphne_server.url}{path}")
+            shot(page, f"{name}-{width}")
+            overflow = page.evaluate("document.documentElement.scrollWidth")
+            assert overflow <= width, f"{path} is {overflow} px wide at {width} px"
+    # The navigation wraps instead of overflowing: the last link is on screen.
+    expect(page.locator("header .sitenav a", has_text="API docs")).to_be_in_viewport()
