@@ -222,8 +222,13 @@ Q_CLUSTER = {
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
+    # redis-py 8 reads with a 5 s socket timeout by default, and channels-redis's receive() is a
+    # 5 s BZPOPMIN: an idle websocket's consumer died with "Timeout reading from" every 5 s
+    # (channels_redis issue 422). A read timeout above the BZPOPMIN's keeps a dead Redis
+    # detectable.
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                    "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]}}
     }
 else:
     Q_CLUSTER["orm"] = "default"
