@@ -51,7 +51,8 @@ def write_tiny_jsonl(root: Path) -> Path:
         {"url": "https://wiki.example/MIT", "title": "MIT",
          "text": "The Massachusetts Institute of Technology is a university in Cambridge, Massachusetts."},
         {"url": "https://wiki.example/Hacker", "title": "Hacker",
-         "text": "A hacker enjoys exploring the details of programmable systems.",
+         "text": "A hacker enjoys exploring the details of programmable systems. Corrections to "
+                 "<editor@wiki.example> or j.doe+jargon@mail.wiki.example.",
          "links": [["TMRC", "https://wiki.example/TMRC#history"]]},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -91,6 +92,10 @@ def test_it_builds_a_corpus_from_a_directory_and_a_jsonl_with_links_resolved(tin
     assert corpus.page("https://wiki.example/Hacker").links == [("TMRC", "https://wiki.example/TMRC")]
     assert corpus.page("https://tiny.example/notes.txt").title == "Railway notes"
     assert corpus.licences == TINY_LICENCES
+    # personal e-mail addresses are not kept
+    assert corpus.page("https://wiki.example/Hacker").text.endswith(
+        "Corrections to <[e-mail removed]> or [e-mail removed].")
+    assert tiny_corpus.emails_removed == 2 and corpus.meta["emails_removed"] == "2"
 
 
 def test_page_lookup_ignores_fragments_and_trailing_slashes(tiny_corpus):

@@ -35,12 +35,14 @@ def test_it_builds_registers_and_audits_a_corpus(corpus_dir, tmp_path):
     assert [l["licence"] for l in row.licences] == ["CC0-1.0", "CC0-1.0"]
     event = AuditEvent.objects.get(action="engines.corpus_build")
     assert event.target_id == str(row.pk) or int(event.target_id) == row.pk
-    assert event.data["created"] is True and event.data["pages"] == 7
+    assert event.data["created"] is True and event.data["pages"] == 7 and event.data["emails_removed"] == 2
     assert event.actor_repr == "manage.py corpus_build"
     assert C.Corpus.named("tiny").search("Charles Babbage", 1)[0].title == "Charles Babbage"
 
-    call_command("corpus_build", "tiny", "--from", str(jsonl), "--licence", "CC0-1.0", "--json", stdout=(out := io.StringIO()))
-    assert json.loads(out.getvalue())["pages"] == 3
+    call_command("corpus_build", "tiny", "--from", str(jsonl), "--licence", "CC0-1.0", "--json", "--keep-emails",
+                 stdout=(out := io.StringIO()))
+    assert json.loads(out.getvalue())["pages"] == 3 and json.loads(out.getvalue())["emails_removed"] == 0
+    assert "editor@wiki.example" in C.Corpus.named("tiny").page("https://wiki.example/Hacker").text
     assert Corpus.objects.get(name="tiny").pages == 3  # one row, rebuilt
     assert AuditEvent.objects.filter(action="engines.corpus_build").count() == 2
     assert corpus_licences(["tiny", "other"]) == [
@@ -92,6 +94,8 @@ def test_the_debian_corpus(corpus_dir):
     report = json.loads(out.getvalue())
     assert report["sources"]["python3.11-doc"] > 400 and report["sources"]["foldoc"] > 10_000
     assert report["sources"]["jargon"] > 2_000
+    assert report["emails_removed"] > 100  # FOLDOC's contributors' addresses
+    assert "guido@cwi.nl" not in C.Corpus.named("debian-docs").page("https://foldoc.example/python").text
     assert seconds < 60, seconds
     corpus = C.Corpus.named("debian-docs")
     lovelace = corpus.page("https://foldoc.example/ada_lovelace")

@@ -48,6 +48,10 @@ STOPWORDS = frozenset(
     " what when where how why does did do".split()
 )
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
+# Personal e-mail addresses in documents (FOLDOC's 1990s contributors, ...) are not kept: episodes'
+# observations, and the training data made of them, should not carry them.
+EMAIL_RE = re.compile(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
+EMAIL_REMOVED = "[e-mail removed]"
 
 
 class CorpusError(Exception):
@@ -94,11 +98,12 @@ class BuildReport:
     bytes: int
     sources: dict[str, int]
     licences: list[dict[str, str]]
+    emails_removed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "pages": self.pages, "links": self.links,
                 "dropped_links": self.dropped_links, "seconds": round(self.seconds, 2), "bytes": self.bytes,
-                "sources": self.sources, "licences": self.licences}
+                "sources": self.sources, "licences": self.licences, "emails_removed": self.emails_removed}
 
 
 # --- names and URLs ------------------------------------------------------------------------------
@@ -386,8 +391,9 @@ def _resolve_links(docs: list[Document]) -> tuple[int, int]:
 
 
 def build_corpus(name: str, documents: Iterable[Document], *, licences: list[dict[str, str]],
-                 path: Path | None = None) -> BuildReport:
-    """Write the corpus `name` from `documents` (replacing an older build atomically)."""
+                 path: Path | None = None, keep_emails: bool = False) -> BuildReport:
+    """Write the corpus `name` from `documents` (replacing an older build atomically); e-mail
+    addresses in titles and texts become EMAIL_REMOVED unless `keep_emails`."""
     started = time.monotonic()
     path = path or corpus_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -402,6 +408,12 @@ def build_corpus(name: str, documents: Iterable[Document], *, licences: list[dic
     if not docs:
         raise CorpusError(f"corpus {name}: no documents")
     kept, dropped = _resolve_links(docs)
+    emails = 0
+    if not keep_emails:
+        for d in docs:
+            d.text, n = EMAIL_RE.subn(EMAIL_REMOVED, d.text)
+            d.title, m = EMAIL_RE.subn(EMAIL_REMOVED, d.title)
+            emails += n + m
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     sources: dict[str, int] = {}
@@ -417,7 +429,7 @@ def build_corpus(name: str, documents: Iterable[Document], *, licences: list[dic
         db.execute("INSERT INTO page_fts(page_fts) VALUES ('rebuild')")
         db.execute("INSERT INTO page_fts(page_fts) VALUES ('optimize')")
         meta = {"name": name, "schema": str(SCHEMA_VERSION), "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "pages": str(len(docs)), "links": str(kept), "sources": json.dumps(sources),
+                "pages": str(len(docs)), "links": str(kept), "sources": json.dumps(sources), "emails_removed": str(emails),
                 "licences": json.dumps(licences, ensure_ascii=False)}
         db.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
         db.commit()
@@ -428,7 +440,7 @@ def build_corpus(name: str, documents: Iterable[Document], *, licences: list[dic
         tmp.unlink(missing_ok=True)
     return BuildReport(name=name, path=path, pages=len(docs), links=kept, dropped_links=dropped,
                        seconds=time.monotonic() - started, bytes=path.stat().st_size, sources=sources,
-                       licences=licences)
+                       licences=licences, emails_removed=emails)
 
 
 # --- queries -------------------------------------------------------------------------------------

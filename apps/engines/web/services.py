@@ -61,12 +61,12 @@ def corpus_inputs(inputs: list[str], *, base_url: str = "", licence: str = "") -
     return chain(), licences
 
 
-def corpus_build(*, name: str, inputs: list[str], base_url: str = "", licence: str = "", actor: Any = None,
-                 actor_repr: str | None = None) -> tuple[Corpus, C.BuildReport]:
+def corpus_build(*, name: str, inputs: list[str], base_url: str = "", licence: str = "", keep_emails: bool = False,
+                 actor: Any = None, actor_repr: str | None = None) -> tuple[Corpus, C.BuildReport]:
     """Build the corpus `name` from `inputs` and register it (CorpusError for bad inputs; nothing written)."""
     path = C.corpus_path(name)
     documents, licences = corpus_inputs(inputs, base_url=base_url, licence=licence)
-    report = C.build_corpus(name, documents, licences=licences, path=path)
+    report = C.build_corpus(name, documents, licences=licences, path=path, keep_emails=keep_emails)
     sha256 = _file_sha256(report.path)
     with transaction.atomic():
         row, created = Corpus.objects.select_for_update().update_or_create(name=name, defaults={
@@ -76,7 +76,7 @@ def corpus_build(*, name: str, inputs: list[str], base_url: str = "", licence: s
         })
         audit_record("engines.corpus_build", actor=actor, actor_repr=actor_repr, target=row, data={
             "created": created, "inputs": list(inputs), "pages": report.pages, "links": report.links,
-            "dropped_links": report.dropped_links, "sha256": sha256, "licences": [l["licence"] for l in licences],
+            "dropped_links": report.dropped_links, "emails_removed": report.emails_removed, "sha256": sha256, "licences": [l["licence"] for l in licences],
         })
     return row, report
 

@@ -23,7 +23,9 @@ and register it with its licences (carried into the data cards of datasets built
 
 A directory or JSONL needs --licence (what its documents are under, e.g. CC-BY-4.0). Links
 between pages are resolved (relative hrefs, fragments, dictionary cross-references); links out
-of the corpus are dropped. An older build of NAME is replaced at once (readers never see half).
+of the corpus are dropped. E-mail addresses in the documents are replaced by "[e-mail removed]"
+(episodes and the datasets made of them carry none) unless --keep-emails. An older build of NAME
+is replaced at once (readers never see half).
 """
 
 
@@ -40,12 +42,14 @@ class Command(BaseCommand):
                             help="debian | DIRECTORY | FILE.jsonl (repeatable)")
         parser.add_argument("--base-url", default="", help="the URL a directory's files are served at")
         parser.add_argument("--licence", default="", help="the licence of a directory's or JSONL's documents")
+        parser.add_argument("--keep-emails", action="store_true", help="keep e-mail addresses in the documents")
         parser.add_argument("--json", action="store_true", help="print the build report as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             row, report = corpus_build(name=options["name"], inputs=options["inputs"], base_url=options["base_url"],
-                                       licence=options["licence"], actor_repr="manage.py corpus_build")
+                                       licence=options["licence"], keep_emails=options["keep_emails"],
+                                       actor_repr="manage.py corpus_build")
         except (CorpusError, OSError) as exc:
             raise CommandError(str(exc)) from None
         if options["json"]:
@@ -54,7 +58,8 @@ class Command(BaseCommand):
         sources = ", ".join(f"{k} {v}" for k, v in report.sources.items())
         self.stdout.write(
             f"corpus {row.name}: {report.pages} pages ({sources}), {report.links} links "
-            f"({report.dropped_links} leaving the corpus dropped), {report.bytes / 1e6:.1f} MB, "
+            f"({report.dropped_links} leaving the corpus dropped), {report.emails_removed} e-mail addresses removed, "
+            f"{report.bytes / 1e6:.1f} MB, "
             f"built in {report.seconds:.1f} s ({report.pages / max(report.seconds, 1e-9):.0f} docs/s) -> {report.path}"
         )
         self.stdout.write("licences: " + "; ".join(f"{l['source']}: {l['licence']}" for l in row.licences))
