@@ -12,6 +12,7 @@ from apps.engines.search2qa import gates as G
 from apps.engines.search2qa.prompts import stage_key
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (a fixture)
 from tests.engines.test_web_corpus import build_tiny_corpus
+from tests.engines.test_web_live import fake_web  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("llm_env")]
 
@@ -185,3 +186,20 @@ def test_the_optional_uniqueness_judge_is_a_gate(unique: bool) -> None:
     assert g["no_tool_fails"]["passed"] is unique
     assert [s["label"] for s in result.verifier_output["stages"]] == (
         ["uniqueness", "no-tool"] if unique else ["uniqueness"])
+
+
+def test_on_the_live_web_the_gates_read_the_pages_the_run_fetched_not_the_web_again(fake_web: str) -> None:
+    from tests.engines.test_web_live import FakeWeb
+
+    seed, engine, lovelace = "live engine", f"{fake_web}/engine.html", f"{fake_web}/lovelace.html"
+    proposal = {"question": "The engine Lord Byron's daughter wrote notes on was first described in which year?",
+                "answer": "1837", "reasoning": "...", "evidence": [
+                    {"url": lovelace, "quote": "Ada Lovelace, daughter of Lord Byron, wrote notes on the engine."},
+                    {"url": engine, "quote": "It was first described in 1837 as the successor to the Difference "
+                                             "Engine."}]}
+    scripts = [explore("[s2q] explore the live web", proposal, opens=(engine, lovelace)), no_tool(seed, "1843")]
+    result = factory(seed, scripts, web={"backend": "live"})
+    assert result.reward == 1.0, result.verifier_output["gates"]
+    assert [s.get("web_calls") is not None for s in result.steps] == [True, True, True, False]
+    # One search and two opens reached the server; the quote checks read the recorded pages.
+    assert len(FakeWeb.hits) == 3
