@@ -119,6 +119,19 @@ def export_checksums(version: DatasetVersion) -> list[dict[str, Any]]:
     ]
 
 
+def template_checks(version: DatasetVersion) -> list[dict[str, Any]]:
+    """The data card's chat-template section: every check of the version's exports, newest first."""
+    from apps.datasets.models import TemplateCheck
+
+    return [
+        {"id": c.pk, "export": c.export_id, "format": c.format, "template": c.template,
+         "template_sha256": c.template_sha256, "records": c.records, "passed": c.passed, "failed": c.failed,
+         "mask": (c.summary or {}).get("mask"), "reasoning_kept": (c.summary or {}).get("reasoning_kept"),
+         "reasoning_stripped": (c.summary or {}).get("reasoning_stripped"), "created_at": c.created_at}
+        for c in TemplateCheck.objects.filter(version=version).order_by("-created_at", "-id")
+    ]
+
+
 def export_for_download(job_id: int) -> tuple[ExportJob, Path]:
     """A finished export under DATASET_EXPORT_DIR and its file; NotFound otherwise."""
     job = ExportJob.objects.select_related("version__dataset").filter(pk=job_id, status=ExportJob.Status.DONE).first()

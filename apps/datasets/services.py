@@ -555,11 +555,12 @@ def _job_actor(job: ExportJob) -> str:
 
 # --- rendered validation (chat templates) -------------------------------------------------------
 
-def template_check_run(*, job: ExportJob, template_name: str, actor: Any) -> Any:
+def template_check_run(*, job: ExportJob, template_name: str, actor: Any, by_name: bool = False) -> Any:
     """Render a finished export through a chat template and record the result (TemplateCheck + audit row).
 
     Raises ExportError for an export that is not done, a format no template renders, or a
     template that cannot be loaded; the check itself reads the file outside the transaction.
+    by_name (the API): only a name in DATASET_CHAT_TEMPLATE_DIR, never a path.
     """
     from apps.datasets import templates
     from apps.datasets.models import TemplateCheck
@@ -568,7 +569,7 @@ def template_check_run(*, job: ExportJob, template_name: str, actor: Any) -> Any
     if job.status != ExportJob.Status.DONE:
         raise ExportError(f"export #{job.pk} is {job.status}; only a finished export can be checked")
     try:
-        template = templates.load_template(template_name)
+        template = templates.load_template(template_name, by_name=by_name)
         report = templates.check_file(job.path, job.format, template)
     except templates.TemplateError as exc:
         raise ExportError(str(exc)) from None

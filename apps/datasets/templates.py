@@ -61,12 +61,14 @@ class ChatTemplate:
         return bool(re.search(r"\{%-?\s*generation\s*-?%\}", self.text))
 
 
-def load_template(name: str) -> ChatTemplate:
-    """A `.jinja` path, a tokenizer directory, or NAME(.jinja) in DATASET_CHAT_TEMPLATE_DIR."""
+def load_template(name: str, *, by_name: bool = False) -> ChatTemplate:
+    """A `.jinja` path, a tokenizer directory, or NAME(.jinja) in DATASET_CHAT_TEMPLATE_DIR (by_name: only that)."""
     if not name:
         raise TemplateError("no template given")
+    if by_name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+        raise TemplateError(f"template {name[:100]!r}: a name in DATASET_CHAT_TEMPLATE_DIR, not a path")
     path = Path(name).expanduser()
-    if not path.exists() and not any(sep in name for sep in ("/", "\\")):
+    if by_name or (not path.exists() and not any(sep in name for sep in ("/", "\\"))):
         base = Path(getattr(settings, "DATASET_CHAT_TEMPLATE_DIR", "") or ".")
         candidates = [base / name, base / f"{name}.jinja"]
         path = next((p for p in candidates if p.exists()), candidates[-1])

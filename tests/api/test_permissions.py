@@ -64,6 +64,7 @@ ENDPOINTS: list[tuple[str, str, Any, str]] = [
     ("post", "/api/v1/datasets/perm-ds/versions/1/exports", {"format": "nope"}, "approver"),
     ("get", "/api/v1/exports/{job}", None, "viewer"),
     ("get", "/api/v1/exports/{job}/download", None, "viewer"),
+    ("post", "/api/v1/exports/{job}/template-checks", {"template": "nope"}, "approver"),
     ("post", "/api/v1/envscaler/uploads", {"metadata": [], "scenarios": []}, "reviewer"),
     ("get", "/api/v1/webhooks", None, "viewer"),
     ("post", "/api/v1/webhooks", {"url": "http://127.0.0.1:9/hook", "events": ["task.finished"]}, "viewer"),

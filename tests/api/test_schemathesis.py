@@ -37,6 +37,7 @@ SEMANTIC_VALIDATION = {
     "POST /api/v1/tasks", "POST /api/v1/envscaler/uploads", "POST /api/v1/webhooks",
     "POST /api/v1/datasets/{name}/versions", "POST /api/v1/datasets/{name}/versions/{number}/exports",
     "POST /api/v1/proposals/{id}/decide", "POST /api/v1/trajectories/{trajectory_id}/verdicts",
+    "POST /api/v1/exports/{job_id}/template-checks",
 }
 
 

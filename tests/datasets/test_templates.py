@@ -161,3 +161,42 @@ def test_dataset_export_check_template_reports_per_record_and_records_it(
     with pytest.raises(CommandError, match="cannot be checked against a chat template"):
         call_command("dataset_export", "tpl", "--format", "sft-openai", "--out", str(tmp_path / "c.jsonl"),
                      "--check-template", "qwen3", "--no-progress", stdout=StringIO(), stderr=StringIO())
+
+
+def test_the_api_checks_an_export_against_a_named_template_and_the_card_lists_it(
+    make_task: Any, make_user: Any, tmp_path: Path, settings: Any
+) -> None:
+    from rest_framework.test import APIClient
+
+    from apps.datasets.models import ExportJob
+    from trajplatform.api_models import api_token_create
+
+    settings.DATASET_CHAT_TEMPLATE_DIR = TEMPLATES
+    settings.DATASET_EXPORT_DIR = tmp_path / "exports"
+    make_trajectory(make_task(prompt="Task: primes"))
+    call_command("dataset_create", "api-tpl", "--no-near-dedup", "--validation-fraction", "0", stdout=StringIO(),
+                 stderr=StringIO())
+    call_command("dataset_export", "api-tpl", "--format", "kto-trl", "--out", str(tmp_path / "k.jsonl"),
+                 "--no-progress", stdout=StringIO(), stderr=StringIO())
+    job = ExportJob.objects.get(format="kto-trl")
+    user = make_user("approver")
+    _token, raw = api_token_create(user=user, name="tests", actor=user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    response = client.post(f"/api/v1/exports/{job.pk}/template-checks", {"template": "qwen2_5_training"},
+                           format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["template"], body["records"], body["passed"], body["format"]) == ("qwen2_5_training", 1, 1, "kto-trl")
+    # Only names in DATASET_CHAT_TEMPLATE_DIR: no paths on the server.
+    for bad in ("../../etc/passwd", str(TEMPLATES / "qwen3.jinja")):
+        response = client.post(f"/api/v1/exports/{job.pk}/template-checks", {"template": bad}, format="json")
+        assert response.status_code == 400, response.content
+    response = client.post(f"/api/v1/exports/{job.pk}/template-checks", {"template": "missing"}, format="json")
+    assert response.status_code == 400 and "not found" in response.json()["error"]["message"]
+    detail = client.get("/api/v1/datasets/api-tpl/versions/1").json()
+    assert [(c["template"], c["passed"], c["mask"]) for c in detail["template_checks"]] == [
+        ("qwen2_5_training", 1, "checked")]
+    out = StringIO()
+    call_command("dataset_stats", "api-tpl", stdout=out)
+    assert "chat templates checked:" in out.getvalue() and "qwen2_5_training (" in out.getvalue()

@@ -41,15 +41,21 @@ class VersionDetailSerializer(VersionSerializer):
     data_card = serializers.JSONField(read_only=True)
     exporter_versions = serializers.JSONField(read_only=True)
     exports = serializers.SerializerMethodField()
+    template_checks = serializers.SerializerMethodField()
 
     class Meta(VersionSerializer.Meta):
-        fields = [*VersionSerializer.Meta.fields, "data_card", "exporter_versions", "exports"]
+        fields = [*VersionSerializer.Meta.fields, "data_card", "exporter_versions", "exports", "template_checks"]
         read_only_fields = fields
 
     def get_exports(self, version: DatasetVersion) -> list[dict[str, Any]]:
         from apps.datasets.selectors import export_checksums
 
         return export_checksums(version)
+
+    def get_template_checks(self, version: DatasetVersion) -> list[dict[str, Any]]:
+        from apps.datasets.selectors import template_checks
+
+        return template_checks(version)
 
 
 class VersionCreateSerializer(StrictSerializerMixin, serializers.Serializer):
@@ -79,3 +85,21 @@ class ExportJobSerializer(serializers.ModelSerializer):
         if job.status != ExportJob.Status.DONE or not job.in_export_dir:
             return None
         return f"/api/v1/exports/{job.pk}/download"
+
+
+class TemplateCheckStartSerializer(StrictSerializerMixin, serializers.Serializer):
+    template = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", max_length=100,
+                                      help_text="a chat template's name in DATASET_CHAT_TEMPLATE_DIR (NAME.jinja)")
+
+
+class TemplateCheckSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    export = serializers.IntegerField(source="export_id")
+    format = serializers.CharField()
+    template = serializers.CharField()
+    template_sha256 = serializers.CharField()
+    records = serializers.IntegerField()
+    passed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    summary = serializers.JSONField(help_text="totals and the failing records with their problems")
+    created_at = serializers.DateTimeField()

@@ -11,4 +11,5 @@ urlpatterns = [
     path("datasets/<slug:name>/versions/<int:number>/exports", views.ExportStartView.as_view(), name="export-start"),
     path("exports/<int:job_id>", views.ExportDetailView.as_view(), name="export-detail"),
     path("exports/<int:job_id>/download", views.ExportDownloadView.as_view(), name="export-download"),
+    path("exports/<int:job_id>/template-checks", views.TemplateCheckView.as_view(), name="export-template-check"),
 ]

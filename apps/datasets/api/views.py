@@ -125,3 +125,18 @@ class ExportDownloadView(APIView):
         response["X-Checksum-SHA256"] = job.sha256
         response["ETag"] = f'"{job.sha256}"'
         return response
+
+
+class TemplateCheckView(APIView):
+    """Render a finished export through a chat template (by name) and record the per-record report."""
+
+    write_perms = ("datasets.add_datasetversion",)
+
+    @extend_schema(request=s.TemplateCheckStartSerializer, responses={201: s.TemplateCheckSerializer, **ERRORS})
+    def post(self, request: Request, job_id: int) -> Response:
+        body = s.TemplateCheckStartSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = get_object_or_404(ExportJob.objects.select_related("version__dataset"), pk=job_id)
+        check, _report = services.template_check_run(job=job, template_name=body.validated_data["template"],
+                                                     actor=request.user, by_name=True)
+        return Response(s.TemplateCheckSerializer(check).data, status=201)

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from apps.datasets.cli import DatasetCommand, get_version, histogram_lines, quantile_line
-from apps.datasets.selectors import export_checksums
+from apps.datasets.selectors import export_checksums, template_checks
 
 MAX_EXCLUDED_SHOWN = 50
 
@@ -29,7 +29,8 @@ class Command(DatasetCommand):
         card = version.data_card or {}
         exports = export_checksums(version)
         if options["json"]:
-            self.stdout.write(json.dumps({**card, "status": version.status, "exports": exports}, indent=2,
+            self.stdout.write(json.dumps({**card, "status": version.status, "exports": exports,
+                                          "template_checks": template_checks(version)}, indent=2,
                                          ensure_ascii=False, cls=DjangoJSONEncoder))
             return
         w = self.stdout.write
@@ -54,6 +55,14 @@ class Command(DatasetCommand):
         w(f"dedup: exact {'on' if dedup.get('exact') else 'off'} (removed {dedup.get('exact_removed', 0)}), "
           f"near {'on' if dedup.get('near') else 'off'} at {dedup.get('threshold')} "
           f"(removed {dedup.get('near_removed', 0)})")
+        decontam = card.get("decontam")
+        if decontam:
+            w(f"decontam: {', '.join(decontam['test_sets'])}; {decontam['ngram']}-gram overlap >= "
+              f"{decontam['ngram_threshold']}" + (f", MiniLM cosine >= {decontam['cosine_threshold']}"
+                                                  if decontam.get("embedding") else "")
+              + f" (removed {decontam.get('excluded', 0)}: "
+              + (", ".join(f"{k} {v}" for k, v in (decontam.get("excluded_by_benchmark") or {}).items()) or "-")
+              + ")")
         split = card.get("split") or {}
         w(f"split: by task, seed {split.get('seed')}, validation fraction {split.get('validation_fraction')}")
         reasons = card.get("excluded_reasons") or {}
@@ -82,3 +91,9 @@ class Command(DatasetCommand):
                   f"sha256 {e['sha256']}  ({e['file']})")
         else:
             w("exports: none yet")
+        checks = template_checks(version)
+        if checks:
+            w("chat templates checked:")
+            for c in checks:
+                w(f"  {c['template']} ({c['template_sha256'][:12]}) on export #{c['export']} {c['format']}: "
+                  f"{c['passed']}/{c['records']} records pass; mask {c['mask']}")
