@@ -169,3 +169,10 @@ def test_browse_has_a_reader_model_read_the_page_and_counts_as_reading_it():
     assert result.total_tokens >= browse["browse"]["usage"]["total_tokens"]
     assert result.reward == 1.0 and result.verifier_output["sources"][0]["opened"] is True
     assert "browse" not in [t["function"]["name"] for t in get_runtime("deep_search").tools({"scene_config": {}})]
+
+
+def test_a_corpus_that_is_not_built_ends_the_episode_as_a_config_error(settings, tmp_path):
+    settings.WEB_CORPUS_DIR = tmp_path / "nothing-here"
+    result = episode(QUESTION, [*RESEARCH, call("finish", answer="1983", sources=[ADA])])
+    assert result.outcome == "error" and result.steps == [] and result.llm_calls == 0
+    assert "corpus 'tiny' is not built" in result.outcome_reason and "corpus_build tiny" in result.outcome_reason

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.engines.deep_search.verify import check_sources, exact_match, normalize_answer, token_f1, word_count
-from apps.engines.runtime import SceneRuntime, ToolError, ToolResult, current_episode
+from apps.engines.runtime import InfrastructureError, SceneRuntime, SetupError, ToolError, ToolResult, current_episode
 from apps.engines.web import opened_urls, web_tools, web_toolset
 from apps.engines.web.toolset import WebToolset, web_settings
 
@@ -69,6 +69,10 @@ class DeepSearchRuntime(SceneRuntime):
     scene_id = SCENE
 
     def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            self._web(config)  # a corpus that is not built is the task's set-up, found before the first turn
+        except InfrastructureError as exc:
+            raise SetupError(str(exc)) from None
         names = ("search", "open", "find", "browse") if scene_config(config).get("browse") else ("search", "open", "find")
         tools = web_tools(names) + [_finish_schema(_report_mode(config))]
         if scene_config(config).get("explore"):
