@@ -250,6 +250,8 @@ SCENES: dict[str, Scene] = {
                                     "min_sources": {"type": "integer", "minimum": 0}}),
                     "explore": {"type": "boolean", "description": "offer explore(question): a sub-episode that "
                                                                   "searches and reads, then summarises"},
+                    "browse": {"type": "boolean", "description": "offer browse(url, question): a reader model reads "
+                                                                 "the page (its tokens count in the episode's)"},
                     "explore_max_steps": {"type": "integer", "minimum": 1, "maximum": 50},
                     "generation": {"type": "object", "description": "how the question was made (search2qa gates, seed)"},
                 }
@@ -281,8 +283,6 @@ SCENES: dict[str, Scene] = {
                     "consensus": {"enum": ["none", "all_agree"]},
                     "acting_role": _STR,
                 },
-                    "browse": {"type": "boolean", "description": "offer browse(url, question): a reader model reads "
-                                                                 "the page (its tokens count in the episode's)"},
                 required=("base_scene", "roles", "lead"),
             ),
             defaults={"protocol": "delegate", "base_config": {}},

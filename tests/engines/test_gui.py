@@ -173,16 +173,39 @@ def test_a_miniwob_episode_with_vision_earns_the_pages_reward_and_shows_the_mode
     assert "browser_take_screenshot" in tools and not any(t.startswith("platform_") for t in tools)
 
 
+BUNDLED = {json.loads(line)["external_id"]: json.loads(line)
+           for line in (Path(__file__).resolve().parents[2] / "examples" / "tasks" / "gui.jsonl").read_text().splitlines()}
+
+
+def bundled(external_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    line = BUNDLED[external_id]
+    config = config_for(line["prompt"], line["config"], scene="gui", max_steps=line["max_steps"], timeout_s=120)
+    return config, line["reference_solution"]
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("sandbox_settings", "llm_env")
-def test_a_wrong_click_scores_zero_and_the_model_gets_text_only_without_vision(artifact_root: Path) -> None:
-    config = config_for(CLICK_PROMPT, CLICK, scene="gui", max_steps=4, timeout_s=90)
-    with scripted(CLICK_PROMPT, call("browser_click", element="some text", ref="e5"), call("finish", answer="done")) as (
-            _, llm):
+def test_the_bundled_wrong_solution_scores_zero_and_the_model_gets_text_only_without_vision(artifact_root: Path) -> None:
+    config, solution = bundled("gui-miniwob-click-button-s3-wrong")
+    with scripted(config["prompt"], *solution) as (_, llm):
         result = run(config, llm)
     assert result.outcome == "failure" and result.reward == 0.0
+    assert result.verifier_output["check"]["raw_reward"] == -1.0
     assert not [m for m in result.messages if isinstance(m["content"], list)]
     assert [s["images"][0]["artifact"] for s in result.steps if s["tool"] == "browser_click"]  # still kept
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings", "llm_env")
+@pytest.mark.parametrize("external_id", ["gui-miniwob-social-media-s1", "gui-site-mail-tidy"])
+def test_bundled_scripts_replay_in_the_sandbox(external_id: str, artifact_root: Path) -> None:
+    """The refs and points the build script recorded on the host are the sandbox's too."""
+    config, solution = bundled(external_id)
+    with scripted(config["prompt"], *solution) as (_, llm):
+        result = run(config, llm)
+    assert result.outcome == "success" and result.reward == 1.0, (result.outcome_reason, result.verifier_output)
+    points = [s["action"].get("point") for s in result.steps if s["tool"] == "browser_mouse_click_xy"]
+    assert all(points) and (points or external_id.startswith("gui-site"))
 
 
 class _CrashingGui(GuiRuntime):

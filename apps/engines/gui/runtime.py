@@ -65,7 +65,7 @@ FINISH_TOOL = {"type": "function", "function": {
     "description": "End the task. Call it once the task on the page is done; if the task asks a question, put "
                    "the answer in `answer`, otherwise a one-line summary of what you did.",
 }}
-SCREENSHOT_TOOL = "browser_take_screenshot"
+VISION_TOOLS = ["browser_mouse_click_xy", "browser_take_screenshot"]  # offered to models that see images
 
 
 def scene_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def vision(config: dict[str, Any]) -> bool:
 def browser_config(config: dict[str, Any]) -> dict[str, Any]:
     """What server.py gets: the start page, allowed origins and the source's set-up."""
     scene = scene_config(config)
-    source = scene.get("source") or "miniwob"
+    source = scene.get("source") or ("url" if scene.get("start_url") else "miniwob")
     out: dict[str, Any] = {"source": source, "shots_dir": SHOTS_DIR, "chromium": "/usr/bin/chromium",
                            "viewport": list(scene.get("viewport") or VIEWPORT)}
     if source == "miniwob":
@@ -106,11 +106,11 @@ def browser_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def server_spec(config: dict[str, Any]) -> McpServerSpec:
     """The browser server as the hub starts it; platform tools kept from the agent, and the
-    screenshot tool too unless the model sees images."""
+    screenshot and point-click tools too unless the model sees images."""
     return McpServerSpec(
         name=SERVER, argv=["python3", SERVER_PATH, "serve", CONFIG_PATH], namespace="",
         package={"kind": "module", "name": "trajplatform-browser", "version": "1"},
-        platform_tools=sorted(PLATFORM_TOOLS), deny_tools=[] if vision(config) else [SCREENSHOT_TOOL],
+        platform_tools=sorted(PLATFORM_TOOLS), deny_tools=[] if vision(config) else list(VISION_TOOLS),
         call_timeout_s=30.0, start_timeout_s=60.0,
         network="egress" if scene_config(config).get("source") == "url" else "none")
 

@@ -8,7 +8,8 @@ PYTHONPATH: fastmcp, playwright, miniwob) and drives Debian's /usr/bin/chromium 
 Agent tools, modelled on the de-facto browser MCP tool set (@playwright/mcp, ref-based):
 browser_navigate, browser_navigate_back, browser_snapshot, browser_click, browser_type,
 browser_select_option, browser_press_key, browser_hover, browser_drag, browser_fill_form,
-browser_handle_dialog, browser_wait_for, browser_take_screenshot. Elements are addressed by the
+browser_handle_dialog, browser_wait_for, and for models that see the screenshots
+browser_take_screenshot and browser_mouse_click_xy (a point of the screenshot). Elements are addressed by the
 `ref` of the page's accessibility snapshot (Playwright's `aria_snapshot(mode="ai")`:
 `button "Submit" [ref=e5]`); every action answers with the page's URL, title and a fresh
 snapshot. Navigation is limited to CONFIG.allowed_origins (an http(s) origin, or a file://
@@ -109,7 +110,7 @@ class Browser:
             executable_path=self.config.get("chromium") or "/usr/bin/chromium", headless=True,
             args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
                   "--disable-background-networking", "--disable-extensions"])
-        self.browser.on("disconnected", lambda *_: self._gone("the browser disconnected"))
+        self.browser.on("disconnected", self._disconnected)
         width, height = self.config.get("viewport") or (500, 360)
         context = await self.browser.new_context(viewport={"width": width, "height": height},
                                                  device_scale_factor=1, accept_downloads=False,
@@ -130,6 +131,17 @@ class Browser:
         state = await self.state()
         return {**info, **state, "launch_ms": int((launched - started) * 1000),
                 "start_ms": int((time.monotonic() - started) * 1000)}
+
+    def _disconnected(self, *_: Any) -> None:
+        self._gone("the browser disconnected")
+
+    async def close(self) -> None:
+        """End the browser on purpose (the recorder's way out; the server just exits)."""
+        if self.browser is not None:
+            self.browser.remove_listener("disconnected", self._disconnected)
+            await self.browser.close()
+        if self.playwright is not None:
+            await self.playwright.stop()
 
     def _gone(self, why: str) -> None:
         sys.stderr.write(f"trajplatform-browser: {why}; exiting\n")
@@ -289,6 +301,18 @@ class Browser:
             if args.get("time"):
                 await asyncio.sleep(min(float(args["time"]), 10.0))
             done = "Waited"
+        elif name == "browser_mouse_click_xy":
+            x, y = float(args.get("x", -1)), float(args.get("y", -1))
+            width, height = self.config.get("viewport") or (500, 360)
+            if not (0 <= x < width and 0 <= y < height):
+                raise ValueError(f"({x:g}, {y:g}) is outside the {width}x{height} viewport")
+            self.last_action["point"] = {"x": x, "y": y}
+            # Point first, as a hand does: a :hover style may swap the element (an icon's image)
+            # and a click sent in the same instant lands on what was under it before.
+            await page.mouse.move(x, y)
+            await page.wait_for_timeout(100)
+            await page.mouse.click(x, y)
+            done = f"Clicked at ({x:g}, {y:g})" + (f" on {args['element']}" if args.get("element") else "")
         elif name == "browser_take_screenshot":
             done = "Screenshot taken: the platform attaches the page's image to this step"
         else:
@@ -338,6 +362,9 @@ AGENT_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
     "browser_wait_for": ("Wait for text to appear or disappear, or for a time in seconds (at most 10)", _schema({
         "time": {"type": "number", "minimum": 0, "maximum": 10}, "text": {"type": "string"},
         "textGone": {"type": "string"}}, [])),
+    "browser_mouse_click_xy": ("Click at a point of the screenshot (CSS pixels from its top left)", _schema({
+        "element": ELEMENT, "x": {"type": "number", "description": "X coordinate"},
+        "y": {"type": "number", "description": "Y coordinate"}}, ["x", "y"])),
     "browser_take_screenshot": ("Take a screenshot of the current page (shown to models that see images)", NO_ARGS),
 }
 PLATFORM_TOOLS = {
