@@ -64,6 +64,25 @@ def test_ask_user_is_an_assistant_question_and_a_user_reply_in_every_chat_format
     assert raw["steps"][0]["tool"] == "ask_user" and raw["steps"][0]["simulated_user"] is True
 
 
+def test_a_follow_up_request_is_a_human_turn_after_the_models_answer(make_task: Any) -> None:
+    config, solution = demo_task("calendar-email.schedule.budget")
+    if "budget" not in _episodes:
+        _episodes["budget"] = solve(config, solution)
+    result = _episodes["budget"]
+    task = make_task(scene="toolace", prompt=config["prompt"], scene_config=config["scene_config"])
+    stored = make_trajectory(task, messages=result.messages, tools=result.tools, steps=result.steps)
+    _, [sharegpt] = export("sharegpt", [stored.pk])
+    assert validate_line("sharegpt", sharegpt) == []
+    assert [t["from"] for t in sharegpt["conversations"]] == [
+        "human", "function_call", "observation", "gpt", "human", "function_call", "observation", "function_call"]
+    assert sharegpt["conversations"][3:5] == [{"from": "gpt", "value": "Budget review is booked."},
+                                              {"from": "human", "value": "Thanks. What else is on my calendar that day?"}]
+    _, [row] = export("toolace", [stored.pk])
+    assert validate_line("toolace", row) == []
+    assert [t["from"] for t in row["conversations"]] == [
+        "user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant"]
+
+
 def test_the_toolace_row_has_tools_in_the_system_prompt_and_bracket_calls_that_parse_back(lunch: Any) -> None:
     result, [row] = export("toolace", [lunch.pk])
     assert result.lines == 1 and validate_line("toolace", row) == []

@@ -200,6 +200,19 @@ def test_a_hidden_value_used_before_the_user_gave_it_scores_zero_though_the_chec
     assert verifier["note"].startswith("hard rule hidden_params failed: step 0 (add_expense) uses amount=")
 
 
+def test_composed_free_text_is_grounded_by_its_values_not_its_wording() -> None:
+    config, solution = demo_task("calendar-email.mail.offsite")
+    mail = {"to": "dana.whitfield", "subject": "Offsite agenda"}
+    result = solve(config, [solution[0],
+                            call("send_email", **mail, body="Hi Dana, here is the agenda for our offsite. See you there!"),
+                            call("send_email", **mail, body="Hi Dana, the offsite moved to 2026-12-09, agenda attached."),
+                            call("finish", answer="Sent.")])
+    grounding = result.verifier_output["rules"]["grounding"]
+    assert result.verifier_output["check_reward"] == 1.0 and result.reward == 0.0
+    assert grounding["detail"] == ("step 2 (send_email): '2026-12-09' appears nowhere in the prompt, the user's "
+                                   "turns or earlier tool outputs")
+
+
 @pytest.mark.parametrize("key", ["calendar-email.mail.parking", "expense-reports.items.travel-450"])
 def test_each_suites_wrong_solution_scores_zero_with_the_rule_named(key: str) -> None:
     config, solution = demo_task(key)

@@ -330,6 +330,8 @@ def render_sharegpt(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
             continue
         flush_results()
         if role == "user":
+            if turns and turns[-1]["from"] in _HUMAN_SIDE:
+                _finish_as_answer(turns, i)  # a follow-up request after the model's finish
             turns.append({"from": "human", "value": msg["content"]})
         elif msg.get("tool_calls"):
             calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
@@ -352,6 +354,22 @@ def render_sharegpt(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
     if system and ctx["include_system"]:
         line["system"] = "\n\n".join(system)
     return line
+
+
+def _finish_as_answer(turns: list[dict[str, str]], i: int) -> None:
+    """A user turn after a finish call and its acknowledgement (a multi-turn episode): the finish
+    call becomes the model's `gpt` answer, so human and model turns keep alternating."""
+    call = turns[-2]["value"] if len(turns) >= 2 and turns[-2]["from"] == "function_call" else ""
+    thought, rest = split_thought(call)
+    try:
+        parsed = orjson.loads(rest) if rest else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict) or parsed.get("name") != "finish" or turns[-1]["from"] != "observation":
+        raise RenderError(f"messages[{i}]: a user message after tool results that no finish call ended")
+    answer = str((parsed.get("arguments") or {}).get("answer") or "")
+    del turns[-2:]
+    turns.append({"from": "gpt", "value": answer or thought})
 
 
 def _sharegpt_tools(record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,7 +10,9 @@
 * `grounding` (ToolACE's hallucination check done in code): every string / number argument value
   appears in the prompt, a user turn, an earlier tool output (the simulated user's answers
   included), or the tool's own schema (an enum member or default). Case-insensitive; numbers
-  compare by value.
+  compare by value. Free text the agent composes (a string of FREE_TEXT_WORDS words or more, e.g.
+  a message body) is grounded by its values: each token in it with a digit or an "@" (ids,
+  dates, amounts, addresses) must appear in that context; its wording need not.
 * `expected_calls`: every expected call was made successfully (same tool, the expected arguments
   among the call's) — coverage 1.0 — and in the expected order, except for `parallel` tasks.
 
@@ -27,6 +29,8 @@ from apps.engines.ask_user import ASK_USER, parse_facts
 
 RULES = ("schema_valid", "known_tools", "hidden_params", "grounding", "expected_calls")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_VALUE_TOKEN = re.compile(r"[\w.@:/+-]*[\d@][\w.@:/+-]*")
+FREE_TEXT_WORDS = 4
 NOT_CALLS = (ASK_USER, "finish")
 
 
@@ -159,9 +163,16 @@ def check_rules(config: dict[str, Any], steps: list[dict[str, Any]], messages: l
                     continue
                 allowed = _schema_values(specs.get(step.get("tool")))
                 for value in _scalars(step.get("arguments")):
-                    if not context.has(value) and not any(_same(value, a) for a in allowed):
-                        ungrounded.append(f"step {step['index']} ({step.get('tool')}): {value!r} appears nowhere "
-                                          "in the prompt, the user's turns or earlier tool outputs")
+                    if context.has(value) or any(_same(value, a) for a in allowed):
+                        continue
+                    if isinstance(value, str) and len(value.split()) >= FREE_TEXT_WORDS:
+                        missing = [t.strip(".:,;") for t in _VALUE_TOKEN.findall(value)
+                                   if not context.has(t.strip(".:,;"))]
+                        if not missing:
+                            continue
+                        value = ", ".join(missing)
+                    ungrounded.append(f"step {step['index']} ({step.get('tool')}): {value!r} appears nowhere "
+                                      "in the prompt, the user's turns or earlier tool outputs")
     rules["grounding"] = {"passed": not ungrounded, "detail": "; ".join(ungrounded)}
 
     expected = scene.get("expected_calls") or []
