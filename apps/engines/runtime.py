@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,12 @@ class EpisodeContext:
         """The Trajectory row the episode is stored on (a sub-episode: its parent's); None when the
         caller runs the loop without one (tests, bench). Read it; write through the task services."""
         return self._host.trajectory
+
+    def time_left(self) -> float:
+        """Seconds left of the episode's wall clock (`timeout_s` from the start of its agent loop;
+        negative once spent). A verifier that runs sub-episodes bounds them with it: the worker
+        stops the whole episode, verifier included, a grace period after that clock."""
+        return self._host.deadline - time.monotonic()
 
     @property
     def llm(self) -> Any:
@@ -301,9 +308,10 @@ RUNTIMES: dict[str, str] = {
     "code_exec": "apps.engines.code_exec:CodeExecRuntime",
     "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
     "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
-    "deep_search": "apps.engines.deep_search.runtime:DeepSearchRuntime",
     "toolace": "apps.engines.toolace.runtime:ToolAceRuntime",
+    "deep_search": "apps.engines.deep_search.runtime:DeepSearchRuntime",
     "gui": "apps.engines.gui.runtime:GuiRuntime",
+    "mobile_agent": "apps.engines.mobile.runtime:MobileRuntime",
     "multi_agent": "apps.engines.multi_agent:MultiAgentRuntime",
     "search2qa": "apps.engines.search2qa.runtime:Search2QARuntime",
 }

@@ -180,19 +180,35 @@ SCENES: dict[str, Scene] = {
         Scene(
             "mobile_agent",
             "Mobile agent (Android)",
-            "An agent operates Android apps through screenshots, the UI tree and input actions; a "
-            "shell or UI-tree check decides the outcome.",
+            "An agent operates Android apps (AndroidWorld's actions) on a simulated device or a real one "
+            "through adbutils; checks on the device's state decide (apps/engines/mobile, docs/mobile_agent.md).",
             _obj(
                 {
-                    "app_package": _STR,
-                    "app_activity": _STR,
-                    "initial_actions": {"type": "array", "items": {"type": "object"}},
-                    "check_type": {"enum": ["shell", "ui_tree", "visual"]},
-                    "check_command": _STR,
-                    "check_expected": _STR,
+                    "mode": {"enum": ["simulated", "device"]},  # explicit: never a fallback from one to the other
+                    "initial_state": {"type": "object"},  # simulated only (sim/apps.py initial_state)
+                    "device": _obj({
+                        "provider": {"enum": ["endpoint", "opensandbox"]},
+                        "adb_server": {"type": "string", "pattern": "^[^:]*:[0-9]{1,5}$"},
+                        "serial": _STR,
+                        "image": _STR,
+                        "cpu": {"type": "number", "exclusiveMinimum": 0},
+                        "memory_mb": {"type": "integer", "minimum": 1024},
+                        "ime": {"enum": ["", "adbkeyboard"]},
+                        "settle_s": {"type": "number", "minimum": 0, "maximum": 10},
+                        "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+                    }),
+                    "reset": _STR_LIST,  # shell commands run before the first screen (pm clear …)
+                    "start_app": _STR,
+                    "checks": {"type": "array", "minItems": 1, "items": {
+                        "type": "object", "required": ["type"],
+                        "properties": {"type": {"enum": ["shell", "content", "ui", "answer"]}}}},
+                    "expect_status": {"enum": ["complete", "infeasible"]},
+                    "vision": {"type": "boolean"},
                     "tags": _STR_LIST,
-                }
+                },
+                required=("mode",),
             ),
+            check="apps.engines.mobile.runtime:check_config",
         ),
         Scene(
             "gui",
