@@ -200,14 +200,23 @@ def _messages_of_atif_step(step: dict[str, Any]) -> list[dict[str, Any]]:
     return _restore_arguments([out, *tools], extra.get("trajplatform_arguments"))
 
 
+def _head(obj: Any, required: set[str], optional: set[str], versions: tuple[str, ...], id_key: str) -> list[str]:
+    """A document's keys, its schema_version among versions, and a non-empty id."""
+    problems = _keys(obj, required, optional)
+    if not isinstance(obj, dict):
+        return problems
+    if obj.get("schema_version") not in versions:
+        problems.append(f"line.schema_version: one of {', '.join(versions)}")
+    if not isinstance(obj.get(id_key), str) or not obj[id_key]:
+        problems.append(f"line.{id_key}: a non-empty string")
+    return problems
+
+
 def validate_atif(obj: Any) -> list[str]:
-    problems = _keys(obj, {"schema_version", "session_id", "agent", "steps"}, {"notes", "final_metrics", "extra"})
+    problems = _head(obj, {"schema_version", "session_id", "agent", "steps"}, {"notes", "final_metrics", "extra"},
+                     ATIF_VERSIONS, "session_id")
     if problems and not isinstance(obj, dict):
         return problems
-    if obj.get("schema_version") not in ATIF_VERSIONS:
-        problems.append(f"line.schema_version: one of {', '.join(ATIF_VERSIONS)}")
-    if not isinstance(obj.get("session_id"), str) or not obj["session_id"]:
-        problems.append("line.session_id: a non-empty string")
     agent = obj.get("agent")
     if not isinstance(agent, dict) or not all(isinstance(agent.get(k), str) for k in ("name", "version")):
         problems.append("line.agent: needs name and version strings")
@@ -362,13 +371,9 @@ _ADP_ITEM_KEYS = {
 
 
 def validate_adp(obj: Any) -> list[str]:
-    problems = _keys(obj, {"schema_version", "id", "content"}, {"details", "available_apis"})
+    problems = _head(obj, {"schema_version", "id", "content"}, {"details", "available_apis"}, ADP_VERSIONS, "id")
     if problems and not isinstance(obj, dict):
         return problems
-    if obj.get("schema_version") not in ADP_VERSIONS:
-        problems.append(f"line.schema_version: one of {', '.join(ADP_VERSIONS)}")
-    if not isinstance(obj.get("id"), str) or not obj["id"]:
-        problems.append("line.id: a non-empty string")
     items = obj.get("content")
     if not isinstance(items, list) or not items:
         return problems + ["line.content: a non-empty list"]
