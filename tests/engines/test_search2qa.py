@@ -203,3 +203,19 @@ def test_on_the_live_web_the_gates_read_the_pages_the_run_fetched_not_the_web_ag
     assert [s.get("web_calls") is not None for s in result.steps] == [True, True, True, False]
     # One search and two opens reached the server; the quote checks read the recorded pages.
     assert len(FakeWeb.hits) == 3
+
+
+def test_the_stages_share_the_tasks_wall_clock() -> None:
+    seed = "tiny late"
+    scripts = [explore("[s2q] explore the seed tiny late", qa()), evolve(seed, 1, qa(EVOLVED)), no_tool(seed, "1980")]
+    with running_offline_model(scripts=scripts, faults="slow;seconds=2") as server:
+        # Explore's four turns take 8 s of the 9 s clock: the evolve round gets the rest (at least
+        # 1 s), less than its one 2 s turn, where alone it would have had 9 s.
+        config = config_for(scripts[0]["prompt"], scene="search2qa", timeout_s=9.0, scene_config={
+            "seed": seed, "max_evolutions": 1, "difficulty_check": "no_tool", "emit": False})
+        result = run(config, client(server.url))
+    g = gates(result)
+    assert not g["evolution"]["passed"]
+    assert "wall-clock timeout" in g["evolution"]["reason"]
+    assert result.verifier_output["stages"][0]["label"] == "evolve-1"
+    assert result.reward == 0.0

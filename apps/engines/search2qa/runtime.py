@@ -39,6 +39,8 @@ from apps.engines.search2qa import prompts as P
 from apps.engines.web.toolset import opened_urls, web_tools, web_toolset
 
 SCENE = "search2qa"
+DEFAULT_STAGE_TIMEOUT_S = 600.0  # the agent loop's default timeout_s
+MIN_STAGE_TIMEOUT_S = 1.0  # a stage started with no time left fails at once, with the loop's reason
 STAGE_KEY = "search2qa_stage"
 WEB_TOOLS = ("search", "open", "find")
 DEFAULTS = {
@@ -150,6 +152,11 @@ class Factory:
         return {**self.config, STAGE_KEY: stage, "prompt": prompt, "max_steps": int(self.s["stage_max_steps"])}
 
     def _run(self, label: str, config: dict[str, Any]) -> Any:
+        # The task's timeout_s covers the whole factory (the worker stops the episode, verifier
+        # included, a grace period after it): a stage gets at most what is left of it.
+        left = self.ctx.time_left()
+        if left < float(config.get("timeout_s") or DEFAULT_STAGE_TIMEOUT_S):
+            config = {**config, "timeout_s": max(left, MIN_STAGE_TIMEOUT_S)}
         result = self.ctx.run_subepisode(config, label=label)
         self.stages.append(summarize(label, result))
         return result
