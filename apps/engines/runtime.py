@@ -142,12 +142,6 @@ class EpisodeContext:
         stops the whole episode, verifier included, a grace period after that clock."""
         return self._host.deadline - time.monotonic()
 
-    def time_left(self) -> float:
-        """Seconds left of the episode's wall clock (`timeout_s` from the start of its agent loop;
-        negative once spent). A verifier that runs sub-episodes bounds them with it: the worker
-        stops the whole episode, verifier included, a grace period after that clock."""
-        return self._host.deadline - time.monotonic()
-
     @property
     def llm(self) -> Any:
         """The episode's LLM client, for a runtime's own model call (e.g. a page reader); count
