@@ -225,3 +225,26 @@ class ReviewClaim(models.Model):
     def __str__(self) -> str:
         return f"claim #{self.pk} of trajectory {self.trajectory_id} by {self.reviewer_id} ({self.status})"
 
+
+
+class Preference(models.Model):
+    """A person's pick between two finished rollouts of one task: `chosen` over `rejected`.
+
+    The DPO exporters take the latest recorded preference of a task ahead of their automatic
+    pairing (apps/datasets/exporters/dpo.py), with the reviewer and time in the pair's metadata."""
+
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="preferences")
+    chosen = models.ForeignKey("tasks.Trajectory", on_delete=models.CASCADE, related_name="preferred_in")
+    rejected = models.ForeignKey("tasks.Trajectory", on_delete=models.CASCADE, related_name="dispreferred_in")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="preferences")
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(chosen=models.F("rejected")), name="preference_two_trajectories"),
+        ]
+
+    def __str__(self) -> str:
+        return f"preference #{self.pk}: {self.chosen_id} over {self.rejected_id}"

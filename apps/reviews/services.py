@@ -34,7 +34,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.reviews import policy
-from apps.reviews.models import Proposal, Review, ReviewClaim
+from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import TransitionError
 from trajplatform.audit import audit_record
@@ -629,3 +629,31 @@ def review_claim_next(*, actor: Any, queue: Any) -> ReviewClaim | None:
         except ClaimError:
             continue  # taken meanwhile: try the next one
     return None
+
+
+# -- preferences between rollouts -----------------------------------------------------------------
+
+
+def preference_record(*, chosen: Trajectory, rejected: Trajectory, actor: Any, note: str = "") -> Preference:
+    """A reviewer prefers `chosen` over `rejected`, two finished rollouts of one task; repeating the
+    actor's latest preference of that task returns it (no new row, no audit). Raises ValidationError
+    for one trajectory twice, rollouts of two tasks, or unfinished ones."""
+    _require_reviewer(actor)
+    if chosen.pk == rejected.pk:
+        raise ValidationError("pick two different rollouts")
+    with transaction.atomic():
+        pair = {t.pk: t for t in Trajectory.objects.select_for_update().filter(pk__in=[chosen.pk, rejected.pk])}
+        chosen, rejected = pair[chosen.pk], pair[rejected.pk]
+        if chosen.task_id != rejected.task_id:
+            raise ValidationError("a preference compares two rollouts of one task")
+        if chosen.status != Trajectory.Status.FINISHED or rejected.status != Trajectory.Status.FINISHED:
+            raise ValidationError("both rollouts must have finished")
+        note = storable((note or "").strip()[:2000], labels=False)
+        latest = Preference.objects.filter(task_id=chosen.task_id, reviewer=actor).first()
+        if latest is not None and (latest.chosen_id, latest.rejected_id, latest.note) == (chosen.pk, rejected.pk, note):
+            return latest
+        preference = Preference.objects.create(task_id=chosen.task_id, chosen=chosen, rejected=rejected,
+                                               reviewer=actor, note=note)
+        audit_record("reviews.preference", actor=actor, target=preference, data={
+            "task": chosen.task_id, "chosen": chosen.pk, "rejected": rejected.pk, "note": note[:500]})
+    return preference

@@ -37,7 +37,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.engines.scenes import SCENE_CHOICES
 from apps.reviews import selectors, services
-from apps.reviews.models import Proposal, Review, ReviewClaim
+from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
 from apps.tasks.consumers import MAX_ID
 from apps.tasks.models import Batch, Task, Trajectory
@@ -347,6 +347,57 @@ def task_end(request: HttpRequest, task_id: int) -> HttpResponse:
 @require_POST
 def task_force(request: HttpRequest, task_id: int) -> HttpResponse:
     return _task_control(request, task_id, services.task_force_iteration, "One more iteration started.")
+
+
+# -- side by side and preferences -------------------------------------------------------------------
+
+COMPARE_MAX = 12
+
+
+@login_required
+@permission_required(VIEW_TRAJECTORIES, raise_exception=True)
+@require_GET
+def compare(request: HttpRequest, task_id: int) -> HttpResponse:
+    """Every finished rollout of a task next to each other, and the preferences people recorded."""
+    task = get_object_or_404(Task.objects.select_related("batch"), pk=min(task_id, MAX_ID))
+    auto = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO)
+    human = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN).order_by("-created_at", "-id")
+    rollouts = list(Trajectory.objects.filter(task=task, status=Trajectory.Status.FINISHED)
+                    .defer("messages", "tools", "verifier_output", "config_snapshot")
+                    .annotate(score=Subquery(auto.values("overall")[:1]), verdict=Subquery(human.values("verdict")[:1]))
+                    .order_by("-iteration", "sample_index", "id")[:COMPARE_MAX])
+    for t in rollouts:
+        t.length = len(t.steps) if isinstance(t.steps, list) else 0
+    preferences = list(Preference.objects.filter(task=task).select_related("reviewer")[:20])
+    return render(request, "reviews/compare.html", {
+        "nav": "review", "task": task, "rollouts": rollouts, "preferences": preferences,
+        "can_prefer": request.user.has_perm("reviews.add_review") and len(rollouts) >= 2,
+        "more": Trajectory.objects.filter(task=task, status=Trajectory.Status.FINISHED).count() > COMPARE_MAX,
+    })
+
+
+@login_required
+@require_POST
+def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
+    if not request.user.has_perm("reviews.add_review"):
+        raise PermissionDenied("recording a preference needs the reviewer role")
+    page = reverse("reviews:compare", args=[min(task_id, MAX_ID)])
+    ids = [request.POST.get("chosen", ""), request.POST.get("rejected", "")]
+    if not all(i.isdigit() and 0 < int(i) <= MAX_ID for i in ids):
+        messages.error(request, "Pick a preferred rollout (A) and the one it beats (B).")
+        return HttpResponseRedirect(page)
+    found = Trajectory.objects.in_bulk([int(i) for i in ids])
+    if len(found) != len(set(ids)) or any(t.task_id != task_id for t in found.values()):
+        messages.error(request, "Both rollouts must belong to this task.")
+        return HttpResponseRedirect(page)
+    try:
+        preference = services.preference_record(chosen=found[int(ids[0])], rejected=found[int(ids[1])],
+                                                actor=request.user, note=request.POST.get("note", ""))
+    except ValidationError as exc:
+        messages.error(request, "Preference not recorded: " + "; ".join(exc.messages))
+    else:
+        messages.success(request, f"Recorded: #{preference.chosen_id} preferred over #{preference.rejected_id}.")
+    return HttpResponseRedirect(page)
 
 
 # -- batches ------------------------------------------------------------------------------------------

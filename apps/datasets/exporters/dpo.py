@@ -8,7 +8,10 @@ lowest reward, then the lowest judge score. One pair per task, written only if t
 between them reaches `dpo_min_margin` (reward difference, or judge overall / 100 when the
 rewards tie or are missing; success against failure counts as 1 when neither exists), or
 a human verdict settles it (accepted against rejected or failed, succeeded against
-rejected). A rollout that ended in an error is no preference signal and is left out. The
+rejected). A preference a person recorded in the console ("prefer A over B", the record's
+reviews.preferences) comes first: the latest one between two of the task's rollouts with the same
+prompt is the pair, whatever the margin (dpo-trl adds metadata.preference: reviewer, time, ids).
+A rollout that ended in an error is no preference signal and is left out. The
 prompt is the longest common prefix of the two conversations that ends right before an
 assistant turn in both.
 """
@@ -90,6 +93,13 @@ def pair_group(
             excluded.append(_exclude(record, f"dpo: {exc}"))
             continue
         candidates.append((record, messages, key))
+    human = _preferred_pair(candidates, style)
+    if human is not None:
+        line, chosen, rejected = human
+        ids = f"chosen #{chosen[0]['trajectory_id']}, rejected #{rejected[0]['trajectory_id']}"
+        excluded += [_exclude(c[0], f"dpo: not selected (a person's preference: {ids})")
+                     for c in candidates if c is not chosen and c is not rejected]
+        return [(line, [chosen[0], rejected[0]])], excluded
     usable = [c for c in candidates if _verdict(c[0]) != "reject"]
     if not usable:
         return [], excluded + [_exclude(c[0], "dpo: no rollout of this task can be chosen") for c in candidates]
@@ -117,6 +127,27 @@ def pair_group(
         if c is not chosen and c is not rejected:
             excluded.append(_exclude(c[0], f"dpo: not selected (one pair per task: {ids})"))
     return [(line, [chosen[0], rejected[0]])], excluded
+
+
+def _preferred_pair(candidates: list[tuple[dict[str, Any], list[dict[str, Any]], str]], style: str) -> Any:
+    """(line, chosen, rejected) for the latest preference a person recorded between two of these
+    rollouts that share a prompt and render as a pair; None when there is none."""
+    by_id = {c[0]["trajectory_id"]: c for c in candidates}
+    picks = {(p["chosen"], p["rejected"]): p for c in candidates
+             for p in ((c[0].get("reviews") or {}).get("preferences") or [])}
+    for pick in sorted(picks.values(), key=lambda p: p.get("at") or "", reverse=True):
+        chosen, rejected = by_id.get(pick["chosen"]), by_id.get(pick["rejected"])
+        if chosen is None or rejected is None or chosen[2] != rejected[2]:
+            continue
+        try:
+            line = _pair_line(chosen[1], rejected[1], _tools(chosen[0]), style)
+        except RenderError:
+            continue
+        if style == "trl":  # TRL keeps extra columns; OpenAI's preference format allows none
+            line["metadata"] = {"preference": {"reviewer": pick.get("reviewer") or "", "at": pick.get("at"),
+                                               "chosen": pick["chosen"], "rejected": pick["rejected"]}}
+        return line, chosen, rejected
+    return None
 
 
 def _pair_line(chosen: list[dict[str, Any]], rejected: list[dict[str, Any]], tools: list[dict[str, Any]],
@@ -155,7 +186,7 @@ def _check_start(prompt: Any, outputs: list[tuple[str, Any]]) -> list[str]:
 
 
 def validate_dpo_trl(obj: Any) -> list[str]:
-    problems = _keys(obj, {"prompt", "chosen", "rejected"}, {"tools"})
+    problems = _keys(obj, {"prompt", "chosen", "rejected"}, {"tools", "metadata"})
     if problems and not isinstance(obj, dict):
         return problems
     tool_problems, names = validate_tools(obj.get("tools", []))

@@ -99,7 +99,24 @@ def _latest_reviews(ids: list[int]) -> dict[int, dict[str, Any]]:
         elif row["kind"] == "human" and slot["human"] is None:
             slot["human"] = {f: _iso(row[f]) for f in human_fields}
             slot["human"]["reviewer"] = row["reviewer__username"] or ""
+    _add_preferences(ids, out)
     return out
+
+
+def _add_preferences(ids: list[int], out: dict[int, dict[str, Any]]) -> None:
+    """People's picks between rollouts (the console's "prefer A over B") under reviews.preferences of
+    both trajectories, newest first; records of trajectories without one keep their shape."""
+    from django.db.models import Q
+
+    from apps.reviews.models import Preference
+
+    rows = (Preference.objects.filter(Q(chosen_id__in=ids) | Q(rejected_id__in=ids))
+            .order_by("-created_at", "-id").values_list("chosen_id", "rejected_id", "reviewer__username", "created_at"))
+    for chosen, rejected, reviewer, at in rows:
+        pick = {"chosen": chosen, "rejected": rejected, "reviewer": reviewer, "at": _iso(at)}
+        for trajectory_id in {chosen, rejected} & set(ids):
+            slot = out.setdefault(trajectory_id, {"auto": None, "human": None})
+            slot.setdefault("preferences", []).append(pick)
 
 
 def _record(row: dict[str, Any], reviews: dict[str, Any] | None) -> dict[str, Any]:
@@ -156,8 +173,8 @@ def _subtrajectories(parent_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
 def load_records(trajectory_ids: Sequence[int], *, chunk_size: int = 500) -> Iterator[dict[str, Any]]:
     """Canonical records for these trajectories, in the given order, one chunk in memory.
 
-    Each chunk costs three queries (trajectories with their task and batch; their reviews; their
-    sub-episodes, one more per level of nesting). A trajectory with sub-episodes (multi_agent's
+    Each chunk costs four queries (trajectories with their task and batch; their reviews; people's
+    preferences between them; their sub-episodes, one more per level of nesting). A trajectory with sub-episodes (multi_agent's
     roles, apps/datasets/exporters/roles.py) carries them under `subtrajectories`; others have
     no such key, so their records are what they were. Ids that no longer exist are skipped.
     """
