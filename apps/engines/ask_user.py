@@ -98,7 +98,7 @@ class Reply:
     text: str
     revealed: list[str]
     simulator: str  # "deterministic" | "llm"
-    llm: dict[str, Any] = field(default_factory=dict)  # model, usage, cost_usd, latency_ms (llm only)
+    llm: dict[str, Any] = field(default_factory=dict)  # system prompt, model, usage, cost_usd, latency_ms (llm only)
 
     def as_extra(self) -> dict[str, Any]:
         """What the step records (merged into it through ToolResult.extra)."""
@@ -141,13 +141,14 @@ class LLMSimulator:
         return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
     def answer(self, question: str, facts: list[Fact]) -> Reply:
-        chat = self.llm.chat(self.messages(question, facts), model=self.model or None,
+        messages = self.messages(question, facts)
+        chat = self.llm.chat(messages, model=self.model or None,
                              temperature=self.temperature, cache_key_extra=self.cache_key_extra)
         if self.on_chat is not None:
             self.on_chat(chat)
         text = (chat.content or "").strip() or DONT_KNOW
         return Reply(text, revealed_in(text, facts), "llm", {
-            "model": chat.model, "provider": chat.provider, "usage": dict(chat.usage),
+            "system": messages[0]["content"], "model": chat.model, "provider": chat.provider, "usage": dict(chat.usage),
             "cost_usd": str(chat.cost_usd), "latency_ms": chat.latency_ms, "cached": chat.cached})
 
 

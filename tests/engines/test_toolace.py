@@ -170,7 +170,8 @@ def test_a_missing_parameter_is_asked_for_and_the_episode_is_rewarded_by_check_a
 def test_an_llm_user_answers_through_the_episodes_model_client_and_is_recorded_and_counted() -> None:
     config, solution = demo_task("expense-reports.items.lunch")
     config["scene_config"]["user_simulator"] = {"kind": "llm", "model": "scripted-reference",
-                                                 "prompt": "You are Lena.\n{facts}"}
+                                                 "prompt": "Answer briefly.\n{facts}"}
+    config["scene_config"]["persona"] = "Lena Ortiz, a field engineer who files her expenses on the road"
     question = solution[0]["tool_calls"][0]["arguments"]["question"]
     scripts = [{"id": "agent", "prompt": config["prompt"], "reference_solution": solution},
                {"id": "user", "prompt": question, "reference_solution": [{"content": "Lunch came to 23.4, thanks."}]}]
@@ -181,6 +182,9 @@ def test_an_llm_user_answers_through_the_episodes_model_client_and_is_recorded_a
     assert (asked["output"], asked["user_simulator"], asked["revealed_facts"]) == (
         "Lunch came to 23.4, thanks.", "llm", ["amount"])
     assert asked["user_simulator_llm"]["usage"]["total_tokens"] > 0
+    # the simulated user's own prompt: the persona, the configured prompt, the facts (not the agent's)
+    assert asked["user_simulator_llm"]["system"] == ("You are Lena Ortiz, a field engineer who files her expenses "
+                                                     "on the road.\nAnswer briefly.\n- amount: 23.4")
     assert result.llm_calls == len(solution) + 1  # the agent's turns and the simulated user's
     # a simulated user whose model fails ends the episode as the platform's error, retryable
     config["scene_config"]["user_simulator"]["model"] = "no-such-model"

@@ -28,7 +28,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from apps.engines.ask_user import ASK_USER, ASK_USER_TOOL, FactsError, LLMSimulator, answer
+from apps.engines.ask_user import ASK_USER, ASK_USER_TOOL, DEFAULT_LLM_PROMPT, FactsError, LLMSimulator, answer
 from apps.engines.envscaler.runtime import FINISH_TOOL, EnvScalerRuntime, scene_config
 from apps.engines.llm import LLMError
 from apps.engines.runtime import InfrastructureError, ToolError, ToolResult, current_episode
@@ -104,7 +104,10 @@ class ToolAceRuntime(EnvScalerRuntime):
         simulator = None
         if sim.get("kind") == "llm":
             ctx = current_episode()
-            simulator = LLMSimulator(ctx.llm, model=sim.get("model") or "", prompt=sim.get("prompt") or "",
+            prompt = sim.get("prompt") or DEFAULT_LLM_PROMPT
+            if scene.get("persona"):  # ToolACE's role background: who the simulated user is
+                prompt = f"You are {scene['persona'].rstrip('.')}.\n{prompt}"
+            simulator = LLMSimulator(ctx.llm, model=sim.get("model") or "", prompt=prompt,
                                      on_chat=ctx.count_model_call,
                                      # one answer per trajectory and question: a retry replays it
                                      cache_key_extra={"toolace_user": str(getattr(ctx.trajectory, "uuid", "") or ""),
