@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from apps.engines.deep_search.verify import check_sources, exact_match, normalize_answer, token_f1, word_count
-from apps.engines.runtime import InfrastructureError, SceneRuntime, SetupError, ToolError, ToolResult, current_episode
+from apps.engines.runtime import SceneRuntime, ToolError, ToolResult, current_episode
 from apps.engines.web import opened_urls, web_tools, web_toolset
-from apps.engines.web.toolset import WebToolset, web_settings
+from apps.engines.web.toolset import WebToolset, check_web_config, web_settings
 
 SCENE = "deep_search"
 EXPLORE_PROMPT = "[deep_search/explore] Research this and report what you found, with the pages you read:\n"
@@ -69,10 +69,7 @@ class DeepSearchRuntime(SceneRuntime):
     scene_id = SCENE
 
     def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
-        try:
-            self._web(config)  # a corpus that is not built is the task's set-up, found before the first turn
-        except InfrastructureError as exc:
-            raise SetupError(str(exc)) from None
+        check_web_config(config)  # a corpus that is not built is the task's set-up, found before the first turn
         names = ("search", "open", "find", "browse") if scene_config(config).get("browse") else ("search", "open", "find")
         tools = web_tools(names) + [_finish_schema(_report_mode(config))]
         if scene_config(config).get("explore"):

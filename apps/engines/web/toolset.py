@@ -127,6 +127,22 @@ def web_settings(config: dict[str, Any]) -> dict[str, Any]:
     return web
 
 
+def check_web_config(config: dict[str, Any]) -> None:
+    """SetupError when the episode's web settings cannot work (an unknown backend, a corpus that is
+    not built): for a runtime's `tools()`, so the episode ends as a config error before its first
+    turn. Touches no database (tools() runs on the event loop)."""
+    from apps.engines.runtime import SetupError
+
+    web = web_settings(config)
+    if web["backend"] == "corpus":
+        try:
+            Corpus.named(web["corpus"])
+        except CorpusError as exc:
+            raise SetupError(str(exc)) from None
+    elif web["backend"] != "live":
+        raise SetupError(f"unknown web backend {web['backend']!r} (corpus | live)")
+
+
 def web_toolset(config: dict[str, Any], *, steps: Iterable[dict[str, Any]] = ()) -> "WebToolset":
     """The toolset an episode's config asks for (InfrastructureError when the corpus is not built).
 
