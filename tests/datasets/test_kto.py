@@ -92,3 +92,43 @@ def test_kto_and_reward_lines_load_with_datasets_and_render_with_trl(make_task: 
                                    tools=kto[1]["tools"])
     assert rendered["label"] is False and rendered["prompt"].endswith("<|im_start|>assistant\n")
     assert '"name": "run_shell"' in rendered["completion"]
+
+
+def test_trl_trains_two_steps_on_kto_lines_and_step_pairs(make_task: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """KTOTrainer on kto-trl and DPOTrainer on dpo-step-trl (its metadata column included) tokenize
+    our lines with a tool-rendering template and train two steps on CPU."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
+
+    from tests.datasets.consumer_data import TOOL_CHAT_TEMPLATE, byte_tokenizer
+    from tests.datasets.test_exporters_load import tiny_model
+    from tests.datasets.test_stepdpo import diverging_late
+
+    ids = []
+    for n in range(2):
+        task = make_task(prompt=f"Task {n}: primes")
+        ids += [make_trajectory(task).pk,
+                make_trajectory(task, sample_index=1, outcome="failure", reward=0.0, episode=diverging_late).pk]
+    files = {}
+    for fmt in ("kto-trl", "dpo-step-trl"):
+        files[fmt] = tmp_path / f"{fmt}.jsonl"
+        with files[fmt].open("wb") as fp:
+            assert export_records(fmt, load_records(ids), fp).lines
+    tokenizer = byte_tokenizer(tmp_path / "tok", TOOL_CHAT_TEMPLATE)
+    common = dict(max_steps=2, per_device_train_batch_size=2, learning_rate=1e-3, report_to="none",
+                  save_strategy="no", use_cpu=True, logging_steps=1, dataset_num_proc=None, max_length=2048)
+
+    def load(fmt: str) -> Any:
+        return datasets.load_dataset("json", data_files=str(files[fmt]), split="train", cache_dir=str(tmp_path / "c"))
+
+    trainers = [
+        KTOTrainer(model=tiny_model(len(tokenizer)), ref_model=tiny_model(len(tokenizer)), processing_class=tokenizer,
+                   args=KTOConfig(output_dir=str(tmp_path / "kto"), **common), train_dataset=load("kto-trl")),
+        DPOTrainer(model=tiny_model(len(tokenizer)), ref_model=tiny_model(len(tokenizer)), processing_class=tokenizer,
+                   args=DPOConfig(output_dir=str(tmp_path / "dpo"), **common), train_dataset=load("dpo-step-trl")),
+    ]
+    for trainer in trainers:
+        output = trainer.train()
+        assert output.global_step == 2 and output.training_loss > 0, type(trainer).__name__
