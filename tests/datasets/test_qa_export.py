@@ -57,7 +57,7 @@ def test_a_pair_that_failed_a_gate_or_a_scene_without_pairs_is_excluded_with_the
     assert [e["reason"] for e in result.excluded] == [
         "qa: the pair did not pass every gate (failed: no_tool_fails)",
         "qa: the deep_search task has no expected_answer",
-        "qa: a code_exec task has no QA pair (search2qa and deep_search do)",
+        "qa: for search2qa, deep_search trajectories, not code_exec",
     ]
 
 

@@ -100,10 +100,10 @@ _ALL = [
              "conversations user/assistant/tool with calls in bracket syntax [f(a=1, b=\"x\")] (validated by parsing "
              "them back), clarifications as plain turns", toolace.render_toolace, toolace.validate_toolace),
     Exporter("qa", "1", False, "QA pairs (search2qa / deep_search): question, answer, aliases, sources, gates, "
-             "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True),
+             "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True, scenes=qa.SCENES),
     Exporter("qa-verl", "1", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
              "answer and extra_info {aliases, sources, gates}", qa.render_qa_verl, qa.validate_qa_verl,
-             one_per_task=True),
+             one_per_task=True, scenes=qa.SCENES),
     Exporter("multiagent-agentjet", "1", False, "multi_agent episodes in AgentJet's shape: per-agent timelines "
              "(messages with author llm|env and loss_mask) tagged by role, the shared reward (roles.py)",
              roles.render_agentjet_multiagent, roles.validate_agentjet_multiagent, scenes=("multi_agent",)),
