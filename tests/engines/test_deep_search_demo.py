@@ -6,32 +6,22 @@ file, and the exports carry deep_search trajectories."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from apps.engines.offline_model import running_offline_model
-from apps.engines.web import corpus as C
 from tests.engines.test_agent import client, config_for, llm_env, run  # noqa: F401 (fixture)
+from tests.engines.test_web_corpus import debian_corpus
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "deep_search.jsonl"
 ROWS = [json.loads(line) for line in DEMO.read_text().splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def debian_corpus(tmp_path_factory) -> Path:
-    started = time.monotonic()
-    path = tmp_path_factory.mktemp("corpora") / "debian-docs.sqlite"
-    C.build_corpus("debian-docs", C.iter_debian(), licences=C.DEBIAN_LICENCES, path=path)
-    assert time.monotonic() - started < 60
-    return path.parent
-
-
 @pytest.fixture
-def corpus_settings(debian_corpus, settings):
-    settings.WEB_CORPUS_DIR = debian_corpus
+def corpus_settings(settings):
+    settings.WEB_CORPUS_DIR = debian_corpus().path.parent
 
 
 def test_the_demo_file_has_multi_hop_questions_and_one_wrong_script():

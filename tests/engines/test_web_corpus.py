@@ -5,8 +5,12 @@ with cross-links, written as a directory of HTML + Markdown + text and a JSONL f
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import gzip
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,6 +69,16 @@ def build_tiny_corpus(directory: Path, name: str = "tiny") -> C.BuildReport:
     docs = [*C.iter_directory(write_tiny_site(directory), "https://tiny.example/"),
             *C.iter_jsonl(write_tiny_jsonl(directory))]
     return C.build_corpus(name, docs, licences=TINY_LICENCES, path=directory / f"{name}.sqlite")
+
+
+@functools.cache
+def debian_corpus() -> C.BuildReport:
+    """The Debian documentation corpus (APT_DEMO's packages, in APT_TEST), built once per test
+    session into a temporary directory: about 5 s on an idle machine, several times that under load."""
+    directory = Path(tempfile.mkdtemp(prefix="test-debian-corpus-"))
+    atexit.register(shutil.rmtree, directory, True)
+    return C.build_corpus("debian-docs", C.iter_debian(), licences=C.DEBIAN_LICENCES,
+                          path=directory / "debian-docs.sqlite")
 
 
 @pytest.fixture
