@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from apps.engines.agent import image_parts, is_vision
 from apps.engines.runtime import (
     InfrastructureError,
     SceneRuntime,
@@ -105,10 +106,6 @@ def scene_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("scene_config") or {}
 
 
-def vision(config: dict[str, Any]) -> bool:
-    return bool(config.get("vision") or scene_config(config).get("vision"))
-
-
 def device_config(config: dict[str, Any]) -> dict[str, Any]:
     return dict(scene_config(config).get("device") or {})
 
@@ -153,6 +150,7 @@ class _Live:
     answer: str | None = None
     status: str = ""
     initial_shot: dict[str, Any] | None = None
+    initial_screen: dict[str, Any] = field(default_factory=dict)  # the first screen's elements and size
     settle_s: float = 0.0
     ime: str = ""
     info: dict[str, Any] = field(default_factory=dict)
@@ -201,7 +199,7 @@ class MobileRuntime(SceneRuntime):
             "When the task is done, call finish with status complete; if it cannot be done on this phone, "
             "call finish with status infeasible.",
         ]
-        if vision(config):
+        if is_vision(config):
             lines.append("You also see a screenshot of the screen after every action.")
         if config.get("max_steps"):
             lines.append(f"You have at most {int(config['max_steps'])} replies.")
@@ -287,15 +285,15 @@ class MobileRuntime(SceneRuntime):
 
     def initial_observation(self, sandbox: Any, config: dict[str, Any]) -> str | list[dict[str, Any]]:
         """Start (or reach) the episode's device, reset it, and show the first screen."""
-        from apps.engines.agent import image_parts
-
         live = _live() or self._start(config)
         live.channel.require_device()
         self._reset(live, config)
         screen = self._look(live)
         live.initial_shot = self._store(screen)
+        live.initial_screen = {"width": screen.width, "height": screen.height, "package": screen.package,
+                               "ui_elements": screen.records()}
         text = "The phone shows this screen.\n" + screen.text()
-        if not vision(config):
+        if not is_vision(config):
             return text
         return [{"type": "text", "text": text}, *image_parts([live.initial_shot])]
 
@@ -457,7 +455,8 @@ class MobileRuntime(SceneRuntime):
         try:
             output: dict[str, Any] = {"device": live.label(), "status": live.status, "answer": live.answer}
             if live.initial_shot:
-                output["initial_screenshot"] = live.initial_shot
+                # The first screen, which no step records: exporters pair it with the first action.
+                output.update(initial_screenshot=live.initial_shot, initial_screen=live.initial_screen)
             expected_status = scene.get("expect_status") or "complete"
             checks = scene.get("checks")
             if not checks:

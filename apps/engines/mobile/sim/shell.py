@@ -8,8 +8,8 @@ Commands: screencap -p [file], uiautomator dump [file], input tap|text|swipe|key
 wm size, wm density, dumpsys display|window|power, settings get|put|delete|list, content query,
 am start -n|-a, am force-stop, am broadcast, monkey -p <pkg> ... 1, pm clear|list packages|path,
 svc wifi|bluetooth enable|disable, getprop [name], rm [-f] [-r], echo, cat, ls, true, false,
-sleep. Anything else is `sh: <name>: not found` with exit 127; pipes and redirections are refused
-with exit 2, never run half.
+sleep. Anything else is `sh: <name>: not found` with exit 127; a command with a pipe, a
+redirection or `&` is refused with exit 2 (never run half), and the line goes on after it.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ CONTENT_URIS = {
 
 class ShellSyntaxError(ValueError):
     pass
+
+
+UNSUPPORTED = "\0unsupported:"
 
 
 def tokenize(line: str, status: int) -> list[list[str] | str]:
@@ -97,7 +100,10 @@ def tokenize(line: str, status: int) -> list[list[str] | str]:
             words = []
             i += len(op)
         elif ch in "|<>&`":
-            raise ShellSyntaxError(f"{ch!r} (pipes, redirections, background jobs) is not supported by the simulator")
+            # Refused for this command only (exit 2), so a caller's `; echo $?` still runs.
+            end_word()
+            words.append(UNSUPPORTED + ch)
+            i += 1
         else:
             word.append(ch)
             has_word = True
@@ -120,7 +126,13 @@ def run(device: SimDevice, line: str) -> tuple[bytes, bytes, int, bytes]:
             parts = tokenize(pending, status)
             argv = parts[0]
             assert isinstance(argv, list)
-            if not skip and argv:
+            refused = next((w for w in argv if w.startswith(UNSUPPORTED)), None)
+            if not skip and refused:
+                out, err, status = _err(f"/system/bin/sh: {refused[len(UNSUPPORTED):]!r} (pipes, redirections, "
+                                        "background jobs) is not supported by the simulator", 2)
+                stderr += err
+                both += err
+            elif not skip and argv:
                 out, err, status = command(device, argv)
                 stdout += out
                 stderr += err
