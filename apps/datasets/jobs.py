@@ -103,6 +103,7 @@ def write_export(
     options = dict(options or {})
     if split != "all":
         options.setdefault("split", split)
+    options.setdefault("image_dir", str(path.with_name(f"{path.stem}_images")))  # vision formats' image files
     # Lines may carry their position in the file (verl's extra_info.index): chunks can only be
     # exported separately when the exporter can start counting where the previous chunk ended.
     chunked = fmt not in POSITIONAL_FORMATS or _supports_start_index()

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from apps.datasets import card as card_stats
 from apps.datasets import dedup as dedup_mod
+from apps.datasets.exporters.vision import card_images
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
 from apps.datasets.selectors import trajectories_with_reviews
 from apps.datasets.spec import DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
@@ -214,6 +215,7 @@ def _card(
         "turns": card_stats.quantiles([r.turns for r in members]),
         "text_tokens": card_stats.quantiles([r.text_tokens for r in members]),
         "usage_tokens": card_stats.quantiles([r.usage_tokens for r in members]),
+        "images": card_images([r.trajectory_id for r in members]),  # screenshots kept (the vision exports')
         "split": {"unit": "task", "seed": spec["split_seed"], "validation_fraction": spec["validation_fraction"]},
         "dedup": {
             **spec["dedup"],

@@ -119,6 +119,9 @@ def render_messages(
         content = msg.get("content")
         if role not in ROLES:
             raise RenderError(f"messages[{i}]: unsupported role {role!r}")
+        if role == "user" and isinstance(content, list) and all(
+                isinstance(p, dict) and p.get("type") in ("text", "image_url") for p in content):
+            continue  # an image observation (a vision episode's screenshot): vision.py exports those
         if content is not None and not isinstance(content, str):
             raise RenderError(f"messages[{i}]: non-text content is not supported")
         if role == "system":
