@@ -64,6 +64,7 @@ ACTIONS: dict[str, str] = {
     "reviews.claim": "a reviewer claimed a trajectory in the human review queue (reserved until the claim expires)",
     "reviews.claim_release": "a reviewer released their claim on a trajectory without a verdict",
     "reviews.preference": "a reviewer preferred one rollout of a task over another (the DPO exporters take it first)",
+    "reviews.correction": "a reviewer corrected a trajectory: a new trajectory linked to the unchanged original",
     "reviews.loop_end": "a person ended a task's review loop early",
     "reviews.policy_change": "an admin created, changed or deleted a rule of the three-tier risk policy",
     "reviews.force_iteration": "a person forced one more iteration of a task",

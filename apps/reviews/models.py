@@ -248,3 +248,22 @@ class Preference(models.Model):
 
     def __str__(self) -> str:
         return f"preference #{self.pk}: {self.chosen_id} over {self.rejected_id}"
+
+
+class Correction(models.Model):
+    """A reviewer's edit of a trajectory (a thought, the final answer, dropped steps): `corrected` is a
+    new trajectory; `original` is never changed. `diff` lists each edit with its before and after."""
+
+    original = models.ForeignKey("tasks.Trajectory", on_delete=models.PROTECT, related_name="corrections")
+    corrected = models.OneToOneField("tasks.Trajectory", on_delete=models.PROTECT, related_name="correction_of")
+    editor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="corrections")
+    diff = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder,
+                            help_text="[{edit: thought|final_answer|drop_step, step?, before, after}]")
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"correction #{self.pk}: trajectory {self.original_id} -> {self.corrected_id}"

@@ -34,7 +34,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.reviews import policy
-from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
+from apps.reviews.models import Correction, Preference, Proposal, Review, ReviewClaim
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import TransitionError
 from trajplatform.audit import audit_record
@@ -657,3 +657,97 @@ def preference_record(*, chosen: Trajectory, rejected: Trajectory, actor: Any, n
         audit_record("reviews.preference", actor=actor, target=preference, data={
             "task": chosen.task_id, "chosen": chosen.pk, "rejected": rejected.pk, "note": note[:500]})
     return preference
+
+
+# -- corrections -----------------------------------------------------------------------------------
+
+CORRECTED_FIELDS = ("iteration", "status", "tools", "outcome", "outcome_reason", "reward", "verifier_output", "model",
+                    "config_snapshot", "prompt_tokens", "completion_tokens", "total_tokens", "started_at")
+
+
+def _drop_calls(messages: list[Any], call_ids: set[str]) -> list[Any]:
+    """The messages without the dropped calls: their tool_calls entries, their tool results, and an
+    assistant message left with neither text nor calls."""
+    kept = []
+    for message in messages:
+        if not isinstance(message, dict):
+            kept.append(message)
+            continue
+        if message.get("role") == "tool" and str(message.get("tool_call_id") or "") in call_ids:
+            continue
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and isinstance(calls, list):
+            remaining = [c for c in calls if not (isinstance(c, dict) and str(c.get("id") or "") in call_ids)]
+            if len(remaining) != len(calls):
+                if not remaining and not message.get("content"):
+                    continue
+                message = {**message, "tool_calls": remaining} if remaining else \
+                    {k: v for k, v in message.items() if k != "tool_calls"}
+        kept.append(message)
+    return kept
+
+
+def _set_thought(messages: list[Any], call_id: str, thought: str) -> list[Any]:
+    """The assistant message that made the call carries the thought as its text."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if call_id and isinstance(calls, list) and any(isinstance(c, dict) and str(c.get("id") or "") == call_id
+                                                       for c in calls):
+            message = {**message, "content": thought}
+        out.append(message)
+    return out
+
+
+def trajectory_correct(*, trajectory: Trajectory, actor: Any, thoughts: dict[int, str] | None = None,
+                       final_answer: str | None = None, drop_steps: list[int] | None = None,
+                       note: str = "") -> Correction:
+    """A reviewer's correction: a new finished trajectory (same task and iteration, the next free
+    sample index) with the edited thoughts, final answer and without the dropped steps (steps and
+    messages alike), linked to the original by a Correction holding the diff; the original is not
+    changed. Raises ValidationError for unknown steps, an unfinished trajectory or no change."""
+    _require_reviewer(actor)
+    thoughts, drop = dict(thoughts or {}), sorted(set(drop_steps or []))
+    with transaction.atomic():
+        original = Trajectory.objects.select_for_update().get(pk=trajectory.pk)
+        if original.status != Trajectory.Status.FINISHED:
+            raise ValidationError("only a finished trajectory can be corrected")
+        steps = [dict(s) if isinstance(s, dict) else s for s in (original.steps if isinstance(original.steps, list) else [])]
+        messages = list(original.messages) if isinstance(original.messages, list) else []
+        missing = sorted(i for i in [*thoughts, *drop] if not 0 <= i < len(steps) or not isinstance(steps[i], dict))
+        if missing:
+            raise ValidationError(f"step {missing[0] + 1} does not exist in trajectory {original.pk}")
+        if drop and len(drop) == len(steps):
+            raise ValidationError("a correction keeps at least one step")
+        diff: list[dict[str, Any]] = []
+        for i, text in sorted(thoughts.items()):
+            text = storable(text.strip(), labels=False)
+            before = steps[i].get("thought") or ""
+            if text != before and i not in drop:
+                diff.append({"edit": "thought", "step": i, "before": before, "after": text})
+                steps[i]["thought"] = text
+                messages = _set_thought(messages, str(steps[i].get("tool_call_id") or ""), text)
+        for i in drop:
+            diff.append({"edit": "drop_step", "step": i, "before": {k: steps[i].get(k) for k in ("tool", "arguments")},
+                         "after": None})
+        if drop:
+            messages = _drop_calls(messages, {str(steps[i].get("tool_call_id")) for i in drop if steps[i].get("tool_call_id")})
+            steps = [s for i, s in enumerate(steps) if i not in drop]
+            for n, step in enumerate(steps):
+                step["index"] = n
+        answer = original.final_answer
+        if final_answer is not None and storable(final_answer.strip(), labels=False) != original.final_answer:
+            answer = storable(final_answer.strip(), labels=False)
+            diff.append({"edit": "final_answer", "before": original.final_answer, "after": answer})
+        if not diff:
+            raise ValidationError("nothing changed: edit a thought or the final answer, or drop a step")
+        used = Trajectory.objects.filter(task_id=original.task_id, iteration=original.iteration).values_list(
+            "sample_index", flat=True)
+        corrected = Trajectory.objects.create(
+            task_id=original.task_id, sample_index=max(used) + 1, messages=messages, steps=steps,
+            final_answer=answer, finished_at=timezone.now(), **{f: getattr(original, f) for f in CORRECTED_FIELDS})
+        correction = Correction.objects.create(original=original, corrected=corrected, editor=actor, diff=diff,
+                                               note=storable((note or "").strip()[:2000], labels=False))
+        audit_record("reviews.correction", actor=actor, target=correction, data={
+            "original": original.pk, "corrected": corrected.pk, "edits": [d["edit"] for d in diff]})
+    return correction

@@ -11,6 +11,7 @@ urlpatterns = [
     path("trajectories/<int:trajectory_id>/", views.trajectory, name="trajectory"),
     path("trajectories/<int:trajectory_id>/verdict", views.verdict, name="verdict"),
     path("trajectories/<int:trajectory_id>/claim", views.claim, name="claim"),
+    path("trajectories/<int:trajectory_id>/correct", views.correct, name="correct"),
     path("trajectories/<int:trajectory_id>/release", views.release, name="release"),
     path("work/", views.work, name="work"),
     path("work/next", views.work_next, name="work_next"),

@@ -400,6 +400,45 @@ def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
     return HttpResponseRedirect(page)
 
 
+# -- corrections --------------------------------------------------------------------------------------
+
+
+@login_required
+def correct(request: HttpRequest, trajectory_id: int) -> HttpResponse:
+    """Edit a trajectory (thoughts, final answer, dropped steps) into a new linked trajectory."""
+    if not request.user.has_perm("reviews.add_review"):
+        raise PermissionDenied("corrections need the reviewer role")
+    trajectory = get_object_or_404(Trajectory.objects.select_related("task"), pk=min(trajectory_id, MAX_ID))
+    steps = [s for s in (trajectory.steps if isinstance(trajectory.steps, list) else [])]
+    errors: list[str] = []
+    if request.method == "POST":
+        thoughts, drop = {}, []
+        for i, step in enumerate(steps):
+            if f"thought_{i}" in request.POST:
+                thoughts[i] = request.POST[f"thought_{i}"][:100_000]
+            if request.POST.get(f"drop_{i}"):
+                drop.append(i)
+        try:
+            correction = services.trajectory_correct(
+                trajectory=trajectory, actor=request.user, thoughts=thoughts, drop_steps=drop,
+                final_answer=request.POST.get("final_answer", trajectory.final_answer)[:100_000],
+                note=request.POST.get("note", ""))
+        except ValidationError as exc:
+            errors = exc.messages
+        else:
+            messages.success(request, f"Correction saved as trajectory #{correction.corrected_id}; "
+                                      f"#{trajectory.pk} is unchanged.")
+            return HttpResponseRedirect(reverse("reviews:trajectory", args=[correction.corrected_id]))
+    rows = [{"index": i, "step": s if isinstance(s, dict) else {}, "thought": request.POST.get(
+        f"thought_{i}", (s.get("thought") or "") if isinstance(s, dict) else ""),
+        "dropped": bool(request.POST.get(f"drop_{i}"))} for i, s in enumerate(steps)]
+    return render(request, "reviews/correct.html", {
+        "nav": "review", "trajectory": trajectory, "task": trajectory.task, "rows": rows, "errors": errors,
+        "final_answer": request.POST.get("final_answer", trajectory.final_answer),
+        "is_final": trajectory.status == Trajectory.Status.FINISHED,
+    }, status=400 if errors else 200)
+
+
 # -- batches ------------------------------------------------------------------------------------------
 
 

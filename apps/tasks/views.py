@@ -467,7 +467,11 @@ def _tool_names(tools: Any) -> list[str]:
 
 def viewer_context(trajectory: Trajectory) -> dict[str, Any]:
     """What both trajectory pages (/trajectories/<id>/ and the review viewer) render."""
+    from apps.reviews.models import Correction
+
     return {
+        "correction_of": Correction.objects.filter(corrected=trajectory).select_related("editor").first(),
+        "corrections": list(Correction.objects.filter(original=trajectory).select_related("editor")[:20]),
         "trajectory": trajectory,
         "task": trajectory.task,
         "episode": episode_from(trajectory.messages, trajectory.steps),
