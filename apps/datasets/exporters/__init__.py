@@ -27,7 +27,7 @@ from django.conf import settings
 
 from trajplatform.redaction import redact, secret_values
 
-from . import aitw, dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
+from . import dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
@@ -119,9 +119,6 @@ _ALL = [
     Exporter("adp", "1", False, "neulab's Agent Data Protocol (1.2.0): text_observation / api_action / "
              "message_action content, our record in details.trajplatform", _interchange("render_adp"),
              _interchange("validate_adp")),
-    Exporter("aitw", "1", False, "Android in the Wild-style action records of mobile_agent episodes (aitw.py): "
-             "per step the screen (artifact, UI annotations) and AitW's action type, normalised touch/lift, "
-             "typed text", aitw.render_aitw, aitw.validate_aitw, scenes=("mobile_agent",)),
     Exporter("reward-score", "1", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
              "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
     Exporter("sft-openai-vision", "1", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
