@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import SimpleRouter
 
-from trajplatform import api_views, health, views
+from trajplatform import api_views, artifact_views, health, views
 
 
 admin.site.site_header = "trajplatform console"
@@ -40,6 +40,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema", **PUBLIC), name="api-docs"),
     path("health", health.health, name="health"),
     path("metrics", health.metrics, name="metrics"),
+    path("artifacts/<str:sha256>", artifact_views.artifact, name="artifact"),
     path("", include("apps.tasks.urls")),
     path("review/", include("apps.reviews.urls")),
     path("datasets/", include("apps.datasets.urls")),

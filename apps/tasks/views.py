@@ -29,6 +29,7 @@ from apps.tasks.consumers import MAX_ID, MAX_SEQ
 from apps.reviews.models import Review
 from apps.tasks.models import Trajectory, TrajectoryLog
 from trajplatform import json_limits
+from trajplatform.artifact_views import step_screenshot
 
 VIEW_PERMISSION = "tasks.view_trajectory"
 LIST_PAGE_SIZE = 50
@@ -58,6 +59,7 @@ class Action:
     diff: str = ""
     new_file: bool = False
     state_diff: str = ""
+    screenshot: dict[str, Any] | None = None  # trajplatform.artifact_views.step_screenshot
 
 
 @dataclass
@@ -313,6 +315,7 @@ def _steps_from_records(records: list[Any]) -> list[Step]:
                 call_id=str(record.get("tool_call_id") or ""),
                 result=_text(record["output"]) if "output" in record else None,
                 meta=_step_meta(record),
+                screenshot=step_screenshot(record),
             )],
         ))
         action = steps[-1].actions[0]

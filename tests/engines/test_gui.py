@@ -147,7 +147,8 @@ def test_an_unknown_source_or_a_path_in_a_miniwob_task_is_a_setup_error() -> Non
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("sandbox_settings", "llm_env")
-def test_a_miniwob_episode_with_vision_earns_the_pages_reward_and_shows_the_model_screenshots(artifact_root: Path) -> None:
+def test_a_miniwob_episode_with_vision_earns_the_pages_reward_and_shows_the_model_screenshots(
+        artifact_root: Path, make_task: Any, viewer: Any, make_user: Any, client: Any) -> None:
     from trajplatform import artifacts
 
     config = config_for(CLICK_PROMPT, {**CLICK, "vision": True}, scene="gui", max_steps=4, timeout_s=90)
@@ -171,6 +172,29 @@ def test_a_miniwob_episode_with_vision_earns_the_pages_reward_and_shows_the_mode
     assert click["action"]["box"] and click["url"].endswith("click-button.html")
     tools = {t["function"]["name"] for t in result.tools}
     assert "browser_take_screenshot" in tools and not any(t.startswith("platform_") for t in tools)
+    _console_shows_the_screenshot(result, ref["artifact"], make_task, viewer, make_user, client)
+
+
+def _console_shows_the_screenshot(result: Any, sha: str, make_task: Any, viewer: Any, make_user: Any,
+                                  client: Any) -> None:
+    """Stored as the worker stores it, the step's screenshot is on the trajectory page with the
+    clicked element's box drawn on it; the image is served to viewers only."""
+    from apps.tasks.models import Trajectory
+    from trajplatform import artifacts
+
+    task = make_task(prompt=CLICK_PROMPT, scene="gui", scene_config=CLICK)
+    row = Trajectory.objects.create(task=task, iteration=1, status="finished", messages=result.messages,
+                                    steps=result.steps, tools=result.tools, outcome=result.outcome, reward=result.reward)
+    artifacts.link_trajectories({row.pk: [row.steps, row.messages]})
+    client.force_login(make_user(None))
+    assert client.get(f"/artifacts/{sha}").status_code == 403
+    client.force_login(viewer)
+    page = client.get(f"/trajectories/{row.pk}/").content.decode()
+    assert f'src="/artifacts/{sha}"' in page and 'class="action-box"' in page
+    image = client.get(f"/artifacts/{sha}")
+    assert image.status_code == 200 and image["Content-Type"] == "image/png"
+    assert b"".join(image.streaming_content) == artifacts.read(sha)
+    assert client.get(f"/artifacts/{'0' * 64}").status_code == 404
 
 
 BUNDLED = {json.loads(line)["external_id"]: json.loads(line)
