@@ -132,6 +132,16 @@ def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
     return passing, excluded, scanned
 
 
+def version_preview(filter_spec: Any, *, sample: int = 10) -> dict[str, Any]:
+    """What a version with this filter spec would select before dedup and the split (the console's
+    version builder): counts and the first `sample` passing rows; writes nothing. FilterSpecError
+    on a bad spec."""
+    spec = validate_filter_spec(filter_spec)
+    rows, excluded, scanned = _scan(spec)
+    return {"spec": spec, "scanned": scanned, "passing": len(rows), "excluded": len(excluded),
+            "sample": rows[:sample], "tasks": len({r.task_id for r in rows})}
+
+
 def _dedup_inputs(ids: list[int], progress: Progress | None) -> dict[int, tuple[int, str, str, int, int, str]]:
     """trajectory id -> (task id, normalized hash, action sequence, turns, text tokens, outcome), streamed."""
     out: dict[int, tuple[int, str, str, int, int, str]] = {}

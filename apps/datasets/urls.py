@@ -6,6 +6,8 @@ app_name = "datasets"
 
 urlpatterns = [
     path("", views.dataset_list, name="dataset_list"),
+    path("new/", views.builder, name="builder"),
+    path("new/preview", views.builder_preview, name="builder_preview"),
     path("exports/<int:job_id>/download/", views.export_download, name="export_download"),
     path("<slug:name>/", views.dataset_detail, name="dataset_detail"),
     path("<slug:name>/compare/", views.version_compare, name="version_compare"),

@@ -172,3 +172,97 @@ def version_compare(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "datasets/compare.html",
                   {"nav": "datasets", "dataset": dataset, "form": form, "cmp": comparison, "error": error},
                   status=status)
+
+
+# --- the version builder --------------------------------------------------------------------------
+
+
+class BuilderForm(forms.Form):
+    """The filter spec (apps/datasets/spec.py) as a form; empty fields are left out of the spec."""
+
+    dataset = forms.SlugField(max_length=100, label="Dataset name", help_text="an existing dataset or a new one")
+    scenes = forms.MultipleChoiceField(choices=(), required=False, widget=forms.CheckboxSelectMultiple)
+    batches = forms.CharField(required=False, max_length=2000, label="Batch ids", help_text="comma-separated")
+    models = forms.CharField(required=False, max_length=2000, help_text="comma-separated model names")
+    min_score = forms.FloatField(required=False, min_value=0, max_value=100, label="Minimum judge score")
+    min_reward = forms.FloatField(required=False, label="Minimum reward")
+    accepted_only = forms.BooleanField(required=False, label="Human-accepted only")
+    success_only = forms.BooleanField(required=False, label="Successful only")
+    since = forms.DateField(required=False, label="Finished since", widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="Finished before", widget=forms.DateInput(attrs={"type": "date"}))
+    dedup_exact = forms.BooleanField(required=False, initial=True, label="Drop exact duplicates")
+    dedup_near = forms.BooleanField(required=False, initial=True, label="Drop near duplicates")
+    validation_fraction = forms.FloatField(required=False, min_value=0, max_value=0.5, label="Validation share")
+    notes = forms.CharField(required=False, max_length=5000, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        from apps.engines.scenes import SCENE_CHOICES
+
+        self.fields["scenes"].choices = SCENE_CHOICES
+
+    def spec(self) -> dict[str, Any]:
+        """The raw filter spec for validate_filter_spec (which reports what is still wrong)."""
+        data = self.cleaned_data
+        spec: dict[str, Any] = {"dedup": {"exact": data["dedup_exact"], "near": data["dedup_near"]}}
+        if data["scenes"]:
+            spec["scenes"] = list(data["scenes"])
+        for key, cast in (("batches", int), ("models", str)):
+            parts = [p.strip() for p in (data[key] or "").split(",") if p.strip()]
+            if parts:
+                spec[key] = [int(p) if cast is int and p.isdigit() else p for p in parts]
+        for key in ("min_score", "min_reward", "validation_fraction"):
+            if data[key] is not None:
+                spec[key] = data[key]
+        for key in ("accepted_only", "success_only"):
+            if data[key]:
+                spec[key] = True
+        for key in ("since", "until"):
+            if data[key]:
+                spec[key] = data[key].isoformat()
+        return spec
+
+
+def _builder_preview(form: BuilderForm) -> dict[str, Any]:
+    if not form.is_valid():
+        return {"errors": [f"{k}: {' '.join(v)}" for k, v in form.errors.items()]}
+    try:
+        return {"preview": services.version_preview(form.spec())}
+    except services.FilterSpecError as exc:
+        return {"errors": [f"{k}: {v}" for k, v in exc.errors.items()]}
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+@require_GET
+def builder_preview(request: HttpRequest) -> HttpResponse:
+    """The builder's live count and sample of members for the form as it stands (htmx fragment)."""
+    return render(request, "datasets/_builder_preview.html", _builder_preview(BuilderForm(request.GET)))
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+def builder(request: HttpRequest) -> HttpResponse:
+    """Build a dataset version from a form: a live count and sample first, then create (approvers)."""
+    can_create = request.user.has_perm(services.CREATE_PERMISSION)
+    if request.method == "POST":
+        if not can_create:
+            raise PermissionDenied("building a dataset version needs the approver role")
+        form = BuilderForm(request.POST)
+        result = _builder_preview(form)
+        if "preview" in result:
+            try:
+                version = services.dataset_version_create(
+                    dataset_name=form.cleaned_data["dataset"], filter_spec=form.spec(), actor=request.user,
+                    notes=form.cleaned_data["notes"])
+            except services.DatasetError as exc:
+                result = {"errors": [str(exc)]}
+            else:
+                messages.success(request, f"Created {version} (draft): {(version.counts or {}).get('members', 0)} members. "
+                                          "Publish it when the data card looks right.")
+                return redirect("datasets:version_detail", name=version.dataset.name, number=version.number)
+    else:
+        form = BuilderForm(initial={"dataset": request.GET.get("dataset", "")[:100]})
+        result = {}
+    return render(request, "datasets/builder.html", {"nav": "datasets", "form": form, "can_create": can_create,
+                                                     **result}, status=400 if result.get("errors") else 200)

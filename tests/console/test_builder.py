@@ -1,0 +1,56 @@
+"""The dataset version builder (issue 28, item 7): the filter spec as a form, a live count and a
+sample of members before creating, then an approver creates and publishes the version."""
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from apps.datasets.models import DatasetVersion
+from tests.reviews.factories import auto_review, finished_trajectory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def scored(make_task):
+    out = []
+    for i, score in enumerate((95.0, 85.0, 40.0)):
+        t = finished_trajectory(make_task(prompt=f"Task number {i}: print {i} primes."))
+        auto_review(t, score)
+        out.append(t)
+    return out
+
+
+def test_the_preview_counts_and_samples_as_the_filter_changes(client, viewer, scored):
+    client.force_login(viewer)
+    page = client.get(reverse("datasets:builder")).content.decode()
+    assert 'id="builder-form"' in page and 'hx-get="/datasets/new/preview"' in page
+    html = client.get(reverse("datasets:builder_preview"), {"dataset": "d", "dedup_exact": "on"}).content.decode()
+    assert "3 trajectories of 3 tasks pass" in html and all(f"#{t.pk}<" in html for t in scored)
+    html = client.get(reverse("datasets:builder_preview"), {"dataset": "d", "min_score": "80"}).content.decode()
+    assert "2 trajectories of 2 tasks pass" in html and f"#{scored[2].pk}<" not in html
+    html = client.get(reverse("datasets:builder_preview"), {"dataset": "d", "batches": "abc"}).content.decode()
+    assert 'id="builder-errors"' in html and "batches" in html
+
+
+def test_an_approver_builds_and_publishes_a_version_from_the_form(client, approver, viewer, scored):
+    client.force_login(viewer)
+    assert client.post(reverse("datasets:builder"), {"dataset": "primes", "min_score": "80"}).status_code == 403
+    client.force_login(approver)
+    response = client.post(reverse("datasets:builder"), {"dataset": "primes", "min_score": "80",
+                                                         "notes": "from the form"})
+    version = DatasetVersion.objects.get()
+    assert response.url == reverse("datasets:version_detail", args=["primes", 1])
+    assert (version.status, version.counts["members"], version.created_by, version.notes) == (
+        "draft", 2, approver, "from the form")
+    assert version.filter_spec["min_score"] == 80
+    client.post(reverse("datasets:version_publish", args=["primes", 1]))
+    version.refresh_from_db()
+    assert version.status == "published"
+
+
+def test_a_bad_filter_is_shown_and_creates_nothing(client, approver, scored):
+    client.force_login(approver)
+    response = client.post(reverse("datasets:builder"), {"dataset": "not a slug!", "min_score": "800"})
+    assert response.status_code == 400 and 'id="builder-errors"' in response.content.decode()
+    assert not DatasetVersion.objects.exists()
