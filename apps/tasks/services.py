@@ -475,7 +475,9 @@ def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]
         # Not the episodes just written (they can be megabytes of JSON to decode again): callers
         # want their state; a deferred field still loads if one is read.
         stored = Trajectory.objects.defer(*_EPISODE_FIELDS).in_bulk(claimed)
-        artifacts.link_trajectories({item["trajectory_id"]: [values.get("steps"), values.get("messages")]
+        # The verifier output too: mobile_agent keeps the first screen there (no step shows it).
+        artifacts.link_trajectories({item["trajectory_id"]: [values.get("steps"), values.get("messages"),
+                                                             values.get("verifier_output")]
                                      for item, values in zip(items, fields) if item["trajectory_id"] in stored})
         for item in items:
             result = item.get("result")

@@ -7,7 +7,8 @@
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
 sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), toolace (ToolACE's row, toolace.py), dpo-step-trl (stepdpo.py), kto-trl and
 reward-score (kto.py), atif and adp (../interchange.py), sft-openai-vision, sharegpt-vision and trl-vision
-(screenshots; vision.py, option images=files|base64). Every line is redacted (configured secrets, API-key shapes, bearer
+(screenshots; vision.py, option images=files|base64), aitw (mobile_agent's Android in the Wild-style
+actions, aitw.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
 that cannot be rendered or whose line fails its validator is not written and is listed in
 `ExportResult.excluded` with the reason, so a file is never half-valid. Lines are serialized
@@ -27,7 +28,7 @@ from django.conf import settings
 
 from trajplatform.redaction import redact, secret_values
 
-from . import dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
+from . import aitw, dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
@@ -119,15 +120,21 @@ _ALL = [
     Exporter("adp", "1", False, "neulab's Agent Data Protocol (1.2.0): text_observation / api_action / "
              "message_action content, our record in details.trajplatform", _interchange("render_adp"),
              _interchange("validate_adp")),
+    Exporter("aitw", "1", False, "Android in the Wild-style action records of mobile_agent episodes (aitw.py): "
+             "per step the screen (artifact, UI annotations) and AitW's action type, normalised touch/lift, "
+             "typed text", aitw.render_aitw, aitw.validate_aitw, scenes=("mobile_agent",)),
     Exporter("reward-score", "1", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
              "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
     Exporter("sft-openai-vision", "1", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
              "parts of user messages (files next to the JSONL or data: URLs, option images)",
-             vision.render_sft_openai_vision, vision.validate_sft_openai_vision, scenes=("gui",)),
+             vision.render_sft_openai_vision, vision.validate_sft_openai_vision,
+             scenes=("gui", "mobile_agent")),
     Exporter("sharegpt-vision", "1", False, "LLaMA-Factory ShareGPT with an images column and one <image> token "
-             "per image in its turn", vision.render_sharegpt_vision, vision.validate_sharegpt_vision, scenes=("gui",)),
+             "per image in its turn", vision.render_sharegpt_vision, vision.validate_sharegpt_vision,
+             scenes=("gui", "mobile_agent")),
     Exporter("trl-vision", "1", False, "TRL vision SFT: messages of content parts ({type: image} placeholders), "
-             "images list, tools", vision.render_trl_vision, vision.validate_trl_vision, scenes=("gui",)),
+             "images list, tools", vision.render_trl_vision, vision.validate_trl_vision,
+             scenes=("gui", "mobile_agent")),
 ]
 FORMATS: dict[str, Exporter] = {e.name: e for e in _ALL}
 

@@ -1,0 +1,81 @@
+"""The mobile_agent demo as `make demo` runs it (`synthesize --wait --start-offline-model` over
+examples/tasks/mobile_agent.jsonl, through the worker), and its trajectories through the aitw format
+(Android in the Wild's action records) and the general formats."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from apps.datasets.exporters import FORMATS, export_records, load_records, validate_line
+from apps.datasets.exporters.aitw import DUAL_POINT, IMPOSSIBLE, TYPE
+from apps.tasks.models import Trajectory
+from tests.engines.test_gui import artifact_root  # noqa: F401 - a fixture
+from tests.tasks.test_synthesize import offline_only  # noqa: F401 - a fixture
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "mobile_agent.jsonl"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("offline_only", "artifact_root")]
+
+
+def export(fmt: str, records: list[dict[str, Any]], **options: Any) -> tuple[list[dict[str, Any]], Any]:
+    out = io.BytesIO()
+    result = export_records(fmt, records, out, options=options or None)
+    return [json.loads(line) for line in out.getvalue().splitlines()], result
+
+
+def test_the_demo_runs_through_the_worker_and_exports_as_aitw(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("ADBUTILS_ADB_PATH", "/bin/false")
+    out = io.StringIO()
+    call_command("synthesize", "--tasks", str(DEMO), "--batch", "demo-mobile", "--once", "--wait",
+                 "--start-offline-model", stdout=out, stderr=out)
+    trajectories = {t.task.external_id: t for t in Trajectory.objects.filter(task__batch__name="demo-mobile")
+                    .select_related("task")}
+    assert len(trajectories) == sum(1 for line in DEMO.read_text().splitlines() if line.strip())
+    for external_id, t in trajectories.items():
+        assert t.reward == (0.0 if external_id.endswith("-wrong") else 1.0), (external_id, t.outcome_reason)
+        assert t.verifier_output["device"]["simulated"] is True
+        assert t.artifact_uses.count() >= 2  # the screenshots are kept with the trajectory
+    records = list(load_records([t.id for t in trajectories.values()]))
+    lines, result = export("aitw", records)
+    assert result.excluded == [] and len(lines) == len(records)
+    assert all(validate_line("aitw", line) == [] for line in lines)
+    by_goal = {line["goal_info"]: line for line in lines}
+    wifi = by_goal["Turn off Wi-Fi."]
+    tap, done = wifi["steps"]
+    assert tap["results_action_type"] == DUAL_POINT and tap["results_yx_touch"] == tap["results_yx_lift"]
+    assert tap["results_yx_touch"] == [round(236 / 1280, 4), round(626 / 720, 4)]
+    assert tap["image"] == "artifact:" + trajectories["mobile-wifi-off"].verifier_output["initial_screenshot"]["artifact"]
+    assert done["action_name"] == "STATUS_TASK_COMPLETE" and done["image"] != tap["image"]
+    assert wifi["simulated"] is True and wifi["device_type"] == "simulated"
+    zhang = by_goal["Add a contact named 张三 with the phone number 138-0013-8000."]
+    assert [s["results_type_action"] for s in zhang["steps"] if s["results_action_type"] == TYPE] == [
+        "张三", "138-0013-8000"]
+    assert zhang["steps"][0]["action_name"] == "OPEN_APP" and zhang["steps"][0]["results_action_type"] is None
+    nfc = by_goal["Turn on NFC."]
+    assert nfc["steps"][-1]["results_action_type"] == IMPOSSIBLE
+    scroll = by_goal["What is Zoe's phone number? Look it up in Contacts."]["steps"][1]
+    assert scroll["results_yx_touch"][0] > scroll["results_yx_lift"][0]  # scrolling down: the finger goes up
+    for fmt in ("sft-trl", "raw", "rl", "sharegpt"):
+        _, other = export(fmt, records)
+        assert other.excluded == [], (fmt, other.excluded[:2])
+    vision = [name for name in FORMATS if name.endswith("-vision")]  # the gui issue's multimodal formats
+    assert vision
+    for fmt in vision:
+        lines, other = export(fmt, records, images="base64")
+        assert other.excluded == [] and len(lines) == len(records), (fmt, other.excluded[:1])
+        assert "data:image/png;base64," in json.dumps(lines[0])
+
+
+def test_aitw_is_mobile_agent_only_and_refuses_an_unlabelled_episode():
+    record = {"trajectory_id": 1, "task_id": 1, "task": {"scene": "mobile_agent", "prompt": "x"},
+              "steps": [], "verifier_output": {}}
+    _, result = export("aitw", [record, {**record, "trajectory_id": 2, "task": {"scene": "gui", "prompt": "x"}}])
+    assert [e["reason"] for e in result.excluded] == [
+        "aitw: the trajectory does not say which device ran it (no verifier_output.device)",
+        "aitw: for mobile_agent trajectories, not gui"]
+    assert "line.simulated: a simulated episode must say so" in validate_line("aitw", {
+        "device_type": "simulated", "simulated": False, "steps": []})
