@@ -140,6 +140,9 @@ demo: apt-demo migrate
 	$(PY) manage.py dataset_export demo-qa --version 1 --format qa --out var/exports/demo-qa-v1.qa.jsonl --force --no-progress
 	$(PY) manage.py dataset_export demo-qa --version 1 --format qa-verl --out var/exports/demo-qa-v1.qa-verl.jsonl --force --no-progress
 	$(PY) manage.py dataset_stats demo-multi-agent >/dev/null 2>&1 || \
+	$(PY) manage.py dataset_stats demo-deep-search >/dev/null 2>&1 || \
+	  $(PY) manage.py dataset_create demo-deep-search --batch demo-deep-search --success-only --publish --no-progress
+	$(PY) manage.py dataset_export demo-deep-search --version 1 --format sft-trl --out var/exports/demo-deep-search-v1.sft-trl.jsonl --force --no-progress
 	  $(PY) manage.py dataset_create demo-multi-agent --batch demo-multi-agent --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format multiagent-agentjet --out var/exports/demo-multi-agent-v1.multiagent-agentjet.jsonl --force --no-progress
 	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format sft-trl --out var/exports/demo-multi-agent-v1.sft-trl.jsonl --force --no-progress
@@ -158,7 +161,7 @@ demo: apt-demo migrate
 	@echo "its suites and gate verdicts under Engines > Pipeline runs; two wrong solutions score 0; dataset 'demo-toolace' in ToolACE's format)."
 	@echo "'demo-multi-agent' (6 team tasks on code_exec and deep_search: each role's run is a child trajectory; ma-004 scores 0)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
-	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format) and 'demo-qa' v1 (QA pairs): http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
+	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format), 'demo-qa' v1 (QA pairs) and 'demo-deep-search' v1: http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
 
 # The web server (daphne) in the foreground and one django-q2 worker cluster beside it;
 # Ctrl-C stops both.
