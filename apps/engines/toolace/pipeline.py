@@ -39,6 +39,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.db import close_old_connections
+
 from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template
 from apps.engines.toolace.gates import GateError, operations_for_server, suite_gate, task_gates
 
@@ -147,6 +149,10 @@ def check_suite(parsed: Any, inputs: dict[str, Any]) -> str | None:
         suite_gate(parsed)
     except GateError as exc:
         return str(exc)
+    finally:
+        # The runner calls this in a pool thread; the gate's sandbox record opened that thread's
+        # database connection, which is closed here as in_thread does (CONN_MAX_AGE).
+        close_old_connections()
     return None
 
 
