@@ -124,6 +124,8 @@ demo: apt-demo migrate
 	@# multi_agent (docs/multi_agent.md): planner + coder + tester, and a round-robin group, over code_exec's
 	@# sandbox; each role a sub-episode stored as a child trajectory; code_exec's pytest gives the shared reward
 	$(PY) manage.py synthesize --tasks examples/tasks/multi_agent.jsonl --batch demo-multi-agent --once --wait --start-offline-model --solutions examples/tasks/multi_agent.jsonl examples/multi_agent/roles.jsonl
+	@# mobile_agent (docs/mobile_agent.md): 13 tasks on the simulated Android device (labelled as such), state-checked
+	$(PY) manage.py synthesize --tasks examples/tasks/mobile_agent.jsonl --batch demo-mobile --once --wait --start-offline-model
 	@# a published dataset version from the code rollouts, and one export of it (once)
 	$(PY) manage.py dataset_stats demo-code >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-code --batch demo-rollouts --min-score 80 --success-only --publish --no-progress
@@ -146,6 +148,10 @@ demo: apt-demo migrate
 	  $(PY) manage.py dataset_create demo-multi-agent --batch demo-multi-agent --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format multiagent-agentjet --out var/exports/demo-multi-agent-v1.multiagent-agentjet.jsonl --force --no-progress
 	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format sft-trl --out var/exports/demo-multi-agent-v1.sft-trl.jsonl --force --no-progress
+	$(PY) manage.py dataset_stats demo-mobile >/dev/null 2>&1 || \
+	  $(PY) manage.py dataset_create demo-mobile --batch demo-mobile --success-only --publish --no-progress
+	$(PY) manage.py dataset_export demo-mobile --version 1 --format aitw --out var/exports/demo-mobile-v1.aitw.jsonl --force --no-progress
+	$(PY) manage.py dataset_export demo-mobile --version 1 --format sharegpt-vision --out var/exports/demo-mobile-v1.sharegpt-vision.jsonl --force --no-progress
 	@echo
 	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
 	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. Under Tasks > Batches: 'demo' (the example"
@@ -160,6 +166,7 @@ demo: apt-demo migrate
 	@echo "'demo-toolace' (13 tasks the toolace pipeline admitted by execution: agent and mt dialogues with clarification turns;"
 	@echo "its suites and gate verdicts under Engines > Pipeline runs; two wrong solutions score 0; dataset 'demo-toolace' in ToolACE's format)."
 	@echo "'demo-multi-agent' (6 team tasks on code_exec and deep_search: each role's run is a child trajectory; ma-004 scores 0)."
+	@echo "'demo-mobile' (13 mobile_agent tasks on the simulated Android device: screenshots, device-state checks; one wrong answer scores 0)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
 	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format), 'demo-qa' v1 (QA pairs) and 'demo-deep-search' v1: http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
 
