@@ -13,7 +13,7 @@ DEMO_ADMIN_PASSWORD ?= trajplatform-demo
 APT_RUN := bubblewrap python3-pytest git
 # The offline web's documents (manage.py corpus_build debian-docs --from debian; docs/web.md).
 APT_DEMO := python3.11-doc dict-foldoc dict-jargon
-APT_TEST := $(APT_RUN) $(APT_DEMO) postgresql chromium
+APT_TEST := $(APT_RUN) $(APT_DEMO) postgresql chromium redis
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -23,14 +23,15 @@ export FASTMCP_SHOW_SERVER_BANNER := false
 export ADBUTILS_ADB_PATH ?= /bin/false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-test apt-run apt-test apt-demo migrate demo serve worker offline-model test test-sqlite test-postgres _pytest check clean
+.PHONY: help install install-test apt-run apt-test apt-demo migrate demo serve worker offline-model test test-sqlite test-postgres test-redis _pytest check clean
 
 help:
 	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks"
 	@echo "make serve   run the web server (daphne) on http://$(HOST):$(PORT)/ and a worker"
 	@echo "make worker  run the django-q2 worker cluster"
 	@echo "make offline-model  run the offline scripted-reference model on 127.0.0.1:8765"
-	@echo "make test    set up and run the whole suite on SQLite, then on a throwaway PostgreSQL"
+	@echo "make test    set up and run the whole suite on SQLite, then on a throwaway PostgreSQL,"
+	@echo "             then the production path (PostgreSQL + Redis + several worker clusters)"
 
 # Install the listed Debian packages that are missing (apt-get update first, as root).
 define apt_ensure
@@ -195,6 +196,7 @@ check: install
 test: install-test
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory test-postgres
+	$(MAKE) --no-print-directory test-redis
 
 # pytest exit 5 means no test ran: that is a failure here, not a pass.
 define run_pytest
@@ -209,6 +211,17 @@ test-sqlite:
 test-postgres:
 	@echo "== test suite on PostgreSQL =="
 	tests/tools/with-postgres $(MAKE) --no-print-directory _pytest
+
+# The production path (docs/production.md): a throwaway PostgreSQL and Redis, django-q2's Redis
+# broker, channels-redis, the caches in Redis; tests/production starts real worker clusters.
+# Besides it, the files of the queue, rollout, reaper, live-log, webhook, throttle and cache tests
+# that do not assert the embedded broker's or in-memory layer's own internals.
+REDIS_TESTS := tests/production tests/tasks/test_livelog.py tests/tasks/test_live_log_browser.py \
+	tests/api/test_webhooks.py tests/api/test_errors.py tests/engines/test_llm.py
+test-redis:
+	@echo "== production path: PostgreSQL + Redis =="
+	tests/tools/with-postgres tests/tools/with-redis $(MAKE) --no-print-directory _pytest \
+	  PYTEST_ARGS="$(REDIS_TESTS) $(PYTEST_ARGS)"
 
 _pytest:
 	$(call run_pytest)

@@ -41,11 +41,11 @@ def script(steps: int) -> dict[str, Any]:
     return {"id": "clusters", "prompt": PROMPT, "reference_solution": answers}
 
 
-def make_batch(name: str, rollouts: int, steps: int) -> Any:
+def make_batch(name: str, rollouts: int, steps: int, prompt: str = PROMPT) -> Any:
     """A batch of `rollouts` one-iteration code_exec tasks, started (jobs enqueued on commit)."""
     from apps.tasks.services import batch_import, tasks_enqueue
 
-    rows = [{"scene": "code_exec", "prompt": PROMPT, "max_steps": steps + 5, "step_timeout_s": 30.0,
+    rows = [{"scene": "code_exec", "prompt": prompt, "max_steps": steps + 5, "step_timeout_s": 30.0,
              "timeout_s": 300.0, "temperature": 0.0, "max_iterations": 1, "external_id": f"{name}-{i}"}
             for i in range(rollouts)]
     batch = batch_import(rows=rows, name=name, source_name="test", source_sha256="", source_format="test", actor=None)
@@ -169,7 +169,7 @@ async def test_the_reaper_on_one_machine_recovers_the_other_machines_dead_work(
     run by the surviving cluster re-queues them (not counted as attempts) and runs them."""
     assert connection.vendor == "postgresql"
     rollouts, steps = 12, 6
-    with running_offline_model(scripts=[script(steps)], faults="slow;seconds=1") as model:
+    with running_offline_model(scripts=[script(steps)], faults="slow;seconds=0.6") as model:
         env = cluster_env(OFFLINE_MODEL_URL=model.url, ROLLOUT_STALE_S="4", ROLLOUT_HEARTBEAT_S="0.5")
         victim, survivor = clusters(dies, env), clusters(survives, env)
         for cluster in (victim, survivor):
