@@ -22,6 +22,7 @@ from apps.engines.scenes import SceneConfigError, validate_scene_config
 from tests.engines.opensandbox_fake import FakeOpenSandbox
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 - llm_env is a fixture
 from tests.engines.test_gui import artifact_root  # noqa: F401 - a fixture
+from trajplatform.artifact_views import step_screenshot
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "mobile_agent.jsonl"
 ROWS = [json.loads(line) for line in DEMO.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -78,6 +79,10 @@ def test_every_demo_script_earns_its_reward_on_the_simulator():
     assert shown and all(p["image_url"]["url"].startswith("artifact:") for p in shown)
     tap = calc.steps[1]
     assert tap["action"]["type"] == "click" and tap["element"]["text"] == "3" and tap["action"]["box"]["width"] > 0
+    shot = step_screenshot(tap)  # what the review console draws on the screenshot
+    assert shot["point"]["left"] == pytest.approx(100 * tap["action"]["x"] / 720) and shot["box"]["width"] > 0
+    swipe = results["mobile-brightness-max"].steps[1]["action"]
+    assert (swipe["type"], swipe["x"], swipe["x2"], swipe["point"]) == ("swipe", 360, 700, {"x": 360, "y": 636})
     assert results["mobile-infeasible-nfc"].verifier_output["status"] == "infeasible"
     zhang = results["mobile-contact-zhang-san"].verifier_output
     assert zhang["final_state"]["contacts"][0]["display_name"] == "张三"

@@ -423,6 +423,8 @@ class MobileRuntime(SceneRuntime):
         size = (live.screen.width, live.screen.height) if live.screen else channel.window_size()
         screen = self._look(live)
         shot = self._store(screen)
+        if "x" in action:
+            action["point"] = {"x": action["x"], "y": action["y"]}  # what the console draws (a swipe: its start)
         if element is not None:
             action["element"] = element.index
             x1, y1, x2, y2 = element.bounds
