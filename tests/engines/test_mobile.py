@@ -217,3 +217,27 @@ def test_redroid_behind_an_http_proxy_endpoint_is_refused_with_the_reason(opensa
     assert result.outcome == "error" and result.error_kind == "config"
     assert "an HTTP proxy path: adb needs a plain TCP host:port" in result.outcome_reason
     assert result.sandbox["destroyed"]
+
+
+def test_the_simulator_stops_with_an_episode_that_ends_before_verify(monkeypatch: pytest.MonkeyPatch):
+    import gc
+
+    from apps.engines.mobile import runtime as mobile_runtime
+
+    started = []
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        started.append(start_simulator(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(mobile_runtime, "start_simulator", start)
+    scene = {"mode": "simulated", "checks": EVERY_KIND[:1]}
+    with running_offline_model(scripts=[{"id": "s", "prompt": "Loop.", "reference_solution": [
+            call("navigate_home"), call("navigate_home"), call("navigate_home")]}]) as server:
+        result = run(config_for("Loop.", scene, scene="mobile_agent", max_steps=2), client(server.url),
+                     sandbox_backend=None)
+    assert result.outcome == "failure" and "max_steps" in result.outcome_reason
+    gc.collect()  # the episode's context is gone: its finalizer stops the device
+    assert len(started) == 1 and not started[0].running
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", started[0].port), timeout=1).close()
