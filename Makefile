@@ -11,8 +11,9 @@ DEMO_ADMIN ?= admin
 DEMO_ADMIN_PASSWORD ?= trajplatform-demo
 # Debian packages: what running the platform needs, and what the test suite adds.
 APT_RUN := bubblewrap python3-pytest git
-# The offline web's documents (manage.py corpus_build debian-docs --from debian; docs/web.md).
-APT_DEMO := python3.11-doc dict-foldoc dict-jargon
+# The offline web's documents (manage.py corpus_build debian-docs --from debian; docs/web.md), and
+# chromium for the gui scene (docs/gui.md: Playwright drives Debian's /usr/bin/chromium; no browser download).
+APT_DEMO := python3.11-doc dict-foldoc dict-jargon chromium
 APT_TEST := $(APT_RUN) $(APT_DEMO) postgresql chromium redis
 PYTEST_ARGS ?=
 
@@ -127,6 +128,9 @@ demo: apt-demo migrate
 	$(PY) manage.py synthesize --tasks examples/tasks/multi_agent.jsonl --batch demo-multi-agent --once --wait --start-offline-model --solutions examples/tasks/multi_agent.jsonl examples/multi_agent/roles.jsonl
 	@# mobile_agent (docs/mobile_agent.md): 13 tasks on the simulated Android device (labelled as such), state-checked
 	$(PY) manage.py synthesize --tasks examples/tasks/mobile_agent.jsonl --batch demo-mobile --once --wait --start-offline-model
+	@# gui (docs/gui.md): 11 MiniWoB++ pages and the bundled shop, mail and admin sites in chromium in the sandbox,
+	@# rewards from the pages' own state (one solved wrongly on purpose: reward 0); screenshots in the console
+	$(PY) manage.py synthesize --tasks examples/tasks/gui.jsonl --batch demo-gui --once --wait --start-offline-model
 	@# a published dataset version from the code rollouts, and one export of it (once)
 	$(PY) manage.py dataset_stats demo-code >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-code --batch demo-rollouts --min-score 80 --success-only --publish --no-progress
@@ -153,6 +157,11 @@ demo: apt-demo migrate
 	  $(PY) manage.py dataset_create demo-mobile --batch demo-mobile --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-mobile --version 1 --format aitw --out var/exports/demo-mobile-v1.aitw.jsonl --force --no-progress
 	$(PY) manage.py dataset_export demo-mobile --version 1 --format sharegpt-vision --out var/exports/demo-mobile-v1.sharegpt-vision.jsonl --force --no-progress
+	$(PY) manage.py dataset_stats demo-gui >/dev/null 2>&1 || \
+	  $(PY) manage.py dataset_create demo-gui --batch demo-gui --success-only --publish --no-progress
+	$(PY) manage.py dataset_export demo-gui --version 1 --format sharegpt-vision --out var/exports/demo-gui-v1.sharegpt-vision.jsonl --force --no-progress
+	$(PY) manage.py dataset_export demo-gui --version 1 --format trl-vision --out var/exports/demo-gui-v1.trl-vision.jsonl --force --no-progress
+	$(PY) manage.py dataset_export demo-gui --version 1 --format sft-openai-vision --out var/exports/demo-gui-v1.sft-openai-vision.jsonl --force --no-progress
 	@echo
 	@echo "Demo ready. Start the server with 'make serve', then open http://$(HOST):$(PORT)/admin/"
 	@echo "and log in as '$(DEMO_ADMIN)' / '$(DEMO_ADMIN_PASSWORD)'. Under Tasks > Batches: 'demo' (the example"

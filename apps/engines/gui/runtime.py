@@ -199,7 +199,8 @@ class GuiRuntime(SceneRuntime):
             raise SetupError(f"the MiniWoB page's utterance for seed {browser.get('seed')} is "
                              f"{live.start.get('utterance')!r}, the task was made with {expected!r} "
                              "(the pinned page or browser changed: re-record with examples/gui/build.py)")
-        live.initial_shot = self._observe(sandbox, live).get("screenshot")
+        if vision(config):  # only a model that sees images is shown the start page's screenshot
+            live.initial_shot = self._observe(sandbox, live).get("screenshot")
 
     def initial_observation(self, sandbox: Sandbox, config: dict[str, Any]) -> str | list[dict[str, Any]]:
         """The start page as the model first sees it: text appended to the task's prompt, and

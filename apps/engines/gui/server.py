@@ -117,17 +117,21 @@ class Browser:
                                                  service_workers="block")
         await context.route("**/*", self._route)
         context.set_default_timeout(float(self.config.get("action_timeout_ms") or 5000))
+        # Loading a page is the browser's work, not the agent's: a loaded machine gets time.
+        context.set_default_navigation_timeout(float(self.config.get("navigation_timeout_ms") or 30000))
         self.page = await context.new_page()
         self.page.on("dialog", self._on_dialog)
         self.page.on("crash", lambda *_: self._gone("the page crashed"))
         launched = time.monotonic()
         info: dict[str, Any] = {}
-        await self.page.goto(self.config["start_url"], wait_until="load")
+        start_timeout = float(self.config.get("start_timeout_ms") or 60000)
+        await self.page.goto(self.config["start_url"], wait_until="load", timeout=start_timeout)
         source = self.config.get("source")
         if source == "miniwob":
-            await self.page.wait_for_function("() => typeof core !== 'undefined' && typeof genProblem === 'function'")
+            await self.page.wait_for_function("() => typeof core !== 'undefined' && typeof genProblem === 'function'",
+                                              timeout=start_timeout)
             info = await self.page.evaluate(MINIWOB_INIT, int(self.config.get("seed") or 0))
-            await self.page.wait_for_function("() => WOB_TASK_READY === true")
+            await self.page.wait_for_function("() => WOB_TASK_READY === true", timeout=start_timeout)
         state = await self.state()
         return {**info, **state, "launch_ms": int((launched - started) * 1000),
                 "start_ms": int((time.monotonic() - started) * 1000)}
