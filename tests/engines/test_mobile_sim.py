@@ -134,3 +134,20 @@ def test_calculator_keys_and_arithmetic(sim):
     assert sim.device.state["calculator"]["result"] == "1332"
     assert evaluate("48÷6") == "8" and evaluate("1÷0") == "Can't divide by 0" and evaluate("2×(3+4)−.5") == "13.5"
     assert evaluate("1+") == "Error"
+
+
+def test_the_device_channel_types_shell_and_input_special_characters_verbatim(sim):
+    from apps.engines.mobile.device import DeviceChannel, Endpoint
+
+    channel = DeviceChannel(Endpoint(sim.host, sim.port, sim.serial), mode="device")
+    channel.launch("org.trajplatform.notes")
+    channel.tap(600, 1150)  # New note
+    channel.tap(360, 466)  # the note's body (a multi-line field)
+    text = "O'Brien & \"co\"; $(rm -rf /) `x` 100% done\nline two"
+    assert channel.input_text(text) == "input text"  # spaces as %s, shell-quoted, the newline as ENTER
+    assert sim.device.ui["form"]["body"] == text
+    assert any(c.startswith("input text 'O'\"'\"'Brien%s&%s") for c in sim.shell_commands)
+    with pytest.raises(ValueError, match="needs an IME"):
+        channel.input_text("张三")  # a device's `input text` types ASCII only
+    assert channel.input_text("张三", ime="adbkeyboard") == "adbkeyboard"
+    assert sim.shell_commands[-1].startswith("am broadcast -a ADB_INPUT_TEXT --es msg '张三'")
