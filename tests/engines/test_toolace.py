@@ -19,7 +19,15 @@ from apps.engines import ask_user
 from apps.engines.offline_model import running_offline_model
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines import services as pipeline_services
-from apps.engines.runtime import get_runtime
+from apps.engines.runtime import (
+    RUNTIMES,
+    SceneRuntime,
+    ToolResult,
+    _instances,
+    current_episode,
+    get_runtime,
+    register_runtime,
+)
 from apps.engines.toolace import gates
 from apps.engines.toolace.pipeline import build as build_pipeline
 from apps.engines.toolace.runtime import ToolAceRuntime
@@ -49,6 +57,57 @@ def demo_task(key: str) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
 def solve(config: dict[str, Any], solution: list[dict[str, Any]]) -> Any:
     with running_offline_model(scripts=[{"id": "s", "prompt": config["prompt"], "reference_solution": solution}]) as srv:
         return run(config, client(srv.url))
+
+
+# --- the loop's hooks, on a runtime of their own ------------------------------------------------
+
+
+class _FollowUps(SceneRuntime):
+    """No sandbox; `note(text)` and finish; two follow-ups; a transcript when the config asks for one."""
+
+    def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
+        note = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+        return [{"type": "function", "function": {"name": "note", "parameters": note}},
+                {"type": "function", "function": {"name": "finish", "parameters": {
+                    "type": "object", "properties": {"answer": {"type": "string"}}}}}]
+
+    def system_prompt(self, config: dict[str, Any]) -> str:
+        return "Take notes."
+
+    def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
+                     timeout: float | None = None) -> ToolResult:
+        return ToolResult(output=f"noted {args['text']}")
+
+    def next_user_turn(self, config: dict[str, Any], final_answer: str) -> str | None:
+        state = current_episode().state
+        state["sent"] = state.get("sent", 0) + 1
+        return {1: "And another?", 2: "One more."}.get(state["sent"])
+
+    def transcript(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        if not config.get("scene_config", {}).get("rewrite"):
+            return None
+        return {"messages": [{"role": "user", "content": config["prompt"]}], "steps": [], "tools": []}
+
+
+def test_the_loop_asks_for_follow_ups_after_each_finish_and_stores_a_runtimes_transcript() -> None:
+    register_runtime("hooks_test", _FollowUps)
+    try:
+        steps = [call("note", text="a"), call("finish", answer="one"), call("finish", answer="two"),
+                 call("note", text="b"), call("finish", answer="three")]
+        config = config_for("Note things.", {}, scene="hooks_test")
+        with running_offline_model(scripts=[{"id": "h", "prompt": "Note things.", "reference_solution": steps}]) as srv:
+            result = run(config, client(srv.url))
+            assert result.outcome == "success" and result.final_answer == "three"
+            users = [m["content"] for m in result.messages if m["role"] == "user"]
+            assert users == ["Note things.", "And another?", "One more."]
+            assert [s["tool"] for s in result.steps] == ["note", "finish", "finish", "note", "finish"]
+            config["scene_config"] = {"rewrite": True}
+            rewritten = run(config, client(srv.url))
+        assert (rewritten.messages, rewritten.steps, rewritten.tools) == (
+            [{"role": "user", "content": "Note things."}], [], [])
+    finally:
+        RUNTIMES.pop("hooks_test", None)
+        _instances.pop("hooks_test", None)
 
 
 # --- the simulated user ------------------------------------------------------------------------
