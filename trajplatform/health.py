@@ -14,33 +14,29 @@ are ok, else "down" (HTTP 503) naming the failing parts:
 
 Both are unauthenticated and reveal no secrets (URLs are redacted) and no data.
 
-/metrics is the Prometheus text format (0.0.4): queue depth, tasks and trajectories by status,
-steps per second and LLM latency over the last METRICS_WINDOW_S (from the `llm` metadata stored
-on each step of trajectories finished in the window), LLM call and error counts, live sandboxes
-by backend and webhook deliveries by status.
+/metrics is the Prometheus text format (0.0.4), written by prometheus-client from the database
+at scrape time: trajplatform/metrics.py lists the metrics.
 """
 from __future__ import annotations
 
 import logging
-import math
 import time
 from datetime import timedelta
 from typing import Any, Callable
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+# /metrics: prometheus-client, every value read from the database at scrape time (metrics.py);
+# METRICS_WINDOW_S and render_metrics are re-exported for their callers here.
+from trajplatform.metrics import CONTENT_TYPE, METRICS_WINDOW_S, render_metrics  # noqa: F401
 from trajplatform.redaction import redact
 
 logger = logging.getLogger(__name__)
 
-METRICS_WINDOW_S = 300
-# Trajectories read for the windowed metrics: a bound so /metrics stays cheap at any size.
-METRICS_SAMPLE = 2000
 
 
 def check_database() -> dict[str, Any]:
@@ -166,123 +162,8 @@ def health(request: HttpRequest) -> JsonResponse:
 # --- metrics -------------------------------------------------------------------------------------
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-class _Exposition:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            self.sample(name, labels, value)
-
-    def sample(self, name: str, labels: dict[str, str], value: float) -> None:
-        label_text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-        number = "NaN" if isinstance(value, float) and math.isnan(value) else repr(float(value))
-        self.lines.append(f"{name}{{{label_text}}} {number}" if label_text else f"{name} {number}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
-
-
-def _window_stats(now: Any) -> tuple[int, list[float], int]:
-    """(steps, LLM latencies in seconds, LLM calls) of trajectories finished in the window."""
-    from apps.tasks.models import Trajectory
-
-    since = now - timedelta(seconds=METRICS_WINDOW_S)
-    rows = (
-        Trajectory.objects.filter(created_at__gte=now - timedelta(days=1), finished_at__gte=since)
-        .order_by("-id").values_list("steps", flat=True)[:METRICS_SAMPLE]
-    )
-    steps = 0
-    latencies: list[float] = []
-    for trajectory_steps in rows:
-        turns: set[str] = set()
-        for step in trajectory_steps or []:
-            if not isinstance(step, dict):
-                continue
-            steps += 1
-            llm = step.get("llm")
-            if isinstance(llm, dict) and isinstance(llm.get("latency_ms"), (int, float)):
-                # The steps of one model turn carry the same llm record: count each call once.
-                turn = repr(sorted(llm.items()))
-                if turn not in turns:
-                    turns.add(turn)
-                    latencies.append(float(llm["latency_ms"]) / 1000)
-    return steps, sorted(latencies), len(latencies)
-
-
-def render_metrics() -> str:
-    from apps.engines.models import SandboxRecord
-    from apps.tasks.models import Task, Trajectory
-    from trajplatform.webhooks import WebhookDelivery
-
-    now = timezone.now()
-    out = _Exposition()
-    try:
-        from django_q.brokers import get_broker
-
-        depth = float(get_broker().queue_size())
-    except Exception as exc:
-        logger.warning("metrics: queue depth unavailable: %s", exc)
-        depth = float("nan")
-    out.family("trajplatform_queue_depth", "gauge", "Jobs waiting in the django-q2 queue.", [({}, depth)])
-
-    def by_status(model: Any, statuses: list[str]) -> list[tuple[dict[str, str], float]]:
-        counts = dict(model.objects.order_by().values_list("status").annotate(n=Count("id")))
-        return [({"status": s}, float(counts.get(s, 0))) for s in statuses]
-
-    out.family("trajplatform_tasks", "gauge", "Tasks by status.", by_status(Task, list(Task.Status.values)))
-    out.family("trajplatform_trajectories", "gauge", "Trajectories by status.",
-               by_status(Trajectory, list(Trajectory.Status.values)))
-    outcomes = dict(
-        Trajectory.objects.filter(status=Trajectory.Status.FINISHED).order_by().values_list("outcome")
-        .annotate(n=Count("id"))
-    )
-    out.family("trajplatform_trajectories_finished", "gauge", "Finished trajectories by outcome.",
-               [({"outcome": o}, float(outcomes.get(o, 0))) for o in Trajectory.Outcome.values])
-
-    steps, latencies, calls = _window_stats(now)
-    out.family("trajplatform_steps_per_second", "gauge",
-               f"Agent steps per second over the last {METRICS_WINDOW_S}s (trajectories finished in the window).",
-               [({}, steps / METRICS_WINDOW_S)])
-    out.lines.append(f"# HELP trajplatform_llm_latency_seconds LLM call latency over the last {METRICS_WINDOW_S}s.")
-    out.lines.append("# TYPE trajplatform_llm_latency_seconds summary")
-    for q in (0.5, 0.9, 0.99):
-        out.sample("trajplatform_llm_latency_seconds", {"quantile": str(q)}, _quantile(latencies, q))
-    out.sample("trajplatform_llm_latency_seconds_sum", {}, sum(latencies))
-    out.sample("trajplatform_llm_latency_seconds_count", {}, float(calls))
-    llm_errors = Trajectory.objects.filter(
-        outcome=Trajectory.Outcome.ERROR, outcome_reason__startswith="LLM error"
-    ).count()
-    out.family("trajplatform_llm_errors", "gauge",
-               "Trajectories that ended in an LLM error (after the client's retries).", [({}, float(llm_errors))])
-
-    live = dict(
-        SandboxRecord.objects.filter(state__in=list(SandboxRecord.LIVE)).order_by().values_list("backend")
-        .annotate(n=Count("id"))
-    )
-    backends = sorted(set(live) | {settings.SANDBOX_BACKEND})
-    out.family("trajplatform_sandboxes_alive", "gauge", "Sandboxes not yet destroyed, by backend.",
-               [({"backend": b}, float(live.get(b, 0))) for b in backends])
-    out.family("trajplatform_webhook_deliveries", "gauge", "Webhook deliveries by status.",
-               by_status(WebhookDelivery, list(WebhookDelivery.Status.values)))
-    return out.text()
-
-
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    response = HttpResponse(render_metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    response = HttpResponse(render_metrics(), content_type=CONTENT_TYPE)
     response["Cache-Control"] = "no-store"
     return response

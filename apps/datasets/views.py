@@ -11,6 +11,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import OuterRef, Subquery
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -76,9 +77,22 @@ class ExportForm(forms.Form):
 @permission_required(VIEW_PERMISSION, raise_exception=True)
 @require_GET
 def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    from apps.reviews.models import Correction, Review
+
     version = _version_or_404(name, number)
+    exports = _page(request, selectors.exports_of(version), "exports_page")
+    exports_live = any(e.status in ("queued", "running") for e in exports.object_list)
+    if request.GET.get("fragment") == "exports":
+        return render(request, "datasets/_exports.html", {"exports": exports, "exports_live": exports_live})
     card = version.data_card or {}
     diff = card.get("diff") or {}
+    verdict = (Review.objects.filter(trajectory=OuterRef("trajectory_id"), kind=Review.Kind.HUMAN)
+               .order_by("-created_at", "-id").values("verdict")[:1])
+    members = selectors.members_page_queryset(version).annotate(
+        verdict=Subquery(verdict),
+        corrects=Subquery(Correction.objects.filter(corrected=OuterRef("trajectory_id")).values("original_id")[:1]),
+        corrected_by=Subquery(Correction.objects.filter(original=OuterRef("trajectory_id"))
+                              .order_by("-created_at").values("corrected_id")[:1]))
     return render(request, "datasets/version_detail.html", {
         "nav": "datasets",
         "version": version,
@@ -87,11 +101,11 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "score_svg": histogram_svg(card.get("score_histogram"), title="automatic review score (0-100)"),
         "reward_svg": histogram_svg(card.get("reward_histogram"), title="reward"),
         "quantiles": [(k, card.get(k) or {}) for k in ("turns", "text_tokens", "usage_tokens")],
-        "members": _page(request, selectors.members_page_queryset(version), "members_page"),
+        "members": _page(request, members, "members_page"),
         "excluded": _page(request, card.get("excluded") or [], "excluded_page"),
         "diff_added": _page(request, diff.get("added") or [], "added_page"),
         "diff_removed": _page(request, diff.get("removed") or [], "removed_page"),
-        "exports": _page(request, selectors.exports_of(version), "exports_page"),
+        "exports": exports, "exports_live": exports_live,
         "can_publish": not version.is_published and request.user.has_perm(services.PUBLISH_PERMISSION),
         "can_export": request.user.has_perm(services.EXPORT_PERMISSION),
         "export_form": ExportForm(),

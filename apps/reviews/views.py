@@ -163,7 +163,7 @@ def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
         "progress": selectors.reviewer_progress(request.user) if own_claim else None,
         "batch_progress": selectors.batch_review_progress(trajectory.task.batch_id)
         if own_claim and trajectory.task.batch_id else None,
-        "nav": "work" if own_claim else "review", "review": review, "checks_fired": [c for c in checks if c.get("fired")],
+        "nav": "work" if own_claim else "trajectories", "review": review, "checks_fired": [c for c in checks if c.get("fired")],
         "checks_passed": [c for c in checks if not c.get("fired")],
         "human_reviews": list(selectors.human_reviews(trajectory)[:50]),
         "can_verdict": request.user.has_perm("reviews.add_review") and trajectory.status in Trajectory.FINAL,
@@ -370,7 +370,7 @@ def compare(request: HttpRequest, task_id: int) -> HttpResponse:
         t.length = len(t.steps) if isinstance(t.steps, list) else 0
     preferences = list(Preference.objects.filter(task=task).select_related("reviewer")[:20])
     return render(request, "reviews/compare.html", {
-        "nav": "review", "task": task, "rollouts": rollouts, "preferences": preferences,
+        "nav": "trajectories", "task": task, "rollouts": rollouts, "preferences": preferences,
         "can_prefer": request.user.has_perm("reviews.add_review") and len(rollouts) >= 2,
         "more": Trajectory.objects.filter(task=task, status=Trajectory.Status.FINISHED).count() > COMPARE_MAX,
     })
@@ -433,7 +433,7 @@ def correct(request: HttpRequest, trajectory_id: int) -> HttpResponse:
         f"thought_{i}", (s.get("thought") or "") if isinstance(s, dict) else ""),
         "dropped": bool(request.POST.get(f"drop_{i}"))} for i, s in enumerate(steps)]
     return render(request, "reviews/correct.html", {
-        "nav": "review", "trajectory": trajectory, "task": trajectory.task, "rows": rows, "errors": errors,
+        "nav": "trajectories", "trajectory": trajectory, "task": trajectory.task, "rows": rows, "errors": errors,
         "final_answer": request.POST.get("final_answer", trajectory.final_answer),
         "is_final": trajectory.status == Trajectory.Status.FINISHED,
     }, status=400 if errors else 200)

@@ -404,6 +404,19 @@ class TrajectoryFilterForm(forms.Form):
         return value.strip()
 
 
+def _add_scores_and_verdicts(rows: Any) -> None:
+    """The page's judge scores and latest human verdicts: two queries for the page, none per row."""
+    from apps.reviews.selectors import latest_human_verdicts
+
+    rows = list(rows)
+    ids = [t.pk for t in rows]
+    scores = dict(Review.objects.filter(trajectory_id__in=ids, kind=Review.Kind.AUTO).values_list("trajectory_id",
+                                                                                                  "overall"))
+    verdicts = latest_human_verdicts(ids)
+    for t in rows:
+        t.score, t.verdict = scores.get(t.pk), verdicts.get(t.pk, "")
+
+
 def _latest_verdict() -> Subquery:
     return Subquery(Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN)
                     .order_by("-created_at", "-id").values("verdict")[:1])
@@ -414,12 +427,9 @@ def _latest_verdict() -> Subquery:
 @require_GET
 def trajectory_list(request: HttpRequest) -> HttpResponse:
     form = TrajectoryFilterForm(request.GET or None)
-    # Score and verdict come with the page's rows (subqueries), never one query per row.
     trajectories = (
         Trajectory.objects.select_related("task", "task__batch")
         .defer("messages", "tools", "steps", "verifier_output", "config_snapshot")
-        .annotate(score=Subquery(Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO)
-                                 .values("overall")[:1]), verdict=_latest_verdict())
         .order_by("-created_at", "-id")
     )
     if form.is_bound:
@@ -436,16 +446,19 @@ def trajectory_list(request: HttpRequest) -> HttpResponse:
             trajectories = trajectories.filter(task_id=data["task"])
         if data.get("batch"):
             trajectories = trajectories.filter(task__batch_id=data["batch"])
-        if data.get("verdict") == "none":
-            trajectories = trajectories.filter(verdict__isnull=True)
-        elif data.get("verdict"):
-            trajectories = trajectories.filter(verdict=data["verdict"])
+        if data.get("verdict"):
+            # An alias, not an annotation: the subquery filters, it is never computed for the rows
+            # a sort would otherwise materialize (SQLite evaluates selected subqueries before ORDER BY).
+            trajectories = trajectories.alias(verdict=_latest_verdict())
+            trajectories = trajectories.filter(verdict__isnull=True) if data["verdict"] == "none" \
+                else trajectories.filter(verdict=data["verdict"])
         if q := data.get("q"):
             match = Q(task__prompt__icontains=q) | Q(final_answer__icontains=q) | Q(task__external_id=q)
             if q.isdigit() and int(q) <= MAX_ID:
                 match |= Q(pk=int(q)) | Q(task_id=int(q))
             trajectories = trajectories.filter(match)
     page = Paginator(trajectories, LIST_PAGE_SIZE).get_page(request.GET.get("page"))
+    _add_scores_and_verdicts(page.object_list)
     query = request.GET.copy()
     query.pop("page", None)
     return render(

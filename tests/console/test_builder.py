@@ -54,3 +54,24 @@ def test_a_bad_filter_is_shown_and_creates_nothing(client, approver, scored):
     response = client.post(reverse("datasets:builder"), {"dataset": "not a slug!", "min_score": "800"})
     assert response.status_code == 400 and 'id="builder-errors"' in response.content.decode()
     assert not DatasetVersion.objects.exists()
+
+
+def test_members_show_verdicts_and_corrections_and_exports_refresh_while_running(
+        client, approver, reviewer, scored, django_capture_on_commit_callbacks):
+    from apps.datasets.models import ExportJob
+    from apps.reviews.services import human_verdict_record, trajectory_correct
+
+    human_verdict_record(trajectory=scored[0], actor=reviewer, verdict="accept", reason="")
+    fixed = trajectory_correct(trajectory=scored[1], actor=reviewer, final_answer="a better answer").corrected
+    client.force_login(approver)
+    client.post(reverse("datasets:builder"), {"dataset": "primes", "min_score": "80"})
+    html = client.get(reverse("datasets:version_detail", args=["primes", 1])).content.decode()
+    assert "verdict-accept" in html and f"corrected in <a href=\"/trajectories/{fixed.pk}/\">#{fixed.pk}</a>" in html
+    with django_capture_on_commit_callbacks(execute=False):
+        client.post(reverse("datasets:version_export", args=["primes", 1]), {"format": "sharegpt", "split": "all"})
+    assert ExportJob.objects.get().status == "queued"
+    fragment = client.get(reverse("datasets:version_detail", args=["primes", 1]), {"fragment": "exports"})
+    assert 'hx-trigger="every 3s"' in fragment.content.decode() and "<html" not in fragment.content.decode()
+    ExportJob.objects.update(status="failed", error="x")
+    fragment = client.get(reverse("datasets:version_detail", args=["primes", 1]), {"fragment": "exports"})
+    assert "hx-trigger" not in fragment.content.decode()

@@ -114,7 +114,7 @@ def test_a_task_file_with_a_bad_line_is_refused_with_its_line_number(daphne_serv
 PAGES = [
     ("home", "/"), ("admin", "/admin/"), ("work", "/review/work/"), ("proposals", "/review/"),
     ("trajectories", "/trajectories/"), ("batches", "/review/batches/"), ("start", "/tasks/new/"),
-    ("datasets", "/datasets/"), ("not-found", "/trajectories/999999/"),
+    ("datasets", "/datasets/"), ("builder", "/datasets/new/"), ("not-found", "/trajectories/999999/"),
 ]
 
 
@@ -123,7 +123,9 @@ def test_the_main_pages_fit_a_390_px_screen(daphne_server, page, awaiting, make_
     admin = make_user("admin", is_superuser=True)
     sign_in(page, daphne_server, admin, "/")
     pages = PAGES + [("trajectory", f"/trajectories/{items[0].pk}/"), ("review", f"/review/trajectories/{items[0].pk}/"),
-                     ("batch", f"/review/batches/{items[0].task.batch_id}/")]
+                     ("batch", f"/review/batches/{items[0].task.batch_id}/"),
+                     ("compare", f"/review/tasks/{items[0].task_id}/compare/"),
+                     ("correct", f"/review/trajectories/{items[0].pk}/correct")]
     for width in (1440, 390):
         page.set_viewport_size({"width": width, "height": 900})
         for name, path in pages:
