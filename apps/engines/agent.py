@@ -798,7 +798,13 @@ class _Episode:
         n = self.subepisodes.get(label, 0)
         self.subepisodes[label] = n + 1
         name = f"{label}#{n}"
-        config = {k: v for k, v in dict(config).items() if k != "replay_of"}  # the identity passes down instead
+        # A replay's sub-episodes replay too: the parent's identity is their cache key (below), and
+        # `replay_of` stays in their config for runtimes that replay records of their own (the live web).
+        config = dict(config)
+        if self.replay_of:
+            config["replay_of"] = self.replay_of
+        else:
+            config.pop("replay_of", None)
         if self.in_agent_loop:  # bounded by what is left of the parent's wall clock
             left = max(0.0, self.deadline - time.monotonic())
             config["timeout_s"] = min(float(config.get("timeout_s") or DEFAULT_TIMEOUT_S), left)

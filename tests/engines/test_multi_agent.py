@@ -272,3 +272,21 @@ def test_review_checks_catch_a_repeated_delegation_and_one_nobody_answered(make_
     assert checks["unanswered_delegations"]["detail"] == "tester#0 (step 2: failure)"
     assert checks["unanswered_delegations"]["penalty"] == 5
     assert [c.label for c in stored.subtrajectories()] == ["coder#0", "coder#1", "tester#0"]
+
+
+def test_the_api_shows_the_roles_runs_and_each_is_retrievable(make_task) -> None:
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    lead = _stored_episode(make_task)
+    user = get_user_model().objects.create_superuser("boss", "boss@example.org", "pw-123456789")
+    api = APIClient()
+    api.force_authenticate(user)
+    body = api.get(f"/api/v1/trajectories/{lead.pk}").json()
+    assert [(s["role"], s["label"], s["parent_step"], s["outcome"]) for s in body["subtrajectories"]] == [
+        ("coder", "coder#0", 0, "success"), ("tester", "tester#0", 1, "success")]
+    assert body["parent"] is None
+    child = api.get(f"/api/v1/trajectories/{body['subtrajectories'][0]['id']}").json()
+    assert (child["parent"], child["role"], child["messages"][1]["content"]) == (lead.pk, "coder", CODER)
+    listed = api.get("/api/v1/trajectories").json()
+    assert [t["id"] for t in listed["results"]] == [lead.pk]  # the list is of the tasks' own episodes

@@ -149,6 +149,15 @@ class ReviewSummarySerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class SubtrajectorySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    role = serializers.CharField()
+    label = serializers.CharField()
+    parent_step = serializers.IntegerField(allow_null=True)
+    outcome = serializers.CharField()
+    reward = serializers.FloatField(allow_null=True)
+
+
 class TrajectoryDetailSerializer(TrajectorySummarySerializer):
     messages = serializers.JSONField(read_only=True)
     tools = serializers.JSONField(read_only=True)
@@ -156,13 +165,21 @@ class TrajectoryDetailSerializer(TrajectorySummarySerializer):
     verifier_output = serializers.JSONField(read_only=True)
     config_snapshot = serializers.JSONField(read_only=True)
     reviews = serializers.SerializerMethodField()
+    subtrajectories = serializers.SerializerMethodField()
 
     class Meta(TrajectorySummarySerializer.Meta):
         fields = [
             *TrajectorySummarySerializer.Meta.fields, "messages", "tools", "steps", "final_answer",
-            "verifier_output", "config_snapshot", "error", "reviews",
+            "verifier_output", "config_snapshot", "error", "reviews", "parent", "role", "label", "parent_step",
+            "subtrajectories",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(SubtrajectorySerializer(many=True))
+    def get_subtrajectories(self, trajectory: Trajectory) -> list[dict[str, Any]]:
+        """The sub-episodes stored under it (multi_agent roles, search2qa stages): each is itself
+        retrievable here by id."""
+        return list(trajectory.subtrajectories().values("id", "role", "label", "parent_step", "outcome", "reward"))
 
     @extend_schema_field(ReviewSummarySerializer(many=True))
     def get_reviews(self, trajectory: Trajectory) -> list[dict[str, Any]]:

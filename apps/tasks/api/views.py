@@ -152,8 +152,8 @@ class TrajectoryViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.Retrieve
     action_perms = {"list": ("tasks.view_trajectory",), "retrieve": ("tasks.view_trajectory",)}
 
     def get_queryset(self) -> Any:
-        if self.action == "retrieve":
-            return Trajectory.objects.all()
+        if self.action == "retrieve":  # a sub-episode (a multi_agent role's run) is retrievable too
+            return Trajectory.all_objects.all()
         return Trajectory.objects.defer("messages", "tools", "steps", "verifier_output", "config_snapshot")
 
     def get_serializer_class(self) -> Any:

@@ -16,7 +16,9 @@ from apps.engines.offline_model import (
     load_scripts,
 )
 
-DEFAULT_SOLUTION_DIRS = ("examples/reference_solutions", "examples/tasks")
+# examples/tasks carries the tasks' own scripts; the scenes whose sub-episodes (multi_agent's roles,
+# search2qa's stages) or generation stages need scripts of their own keep them beside their examples.
+DEFAULT_SOLUTION_DIRS = ("examples/reference_solutions", "examples/tasks", "examples/multi_agent", "examples/search2qa")
 
 
 class Command(BaseCommand):
