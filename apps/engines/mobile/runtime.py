@@ -29,6 +29,7 @@ only when the agent finishes it as infeasible).
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 import weakref
@@ -186,7 +187,7 @@ class MobileRuntime(SceneRuntime):
         mode = scene_config(config).get("mode")
         if mode not in MODES:
             raise SetupError(f"scene_config.mode must be simulated or device, got {mode!r} (it is never guessed)")
-        return [{"type": "function", "function": dict(t["function"])} for t in TOOLS]
+        return copy.deepcopy(TOOLS)
 
     def system_prompt(self, config: dict[str, Any]) -> str:
         lines = [
