@@ -26,8 +26,8 @@ Then the database: --finishes running trajectories (claimed, with a stored episo
 phase 1 produced) are finished through `trajectories_finish` by --writers processes, --group
 episodes per transaction (what a worker's Finisher does), as fast as they go. Printed: finishes
 per second for each writer count, and the CPU time per finish of the writers (Python: the ORM,
-redaction, the iteration's end and review job) and of PostgreSQL's server processes, which
-says which side bounds the rate when both share this machine's CPUs.
+redaction, the iteration's end and review job) and of the PostgreSQL server processes serving
+the writers' connections, which says which side bounds the rate when both share the CPUs.
 
 A benchmark, not a test: prints numbers; exits 1 only if it cannot run.
 """
@@ -103,26 +103,23 @@ def _writer(claims: list[tuple[int, str]], group: int, result: Any, start: Any, 
     from apps.tasks.services import trajectories_finish
 
     connections.close_all()  # a fresh connection in this process, never the parent's
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]  # this writer's PostgreSQL server process (same machine)
+    backend_cpu = _cpu_s(backend)
     start.wait()
     for i in range(0, len(claims), group):
         trajectories_finish([{"trajectory_id": pk, "claim_token": token, "result": result}
                              for pk, token in claims[i:i + group]])
+    backend_cpu = _cpu_s(backend) - backend_cpu
     connections.close_all()
-    done.put(len(claims))
+    done.put((len(claims), backend_cpu))
 
 
-def postgres_cpu_s() -> float:
-    """CPU seconds used so far by this machine's PostgreSQL server processes (from /proc)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            comm, fields = stat.read_text().split(") ", 1)
-        except (OSError, ValueError):
-            continue
-        if comm.endswith("(postgres"):
-            parts = fields.split()
-            total += int(parts[11]) + int(parts[12])
-    return total / os.sysconf("SC_CLK_TCK")
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def finish_rate(n: int, writers: int, group: int, prompt: str, result: Any) -> tuple[float, float, float]:
@@ -144,11 +141,11 @@ def finish_rate(n: int, writers: int, group: int, prompt: str, result: Any) -> t
     for proc in procs:
         proc.start()
     time.sleep(0.5)
-    began, children, pg = time.monotonic(), os.times(), postgres_cpu_s()
+    began, children = time.monotonic(), os.times()
     start.set()
-    stored = sum(done.get(timeout=600) for _ in procs)
+    reports = [done.get(timeout=600) for _ in procs]
     elapsed = time.monotonic() - began
-    pg = postgres_cpu_s() - pg
+    stored, pg = sum(n for n, _ in reports), sum(cpu for _, cpu in reports)
     for proc in procs:
         proc.join()
     after = os.times()
