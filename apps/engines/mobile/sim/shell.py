@@ -17,7 +17,7 @@ import re
 import time
 from typing import Callable
 
-from .apps import APPS, HEIGHT, LAUNCHER, TABLES, WIDTH, COLUMNS, SimDevice
+from .apps import APPS, COLUMNS, HEIGHT, LAUNCHER, WIDTH, SimDevice
 
 Result = tuple[bytes, bytes, int]
 KEYCODES = {"HOME": 3, "BACK": 4, "ENTER": 66, "DEL": 67, "MOVE_HOME": 122, "MOVE_END": 123, "TAB": 61,
