@@ -276,3 +276,25 @@ def test_a_browser_crash_mid_episode_is_an_infrastructure_error(artifact_root: P
     assert result.outcome == "error" and result.error_kind == "infrastructure" and result.retryable, result.outcome_reason
     assert "browser" in result.outcome_reason
     assert issubclass(McpSessionError, InfrastructureError)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings", "llm_env")
+def test_a_stored_gui_episode_replays_from_its_records_without_a_browser(artifact_root: Path, make_task: Any) -> None:
+    """replay_of: the hub answers every exchange (start, actions, screenshots, the verifier's
+    evaluate) from the stored steps; the screenshots are the stored artifacts."""
+    from apps.tasks.models import Trajectory
+
+    config, solution = bundled("gui-miniwob-enter-text-s1")
+    with scripted(config["prompt"], *solution) as (_, llm):
+        first = run(config, llm)
+    assert first.reward == 1.0, first.outcome_reason
+    row = Trajectory.objects.create(task=make_task(prompt=config["prompt"], scene="gui"), iteration=1,
+                                    status="finished", messages=first.messages, steps=first.steps, tools=first.tools,
+                                    verifier_output=first.verifier_output, outcome=first.outcome, reward=first.reward)
+    with scripted(config["prompt"], *solution) as (_, llm):
+        again = run({**config, "replay_of": str(row.uuid)}, llm)
+    assert again.outcome == "success" and again.reward == 1.0, again.outcome_reason
+    assert [s["images"] for s in again.steps if s["tool"] != "finish"] == \
+           [s["images"] for s in first.steps if s["tool"] != "finish"]
+    assert again.verifier_output["check"]["raw_reward"] == 1.0
