@@ -173,7 +173,7 @@ demo: apt-demo migrate
 	@echo "'demo-deep-search' (10 research questions over the offline web: rewards by exact match and sources),"
 	@echo "'demo-search2qa' (the search2qa factory: 3 verified QA pairs and one dropped as too easy) and"
 	@echo "'demo-search2qa-qa' (the deep_search tasks it emitted, each with its executed solver run)."
-	@echo "'demo-toolace' (13 tasks the toolace pipeline admitted by execution: agent and mt dialogues with clarification turns;"
+	@echo "'demo-toolace' (14 tasks the toolace pipeline admitted by execution, one across two suites: agent and mt dialogues with clarification turns;"
 	@echo "its suites and gate verdicts under Engines > Pipeline runs; two wrong solutions score 0; dataset 'demo-toolace' in ToolACE's format)."
 	@echo "'demo-multi-agent' (6 team tasks on code_exec and deep_search: each role's run is a child trajectory; ma-004 scores 0)."
 	@echo "'demo-mobile' (13 mobile_agent tasks on the simulated Android device: screenshots, device-state checks; one wrong answer scores 0)."

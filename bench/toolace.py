@@ -80,11 +80,18 @@ def yield_report() -> None:
     calls_total = 0
     entered: collections.Counter[str] = collections.Counter()
     rejected: collections.Counter[str] = collections.Counter()
-    for stage in ("refine", "expand", "couple", "flows", "tasks", "task_gate", "task"):
+    for stage in ("refine", "expand", "couple", "cross", "flows", "tasks", "task_gate", "task"):
         mine = [r for r in rows if r.stage == stage]
         calls = sum(r.llm_calls for r in mine)
         calls_total += calls
-        if stage == "task_gate":
+        if stage == "cross":
+            outputs = [o for r in mine for o in ((r.parsed_output or {}).get("kept") or {}).values()]
+            kept = sum(len(o["combined"]) for o in outputs)
+            dropped = [why for o in outputs for why in o["rejected"].values()]
+            runs = kept + len(dropped)
+            entered["suite gate"] += runs
+            rejected["suite gate"] += len(dropped)
+        elif stage == "task_gate":
             out = mine[0].parsed_output if mine else {"kept": {}, "dropped": {}}
             kept, dropped = len(out["kept"]), list(out["dropped"].values())
             runs = kept + len(dropped)
@@ -103,7 +110,7 @@ def yield_report() -> None:
             rejected["task gate"] += len(dropped)
         reasons = ", ".join(f"{g} {n}" for g, n in sorted(gates.items()) if n) or "-"
         print(f"{stage:10} {runs:>5} {calls:>6} {kept:>5} {len(dropped):>8}   {reasons}")
-    suites = sum(r.status == "succeeded" for r in rows if r.stage == "couple")
+    suites = sum(r.status == "succeeded" for r in rows if r.stage == "couple")  # combined ones cost no call
     suite_calls = sum(r.llm_calls for r in rows if r.stage in ("refine", "expand", "couple"))
     tasks = sum(r.status == "succeeded" and r.task_id is not None for r in rows if r.stage == "task")
     print(f"model calls {calls_total}: suites admitted {suites} ({suites / suite_calls:.2f} per suite-stage call, "

@@ -7,7 +7,8 @@ Writes
 - examples/pipelines/toolace/scripts.json: the offline model's answers to every llm stage (matched by
   their key lines `[pipeline:toolace/<template> key=<item>]`: refine, expand, couple — the calendar
   suite's first answer has a bug its smoke call finds, the repair answer fixes it; the weather seed
-  stays broken and is dropped — and tasks per usage flow), then the agent's solutions of the tasks
+  stays broken and is dropped — and tasks per usage flow, the calendar and expense suites combined
+  for a cross-group task among them), then the agent's solutions of the tasks
   that pass the gates (found by prompt): agent-mode ones, two mt dialogues (one re-filled), and one
   wrong solution per suite that scores 0. Two tasks per suite fail a gate on purpose (a hidden value
   in the prompt, a check that fails on the expected calls, an expected call that raises).
@@ -168,7 +169,8 @@ def ops_only(ops: list[dict], *names: str) -> dict:
 SEEDS = [
     {"id": "calendar-email", "domain": "a work calendar with e-mail",
      "tools": [{"name": "create_event", "description": "Create a calendar event"},
-               {"name": "send_email", "description": "Send an e-mail"}]},
+               {"name": "send_email", "description": "Send an e-mail"}],
+     "cross_with": ["expense-reports"]},
     {"id": "expense-reports", "domain": "employee expense reports",
      "tools": [{"name": "add_expense", "description": "Add an expense to a report"}]},
     {"id": "weather", "domain": "weather forecasts", "tools": [{"name": "get_forecast", "description": "Forecast"}]},
@@ -355,6 +357,21 @@ EXP_TASKS = {
              'return any(i["amount"] == 75 for i in env.reports["R-7"]["items"])', None),
     ],
 }
+# cross-group: tasks on the calendar and expense suites combined in one environment (the pipeline's
+# cross stage; the flow "x-expense-reports" of the calendar seed)
+CROSS_TASKS = {
+    "x-expense-reports": [
+        task("review-and-submit", "parallel", "Put 'Expense review' on my calendar for 2026-12-05 from 09:00 to "
+             "09:30 and submit expense report R-9.",
+             [("create_event", {"title": "Expense review", "date": "2026-12-05", "start": "09:00", "end": "09:30"}),
+              ("submit_report", {"report_id": "R-9"})],
+             'return (env.reports["R-9"]["status"] == "submitted"\n'
+             '        and any(e["title"] == "Expense review" for e in env.events.values()))',
+             [parallel(("create_event", {"title": "Expense review", "date": "2026-12-05", "start": "09:00",
+                                         "end": "09:30"}), ("submit_report", {"report_id": "R-9"})),
+              finish("Booked the expense review and submitted R-9 (total 120).")]),
+    ],
+}
 WRONG = {"calendar-email.mail.parking", "expense-reports.items.travel-450"}
 GATE_FAILS = {"calendar-email.schedule.debrief": "task.leak", "calendar-email.cleanup.vendor": "task.check",
               "expense-reports.items.dinner": "task.replay"}
@@ -375,7 +392,7 @@ def scripts() -> list[dict]:
         first = {**full, "code": buggy} if buggy else full
         out.append(content(f"[pipeline:toolace/couple key={seed}]", first))
         out.append(content(f"[pipeline:toolace/couple key={seed} repair=1]", full))
-    for seed, flows in (("calendar-email", CAL_TASKS), ("expense-reports", EXP_TASKS)):
+    for seed, flows in (("calendar-email", {**CAL_TASKS, **CROSS_TASKS}), ("expense-reports", EXP_TASKS)):
         for fid, tasks in flows.items():
             out.append(content(f"[pipeline:toolace/tasks key={seed}.{fid}]", {"items": [t["task"] for t in tasks]}))
             for t in tasks:

@@ -45,11 +45,16 @@ SUITES = {"calendar-email": (demo.CAL_SUITE, demo.CAL_TASKS), "expense-reports":
 
 def demo_task(key: str) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
     """(episode config, the scripted solution) of a demo task "<seed>.<flow>.<task id>", made by the
-    pipeline's own task builder."""
+    pipeline's own task builder (a flow "x-<seed>": the cross-group suite of the two)."""
     seed, flow_id, task_id = key.split(".")
     suite, flows = SUITES[seed]
+    if flow_id.startswith("x-"):
+        combined = gates.combine_suites(suite, SUITES[flow_id[2:]][0])
+        flows = demo.CROSS_TASKS
+        flow = {**combined["flows"][0], "id": flow_id, "suite": combined, "cross_with": flow_id[2:]}
+    else:
+        flow = next(f for f in suite["flows"] if f["id"] == flow_id)
     entry = next(t for t in flows[flow_id] if t["task"]["id"] == task_id)
-    flow = next(f for f in suite["flows"] if f["id"] == flow_id)
     row = build_pipeline({}).task(key, {"couple": suite, "flows": flow, "task_gate": entry["task"]})
     return config_for(row["prompt"], row["config"], scene="toolace", max_steps=row["max_steps"]), entry["solution"]
 
@@ -202,7 +207,13 @@ def test_the_pipeline_synthesizes_suites_and_admits_only_tasks_that_execute() ->
     gate = StageRun.objects.get(run=run, stage="task_gate").parsed_output
     assert {k: v.split(":")[0] for k, v in gate["dropped"].items()} == demo.GATE_FAILS
     tasks = {t.external_id: t for t in Task.objects.filter(scene="toolace")}
-    assert len(tasks) == 13
+    assert len(tasks) == 14
+    cross = StageRun.objects.get(run=run, stage="cross").parsed_output["kept"]["calendar-email"]
+    assert [c["with"] for c in cross["combined"]] == ["expense-reports"] and cross["rejected"] == {}
+    both = tasks["toolace-calendar-email.x-expense-reports.review-and-submit"].scene_config
+    assert both["suite"] == "calendar-email+expense-reports" and both["class_name"] == "CalendarMailExpenseReports"
+    assert set(both["init_config"]) == {"calendar_mail", "expense_reports"}
+    assert {"create_event", "submit_report"} <= {op["name"] for op in both["operations"]}
     lunch = tasks["toolace-expense-reports.items.lunch"].scene_config
     assert lunch["missing_params"] == ["amount"] and lunch["user_facts"] == {"amount": 23.4}
     assert lunch["code"] == demo.EXP_SUITE["code"] and lunch["generation"]["flow"]["id"] == "items"
@@ -251,6 +262,20 @@ def test_an_llm_user_answers_through_the_episodes_model_client_and_is_recorded_a
         failed = run(config, client(server.url))
     assert (failed.outcome, failed.error_kind, failed.retryable) == ("error", "infrastructure", True)
     assert "the simulated user's model failed" in failed.outcome_reason
+
+
+def test_a_cross_group_task_runs_on_both_suites_in_one_environment() -> None:
+    config, solution = demo_task("calendar-email.x-expense-reports.review-and-submit")
+    result = solve(config, solution)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    final = result.verifier_output["final_state"]
+    assert final["reports"]["R-9"]["status"] == "submitted" and "EV-200" in final["events"]
+    with pytest.raises(gates.GateError, match=r"cross\.static: .* \(operations in both: create_event\)"):
+        gates.combine_suites(demo.CAL_SUITE, {**demo.EXP_SUITE, "operations": demo.CAL_OPS[1:2]})
+    clashing = copy.deepcopy(demo.EXP_SUITE)
+    clashing["code"] = clashing["code"].replace("self.limits", "self.events")
+    with pytest.raises(gates.GateError, match="cross.clash: both parts keep the attribute.s. events"):
+        gates.suite_gate(gates.combine_suites(demo.CAL_SUITE, clashing))
 
 
 def test_a_hidden_value_used_before_the_user_gave_it_scores_zero_though_the_check_passes() -> None:

@@ -14,6 +14,9 @@ counts rejections by:
   signature, the seeded `init_config` constructing);
 * `suite.smoke`: every operation called with its example arguments on a fresh instance: no
   exception but the ones it declares;
+* `cross.static` / `cross.clash` (a combined suite for cross-group tasks, `combine_suites`): a
+  class or operation name in both suites; an attribute both parts keep (they would overwrite
+  each other's state);
 * `task.static`: expected calls name operations and match their schemas, a hidden parameter is
   a user fact, a missing-parameter task hides one, a non-tool task expects no call, the check
   function parses;
@@ -113,17 +116,56 @@ def _base_spec(suite: dict[str, Any]) -> dict[str, Any]:
             "declared_errors": declared_errors(suite)}
 
 
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+def combine_suites(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """One suite over two admitted ones, for cross-group tasks: both classes' code and a class
+    inheriting from both (each part's seeded state under its snake_case name in init_config),
+    both operation lists, one usage flow chaining a flow of each. GateError("cross.static: ...")
+    when the two cannot share one environment (a class or an operation name in both)."""
+    names = [s.get("class_name") or s["env_name"] for s in (first, second)]
+    clash = sorted({op["name"] for op in first["operations"]} & {op["name"] for op in second["operations"]})
+    if names[0] == names[1] or clash:
+        raise GateError(f"cross.static: {names[0]} and {names[1]} cannot share one environment"
+                        + (f" (operations in both: {', '.join(clash)})" if clash else " (same class name)"))
+    combined = names[0] + names[1]
+    parts = [_snake(n) for n in names]
+    code = (f"{first['code'].rstrip()}\n\n\n{second['code'].rstrip()}\n\n\n"
+            f"class {combined}({names[0]}, {names[1]}):\n"
+            f"    def __init__(self, {parts[0]}=None, {parts[1]}=None):\n"
+            f"        {names[0]}.__init__(self, **({parts[0]} or {{}}))\n"
+            f"        {names[1]}.__init__(self, **({parts[1]} or {{}}))\n")
+    steps = [step for suite in (first, second) for step in (suite["flows"][0]["steps"] if suite["flows"] else [])]
+    return {"env_name": combined, "class_name": combined,
+            "description": f"{first.get('description', '')} Together with: {second.get('description', '')}".strip(),
+            "operations": [*first["operations"], *second["operations"]], "code": code,
+            "init_config": {parts[0]: first.get("init_config") or {}, parts[1]: second.get("init_config") or {}},
+            "tool_chains": [*first.get("tool_chains", []), *second.get("tool_chains", [])],
+            "parts": [{"class_name": n, "init_config": s.get("init_config") or {}} for n, s in zip(names, (first, second))],
+            "flows": [{"id": "cross", "name": f"{names[0]} with {names[1]}",
+                       "description": "a request that needs the tools of both", "steps": steps}]}
+
+
 def suite_gate(suite: dict[str, Any]) -> dict[str, Any]:
     """The suite's gate report when every operation passes; GateError naming the gate otherwise.
-    SandboxError (no sandbox) propagates: the platform's failure, not the suite's."""
+    SandboxError (no sandbox) propagates: the platform's failure, not the suite's. A combined
+    suite (combine_suites) must also keep its parts' attributes apart (`cross.clash`)."""
     problems = suite_static(suite)
     if problems:
         raise GateError("suite.static: " + "; ".join(problems))
     spec = {**_base_spec(suite), "smoke": [{"operation": op["name"], "arguments": op["example"]}
                                            for op in suite["operations"]]}
+    if suite.get("parts"):
+        spec["parts"] = suite["parts"]
     report = run_gate(spec)
     if report["validate"]:
         raise GateError("suite.sandbox: " + "; ".join(f"{e['field']}: {e['message']}" for e in report["validate"]))
+    attributes = list((report.get("part_attributes") or {}).values())
+    shared = sorted(set(attributes[0]) & set(attributes[1])) if len(attributes) == 2 else []
+    if shared:
+        raise GateError(f"cross.clash: both parts keep the attribute(s) {', '.join(shared)}")
     broken = [s for s in report["smoke"] if not s["ok"] and not s["declared"]]
     if broken:
         raise GateError("suite.smoke: " + "\n".join(

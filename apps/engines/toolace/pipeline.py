@@ -5,7 +5,8 @@
 A seed names a domain and optionally 1-6 tool specs to start from (PRESET_TOOLS, the
 reference's six, when it gives neither):
 
-    {"id": "calendar-email", "domain": "a work calendar with e-mail", "tools": [{name, description, parameters}]}
+    {"id": "calendar-email", "domain": "a work calendar with e-mail", "tools": [{name, description, parameters}],
+     "cross_with": ["expense-reports"]}
 
 Stages per item (apps/engines/pipelines/; every llm prompt starts with its key line):
 
@@ -19,12 +20,16 @@ Stages per item (apps/engines/pipelines/; every llm prompt starts with its key l
    (gates.py: envscaler's static checks, its in-sandbox validation, a smoke call of every
    operation); a failure is sent back once with the traceback, then the seed is dropped with the
    reason stored.
-4. flows (code, fan-out): one item per usage flow, "<seed>.<flow id>".
-5. tasks (llm, toolace/tasks, fan-out): per flow, tasks of the types single / parallel /
+4. cross (code, all items): cross-group suites — for a seed naming `cross_with` (other seeds'
+   ids), its suite and each named admitted one combined into one environment
+   (gates.combine_suites: both classes and one inheriting from both), gated like any suite.
+5. flows (code, fan-out): one item per usage flow, "<seed>.<flow id>", plus one per combined
+   suite, "<seed>.x-<other seed>", whose tasks run on the combined suite.
+6. tasks (llm, toolace/tasks, fan-out): per flow, tasks of the types single / parallel /
    dependent / missing_param / non_tool, each with expected calls, user facts, hidden parameters,
    a check function, optionally an expected answer, a persona, follow-ups and the mode (agent|mt);
    one item per task, "<seed>.<flow>.<task id>".
-6. task_gate (code, all items): gates.task_gates — static rules, hidden values kept out of the
+7. task_gate (code, all items): gates.task_gates — static rules, hidden values kept out of the
    prompt, then the expected calls replayed in a fresh environment in a sandbox (one per suite):
    every call succeeds and the check passes; a non-tool task leaves the state unchanged.
 
@@ -42,7 +47,7 @@ from typing import Any
 from django.db import close_old_connections
 
 from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template
-from apps.engines.toolace.gates import GateError, operations_for_server, suite_gate, task_gates
+from apps.engines.toolace.gates import GateError, combine_suites, operations_for_server, suite_gate, task_gates
 
 NAME = "toolace"
 RUN_CONFIG_KEYS = ("model", "concurrency", "user_simulator", "refine_rounds", "max_steps")
@@ -156,16 +161,47 @@ def check_suite(parsed: Any, inputs: dict[str, Any]) -> str | None:
     return None
 
 
+def cross_stage(items: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """scope="all": for a seed naming `cross_with` (other seeds' ids), the combined suite of its
+    suite and each named one that was admitted, gated like any suite (gates.combine_suites);
+    nobody is dropped here: a pair that fails keeps its reason under "rejected"."""
+    answer: dict[str, Any] = {}
+    for key, inputs in items.items():
+        combined, rejected = [], {}
+        for other in inputs["seed"].get("cross_with") or []:
+            if other not in items:
+                rejected[other] = "cross: that seed's suite was not admitted"
+                continue
+            try:
+                suite = combine_suites(inputs["couple"], items[other]["couple"])
+                suite_gate(suite)
+            except GateError as exc:
+                rejected[other] = str(exc)
+            else:
+                combined.append({"with": other, "suite": suite})
+        answer[key] = {"combined": combined, "rejected": rejected}
+    return answer
+
+
 def flows_stage(inputs: dict[str, Any]) -> list[dict[str, Any]]:
-    suite = inputs["couple"]
-    return [{**flow, "id": str(flow["id"])} for flow in suite["flows"]]
+    """The suite's usage flows, then one flow per combined suite ("x-<other seed>") carrying it."""
+    flows = [{**flow, "id": str(flow["id"])} for flow in inputs["couple"]["flows"]]
+    for entry in (inputs.get("cross") or {}).get("combined") or []:
+        flow = entry["suite"]["flows"][0]
+        flows.append({**flow, "id": f"x-{entry['with']}", "suite": entry["suite"], "cross_with": entry["with"]})
+    return flows
+
+
+def _suite_of(state: dict[str, Any]) -> dict[str, Any]:
+    """The suite an item's tasks run on: its flow's combined suite, else its seed's."""
+    return state["flows"].get("suite") or state["couple"]
 
 
 def gate_all(items: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """scope="all": every task of a suite gated in one sandbox; Drop(reason) for the rejected."""
     by_suite: dict[str, list[str]] = {}
     for key, inputs in items.items():
-        by_suite.setdefault(key.split(".", 1)[0], []).append(key)
+        by_suite.setdefault(inputs["suite"]["env_name"], []).append(key)
     answer: dict[str, Any] = {}
     for keys in by_suite.values():
         suite = items[keys[0]]["suite"]
@@ -188,13 +224,15 @@ def build(config: dict[str, Any]) -> Pipeline:
         raise PipelineError("max_steps must be a whole number from 1 to 500")
 
     def task(key: str, state: dict[str, Any]) -> dict[str, Any]:
-        suite, item, flow = state["couple"], state["task_gate"], state["flows"]
+        suite, item = _suite_of(state), state["task_gate"]
+        flow = {k: v for k, v in state["flows"].items() if k != "suite"}
+        cross = f"{key.split('.', 1)[0]}+{flow['cross_with']}" if flow.get("cross_with") else ""
         scene = {
             "env_name": suite["env_name"], "class_name": suite.get("class_name") or suite["env_name"],
             "env_description": suite.get("description") or "", "code": suite["code"],
             "operations": operations_for_server(suite),
             "init_config": item.get("init_config") or suite.get("init_config") or {},
-            "check_func": item["check_func"], "task_id": key, "suite": key.split(".", 1)[0],
+            "check_func": item["check_func"], "task_id": key, "suite": cross or key.split(".", 1)[0],
             "task_type": item["type"], "mode": item.get("mode") or "agent",
             "expected_calls": item.get("expected_calls") or [], "user_facts": item.get("user_facts") or {},
             "missing_params": item.get("missing_params") or [],
@@ -219,9 +257,11 @@ def build(config: dict[str, Any]) -> Pipeline:
                  inputs=lambda s: {"seed": s["seed"], "refine": s["refine"]}),
         LLMStage(name="couple", template=COUPLE, schema=SUITE_SCHEMA, validator=check_suite, repairs=1,
                  temperature=0.5, inputs=lambda s: {"seed": s["seed"], "expand": s["expand"]}),
-        CodeStage(name="flows", fn=flows_stage, fan_out=True, inputs=lambda s: {"couple": s["couple"]}),
+        CodeStage(name="cross", fn=cross_stage, scope="all", inputs=lambda s: {"seed": s["seed"], "couple": s["couple"]}),
+        CodeStage(name="flows", fn=flows_stage, fan_out=True, inputs=lambda s: {"couple": s["couple"], "cross": s["cross"]}),
         LLMStage(name="tasks", template=TASKS, schema=TASK_SCHEMA, fan_out=True, temperature=0.7,
-                 inputs=lambda s: {"suite": s["couple"], "flow": s["flows"]}),
+                 inputs=lambda s: {"suite": _suite_of(s),
+                                   "flow": {k: v for k, v in s["flows"].items() if k != "suite"}}),
         CodeStage(name="task_gate", fn=gate_all, scope="all",
-                  inputs=lambda s: {"suite": s["couple"], "task": s["tasks"]}),
+                  inputs=lambda s: {"suite": _suite_of(s), "task": s["tasks"]}),
     ))

@@ -10,10 +10,12 @@ SPEC: {"class_name", "code", "operations": [{name, parameters}], "init_config",
        "declared_errors": {operation: [exception class names]},
        "smoke": [{"operation", "arguments"}],
        "tasks": [{"key", "init_config", "calls": [{"tool", "arguments"}], "check_func", "probe"?}],
-       "probes": [{"operation", "arguments"}]}
+       "probes": [{"operation", "arguments"}],
+       "parts"?: [{"class_name", "init_config"}]}   (a combined suite's parts)
 
 REPORT: {"validate": [{key, field, message}] (server.py validate's errors),
          "smoke": [{"operation", "ok", "error", "declared", "traceback"}],
+         "part_attributes"?: {class_name: [attribute names]},
          "tasks": [{"key", "calls": [{"tool", "ok", "output", "error"}], "check": {"reward", "error"},
                     "state_before", "state_after", "probes"?: [{"operation", "reward"}]}]}
 
@@ -90,6 +92,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if report["validate"]:
         return report
     cls = server.load_class(spec["code"], spec["class_name"])
+    if spec.get("parts"):  # a combined suite: which attributes each part's instance keeps
+        report["part_attributes"] = {}
+        for part in spec["parts"]:
+            with contextlib.redirect_stdout(sys.stderr):
+                instance = server.load_class(spec["code"], part["class_name"])(**(part.get("init_config") or {}))
+            report["part_attributes"][part["class_name"]] = sorted(server.state_of(instance))
     declared = spec.get("declared_errors") or {}
     for smoke in spec.get("smoke", []):
         with contextlib.redirect_stdout(sys.stderr):
