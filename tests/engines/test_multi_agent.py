@@ -290,3 +290,15 @@ def test_the_api_shows_the_roles_runs_and_each_is_retrievable(make_task) -> None
     assert (child["parent"], child["role"], child["messages"][1]["content"]) == (lead.pk, "coder", CODER)
     listed = api.get("/api/v1/trajectories").json()
     assert [t["id"] for t in listed["results"]] == [lead.pk]  # the list is of the tasks' own episodes
+
+
+def test_a_platform_failure_inside_a_role_ends_the_whole_episode() -> None:
+    from apps.engines.offline_model import MODEL_FAULT_PREFIX
+
+    roles = [ROLES[0], {**ROLES[1], "model": MODEL_FAULT_PREFIX + "500"}, ROLES[2]]  # the coder's model is down
+    with running_offline_model(scripts=scripts()) as server:
+        result = run(config(roles=roles), client(server.url))
+    assert (result.outcome, result.error_kind, result.retryable) == ("error", "infrastructure", True)
+    assert result.outcome_reason.startswith("infrastructure: failed in step 0 (delegate): the coder sub-episode "
+                                            "failed: LLM error")
+    assert [s["tool"] for s in result.steps] == ["delegate"] and result.subepisodes[0].error_kind == "llm"
