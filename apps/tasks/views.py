@@ -430,7 +430,9 @@ def trajectory_list(request: HttpRequest) -> HttpResponse:
     trajectories = (
         Trajectory.objects.select_related("task", "task__batch")
         .defer("messages", "tools", "steps", "verifier_output", "config_snapshot")
-        .order_by("-created_at", "-id")
+        # Newest first by the primary key (ids grow with creation): the index serves ORDER BY + LIMIT,
+        # where (-created_at, -id) made SQLite sort every row of the table.
+        .order_by("-id")
     )
     if form.is_bound:
         form.is_valid()
