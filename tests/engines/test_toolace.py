@@ -360,3 +360,17 @@ def test_mt_that_never_agrees_with_the_real_outputs_scores_zero() -> None:
     assert result.reward == 0.0 and "mt_consistent" in result.verifier_output["failed_rules"]
     # what ran (the prefix before the stale suffix) is still the stored dialogue
     assert [s["tool"] for s in result.steps] == ["find_contact"]
+
+
+def test_stale_values_come_from_json_leaves_or_tokens_with_digits() -> None:
+    from apps.engines.toolace import mt
+    from apps.engines.toolace.rules import Context
+
+    assert mt.simulated_values('{"id": "R-20", "total": 300, "ok": true}') == {"R-20", "300"}
+    assert mt.simulated_values("Booked EV-201 for 2026-11-19.") == {"EV-201", "2026-11-19"}
+    seen = Context()
+    seen.add("Add it to report R-9.")
+    assert mt.stale_values("Booked EV-201 in R-9 on 2026-11-19.", "Booked EV-200 in R-9 on 2026-11-19.", seen) == {
+        "EV-201"}
+    assert mt.depends_on([{"role": "assistant", "tool_calls": [{"name": "cancel_event",
+                                                                "arguments": {"event_id": "EV-201"}}]}], {"EV-201"})

@@ -59,7 +59,7 @@ def simulated_values(output: str) -> set[str]:
     if isinstance(parsed, (dict, list)):
         values = {str(v) for v in _scalars(parsed)}
     else:
-        values = set(_TOKEN.findall(output or ""))
+        values = {t.strip(".:-") for t in _TOKEN.findall(output or "")}  # "on 2026-11-19." -> the date
     return {v for v in values if len(v) >= 2}
 
 
