@@ -829,6 +829,9 @@ class _Episode:
             parent=self, label=name, shared_sandbox=shared,
         )
         child.replay_of = self.replay_of
+        if share_sandbox and config.get("scene") == self.config.get("scene"):
+            # The same environment, so the same per-episode state of it (a device, a browser, a toolset).
+            child.context.state = self.context.state
         await self.emit("system", f"sub-episode {name} starting ({config.get('scene')})", {"sub": name})
         parent_step = len(self.result.steps) if self.in_agent_loop else None  # the step running it
         result = await child.run()

@@ -206,6 +206,14 @@ class MultiAgentRuntime(SceneRuntime):
     def setup(self, sandbox: Any, config: dict[str, Any]) -> None:
         self._base(config).setup(sandbox, base_config(config))
 
+    def initial_observation(self, sandbox: Any, config: dict[str, Any]) -> Any:
+        """The base scene's look at the environment (gui's page, mobile's screen), for every role:
+        a role delegated to later sees the environment as the others left it."""
+        base = self._base(config)
+        if type(base).initial_observation is SceneRuntime.initial_observation:
+            return None
+        return base.initial_observation(sandbox, base_config(config))
+
     def is_finish(self, name: str) -> bool:
         config = current_episode().config
         if not self._is_lead(config):

@@ -36,7 +36,8 @@ identity plus "<label>#<n>" (so a retried or replayed parent replays its sub-epi
 token budget is what is left of the parent's, its wall clock is bounded by what is left of the
 parent's while the parent's agent loop runs, and its tokens and cost are added to the parent's
 totals. With `share_sandbox` (the default) and the parent's scene it works in the parent's
-sandbox (set up once, destroyed with the parent); otherwise it makes its own. It returns the
+environment: its sandbox (set up once, destroyed with the parent) and its `ctx.state` (the device,
+browser or toolset a runtime keeps there); otherwise it makes its own. It returns the
 child's `EpisodeResult`; it is kept on the parent's result (`subepisodes`) and stored with it as
 a child trajectory (apps.tasks.models.Trajectory.parent) unless `keep=False`; what else of it
 the parent records is the caller's choice (a step's `ToolResult.extra`, the verifier output).

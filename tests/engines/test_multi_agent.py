@@ -302,3 +302,26 @@ def test_a_platform_failure_inside_a_role_ends_the_whole_episode() -> None:
     assert result.outcome_reason.startswith("infrastructure: failed in step 0 (delegate): the coder sub-episode "
                                             "failed: LLM error")
     assert [s["tool"] for s in result.steps] == ["delegate"] and result.subepisodes[0].error_kind == "llm"
+
+
+def test_roles_over_the_simulated_android_device_share_it_and_see_its_screen() -> None:
+    prompt = "[phone] Have the operator turn off Wi-Fi."
+    instruction = "[phone operator] Turn off Wi-Fi in Settings."
+    cfg = config_for(prompt, {
+        "base_scene": "mobile_agent", "lead": "lead",
+        "base_config": {"mode": "simulated", "start_app": "com.android.settings", "checks": [
+            {"type": "shell", "command": "settings get global wifi_on", "expect": {"equals": "0"}}]},
+        "roles": [{"name": "lead", "tools": []}, {"name": "operator", "tools": ["click"]}]}, scene="multi_agent")
+    steps = [
+        {"id": "lead", "prompt": prompt, "reference_solution": [
+            call("delegate", role="operator", instruction=instruction),
+            call("finish", status="complete", summary="the operator turned Wi-Fi off")]},
+        {"id": "operator", "prompt": instruction, "reference_solution": [
+            call("click", index=4), call("finish", answer="Wi-Fi is off")]},
+    ]
+    with running_offline_model(scripts=steps) as server:
+        result = run(cfg, client(server.url), sandbox_backend=None)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    operator = result.subepisodes[0]
+    assert "Wi-Fi" in operator.messages[1]["content"]  # the role's first message shows the screen
+    assert "Wi-Fi" in result.messages[1]["content"]    # and so does the lead's
