@@ -146,10 +146,10 @@ demo: apt-demo migrate
 	  $(PY) manage.py dataset_create demo-qa --batch demo-search2qa-qa --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-qa --version 1 --format qa --out var/exports/demo-qa-v1.qa.jsonl --force --no-progress
 	$(PY) manage.py dataset_export demo-qa --version 1 --format qa-verl --out var/exports/demo-qa-v1.qa-verl.jsonl --force --no-progress
-	$(PY) manage.py dataset_stats demo-multi-agent >/dev/null 2>&1 || \
 	$(PY) manage.py dataset_stats demo-deep-search >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-deep-search --batch demo-deep-search --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-deep-search --version 1 --format sft-trl --out var/exports/demo-deep-search-v1.sft-trl.jsonl --force --no-progress
+	$(PY) manage.py dataset_stats demo-multi-agent >/dev/null 2>&1 || \
 	  $(PY) manage.py dataset_create demo-multi-agent --batch demo-multi-agent --success-only --publish --no-progress
 	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format multiagent-agentjet --out var/exports/demo-multi-agent-v1.multiagent-agentjet.jsonl --force --no-progress
 	$(PY) manage.py dataset_export demo-multi-agent --version 1 --format sft-trl --out var/exports/demo-multi-agent-v1.sft-trl.jsonl --force --no-progress
