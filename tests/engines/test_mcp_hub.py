@@ -4,6 +4,7 @@ a recorded envscaler trajectory without any server.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -40,6 +41,8 @@ from tests.engines.test_agent import (  # noqa: F401 - llm_env is a fixture
     scripted,
 )
 from tests.engines.test_envscaler_runtime import _bwraps_using, counter
+from tests.engines.test_gui_parts import artifact_storage  # noqa: F401 - a fixture
+from trajplatform import artifacts
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
 
@@ -87,7 +90,8 @@ def test_a_spec_round_trips_through_json_and_a_bad_one_names_its_field() -> None
 # --- one hub, two servers ----------------------------------------------------------------------------
 
 
-def test_two_servers_behind_one_hub_calls_errors_timeouts_refusals_and_records(local_backend: Any) -> None:
+def test_two_servers_behind_one_hub_calls_errors_timeouts_refusals_and_records(local_backend: Any,
+                                                                              artifact_storage: Path) -> None:
     with local_backend.create(SandboxSpec(image=PLATFORM_PYTHON_PROFILE)) as sandbox:
         hub = started(sandbox, spec("alpha", platform_tools=["counter"], deny_tools=["wipe", "crash"]),
                       spec("beta", allow_tools=["echo", "nap"], call_timeout_s=1))
@@ -132,13 +136,18 @@ def test_two_servers_behind_one_hub_calls_errors_timeouts_refusals_and_records(l
             hub.call_platform("alpha", "wipe", {})
 
         picture = hub.call_tool("alpha__picture", {})
-        assert picture.output.startswith("error: alpha__picture returned image (image/png, 32 bytes): ")
-        assert "artifact store, which the gui scene's issue adds" in picture.output
+        # The image went to the artifact store: the step gets its ref, the model its name.
+        [image] = picture.images
+        png = b"\x89PNG\r\n\x1a\n" + b"\0" * 24  # what tests/engines/mcp_test_server.py's picture returns
+        sha = hashlib.sha256(png).hexdigest()
+        assert image == {"artifact": sha, "mime": "image/png", "bytes": 32} and artifacts.read(sha) == png
+        assert picture.output == f"a picture\n[image (image/png, 32 bytes): artifact {sha[:12]}]"
+        assert "error" not in picture.extra
         platform_call, picture_call = picture.extra["mcp_calls"]  # the platform's call went on the next step
         assert (platform_call["tool"], platform_call["platform"]) == ("counter", True)
         (block_text, block_image) = picture_call["content"]
         assert block_text == {"type": "text", "text": "a picture"} and "data" not in block_image
-        assert block_image["bytes"] == 32 and len(block_image["sha256"]) == 64
+        assert block_image["bytes"] == 32 and block_image["sha256"] == block_image["artifact"] == sha
         assert hub.call_tool("alpha__link", {}).output == \
             "[resource link report <file:///workspace/report.txt>: the report]"
         workspace = str(sandbox.workspace)

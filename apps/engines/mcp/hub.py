@@ -19,7 +19,8 @@ Calls: an agent's call to a tool the hub does not offer (unknown, denied, platfo
 ToolError. `call_tool` gives the loop a ToolResult: text blocks joined, resource links named, an
 `isError` result as an error the agent reads (output "error: …", the step's `error`), a call
 without an answer within the per-call timeout (the spec's, cut to the loop's) as a timed-out
-error, and image or audio blocks refused with an error naming why (no artifact store yet).
+error; an image block goes to the artifact store (trajplatform/artifacts.py) and onto the
+step as one of `ToolResult.images`, an audio block is refused with an error naming why.
 A server that is gone (it died, the connection broke) raises McpSessionError, an
 InfrastructureError: the loop ends the episode as the platform's failure, not the agent's.
 Every exchange is recorded (records.py); `call_tool` puts the records since the last take on
@@ -27,6 +28,8 @@ its step as `mcp_calls`.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import concurrent.futures
 import threading
 import time
@@ -49,8 +52,7 @@ from apps.engines.runtime import SetupError, ToolError, ToolResult
 from apps.engines.sandboxes import SandboxUnavailable
 from apps.engines.sandboxes.base import SERVICE_HTTP, ServiceFailed
 
-NO_ARTIFACT_STORE = ("the platform cannot keep images or audio yet: they need the artifact store, which the gui "
-                     "scene's issue adds; until then such results are refused")
+NO_AUDIO = "the platform keeps images (the artifact store) but not audio: such results are refused"
 
 
 class McpStartError(SetupError):
@@ -58,13 +60,17 @@ class McpStartError(SetupError):
 
 
 def render(blocks: list[dict[str, Any]]) -> tuple[str, list[str]]:
-    """(text for the model, binary blocks it cannot carry): text blocks joined, others named."""
+    """(text for the model, binary blocks it cannot carry): text blocks joined, others named;
+    an image kept in the artifact store (its block has `artifact`) is named by its hash."""
     parts: list[str] = []
     binary: list[str] = []
     for block in blocks:
         kind = block.get("type")
         if kind == "text":
             parts.append(str(block.get("text", "")))
+        elif kind == "image" and block.get("artifact"):
+            parts.append(f"[image ({block.get('mimeType') or 'image'}, {block.get('bytes', '?')} bytes): "
+                         f"artifact {str(block['artifact'])[:12]}]")
         elif kind in BINARY_BLOCKS:
             what = f"{kind} ({block.get('mimeType') or 'unknown type'}, {block.get('bytes', '?')} bytes)"
             binary.append(what)
@@ -93,10 +99,30 @@ class McpResponse:
     is_error: bool
     duration_ms: int
     text: str = field(init=False)
-    binary: list[str] = field(init=False)  # image/audio blocks, which the model cannot be given yet
+    binary: list[str] = field(init=False)  # blocks the platform cannot keep (audio)
+    images: list[dict[str, Any]] = field(init=False)  # image blocks as artifact refs (trajplatform/artifacts.py)
 
     def __post_init__(self) -> None:
         self.text, self.binary = render(self.content)
+        self.images = [{"artifact": b["artifact"], "mime": b.get("mimeType") or "image/png", "bytes": b.get("bytes")}
+                       for b in self.content if b.get("type") == "image" and b.get("artifact")]
+
+
+def keep_image(block: Any) -> dict[str, Any]:
+    """A content block's record; an image's bytes go to the artifact store, the record names it
+    (`artifact`: the SHA-256 of the bytes, as `sha256`), so a replay finds the same image."""
+    from trajplatform import artifacts
+
+    record = block_record(block)
+    data = getattr(block, "data", None)
+    if record.get("type") == "image" and isinstance(data, str):
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            return record
+        mime = getattr(block, "mime_type", None) or "image/png"  # mcp 2.x (mimeType is deprecated)
+        record["artifact"] = artifacts.store(raw, mime)["artifact"]
+    return record
 
 
 class McpHub:
@@ -257,11 +283,12 @@ class McpHub:
         if response.is_error:
             error = response.text or "the tool reported an error without a message"
         elif response.binary:
-            error = f"{name} returned {', '.join(response.binary)}: {NO_ARTIFACT_STORE}"
+            error = f"{name} returned {', '.join(response.binary)}: {NO_AUDIO}"
         if error:
             extra["error"] = error
         output = f"error: {error}" if error else (response.text or "(no output)")
-        return ToolResult(output=output, duration_ms=response.duration_ms, extra=extra)
+        return ToolResult(output=output, duration_ms=response.duration_ms, extra=extra,
+                          images=[] if error else response.images)
 
     def _exchange(self, spec: McpServerSpec, tool: str, arguments: dict[str, Any], *, timeout: float,
                   platform: bool) -> McpResponse:
@@ -286,7 +313,7 @@ class McpHub:
             self._record(record)
             raise
         duration_ms = int((time.monotonic() - started) * 1000)
-        blocks = [block_record(block) for block in result.content or []]
+        blocks = [keep_image(block) for block in result.content or []]
         kept, cut = cap_blocks(blocks)
         record.update(content=kept, is_error=bool(result.is_error), duration_ms=duration_ms)
         if cut:
