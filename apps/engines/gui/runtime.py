@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apps.engines.agent import image_parts, is_vision
 from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
 from apps.engines.gui import checks
 from apps.engines.gui.server import AGENT_TOOLS, PLATFORM_TOOLS
@@ -70,10 +71,6 @@ VISION_TOOLS = ["browser_mouse_click_xy", "browser_take_screenshot"]  # offered 
 
 def scene_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("scene_config") or {}
-
-
-def vision(config: dict[str, Any]) -> bool:
-    return bool(config.get("vision") or scene_config(config).get("vision"))
 
 
 def browser_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +107,7 @@ def server_spec(config: dict[str, Any]) -> McpServerSpec:
     return McpServerSpec(
         name=SERVER, argv=["python3", SERVER_PATH, "serve", CONFIG_PATH], namespace="",
         package={"kind": "module", "name": "trajplatform-browser", "version": "1"},
-        platform_tools=sorted(PLATFORM_TOOLS), deny_tools=[] if vision(config) else list(VISION_TOOLS),
+        platform_tools=sorted(PLATFORM_TOOLS), deny_tools=[] if is_vision(config) else list(VISION_TOOLS),
         call_timeout_s=30.0, start_timeout_s=60.0,
         network="egress" if scene_config(config).get("source") == "url" else "none")
 
@@ -166,7 +163,7 @@ class GuiRuntime(SceneRuntime):
             "Only the task's own site can be opened. Do not guess refs that are not in the snapshot.",
             "When the task is done, call finish; if it asks a question, put the answer in `answer`.",
         ]
-        if vision(config):
+        if is_vision(config):
             lines.append("After every action you also see a screenshot of the page.")
         if config.get("max_steps"):
             lines.append(f"You have at most {int(config['max_steps'])} replies.")
@@ -199,17 +196,15 @@ class GuiRuntime(SceneRuntime):
             raise SetupError(f"the MiniWoB page's utterance for seed {browser.get('seed')} is "
                              f"{live.start.get('utterance')!r}, the task was made with {expected!r} "
                              "(the pinned page or browser changed: re-record with examples/gui/build.py)")
-        if vision(config):  # only a model that sees images is shown the start page's screenshot
+        if is_vision(config):  # only a model that sees images is shown the start page's screenshot
             live.initial_shot = self._observe(sandbox, live).get("screenshot")
 
     def initial_observation(self, sandbox: Sandbox, config: dict[str, Any]) -> str | list[dict[str, Any]]:
         """The start page as the model first sees it: text appended to the task's prompt, and
         for a vision task its screenshot."""
-        from apps.engines.agent import image_parts
-
         live = self._episodes.get(sandbox)
         text = "The browser shows the start page.\n" + page_text(live.start)
-        if not vision(config) or not live.initial_shot:
+        if not is_vision(config) or not live.initial_shot:
             return text
         return [{"type": "text", "text": text}, *image_parts([live.initial_shot])]
 
