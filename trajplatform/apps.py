@@ -22,9 +22,11 @@ def _register_webhook_sweep(sender: AppConfig, using: str = "default", **kwargs:
 
     if Schedule._meta.db_table not in connections[using].introspection.table_names():
         return
+    from trajplatform.artifacts import ensure_sweep_schedule
     from trajplatform.webhooks import ensure_webhook_schedule
 
     ensure_webhook_schedule(using=using)
+    ensure_sweep_schedule(using=using)
 
 
 class TrajplatformConfig(AppConfig):

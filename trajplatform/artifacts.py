@@ -183,6 +183,17 @@ def sweep(older_than: timedelta = timedelta(days=1)) -> int:
     return delete_unused(list(ids))
 
 
+SWEEP_SCHEDULE = "artifacts-sweep"
+SWEEP_JOB = "trajplatform.artifacts.sweep"
+
+
+def ensure_sweep_schedule(using: str = "default") -> None:
+    """Register the hourly sweep of artifacts no stored episode took (idempotent; run after migrate)."""
+    from trajplatform.schedules import ensure_schedule
+
+    ensure_schedule(name=SWEEP_SCHEDULE, func=SWEEP_JOB, minutes=60, using=using)
+
+
 @receiver(post_delete, sender=ArtifactUse, dispatch_uid="trajplatform.artifacts.release")
 def _released(sender: Any, instance: ArtifactUse, **kwargs: Any) -> None:
     # A trajectory's deletion cascades here; its artifacts go once that deletion commits, and

@@ -243,3 +243,27 @@ def test_artifacts_are_content_addressed_deduplicated_and_deleted_with_their_las
     assert files[0].exists(), "still used by the other trajectory"
     two.delete()
     assert not files[0].exists() and artifacts.Artifact.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_artifacts_no_stored_episode_took_are_swept_after_a_day_and_the_sweep_is_scheduled(
+        artifact_storage: Path) -> None:
+    from datetime import timedelta
+
+    from django.core.management import call_command
+    from django.utils import timezone
+    from django_q.models import Schedule
+
+    from trajplatform import artifacts
+
+    old = artifacts.store(b"an episode that was never stored", "image/png")
+    fresh = artifacts.store(b"an episode still running", "image/png")
+    used = artifacts.store(b"a stored episode's screenshot", "image/png")
+    artifacts.link_trajectories({_trajectory().pk: [[{"images": [used]}]]})
+    artifacts.Artifact.objects.filter(sha256__in=[old["artifact"], used["artifact"]]).update(
+        created_at=timezone.now() - timedelta(days=2))
+    assert artifacts.sweep() == 1
+    assert set(artifacts.Artifact.objects.values_list("sha256", flat=True)) == {fresh["artifact"], used["artifact"]}
+    assert not list(artifact_storage.rglob(f"{old['artifact']}.png"))
+    call_command("migrate", verbosity=0)  # post_migrate registers the schedules
+    assert Schedule.objects.filter(name=artifacts.SWEEP_SCHEDULE, func=artifacts.SWEEP_JOB, minutes=60).exists()
