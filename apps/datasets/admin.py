@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
 from apps.datasets.services import PUBLISH_PERMISSION, dataset_version_publish
 from trajplatform.admin import (
     ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ViewOnlyMixin, change_link,
@@ -163,3 +163,18 @@ class ExportJobAdmin(ViewOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.Mo
     @admin.display(description="excluded")
     def n_excluded(self, obj: ExportJob) -> int:
         return len(obj.excluded or [])
+
+
+@admin.register(TemplateCheck)
+class TemplateCheckAdmin(ViewOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
+    """Chat-template checks run by `dataset_export --check-template` or the API; read-only here."""
+
+    list_display = ("__str__", "version", "export", "format", "template", "passed", "failed", "created_at")
+    list_filter = ("format", "template", "version__dataset")
+    list_select_related = ("version__dataset", "export")
+    raw_id_fields = ("version", "export")
+    show_full_result_count = False
+    json_fields = ("summary",)
+    fields = ("version", "export", "format", "template", "template_sha256", "records", "passed", "failed", "summary",
+              "created_by", "created_at", "recent_audit_events")
+    readonly_fields = ("recent_audit_events",)

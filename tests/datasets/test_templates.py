@@ -200,3 +200,18 @@ def test_the_api_checks_an_export_against_a_named_template_and_the_card_lists_it
     out = StringIO()
     call_command("dataset_stats", "api-tpl", stdout=out)
     assert "chat templates checked:" in out.getvalue() and "qwen2_5_training (" in out.getvalue()
+
+    # The console shows the check read-only: no add, no change form, no delete.
+    from django.test import Client
+    from django.urls import reverse
+
+    check = TemplateCheck.objects.get()
+    console = Client()
+    console.force_login(make_user("admin"))
+    assert "qwen2_5_training" in console.get(reverse("admin:datasets_templatecheck_changelist")).content.decode()
+    page = console.get(reverse("admin:datasets_templatecheck_change", args=[check.pk])).content.decode()
+    assert "datasets.template_check" in page and 'name="template"' not in page
+    assert console.post(reverse("admin:datasets_templatecheck_add"), {"template": "x"}).status_code == 403
+    assert console.post(reverse("admin:datasets_templatecheck_delete", args=[check.pk]), {"post": "yes"}).status_code \
+        == 403
+    assert TemplateCheck.objects.count() == 1
