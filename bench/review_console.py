@@ -11,8 +11,9 @@ times each /review/ page through the whole Django stack (session, permissions, t
 then grows the data to --large and times them again. Prints the median of --requests requests
 per page, the SQL queries each page ran, and the ratio large/small (target <= 3: the pages are
 paginated and query per page, not per row). The agreement page reads every review pair by
-design (one query, two columns), and the review queue filtered by a batch counts the batch's
-review progress (one aggregate), so their ratios are shown but not held to the target. A
+design (one query, two columns), the review queue filtered by a batch counts the batch's review
+progress (one aggregate) and the trajectory search matches substrings over every prompt, so their
+ratios are shown but not held to the target. A
 throwaway SQLite file is used unless --database-url is given; never var/db.sqlite3. A
 benchmark, not a test: it prints numbers and exits 0 (1 only if it cannot run).
 """
@@ -28,9 +29,10 @@ from typing import Any
 import export as export_bench  # bench/export.py: the shared Django set-up
 
 TARGET_RATIO = 3.0
-# Pages that read every row of their scope by design (one aggregate query, not a query per row):
-# judge-human agreement, and the review queue filtered by a batch (the batch's review progress).
-AGGREGATES = ("agreement", "review queue, batch")
+# Pages that read every row of their scope by design (one query, not a query per row): judge-human
+# agreement, the review queue filtered by a batch (the batch's review progress, one aggregate) and
+# the trajectory search (a substring match over every prompt and answer; no full-text index).
+AGGREGATES = ("agreement", "review queue, batch", "trajectories, search")
 PER_TASK = 10
 
 

@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
+from apps.datasets.models import DatasetVersion
 from apps.reviews.models import Review, ReviewClaim
 from apps.tasks.models import Batch, Task
 from tests.conftest import PASSWORD
@@ -135,3 +136,20 @@ def test_the_main_pages_fit_a_390_px_screen(daphne_server, page, awaiting, make_
             assert overflow <= width, f"{path} is {overflow} px wide at {width} px"
     # The navigation wraps instead of overflowing: the last link is on screen.
     expect(page.locator("header .sitenav a", has_text="API docs")).to_be_in_viewport()
+
+    # The version builder counts as the filter is typed (htmx), then creates; the version is published.
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"{daphne_server.url}/datasets/new/")
+    page.fill("#id_dataset", "console-set")
+    page.fill("#id_min_score", "50")
+    expect(page.locator("#live-count")).to_contain_text("2 trajectories of 2 tasks pass")
+    page.fill("#id_min_score", "70")
+    expect(page.locator("#live-count")).to_contain_text("0 trajectories of 0 tasks pass")
+    page.fill("#id_min_score", "50")
+    expect(page.locator("#live-count")).to_contain_text("2 trajectories")
+    shot(page, "builder-preview-1440")
+    page.get_by_role("button", name="Create the version (draft)").click()
+    page.wait_for_url("**/datasets/console-set/v1/")
+    page.get_by_role("button", name="Publish").click()
+    expect(page.locator("body")).to_contain_text("Published")
+    assert DatasetVersion.objects.get(dataset__name="console-set").status == "published"
