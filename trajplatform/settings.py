@@ -408,6 +408,10 @@ ENVSCALER_START_TIMEOUT_S = env_float("ENVSCALER_START_TIMEOUT_S", 60.0)
 ENVSCALER_VALIDATE_TIMEOUT_S = env_float("ENVSCALER_VALIDATE_TIMEOUT_S", 120.0)
 ENVSCALER_MCP_PORT = env_int("ENVSCALER_MCP_PORT", 8000)  # OpenSandbox: the port the environment serves MCP on
 ENVSCALER_MCP_HOST = env_str("ENVSCALER_MCP_HOST", "0.0.0.0")
+# The gui scene's browser server over streamable HTTP on backends without pipes (OpenSandbox):
+# each sandbox has its own network, so one fixed port serves every episode (docs/gui.md).
+GUI_MCP_PORT = env_int("GUI_MCP_PORT", 8931)
+GUI_MCP_HOST = env_str("GUI_MCP_HOST", "0.0.0.0")
 
 # --- reviews (apps/reviews) ---------------------------------------------------------------
 # The judge is the configured LLM (LLM_* / LLM_PROVIDERS above); REVIEW_JUDGE_MODEL asks the

@@ -298,3 +298,21 @@ def test_a_stored_gui_episode_replays_from_its_records_without_a_browser(artifac
     assert [s["images"] for s in again.steps if s["tool"] != "finish"] == \
            [s["images"] for s in first.steps if s["tool"] != "finish"]
     assert again.verifier_output["check"]["raw_reward"] == 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings", "llm_env")
+def test_on_opensandbox_the_browser_server_is_reached_over_streamable_http(
+        opensandbox_backend: Any, fake: Any, settings: Any, artifact_root: Path) -> None:
+    from tests.engines.test_envscaler_opensandbox import free_port
+
+    settings.GUI_MCP_PORT = port = free_port()
+    settings.GUI_MCP_HOST = "127.0.0.1"  # the fake's sandboxes share the host's network
+    config, solution = bundled("gui-miniwob-click-test-2-s1")
+    with scripted(config["prompt"], *solution) as (_, llm):
+        result = run(config, llm, sandbox_backend=opensandbox_backend)
+    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+    assert result.sandbox["backend"] == "opensandbox"
+    assert ("POST", "/mcp") in [(method, path) for sid, method, p, path in fake.forwarded
+                                if sid == result.sandbox["id"] and p == port]
+    assert [s["images"][0]["artifact"] for s in result.steps if s["tool"] == "browser_click"]

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from apps.engines.agent import image_parts, is_vision
 from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
 from apps.engines.gui import checks
@@ -106,6 +108,9 @@ def server_spec(config: dict[str, Any]) -> McpServerSpec:
     screenshot and point-click tools too unless the model sees images."""
     return McpServerSpec(
         name=SERVER, argv=["python3", SERVER_PATH, "serve", CONFIG_PATH], namespace="",
+        # OpenSandbox: streamable HTTP on GUI_MCP_HOST:GUI_MCP_PORT (each sandbox has its own network)
+        http_argv=["python3", SERVER_PATH, "serve", CONFIG_PATH, "{host}", "{port}"],
+        port=settings.GUI_MCP_PORT, host=settings.GUI_MCP_HOST,
         package={"kind": "module", "name": "trajplatform-browser", "version": "1"},
         platform_tools=sorted(PLATFORM_TOOLS), deny_tools=[] if is_vision(config) else list(VISION_TOOLS),
         call_timeout_s=30.0, start_timeout_s=60.0,

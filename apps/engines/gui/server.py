@@ -422,12 +422,17 @@ def build_server(config: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] != "serve":
-        print("usage: server.py serve CONFIG.json", file=sys.stderr)
+    if len(argv) not in (3, 5) or argv[1] != "serve":
+        print("usage: server.py serve CONFIG.json [HOST PORT]   (stdio, or streamable HTTP on HOST:PORT)",
+              file=sys.stderr)
         return 2
     with open(argv[2], encoding="utf-8") as fh:
         config = json.load(fh)
-    build_server(config).run(transport="stdio", show_banner=False)
+    if len(argv) == 5:  # backends without pipes (OpenSandbox): reached through the sandbox's endpoint
+        build_server(config).run(transport="http", host=argv[3], port=int(argv[4]), show_banner=False,
+                                 host_origin_protection=False)
+    else:
+        build_server(config).run(transport="stdio", show_banner=False)
     return 0
 
 
