@@ -78,3 +78,18 @@ def test_the_server_error_page_needs_no_database_or_context(rf):
 
     response = handler500(rf.get("/review/"))
     assert response.status_code == 500 and "500 — server error" in response.content.decode()
+
+
+def test_admin_change_pages_link_to_the_console_and_the_api(client, make_user, make_task):
+    from tests.reviews.factories import finished_trajectory
+
+    trajectory = finished_trajectory(make_task())
+    client.force_login(make_user("admin", is_superuser=True))
+    html = client.get(reverse("admin:tasks_trajectory_change", args=[trajectory.pk])).content.decode()
+    for url in (reverse("tasks:trajectory_detail", args=[trajectory.pk]),
+                reverse("reviews:trajectory", args=[trajectory.pk]), f"/api/v1/trajectories/{trajectory.pk}"):
+        assert f'href="{url}"' in html, url
+    html = client.get(reverse("admin:tasks_task_change", args=[trajectory.task_id])).content.decode()
+    assert f'href="{reverse("reviews:compare", args=[trajectory.task_id])}"' in html
+    html = client.get(reverse("admin:tasks_batch_change", args=[trajectory.task.batch_id])).content.decode()
+    assert f'href="{reverse("reviews:batch", args=[trajectory.task.batch_id])}"' in html
