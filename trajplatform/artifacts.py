@@ -198,5 +198,6 @@ def ensure_sweep_schedule(using: str = "default") -> None:
 def _released(sender: Any, instance: ArtifactUse, **kwargs: Any) -> None:
     # A trajectory's deletion cascades here; its artifacts go once that deletion commits, and
     # only those no other trajectory uses (the same screenshot in two episodes stays).
+    # robust: a storage that fails to delete a file is logged; the trajectory's deletion stands.
     artifact_id = instance.artifact_id
-    transaction.on_commit(lambda: delete_unused([artifact_id]))
+    transaction.on_commit(lambda: delete_unused([artifact_id]), robust=True)
