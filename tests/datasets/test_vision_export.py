@@ -86,9 +86,22 @@ def test_multimodal_and_text_exports_of_a_real_vision_episode(
             assert loaded.num_rows == 2 and set(loaded.column_names) == set(lines[0])
     sharegpt = [orjson.loads(raw) for raw in (tmp_path / "sharegpt-vision-files.jsonl").read_bytes().splitlines()][0]
     assert sharegpt["conversations"][0]["value"].endswith("<image>")  # the start page, with the task
-    trl = [orjson.loads(raw) for raw in (tmp_path / "trl-vision-files.jsonl").read_bytes().splitlines()][0]
-    assert trl["messages"][1]["content"][0] == {"type": "image"}
+    trl_lines = [orjson.loads(raw) for raw in (tmp_path / "trl-vision-files.jsonl").read_bytes().splitlines()]
+    assert trl_lines[0]["messages"][1]["content"][0] == {"type": "image"}
+    _trl_fills_every_placeholder(trl_lines, tmp_path)
     _text_formats_and_card(episodes, tmp_path)
+
+
+def _trl_fills_every_placeholder(lines: list[dict[str, Any]], directory: Path) -> None:
+    """TRL's own preparation of a multimodal conversation takes our lines with the images loaded."""
+    from PIL import Image
+    from trl.data_utils import prepare_multimodal_messages
+
+    for line in lines:
+        images = [Image.open(directory / path) for path in line["images"]]
+        prepared = prepare_multimodal_messages(line["messages"], images)
+        filled = [part["image"] for m in prepared for part in m["content"] if part["type"] == "image"]
+        assert len(filled) == len(images) and all(isinstance(i, Image.Image) for i in filled)
 
 
 def _image_urls(fmt: str, line: dict[str, Any]) -> list[str]:

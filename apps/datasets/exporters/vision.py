@@ -5,7 +5,8 @@
     sharegpt-vision     LLaMA-Factory ShareGPT + `images`: one "<image>" token per image, in the
                         turn it belongs to, in the order of the `images` list
     trl-vision          TRL's vision SFT: messages with content parts ({"type": "image"} placeholders,
-                        {"type": "text", "text"}), tool calls as objects, and an `images` list
+                        {"type": "text", "text"}; a tool result's image in the user message after it,
+                        where TRL fills it), tool calls as objects, and an `images` list
 
 Which images: a vision episode's own image messages (what the model saw: the start page, the
 page after each turn); for an episode run without vision, each step's screenshot (`images`,
@@ -271,8 +272,11 @@ def render_trl_vision(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
     images: list[str] = []
     called: dict[str, str] = {}  # tool_call_id -> the tool's name, for the tool messages
     for turn in _system(conversation(record), ctx):
-        parts: list[dict[str, Any]] = [{"type": "image"} for _ in turn["images"]]
-        images.extend(sink(sha) for sha in turn["images"])
+        # TRL fills image placeholders of system, user and assistant messages only
+        # (trl.data_utils.prepare_multimodal_messages): a tool result's screenshot follows it
+        # as a user message, as the OpenAI format has it.
+        inline = turn["role"] != "tool"
+        parts: list[dict[str, Any]] = [{"type": "image"} for _ in turn["images"]] if inline else []
         if turn["content"] or not parts:
             parts.append({"type": "text", "text": turn["content"]})
         item: dict[str, Any] = {"role": turn["role"], "content": parts}
@@ -283,6 +287,10 @@ def render_trl_vision(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
         if turn["role"] == "tool":
             item["name"] = called.get(turn["tool_call_id"], "")
         messages.append(item)
+        if turn["images"] and not inline:
+            messages.append({"role": "user", "content": [{"type": "text", "text": "[screenshot]"},
+                                                         *({"type": "image"} for _ in turn["images"])]})
+        images.extend(sink(sha) for sha in turn["images"])
     return {"messages": messages, "images": images,
             "tools": [{"type": "function", "function": fn} for fn in function_specs(record.get("tools") or [])]}
 
@@ -301,7 +309,9 @@ def validate_trl_vision(obj: Any) -> list[str]:
             problems.append(f"{at}: content must be a list of parts")
             continue
         for j, part in enumerate(msg["content"]):
-            if part == {"type": "image"}:
+            if part == {"type": "image"} and msg.get("role") == "tool":
+                problems.append(f"{at}.content[{j}]: TRL fills no image placeholder in a tool message")
+            elif part == {"type": "image"}:
                 placeholders += 1
             elif not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 problems.append(f"{at}.content[{j}]: must be {{type: image}} or {{type: text, text}}")
