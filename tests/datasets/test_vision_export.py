@@ -89,6 +89,7 @@ def test_multimodal_and_text_exports_of_a_real_vision_episode(
     trl_lines = [orjson.loads(raw) for raw in (tmp_path / "trl-vision-files.jsonl").read_bytes().splitlines()]
     assert trl_lines[0]["messages"][1]["content"][0] == {"type": "image"}
     _trl_fills_every_placeholder(trl_lines, tmp_path)
+    _llamafactory_converts_and_validates(tmp_path / "sharegpt-vision-files.jsonl", monkeypatch)
     _text_formats_and_card(episodes, tmp_path)
 
 
@@ -102,6 +103,29 @@ def _trl_fills_every_placeholder(lines: list[dict[str, Any]], directory: Path) -
         prepared = prepare_multimodal_messages(line["messages"], images)
         filled = [part["image"] for m in prepared for part in m["content"] if part["type"] == "image"]
         assert len(filled) == len(images) and all(isinstance(i, Image.Image) for i in filled)
+
+
+def _llamafactory_converts_and_validates(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLaMA-Factory's own ShareGPT converter (images resolved against the file's directory) and
+    its multimodal plugin's check that <image> tokens and images agree take our lines."""
+    from tests.datasets.test_llamafactory import LLAMAFACTORY_SITE
+
+    monkeypatch.setenv("DISABLE_VERSION_CHECK", "1")
+    monkeypatch.syspath_prepend(str(LLAMAFACTORY_SITE))
+    from llamafactory.data.converter import get_dataset_converter
+    from llamafactory.data.mm_plugin import get_mm_plugin
+    from llamafactory.data.parser import DatasetAttr
+    from llamafactory.hparams import DataArguments
+
+    attr = DatasetAttr("file", dataset_name="ours", formatting="sharegpt")
+    attr.messages, attr.system, attr.tools, attr.images = "conversations", "system", "tools", "images"
+    convert = get_dataset_converter("sharegpt", attr, DataArguments(dataset_dir=str(path.parent),
+                                                                    media_dir=str(path.parent)))
+    plugin = get_mm_plugin("base", image_token="<image>")
+    for raw in path.read_bytes().splitlines():
+        example = convert(orjson.loads(raw))
+        assert example["_images"] and all(Path(p).is_file() for p in example["_images"])
+        plugin._validate_messages(example["_prompt"] + example["_response"], example["_images"], [], [])
 
 
 def _image_urls(fmt: str, line: dict[str, Any]) -> list[str]:
