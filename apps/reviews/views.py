@@ -146,8 +146,8 @@ class VerdictForm(forms.Form):
 @permission_required(VIEW_TRAJECTORIES, raise_exception=True)
 @require_GET
 def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
-    trajectory = get_object_or_404(Trajectory.objects.select_related("task", "task__batch"),
-                                   pk=min(trajectory_id, MAX_ID))
+    trajectory = get_object_or_404(Trajectory.all_objects.select_related("task", "task__batch"),
+                                   pk=min(trajectory_id, MAX_ID))  # a role's run (a sub-episode) too
     review = selectors.latest_auto_review(trajectory)
     checks = [{"id": k, **v, "title": v.get("title") or CHECK_TITLES.get(k, k)}
               for k, v in (review.checks if review else {}).items() if isinstance(v, dict)]

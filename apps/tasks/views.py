@@ -496,6 +496,12 @@ def viewer_context(trajectory: Trajectory) -> dict[str, Any]:
         "tool_names": _tool_names(trajectory.tools),
         "verifier_output": _json(trajectory.verifier_output) if trajectory.verifier_output else "",
         "is_final": trajectory.status in Trajectory.FINAL,
+        # A multi_agent episode's roles (search2qa's stages, ...): its sub-episodes, and, on one of
+        # them, the episode that ran it; each is a trajectory of its own with its own page.
+        "parent": (Trajectory.all_objects.filter(pk=trajectory.parent_id).only("id", "role", "label").first()
+                   if trajectory.parent_id else None),
+        "subtrajectories": list(trajectory.subtrajectories().only(
+            "id", "role", "label", "parent_step", "outcome", "reward", "total_tokens")),
     }
 
 
@@ -505,7 +511,7 @@ def viewer_context(trajectory: Trajectory) -> dict[str, Any]:
 def trajectory_detail(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     if trajectory_id > MAX_ID:
         raise Http404("no such trajectory")
-    trajectory = get_object_or_404(Trajectory.objects.select_related("task", "task__batch"), pk=trajectory_id)
+    trajectory = get_object_or_404(Trajectory.all_objects.select_related("task", "task__batch"), pk=trajectory_id)
     return render(request, "tasks/trajectory_detail.html", {"nav": "trajectories", **viewer_context(trajectory)})
 
 
@@ -541,7 +547,7 @@ def trajectory_log(request: HttpRequest, trajectory_id: int) -> JsonResponse:
     except ValueError as exc:
         return _json_error(str(exc), 400)
     status = (
-        Trajectory.objects.filter(pk=trajectory_id).values_list("status", flat=True).first()
+        Trajectory.all_objects.filter(pk=trajectory_id).values_list("status", flat=True).first()
         if trajectory_id <= MAX_ID else None
     )
     if status is None:

@@ -325,3 +325,22 @@ def test_roles_over_the_simulated_android_device_share_it_and_see_its_screen() -
     operator = result.subepisodes[0]
     assert "Wi-Fi" in operator.messages[1]["content"]  # the role's first message shows the screen
     assert "Wi-Fi" in result.messages[1]["content"]    # and so does the lead's
+
+
+def test_the_viewer_shows_the_roles_tree_and_opens_each_roles_view(make_task, client) -> None:
+    from django.contrib.auth import get_user_model
+
+    lead = _stored_episode(make_task)
+    coder, tester = lead.subtrajectories()
+    client.force_login(get_user_model().objects.create_superuser("boss", "boss@example.org", "pw-123456789"))
+    page = client.get(f"/trajectories/{lead.pk}/").content.decode()
+    assert 'id="subtrajectories"' in page and f'href="/trajectories/{coder.pk}/"' in page
+    assert "<code>tester#0</code>" in page and "step 1" in page
+    role = client.get(f"/trajectories/{coder.pk}/")
+    assert role.status_code == 200
+    body = role.content.decode()
+    assert 'id="parent-episode"' in body and f'href="/trajectories/{lead.pk}/"' in body
+    assert "write_file" in body  # the coder's own steps
+    review = client.get(f"/review/trajectories/{tester.pk}/")
+    assert review.status_code == 200 and 'id="parent-episode"' in review.content.decode()
+    assert client.get(f"/trajectories/{coder.pk}/log?after=0").status_code == 200
