@@ -191,6 +191,7 @@ SCENES: dict[str, Scene] = {
                         "adb_server": {"type": "string", "pattern": "^[^:]*:[0-9]{1,5}$"},
                         "serial": _STR,
                         "image": _STR,
+                        "entrypoint": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
                         "cpu": {"type": "number", "exclusiveMinimum": 0},
                         "memory_mb": {"type": "integer", "minimum": 1024},
                         "ime": {"enum": ["", "adbkeyboard"]},

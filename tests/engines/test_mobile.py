@@ -201,6 +201,7 @@ def test_redroid_through_opensandbox_resolves_adbd_connects_and_is_destroyed(hos
     assert result.reward == 1.0, (result.outcome_reason, result.verifier_output)
     body = host_fake.create_bodies[-1]
     assert body["image"]["uri"] == "redroid/redroid:14.0.0-latest" and body["resourceLimits"]["cpu"] == "2"
+    assert body["entrypoint"] == ["/init", "qemu=1", "androidboot.hardware=redroid"]  # Android's own init boots it
     sandbox_id = result.sandbox["id"]
     assert ("GET", f"/v1/sandboxes/{sandbox_id}/endpoints/5555") in host_fake.requests
     assert ("DELETE", f"/v1/sandboxes/{sandbox_id}") in host_fake.requests and result.sandbox["destroyed"]

@@ -520,3 +520,12 @@ def test_by_default_every_command_gets_a_fresh_bubblewrap(local_backend: Any) ->
         # The command's shell is pid 1 of its own sandbox; nothing waits between commands.
         assert first.stdout.startswith("1 0\n/bin/sh -c")
         assert wait_for_no_sandbox_processes() == []
+
+
+def test_an_entrypoint_is_refused_locally_with_the_reason(sandbox_settings) -> None:
+    from apps.engines.sandboxes import SandboxSpecUnsupported, get_backend
+
+    with pytest.raises(SandboxSpecUnsupported, match="not an image's entrypoint"):
+        get_backend("local", records=False).create(SandboxSpec(entrypoint=("/init",)))
+    with pytest.raises(SandboxError, match="entrypoint must be a non-empty list"):
+        SandboxSpec(entrypoint="/init")

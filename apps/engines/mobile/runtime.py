@@ -45,7 +45,7 @@ from apps.engines.runtime import (
     ToolResult,
     current_episode,
 )
-from apps.engines.sandboxes import SandboxSpec
+from apps.engines.sandboxes import SandboxError, SandboxSpec
 
 from . import checks as C
 from .device import KEY_BACK, KEY_DEL, KEY_ENTER, KEY_HOME, KEY_MOVE_END, DeviceChannel, Element, Endpoint, Observation
@@ -55,6 +55,9 @@ from .sim.apps import APPS
 SCENE = "mobile_agent"
 MODES = ("simulated", "device")
 REDROID_IMAGE = "redroid/redroid:14.0.0-latest"
+# Redroid boots Android with its own init (the image's entrypoint, which OpenSandbox would otherwise
+# replace); it also needs privileged containers, which is the OpenSandbox server's Docker setting.
+REDROID_ENTRYPOINT = ("/init", "qemu=1", "androidboot.hardware=redroid")
 ADBD_PORT = 5555
 DEFAULT_TIMEOUT_S = 600.0
 TTL_MARGIN_S = 600.0
@@ -215,7 +218,8 @@ class MobileRuntime(SceneRuntime):
         lifetime = float(config.get("timeout_s") or DEFAULT_TIMEOUT_S) + TTL_MARGIN_S
         return SandboxSpec(image=device.get("image") or REDROID_IMAGE, labels={"scene": "mobile-agent"}, ttl=lifetime,
                            cpu=float(device.get("cpu") or 2), memory_mb=int(device.get("memory_mb") or 4096),
-                           pids=4096, open_files=65536, address_space_mb=None)
+                           pids=4096, open_files=65536, address_space_mb=None,
+                           entrypoint=tuple(device.get("entrypoint") or REDROID_ENTRYPOINT))
 
     def setup(self, sandbox: Any, config: dict[str, Any]) -> None:
         """A Redroid sandbox (device mode, provider opensandbox): resolve adbd's endpoint, connect, boot."""
@@ -223,13 +227,13 @@ class MobileRuntime(SceneRuntime):
             raise SetupError(f"a Redroid device needs the opensandbox sandbox backend, not {sandbox.backend_name!r}")
         device = device_config(config)
         try:
-            resolved = sandbox._sdk_handle().get_endpoint(ADBD_PORT)  # the lifecycle API's endpoint for the port
-        except Exception as exc:
+            resolved = sandbox.endpoint(ADBD_PORT)  # the lifecycle API's endpoint for the port
+        except SandboxError as exc:
             raise InfrastructureError(f"OpenSandbox could not resolve port {ADBD_PORT} of sandbox {sandbox.id}: {exc}") from None
-        address = str(resolved.endpoint).split("://", 1)[-1].rstrip("/")
+        address = resolved.split("://", 1)[-1].rstrip("/")
         if "/" in address:
             raise SetupError(
-                f"OpenSandbox resolved adbd's port {ADBD_PORT} to {resolved.endpoint!r}, an HTTP proxy path: adb needs "
+                f"OpenSandbox resolved adbd's port {ADBD_PORT} to {resolved!r}, an HTTP proxy path: adb needs "
                 "a plain TCP host:port (the Docker runtime's host network mode, or a published port)")
         host, port = _adb_server(device)
         channel = DeviceChannel(Endpoint(host, port, address), mode="device")

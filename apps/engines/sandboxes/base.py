@@ -155,6 +155,8 @@ class SandboxSpec:
     `address_space_mb` is each process's address-space limit: 0 the backend's default, None
     none at all (browsers reserve ~88 GiB of virtual memory they never use), which the local
     backend gives only where a memory cgroup bounds the sandbox and refuses otherwise.
+    `entrypoint` replaces an OpenSandbox image's command (an Android image boots with its own
+    `/init`); the local backend runs commands, not images, and refuses one.
     """
 
     image: str | None = None
@@ -168,6 +170,7 @@ class SandboxSpec:
     ttl: timedelta | None = DEFAULT_TTL
     labels: dict[str, str] = field(default_factory=dict)
     address_space_mb: int | None = 0
+    entrypoint: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.ttl, (int, float)) and not isinstance(self.ttl, bool):
@@ -189,6 +192,11 @@ class SandboxSpec:
         space = self.address_space_mb
         if space is not None and (isinstance(space, bool) or not isinstance(space, int) or space < 0):
             raise SandboxError(f"address_space_mb must be 0 (the default), a number of MiB or None, got {space!r}")
+        if self.entrypoint is not None:
+            if isinstance(self.entrypoint, str) or not self.entrypoint or not all(
+                    isinstance(a, str) and a and "\x00" not in a for a in self.entrypoint):
+                raise SandboxError(f"entrypoint must be a non-empty list of non-empty strings, got {self.entrypoint!r}")
+            object.__setattr__(self, "entrypoint", tuple(self.entrypoint))
         object.__setattr__(self, "env", validate_env(self.env))
         object.__setattr__(self, "labels", validate_labels(self.labels))
 

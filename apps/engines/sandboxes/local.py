@@ -637,6 +637,10 @@ class LocalBackend(SandboxBackend):
     # -- hooks -------------------------------------------------------------------------------------
 
     def _create(self, spec: SandboxSpec, labels: dict[str, str]) -> LocalSandbox:
+        if spec.entrypoint is not None:
+            raise SandboxSpecUnsupported(
+                f"the local backend runs commands in a sandbox, not an image's entrypoint {list(spec.entrypoint)!r}; "
+                "use the opensandbox backend")
         if spec.network != "none":
             raise SandboxSpecUnsupported(
                 f"the local backend supports only network='none' (got {spec.network!r}): sharing the host "

@@ -172,6 +172,15 @@ class OpenSandbox(Sandbox):
             except Exception:  # closing a broken connection may fail; it is being discarded anyway
                 pass
 
+    def endpoint(self, port: int) -> str:
+        """Where a port inside the sandbox is reached from the platform, as the lifecycle API
+        resolves it: `host:port` (host networking, a published port) or a proxy URL."""
+        try:
+            resolved = self._sdk_handle().get_endpoint(int(port))
+        except Exception as exc:
+            raise _map_error(exc, f"resolving port {port} of sandbox {self.id}") from exc
+        return str(resolved.endpoint)
+
     def close(self) -> None:
         """Release local connections (the remote sandbox is untouched; `destroy` removes it)."""
         self._drop_handle()
@@ -507,6 +516,7 @@ class OpenSandboxBackend(SandboxBackend):
                 metadata=labels,
                 resource={"cpu": _cpu_quantity(spec.cpu), "memory": f"{spec.memory_mb}Mi"},
                 network_policy=sdk["NetworkPolicy"](default_action="deny", egress=[]) if spec.network == "none" else None,
+                **({"entrypoint": list(spec.entrypoint)} if spec.entrypoint else {}),
                 connection_config=self._config(),
             )
         except Exception as exc:
