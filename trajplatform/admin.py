@@ -5,6 +5,7 @@ The app admins import `ReadableJSONMixin` and `AuditTrailMixin` from here.
 from __future__ import annotations
 
 import json
+import operator
 from typing import Any, Callable
 from urllib.parse import urlencode
 
@@ -34,6 +35,64 @@ def pretty_json(value: Any) -> SafeString:
     """JSON indented inside <pre>, HTML-escaped."""
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
     return format_html('<pre class="json" style="white-space: pre-wrap; margin: 0">{}</pre>', text)
+
+
+def truncated(value: Any, length: int = 40) -> SafeString | str:
+    """Text for a list column: at most `length` characters, the whole value in the tooltip."""
+    text = "" if value is None else str(value)
+    if len(text) <= length:
+        return text
+    return format_html('<span title="{}">{}…</span>', text, text[: length - 1])
+
+
+def truncated_column(attr: str, description: str, length: int = 40, ordering: str | None = None) -> Callable:
+    """A list_display column showing `obj.<attr>` (dotted; "" for the object itself) truncated."""
+    getter = operator.attrgetter(attr) if attr else (lambda obj: obj)
+
+    @admin.display(description=description, ordering=ordering)
+    def column(self: Any, obj: Any) -> SafeString | str:
+        return truncated(getter(obj), length)
+
+    column.__name__ = f"{(attr or 'object').replace('.', '_')}_short"
+    return column
+
+
+READABLE_DEPTH = 4
+
+
+def readable_json(value: Any, depth: int = 0) -> SafeString | str:
+    """A JSON value as HTML a person reads: objects as two-column tables, lists of objects as
+    tables with a column per key, lists of scalars joined; every value escaped."""
+    if depth >= READABLE_DEPTH:
+        return pretty_json(value)
+    if isinstance(value, dict):
+        if not value:
+            return "—"
+        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>",
+                                ((key, readable_json(item, depth + 1)) for key, item in value.items()))
+        return format_html('<table class="readable-json">{}</table>', rows)
+    if isinstance(value, list):
+        if not value:
+            return "—"
+        if all(isinstance(item, dict) for item in value):
+            keys = list(dict.fromkeys(k for item in value for k in item))
+            head = format_html_join("", "<th>{}</th>", ((k,) for k in keys))
+            body = format_html_join("", "<tr>{}</tr>", (
+                (format_html_join("", "<td>{}</td>", ((readable_json(item.get(k, ""), depth + 1),) for k in keys)),)
+                for item in value))
+            return format_html('<table class="readable-json"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+                               head, body)
+        if all(not isinstance(item, (dict, list)) for item in value):
+            return ", ".join(readable_json(item, depth + 1) for item in value)
+        return format_html("<ol>{}</ol>", format_html_join("", "<li>{}</li>",
+                                                           ((readable_json(item, depth + 1),) for item in value)))
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "—"
+    if isinstance(value, str) and "\n" in value:
+        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', value)
+    return str(value)
 
 
 class ViewOnlyMixin:
@@ -85,10 +144,10 @@ class IndentedJSONFormField(forms.JSONField):
         return json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder)
 
 
-def _pretty_display(field_name: str, description: str) -> Callable[[Any, Any], SafeString]:
+def _pretty_display(field_name: str, description: str, render: Callable[[Any], Any] = pretty_json) -> Callable:
     @admin.display(description=description)
     def display(self: Any, obj: Any) -> SafeString:
-        return pretty_json(getattr(obj, field_name))
+        return render(getattr(obj, field_name))
 
     display.__name__ = f"{field_name}_pretty"
     return display
@@ -99,10 +158,12 @@ class ReadableJSONMixin:
 
     List the raw field names in `fieldsets`; where the field cannot be edited (it is in
     readonly_fields, or the user may only view) it is swapped for its `<name>_pretty` display.
-    Editable JSON fields get an indented textarea.
+    Editable JSON fields get an indented textarea. The read-only ones also in `json_tables`
+    (data cards, checks) render as tables (`readable_json`) instead.
     """
 
     json_fields: tuple[str, ...] = ()
+    json_tables: tuple[str, ...] = ()
     formfield_overrides = {
         models.JSONField: {
             "form_class": IndentedJSONFormField,
@@ -114,7 +175,8 @@ class ReadableJSONMixin:
         super().__init_subclass__(**kwargs)
         for name in cls.json_fields:
             if not hasattr(cls, f"{name}_pretty"):
-                setattr(cls, f"{name}_pretty", _pretty_display(name, name.replace("_", " ")))
+                render = readable_json if name in cls.json_tables else pretty_json
+                setattr(cls, f"{name}_pretty", _pretty_display(name, name.replace("_", " "), render))
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         readonly = super().get_readonly_fields(request, obj)  # type: ignore[misc]
@@ -217,13 +279,14 @@ class ActionFilter(admin.SimpleListFilter):
 class AuditEventAdmin(ViewOnlyMixin, ReadableJSONMixin, admin.ModelAdmin):
     """View-only for everyone, superusers included: history is append-only."""
 
-    list_display = ("created_at", "actor_repr", "action", "target_link", "target_type")
+    list_display = ("when", "actor_name", "action", "target_link", "target_type")
     list_filter = (ActionFilter,)
     search_fields = ("actor_repr", "target_repr", "target_id__exact", "action")
     list_select_related = ("actor",)
     raw_id_fields = ("actor",)
     show_full_result_count = False
     json_fields = ("data",)
+    json_tables = ("data",)
     fieldsets = [
         (None, {"fields": ["created_at", "action", "actor", "actor_repr"]}),
         ("target", {"fields": ["target_type", "target_id", "target_repr", "target_link"]}),
@@ -233,13 +296,27 @@ class AuditEventAdmin(ViewOnlyMixin, ReadableJSONMixin, admin.ModelAdmin):
         "created_at", "action", "actor", "actor_repr", "target_type", "target_id", "target_repr", "target_link", "data",
     )
 
+    @admin.display(description="when", ordering="created_at")
+    def when(self, obj: AuditEvent) -> str:
+        return f"{timezone.localtime(obj.created_at):%Y-%m-%d %H:%M:%S}"
+
+    @admin.display(description="actor", ordering="actor_repr")
+    def actor_name(self, obj: AuditEvent) -> SafeString | str:
+        return truncated(obj.actor_repr, 24)
+
     @admin.display(description="target")
     def target_link(self, obj: AuditEvent) -> SafeString | str:
         url = admin_change_url(obj.target_type, obj.target_id) if obj.target_type else None
+        text = obj.target_repr or (f"{obj.target_type} {obj.target_id}" if obj.target_type else "-")
         if url is None:
-            return obj.target_repr or "-"
-        return format_html('<a href="{}">{}</a>', url, obj.target_repr or f"{obj.target_type} {obj.target_id}")
+            return truncated(text, 60)
+        return format_html('<a href="{}">{}</a>', url, truncated(text, 60))
 
+
+
+# The console's navigation bar links every section; the admin's own side bar of models took
+# 300 px from the lists at 1440 px and pushed their key columns behind a horizontal scroll.
+admin.site.enable_nav_sidebar = False
 
 
 # --- users and roles -------------------------------------------------------------------

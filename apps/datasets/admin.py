@@ -20,7 +20,7 @@ from django.utils.safestring import SafeString
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
 from apps.datasets.services import PUBLISH_PERMISSION, dataset_version_publish
 from trajplatform.admin import (
-    ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ViewOnlyMixin, change_link,
+    ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ViewOnlyMixin, change_link, truncated_column,
 )
 
 
@@ -41,12 +41,14 @@ class DatasetVersionInline(admin.TabularInline):
 
 @admin.register(Dataset)
 class DatasetAdmin(ViewOnlyMixin, admin.ModelAdmin):
-    list_display = ("name", "description", "n_versions", "latest_published", "created_by", "created_at")
+    list_display = ("name_short", "description_short", "n_versions", "latest_published", "created_by", "created_at")
     search_fields = ("name", "description")
     list_select_related = ("created_by",)
     raw_id_fields = ("created_by",)
     readonly_fields = ("created_by", "created_at")
     inlines = [DatasetVersionInline]
+    name_short = truncated_column("name", "name", 36, ordering="name")
+    description_short = truncated_column("description", "description", 60)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return (
@@ -71,14 +73,14 @@ class DatasetAdmin(ViewOnlyMixin, admin.ModelAdmin):
 class DatasetVersionAdmin(ActionsOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
     """View-only; approvers publish drafts with the action (`dataset_version_publish`)."""
 
-    list_display = (
-        "__str__", "dataset", "number", "status", "members_link", "published_at", "created_by", "created_at",
-    )
+    list_display = ("version_short", "status", "members_link", "published_at", "created_by", "created_at")
     list_filter = ("status", "dataset")
     search_fields = ("dataset__name", "notes")
     list_select_related = ("dataset", "created_by")
     raw_id_fields = ("dataset", "parent", "created_by")
     json_fields = ("filter_spec", "counts", "data_card", "exporter_versions")
+    json_tables = ("filter_spec", "counts", "data_card", "exporter_versions")
+    version_short = truncated_column("", "version", 40, ordering="dataset__name")
     readonly_fields = (
         "status", "published_at", "counts", "data_card", "exporter_versions", "created_by", "created_at",
         "members_link", "recent_audit_events",
@@ -175,6 +177,7 @@ class TemplateCheckAdmin(ViewOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admi
     raw_id_fields = ("version", "export")
     show_full_result_count = False
     json_fields = ("summary",)
+    json_tables = ("summary",)
     fields = ("version", "export", "format", "template", "template_sha256", "records", "passed", "failed", "summary",
               "created_by", "created_at", "recent_audit_events")
     readonly_fields = ("recent_audit_events",)

@@ -23,13 +23,15 @@ from apps.reviews import policy, services
 from apps.reviews.models import PolicyRule, Proposal, Review
 from apps.tasks.models import Task
 from apps.tasks.services import TransitionError
-from trajplatform.admin import ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link
+from trajplatform.admin import (
+    ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link, truncated_column,
+)
 
 
 @admin.register(Review)
 class ReviewAdmin(IdSearchMixin, ReadableJSONMixin, admin.ModelAdmin):
     list_display = (
-        "id", "trajectory_link", "kind", "status", "overall", "verdict", "reviewer", "judge_model", "created_at",
+        "id", "trajectory_link", "kind", "status", "overall", "verdict", "reviewer", "judge_short", "created_at",
     )
     list_filter = ("kind", "status", "verdict", "trajectory__task__scene", "judge_model")
     search_fields = ("trajectory__task__external_id", "judge_model", "reviewer__username")
@@ -39,7 +41,9 @@ class ReviewAdmin(IdSearchMixin, ReadableJSONMixin, admin.ModelAdmin):
     raw_id_fields = ("trajectory", "reviewer")
     show_full_result_count = False
     json_fields = ("scores", "checks", "suggestions", "step_flags")
+    json_tables = ("scores", "checks")
     readonly_fields = ("created_at",)
+    judge_short = truncated_column("judge_model", "judge", 20, ordering="judge_model")
     fieldsets = [
         (None, {"fields": ["trajectory", "kind", "status", "overall", "verdict", "rationale", "reviewer"]}),
         ("details", {"fields": ["scores", "checks", "suggestions", "step_flags", "error", "attempts"]}),
@@ -123,7 +127,7 @@ class ProposeForm(forms.Form):
 @admin.register(Proposal)
 class ProposalAdmin(ViewOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
     list_display = (
-        "id", "task", "field", "tier", "status", "iteration", "proposer", "decided_by", "decided_at", "created_at",
+        "id", "task_short", "field", "tier", "status", "iteration", "proposer_short", "decided_by", "created_at",
     )
     list_filter = ("tier", "status", StaleFilter, "task__scene", "task__batch")
     actions = ["approve_proposed_value", "reject_selected"]
@@ -133,6 +137,8 @@ class ProposalAdmin(ViewOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONM
     raw_id_fields = ("task", "review", "decided_by", "proposed_by")
     show_full_result_count = False
     json_fields = ("from_value", "to_value", "options", "chosen_option")
+    task_short = truncated_column("task", "task", 32, ordering="task_id")
+    proposer_short = truncated_column("proposer", "proposer", 20, ordering="proposer")
     fieldsets = [
         (None, {"fields": ["task", "review", "iteration", "tier", "status", "proposer", "proposed_by"]}),
         ("change", {"fields": ["field", "from_value", "to_value", "options", "rationale", "impact_note"]}),
