@@ -59,7 +59,7 @@ def test_each_check_fires_on_its_evidence(make_task):
         _step(2, "run_shell", {"command": 5}, error="invalid arguments for run_shell.command: 5 is not of type 'string'"),
         _step(3, "run_shell", {"cmd": "x"}, exit_code=1),
         _step(4, "run_shell", {"cmd": "x"}, exit_code=1),
-        _step(5, "run_shell", {"cmd": "x"}, exit_code=1, output="mail bob@example.com, key [REDACTED]"),
+        _step(5, "run_shell", {"cmd": "x"}, exit_code=1, output="mail bob@acme-mail.com, key [REDACTED]"),
     ]
     tools = [{"type": "function", "function": {"name": "run_shell", "parameters": {
         "type": "object", "properties": {"command": {"type": "string"}}, "additionalProperties": True}}},
@@ -203,3 +203,11 @@ def test_the_toucan_rubric_judges_completeness_and_conciseness_under_its_own_ver
 
     assert {"completeness", "conciseness"} <= set(RUBRICS["toucan"])
     assert rubric_id("toucan") == "toucan@2" and rubric_id("code_exec") == "code_exec@1"
+
+
+def test_addresses_at_reserved_example_domains_are_not_personal_data() -> None:
+    from apps.reviews.review_agent import _sensitive_hits
+
+    assert _sensitive_hits("mail dana@example.org, ops@mail.example.com, a@b.test or x@shop.example") == []
+    assert _sensitive_hits("write to ana@examples.org") == ["e-mail address"]
+    assert _sensitive_hits("write to ana@example.org.evil.io") == ["e-mail address"]
