@@ -25,7 +25,7 @@ from apps.datasets import dedup as dedup_mod
 from apps.datasets.exporters.vision import card_images
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
 from apps.datasets.selectors import trajectories_with_reviews
-from apps.datasets.spec import DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
+from apps.datasets.spec import LATER_DEFAULTS, DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
 from apps.engines.web.selectors import task_corpus_licences
 from apps.tasks.models import Task, Trajectory
 from trajplatform.audit import audit_record
@@ -83,6 +83,7 @@ class _Row:
     content_sha256: str
     turns: int = 0
     text_tokens: int = 0
+    corrects: int | None = None  # prefer_corrections: the original trajectory this correction replaces
 
     def rank_key(self) -> tuple:
         """Best first: automatic score, then reward, then a human accept, then the oldest id."""
@@ -109,15 +110,51 @@ def _scope(spec: dict[str, Any]) -> Any:
     return qs
 
 
+# Corrections of corrections followed at most this deep (each step is one query).
+MAX_CORRECTION_CHAIN = 20
+SCAN_FIELDS = ("id", "task_id", "task__scene", "task__batch_id", "model", "outcome", "reward", "review_overall",
+               "human_verdict", "total_tokens", "content_sha256")
+
+
+def _with_corrections(spec: dict[str, Any], qs: Any) -> Any:
+    """Under prefer_corrections, each row of `qs` whose trajectory was corrected becomes its latest
+    correction's row (its own score and verdict, else the original's), with `corrects` set to the
+    original's id; a corrected trajectory is never also a row of its own."""
+    if not spec.get("prefer_corrections"):
+        yield from qs.iterator(chunk_size=2000)
+        return
+    from apps.reviews.models import Correction
+
+    latest = dict(Correction.objects.filter(original__in=_scope(spec)).order_by("created_at", "id")
+                  .values_list("original_id", "corrected_id"))
+    frontier = set(latest.values())
+    for _ in range(MAX_CORRECTION_CHAIN):  # a correction of a correction: follow it to the newest
+        later = dict(Correction.objects.filter(original_id__in=frontier).order_by("created_at", "id")
+                     .values_list("original_id", "corrected_id"))
+        if not later:
+            break
+        latest = {original: later.get(corrected, corrected) for original, corrected in latest.items()}
+        frontier = set(later.values())
+    corrected_rows = {v["id"]: v for v in trajectories_with_reviews(Trajectory.objects.filter(
+        pk__in=set(latest.values()), status=Trajectory.Status.FINISHED)).values(*SCAN_FIELDS)}
+    for v in qs.exclude(correction_of__isnull=False).iterator(chunk_size=2000):
+        replacement = corrected_rows.get(latest.get(v["id"]))
+        if replacement is None:
+            yield v
+            continue
+        yield {**replacement, "corrects": v["id"],
+               "review_overall": v["review_overall"] if replacement["review_overall"] is None
+               else replacement["review_overall"],
+               "human_verdict": replacement["human_verdict"] or v["human_verdict"]}
+
+
 def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
     """(rows passing the quality rules, excluded with reasons, trajectories in scope)."""
-    fields = ("id", "task_id", "task__scene", "task__batch_id", "model", "outcome", "reward", "review_overall",
-              "human_verdict", "total_tokens", "content_sha256")
     passing: list[_Row] = []
     excluded: list[dict[str, Any]] = []
     scanned = 0
-    qs = trajectories_with_reviews(_scope(spec)).order_by("task_id", "id").values(*fields)
-    for v in qs.iterator(chunk_size=2000):
+    qs = trajectories_with_reviews(_scope(spec)).order_by("task_id", "id").values(*SCAN_FIELDS)
+    for v in _with_corrections(spec, qs):
         scanned += 1
         reasons = quality_reasons(v, spec)
         if reasons:
@@ -128,6 +165,7 @@ def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
             trajectory_id=v["id"], task_id=v["task_id"], scene=v["task__scene"], batch_id=v["task__batch_id"],
             model=v["model"], outcome=v["outcome"], reward=v["reward"], score=v["review_overall"],
             verdict=v["human_verdict"] or "", usage_tokens=v["total_tokens"], content_sha256=v["content_sha256"],
+            corrects=v.get("corrects"),
         ))
     return passing, excluded, scanned
 
@@ -139,7 +177,8 @@ def version_preview(filter_spec: Any, *, sample: int = 10) -> dict[str, Any]:
     spec = validate_filter_spec(filter_spec)
     rows, excluded, scanned = _scan(spec)
     return {"spec": spec, "scanned": scanned, "passing": len(rows), "excluded": len(excluded),
-            "sample": rows[:sample], "tasks": len({r.task_id for r in rows})}
+            "sample": rows[:sample], "tasks": len({r.task_id for r in rows}),
+            "corrections": sum(1 for r in rows if r.corrects is not None)}
 
 
 def _dedup_inputs(ids: list[int], progress: Progress | None) -> dict[int, tuple[int, str, str, int, int, str]]:
@@ -205,6 +244,7 @@ def _card(
         "excluded_by_filter": sum(1 for e in excluded if e["stage"] == "filter"),
         "excluded_as_duplicates": sum(1 for e in excluded if e["stage"] == "dedup"),
         "excluded_as_contaminated": sum(1 for e in excluded if e["stage"] == "decontam"),
+        "corrections_preferred": sum(1 for r in members if r.corrects is not None),
     }
     data_card = {
         "schema": CARD_SCHEMA,
@@ -233,6 +273,12 @@ def _card(
             "compared": "task prompt and action sequence; both cosines >= threshold, same outcome",
             "exact_removed": dedup_result.exact_removed,
             "near_removed": dedup_result.near_removed,
+        },
+        # prefer_corrections: the members that are a reviewer's correction, in place of their original
+        "corrections": {
+            "preferred": spec["prefer_corrections"],
+            "replaced": [{"original": r.corrects, "corrected": r.trajectory_id} for r in members
+                         if r.corrects is not None],
         },
         "exporter_versions": exporter_versions,
         # the documents web-scene episodes read (the offline corpora), with the licences they are under
@@ -268,6 +314,7 @@ def _diff(parent: DatasetVersion | None, member_ids: list[int], excluded: list[d
 
 def _spec_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """Filter spec keys whose value differs from the parent's: {key: {from, to}}."""
+    old = {**LATER_DEFAULTS, **old}
     return {k: {"from": old.get(k), "to": new.get(k)} for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 

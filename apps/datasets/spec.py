@@ -16,6 +16,9 @@ A spec is a JSON object; every key is optional and unknown keys are errors:
     split_seed: int                 seeds the split (default: the parent's, else 0)
     decontam: {test_sets: [name], ngram, ngram_threshold, embedding, cosine_threshold}
                                     drop members matching benchmark test sets (decontam.py)
+    prefer_corrections: bool        a trajectory a reviewer corrected is replaced by its latest
+                                    correction (default false); the correction is judged by its
+                                    own reviews, else by its original's
 
 Scenes, batches, models and dates define the scope: trajectories outside it are not
 considered. Inside it, every trajectory that fails a quality rule (or is a duplicate) is
@@ -38,8 +41,10 @@ from trajplatform.redaction import unstorable_fields
 
 KNOWN_KEYS = (
     "scenes", "batches", "models", "min_score", "accepted_only", "success_only", "min_reward",
-    "since", "until", "dedup", "validation_fraction", "split_seed", "decontam",
+    "since", "until", "dedup", "validation_fraction", "split_seed", "decontam", "prefer_corrections",
 )
+# Keys added after versions were stored: a stored spec without one had this value.
+LATER_DEFAULTS = {"prefer_corrections": False}
 DEDUP_KEYS = ("exact", "near", "threshold")
 MAX_VALIDATION_FRACTION = 0.5
 
@@ -214,6 +219,7 @@ def validate_filter_spec(raw: Any, *, default_seed: int = 0) -> dict[str, Any]:
         ),
         "split_seed": seed,
         "decontam": None,
+        "prefer_corrections": _bool(raw.get("prefer_corrections"), "prefer_corrections", errors),
     }
     try:
         spec["decontam"] = validate_decontam(raw.get("decontam"))

@@ -202,6 +202,7 @@ class BuilderForm(forms.Form):
     min_reward = forms.FloatField(required=False, label="Minimum reward")
     accepted_only = forms.BooleanField(required=False, label="Human-accepted only")
     success_only = forms.BooleanField(required=False, label="Successful only")
+    prefer_corrections = forms.BooleanField(required=False, label="Prefer reviewers' corrections")
     since = forms.DateField(required=False, label="Finished since", widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(required=False, label="Finished before", widget=forms.DateInput(attrs={"type": "date"}))
     dedup_exact = forms.BooleanField(required=False, initial=True, label="Drop exact duplicates")
@@ -228,7 +229,7 @@ class BuilderForm(forms.Form):
         for key in ("min_score", "min_reward", "validation_fraction"):
             if data[key] is not None:
                 spec[key] = data[key]
-        for key in ("accepted_only", "success_only"):
+        for key in ("accepted_only", "success_only", "prefer_corrections"):
             if data[key]:
                 spec[key] = True
         for key in ("since", "until"):

@@ -63,7 +63,7 @@ def _spec_from(options: dict[str, Any]) -> dict[str, Any]:
     for key in ("min_score", "min_reward", "since", "until", "validation_fraction", "split_seed"):
         if options.get(key) is not None:
             spec[key] = options[key]
-    for key in ("accepted_only", "success_only"):
+    for key in ("accepted_only", "success_only", "prefer_corrections"):
         if options.get(key):
             spec[key] = True
     dedup = spec.get("dedup") if spec.get("dedup") is not None else {}
@@ -106,6 +106,8 @@ class Command(DatasetCommand):
         parser.add_argument("--min-score", type=float, metavar="X")
         parser.add_argument("--accepted-only", action="store_true")
         parser.add_argument("--success-only", action="store_true")
+        parser.add_argument("--prefer-corrections", action="store_true",
+                            help="a trajectory a reviewer corrected is replaced by its latest correction")
         parser.add_argument("--min-reward", type=float, metavar="X")
         parser.add_argument("--since", metavar="DATE")
         parser.add_argument("--until", metavar="DATE")
