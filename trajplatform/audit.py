@@ -53,6 +53,8 @@ ACTIONS: dict[str, str] = {
     "tasks.tasks_enqueue": "queued tasks (e.g. a whole batch) were started in one go",
     "tasks.iteration_finish": "every trajectory of a task's iteration ended; the task moved on to review",
     "tasks.rollout_retry": "a trajectory ended in a retryable error (LLM 5xx/429, lost sandbox) and was queued again",
+    "tasks.batch_budget": "a batch's cost budget was set, changed or cleared",
+    "tasks.user_budget": "a user's cost budget (everything their tasks spend) was set, changed or cleared",
     "tasks.rollout_requeue": "the reaper re-queued a running trajectory whose worker stopped sending heartbeats",
     "reviews.review_store": "the review agent stored an automatic review of a trajectory (scored, or judge failed)",
     "reviews.iteration_conclude": "the reviews of a task's iteration were weighed: completed, failed, or proposals made",

@@ -255,6 +255,11 @@ ROLLOUT_MAX_ATTEMPTS = env_int("ROLLOUT_MAX_ATTEMPTS", 3)
 # A claim whose worker died (killed, restarted, out of memory) does not count against the
 # attempts: the trajectory is re-queued, and ends as an error after this many such losses.
 ROLLOUT_MAX_WORKER_LOSSES = env_int("ROLLOUT_MAX_WORKER_LOSSES", 10)
+# Cost budgets (apps/tasks/budgets.py): batches and users have their own (set in the console or
+# the API); BUDGET_DAILY_USD caps what the whole platform spends per UTC day (0: no cap). Each
+# process re-reads the spend every BUDGET_REFRESH_S.
+BUDGET_DAILY_USD = env_float("BUDGET_DAILY_USD", 0.0)
+BUDGET_REFRESH_S = env_float("BUDGET_REFRESH_S", 5.0)
 
 # --- LLM ------------------------------------------------------------------------------
 # With neither LLM_BASE_URL nor LLM_API_KEY set, the platform talks to the offline scripted

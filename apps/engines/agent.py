@@ -25,6 +25,10 @@ execution, verification); the loop is the same for all of them:
   "failure" whose reason names the limit.
 * `should_cancel()` is asked before every model call: a cancel ends the episode with outcome
   "error", reason "cancelled" and `cancelled=True`.
+* `budget_check` (a context variable the worker sets per episode, apps.tasks.budgets) is asked
+  right before every model call with the episode's cost so far (its sub-episodes', which run in
+  its context, included): a reason ends the episode as an error "budget: <reason>", kind
+  "budget", not retryable.
 * LLM errors (after the client's own retries), a lost sandbox or a failed sandbox create end
   the episode with outcome "error" and the reason; nothing of them is put in the messages as
   if the model had said it. `error_kind` and `retryable` tell the worker what happened.
@@ -58,6 +62,7 @@ redacted from tool output before it is sent or stored.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import json
@@ -121,6 +126,12 @@ _sandbox_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, 
 )
 
 
+# The worker's cost-budget check for the episode running in this context (None: no budgets):
+# called with the episode's cost so far before each model call, returns why it may not go on ("").
+budget_check: contextvars.ContextVar[Callable[[Decimal], str] | None] = contextvars.ContextVar(
+    "budget_check", default=None)
+
+
 def _sandbox_slot(what: str) -> asyncio.Semaphore:
     """This event loop's semaphore for sandbox "start" or "destroy" (SANDBOXES_AT_ONCE)."""
     slots = _sandbox_slots.setdefault(asyncio.get_running_loop(), {})
@@ -158,7 +169,7 @@ class EpisodeResult:
     model: str = ""  # the model that answered ("" if no call succeeded)
     provider: str = ""
     cancelled: bool = False
-    # "llm" | "infrastructure" | "model_output" | "config" | "cancelled" | "internal" (errors only)
+    # "llm" | "infrastructure" | "model_output" | "config" | "cancelled" | "budget" | "internal" (errors only)
     error_kind: str = ""
     retryable: bool = False  # an error that trying again later may not repeat (LLM 5xx/429, sandbox)
     requested_model: str = ""
@@ -737,7 +748,21 @@ class _Episode:
     def _wall_clock(self) -> _Stop:
         return _Stop(FAILURE, f"wall-clock timeout ({self.timeout:g}s) reached without finish")
 
+    def cost_so_far(self) -> Decimal:
+        """What the whole episode has cost until now: a running sub-episode's cost is added to
+        its parent's only when it ends, so walk up the parents."""
+        episode: _Episode | None = self
+        cost = Decimal(0)
+        while episode is not None:
+            cost += episode.result.cost_usd
+            episode = episode.parent
+        return cost
+
     async def _call_model(self, remaining: float) -> Any:
+        check = budget_check.get()
+        if check is not None and (reason := check(self.cost_so_far())):
+            await self.emit("error", f"budget: {reason}", {"error_kind": "budget"})
+            raise _Stop(ERROR, f"budget: {reason}", kind="budget")
         config = self.config
         api_messages = _api_messages(self.result.messages)
         if self.vision:
@@ -842,6 +867,8 @@ class _Episode:
         for key in ("llm_calls", "cached_calls", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd"):
             setattr(self.result, key, getattr(self.result, key) + getattr(result, key))
         self.left_cache = self.left_cache or child.left_cache
+        if result.error_kind == "budget":  # the whole episode is over budget, not only the role
+            raise _Stop(ERROR, result.outcome_reason, kind="budget")
         return result
 
     def _parse_arguments(self, name: str, raw: Any) -> tuple[Any, str | None, str]:

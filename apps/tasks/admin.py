@@ -9,6 +9,8 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
+from django.core.exceptions import ValidationError
 from django.db.models import Count, F, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -17,7 +19,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from apps.tasks.importers import validate_task
-from apps.tasks.models import Batch, Task, Trajectory
+from apps.tasks import budgets
+from apps.tasks.models import Batch, Task, Trajectory, UserBudget
 from apps.tasks.services import (
     BatchNameTaken, TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue,
     tasks_create, tasks_enqueue,
@@ -95,6 +98,10 @@ class BatchStateFilter(OptionsFilter):
     }
 
 
+class BudgetActionForm(ActionForm):
+    budget_usd = forms.CharField(required=False, label="budget (USD, empty: none)", max_length=40)
+
+
 @admin.register(Batch)
 class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
     """Batches are created by imports, the API and the task add form; run with the actions."""
@@ -106,13 +113,15 @@ class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
     search_fields = ("name", "source_name", "source_sha256__exact")
     list_select_related = ("created_by",)
     raw_id_fields = ("created_by",)
-    actions = ["start_batches", "cancel_batches", "retry_batches"]
+    actions = ["start_batches", "cancel_batches", "retry_batches", "set_budget"]
+    action_form = BudgetActionForm
     readonly_fields = (
         "name", "notes", "state_and_actions", "created_by", "created_at", "source_name", "source_sha256", "source_format",
-        "task_count", "tasks_link", "recent_audit_events",
+        "task_count", "tasks_link", "spend", "recent_audit_events",
     )
     fieldsets = [
         (None, {"fields": ["name", "state_and_actions", "notes"]}),
+        ("budget", {"fields": ["spend"]}),
         ("source", {"fields": ["source_name", "source_format", "source_sha256", "task_count", "tasks_link"]}),
         ("created", {"fields": ["created_by", "created_at"]}),
         AUDIT_FIELDSET,
@@ -165,6 +174,57 @@ class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
     def retry_batches(self, request: HttpRequest, queryset: QuerySet) -> None:
         started = sum(batch_retry(batch=batch, actor=request.user, reason="admin action") for batch in queryset)
         report(self, request, f"Retried {started} task(s)", [])
+
+    def has_budget_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("tasks.change_batch")
+
+    @admin.action(description="Set the budget (USD, the field beside the action; empty: none) of the selected batches",
+                  permissions=["budget"])
+    def set_budget(self, request: HttpRequest, queryset: QuerySet) -> None:
+        value = request.POST.get("budget_usd", "")
+        try:
+            budgets.parse_budget(value)
+        except ValidationError as exc:
+            self.message_user(request, f"Budget not set: {'; '.join(exc.message_dict['budget_usd'])}", messages.ERROR)
+            return
+        changed = [budgets.batch_set_budget(batch=batch, budget_usd=value, actor=request.user) for batch in queryset]
+        report(self, request, f"Set the budget of {len(changed)} batch(es) to {value.strip() or 'none'}", [])
+
+    @admin.display(description="spend against budget")
+    def spend(self, obj: Batch) -> SafeString:
+        spend = budgets.batch_spend(obj)
+        per = spend["cost_per_accepted_usd"]
+        return format_html(
+            "${} spent of {}{} — {} accepted trajectories, {} per accepted one",
+            spend["spent_usd"], "no budget" if spend["budget_usd"] is None else f"${spend['budget_usd']}",
+            " (over budget: its queued trajectories wait)" if spend["over_budget"] else "",
+            spend["accepted"], "-" if per is None else f"${per}",
+        )
+
+
+@admin.register(UserBudget)
+class UserBudgetAdmin(admin.ModelAdmin):
+    """A user's cost budget; add, change and delete go through budgets.user_set_budget."""
+
+    list_display = ("user", "budget_usd", "updated_at")
+    list_select_related = ("user",)
+    raw_id_fields = ("user",)
+    search_fields = ("user__username",)
+    readonly_fields = ("updated_at",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ("user", *self.readonly_fields) if obj is not None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: UserBudget, form: Any, change: bool) -> None:
+        saved = budgets.user_set_budget(user=obj.user, budget_usd=obj.budget_usd, actor=request.user)
+        obj.pk = saved.pk if saved is not None else obj.pk
+
+    def delete_model(self, request: HttpRequest, obj: UserBudget) -> None:
+        budgets.user_set_budget(user=obj.user, budget_usd=None, actor=request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for row in queryset.select_related("user"):
+            budgets.user_set_budget(user=row.user, budget_usd=None, actor=request.user)
 
 
 def _older(hours: int) -> Any:

@@ -78,6 +78,7 @@ from django.utils import timezone
 
 from apps.engines import agent
 from apps.engines.llm import LLMClient, cache_identity, resolve_providers
+from apps.tasks import budgets
 from apps.tasks.models import Task, Trajectory, TrajectoryLog
 from trajplatform.schedules import ensure_schedule
 from apps.tasks.services import (
@@ -229,14 +230,18 @@ def holder_alive(worker: str, claimed_at: Any) -> bool:
 
 def claimable(*, due: bool = True) -> Any:
     """Queued trajectories a worker may start now: their task is running, not being cancelled,
-    they belong to its current iteration, and they are due (a retry or a trajectory whose
-    worker died waits out its backoff). due=False: also those still waiting."""
+    they belong to its current iteration, their batch's, user's and the day's budgets are not
+    spent (apps.tasks.budgets: the process's cached spend), and they are due (a retry or a
+    trajectory whose worker died waits out its backoff). due=False: also those still waiting."""
     rows = Trajectory.objects.filter(
         status=Trajectory.Status.QUEUED,
         task__status=Task.Status.RUNNING,
         task__cancel_requested=False,
         iteration=F("task__current_iteration"),
     )
+    over_budget = budgets.claim_filter()
+    if over_budget is not None:
+        rows = rows.exclude(over_budget)
     if due:
         rows = rows.filter(Q(queued_at__isnull=True) | Q(queued_at__lte=timezone.now()))
     return rows
@@ -250,12 +255,14 @@ CLAIM_ORDER = ("-task__priority", F("queued_at").asc(nulls_first=True), "created
 
 
 def claim_trajectories(n: int, *, worker: str, only: list[int] | None = None,
-                       batch_id: int | None = None) -> list[Claim]:
+                       batch_id: int | None = None, exclude: Q | None = None) -> list[Claim]:
     """Claim up to n claimable trajectories, highest task priority first, by compare-and-swap
-    (only those with these pks / of this batch, when given)."""
+    (only those with these pks / of this batch, when given; none that `exclude` matches)."""
     if n <= 0:
         return []
     candidates = claimable()
+    if exclude is not None:
+        candidates = candidates.exclude(exclude)
     if only is not None:
         candidates = candidates.filter(pk__in=only)
     if batch_id is not None:
@@ -637,6 +644,7 @@ class RolloutRunner:
         self.counts: Counter[str] = Counter()
         self.claimed = 0
         self.running: dict[asyncio.Task[str], Claim] = {}
+        self.spend = budgets.EpisodeBudgets()  # the check before each model call of its episodes
         # One ORM thread: SQLite has a single writer anyway, and one thread never waits on its
         # own locks (concurrent writers sleep in SQLite's busy handler); one connection per job.
         self.db_pool = _ThreadPool(max_workers=DB_THREADS, thread_name_prefix="rollout-db")
@@ -712,7 +720,7 @@ class RolloutRunner:
                     else:
                         try:
                             claims = await self.db(claim_trajectories, room, worker=self.worker, only=self.only,
-                                                   batch_id=self.batch_id)
+                                                   batch_id=self.batch_id, exclude=self.spend.blocked())
                         except Exception:
                             # E.g. the database stayed locked: finish what runs; a later job claims.
                             logger.exception("%s: claiming failed; not claiming more in this job", self.worker)
@@ -767,6 +775,11 @@ class RolloutRunner:
             await self.logs.flush()
             now = time.monotonic()
             claims = [c for c in self.running.values() if not c.lost]
+            if claims and now - budgets.cached().taken_at >= float(settings.BUDGET_REFRESH_S):
+                try:
+                    await self.db(budgets.snapshot)
+                except Exception:
+                    logger.exception("%s: reading the budgets' spend failed", self.worker)
             if claims and now - last_poll >= CLAIM_POLL_S:
                 last_poll = now
                 try:
@@ -802,6 +815,8 @@ class RolloutRunner:
         config = trajectory.config_snapshot or trajectory.task.config_snapshot()
         limit_s = _episode_limit_s(config)
         result, error = None, ""
+        # This task's context: the episode and its sub-episodes see the check, no other episode.
+        agent.budget_check.set(self.spend.check_for(trajectory))
         try:
             async with asyncio.timeout(limit_s) as deadline:
                 result = await _episode_runner()(
@@ -823,6 +838,7 @@ class RolloutRunner:
         except Exception as exc:
             logger.exception("trajectory %s: the episode raised", trajectory.pk)
             error = f"{type(exc).__name__}: {exc}"
+        self.spend.ended(trajectory.pk)
         if error:
             error = redact(error)
             self.logs.add(trajectory.pk, "error", f"worker: {error}")

@@ -32,13 +32,33 @@ class Batch(models.Model):
     source_format = models.CharField(max_length=40, blank=True, help_text="which input shape the file used")
     task_count = models.PositiveIntegerField(default=0)
     notes = models.TextField(blank=True)
+    # A cost cap on the batch's trajectories (apps.tasks.budgets); null: none. Set through
+    # budgets.batch_set_budget, never on a form.
+    budget_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True, editable=False,
+                                     validators=[MinValueValidator(0)])
 
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "batches"
+        constraints = [models.CheckConstraint(condition=Q(budget_usd__isnull=True) | Q(budget_usd__gte=0),
+                                              name="batch_budget_ge_0")]
 
     def __str__(self) -> str:
         return f"{self.name} (#{self.pk})"
+
+
+class UserBudget(models.Model):
+    """A cost cap on everything one user's tasks spend (apps.tasks.budgets); no row: none."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="budget")
+    budget_usd = models.DecimalField(max_digits=14, decimal_places=6, validators=[MinValueValidator(0)])
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(budget_usd__gte=0), name="userbudget_budget_ge_0")]
+
+    def __str__(self) -> str:
+        return f"budget of {self.user} (${self.budget_usd})"
 
 
 class TaskStatus(models.TextChoices):
@@ -263,6 +283,7 @@ class Trajectory(models.Model):
             models.Index(fields=["task", "iteration"], name="trajectory_task_iter_idx"),
             models.Index(fields=["status", "heartbeat_at"], name="trajectory_heartbeat_idx"),
             models.Index(fields=["outcome", "-created_at"], name="trajectory_outcome_idx"),
+            models.Index(fields=["finished_at"], name="trajectory_finished_idx"),  # the daily budget's sum
         ]
 
     def __str__(self) -> str:

@@ -26,9 +26,18 @@ class BatchSerializer(serializers.ModelSerializer):
 
 class BatchDetailSerializer(BatchSerializer):
     progress = serializers.SerializerMethodField()
+    budget = serializers.SerializerMethodField()
 
     class Meta(BatchSerializer.Meta):
-        fields = [*BatchSerializer.Meta.fields, "progress"]
+        fields = [*BatchSerializer.Meta.fields, "progress", "budget"]
+
+    @extend_schema_field(serializers.DictField())
+    def get_budget(self, batch: Batch) -> dict[str, Any]:
+        """Budget, stored spend, what is left, accepted trajectories and the cost per accepted one
+        (USD as decimal strings; budget null: none)."""
+        from apps.tasks.budgets import batch_spend
+
+        return batch_spend(batch)
 
     @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
     def get_progress(self, batch: Batch) -> dict[str, Any]:
@@ -38,6 +47,29 @@ class BatchDetailSerializer(BatchSerializer):
         total = sum(counts.values())
         done = sum(counts.get(s, 0) for s in Task.FINAL)
         return {**counts, "total": total, "finished": done}
+
+
+@extend_schema_field({"oneOf": [{"type": "number", "minimum": 0, "maximum": 99999999},
+                                 {"type": "string", "pattern": r"^\d{1,8}(\.\d{1,6})?$"}], "nullable": True})
+class BudgetField(serializers.Field):
+    """US dollars as a number or a decimal string (apps.tasks.budgets.parse_budget); null: none."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        from django.core.exceptions import ValidationError
+
+        from apps.tasks.budgets import parse_budget
+
+        try:
+            return parse_budget(data)
+        except ValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict["budget_usd"]) from None
+
+    def to_representation(self, value: Any) -> Any:
+        return None if value is None else str(value)
+
+
+class BudgetSerializer(StrictSerializerMixin, serializers.Serializer):
+    budget_usd = BudgetField(allow_null=True, help_text='US dollars (25, "25.00"); null: no budget')
 
 
 TASK_FIELDS = [

@@ -124,10 +124,24 @@ class BatchViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveModel
 
     queryset = Batch.objects.select_related("created_by")
     filterset_class = BatchFilter
-    action_perms = {"list": ("tasks.view_batch",), "retrieve": ("tasks.view_batch",)}
+    action_perms = {"list": ("tasks.view_batch",), "retrieve": ("tasks.view_batch",),
+                    "budget": ("tasks.change_batch",)}
 
     def get_serializer_class(self) -> Any:
-        return s.BatchDetailSerializer if self.action == "retrieve" else s.BatchSerializer
+        return s.BatchDetailSerializer if self.action in ("retrieve", "budget") else s.BatchSerializer
+
+    @extend_schema(request=s.BudgetSerializer, responses={200: s.BatchDetailSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def budget(self, request: Request, pk: str | None = None) -> Response:
+        """Set (or with null clear) the batch's cost budget; queued trajectories of a batch over
+        budget wait, a running one stops at its next model call."""
+        from apps.tasks.budgets import batch_set_budget
+
+        body = s.BudgetSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        batch = batch_set_budget(batch=self.get_object(), budget_usd=body.validated_data["budget_usd"],
+                                 actor=request.user)
+        return Response(s.BatchDetailSerializer(batch).data)
 
 
 class TrajectoryFilter(CreatedRangeFilterSet):
