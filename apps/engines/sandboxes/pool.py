@@ -1,14 +1,18 @@
-"""The warm pool: SANDBOX_POOL_SIZE ready sandboxes so a rollout does not wait for creation.
+"""Warm pools: ready sandboxes so a rollout does not wait for creation.
 
-Pooled sandboxes are ordinary sandboxes made from the default spec shape whose row is in
-state `pooled` with a `pool_key` naming that shape (backend, image, limits, network).
-`acquire(spec)` claims one by compare-and-swap on the row (`pooled` -> `ready`), so two
-workers never get the same sandbox; then it gives the sandbox the caller's labels, TTL and
-env. A spec of another shape, an empty pool or SANDBOX_POOL_SIZE=0 means a fresh `create`.
+One pool per shape: the default spec's (SANDBOX_POOL_SIZE sandboxes) and one per image named
+in SANDBOX_POOL_IMAGES ("python:3.11=4,trajplatform-python=2": the default spec with that
+image, e.g. what code_exec asks for with a task's `scene_config.image`). Pooled sandboxes are
+ordinary sandboxes whose row is in state `pooled` with a `pool_key` naming their shape
+(backend, image, limits, network). `acquire(spec)` claims one of the spec's shape by
+compare-and-swap on the row (`pooled` -> `ready`), so two workers never get the same sandbox;
+then it gives the sandbox the caller's labels, TTL and env. A spec of another shape, an empty
+pool or a size of 0 means a fresh `create`.
 
-`fill_pool()` tops the pool up (and trims it when the size was lowered); the reconciler job
-calls it on every pass and `acquire` queues it after taking a sandbox. Pooled sandboxes
-have a TTL of their own (POOL_TTL) so a stale pool is recycled by the reconciler.
+`fill_pool()` tops every pool up (and trims a pool whose size was lowered or that is no longer
+configured); the reconciler job calls it on every pass and `acquire` queues it after taking a
+sandbox. Pooled sandboxes have a TTL of their own (POOL_TTL) so a stale pool is recycled by the
+reconciler.
 """
 from __future__ import annotations
 
@@ -38,8 +42,30 @@ logger = logging.getLogger("apps.engines.sandboxes")
 POOL_TTL = timedelta(hours=6)
 
 
+def pools() -> list[tuple[SandboxSpec, int]]:
+    """The configured pools: (the shape they are filled with, how many), the default shape first.
+    A malformed SANDBOX_POOL_IMAGES raises ImproperlyConfigured naming the entry."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    found = [(pooled_spec(), max(0, int(getattr(settings, "SANDBOX_POOL_SIZE", 0) or 0)))]
+    seen: set[str] = set()
+    for entry in str(getattr(settings, "SANDBOX_POOL_IMAGES", "") or "").split(","):
+        if not entry.strip():
+            continue
+        image, _, size = entry.strip().rpartition("=")
+        image = image.strip()
+        if not image or not size.strip().isdigit():
+            raise ImproperlyConfigured(f"SANDBOX_POOL_IMAGES: {entry.strip()!r} is not image=size (e.g. python:3.11=4)")
+        if image in seen:
+            raise ImproperlyConfigured(f"SANDBOX_POOL_IMAGES names {image!r} twice")
+        seen.add(image)
+        found.append((pooled_spec(image), int(size)))
+    return found
+
+
 def pool_size() -> int:
-    return max(0, int(getattr(settings, "SANDBOX_POOL_SIZE", 0) or 0))
+    """How many warm sandboxes the pools hold in all (0: no pool)."""
+    return sum(size for _, size in pools())
 
 
 def pool_key(backend_name: str, spec: SandboxSpec) -> str:
@@ -49,9 +75,9 @@ def pool_key(backend_name: str, spec: SandboxSpec) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def pooled_spec() -> SandboxSpec:
-    """The shape the pool is filled with: the default spec, living POOL_TTL while it waits."""
-    return SandboxSpec(ttl=POOL_TTL)
+def pooled_spec(image: str | None = None) -> SandboxSpec:
+    """The shape a pool is filled with: the default spec (with `image`), living POOL_TTL while it waits."""
+    return SandboxSpec(image=image, ttl=POOL_TTL)
 
 
 def _backend(backend: SandboxBackend | None) -> SandboxBackend:
@@ -64,9 +90,9 @@ def acquire(spec: SandboxSpec | None = None, *, trajectory: Any = None, backend:
     """A sandbox for `spec` owned by `trajectory`: a warm one if the pool has one of this shape."""
     spec = spec or SandboxSpec()
     backend = _backend(backend)
-    if pool_size() and backend.records:
+    if backend.records:
         key = pool_key(backend.name, spec)
-        if key == pool_key(backend.name, pooled_spec()):
+        if any(size and key == pool_key(backend.name, shape) for shape, size in pools()):
             sandbox = _claim(backend, key, spec, trajectory)
             if sandbox is not None:
                 _queue_refill()
@@ -112,27 +138,31 @@ def _queue_refill() -> None:
 
 
 def fill_pool(backend: SandboxBackend | None = None) -> dict[str, int]:
-    """Create or destroy pooled sandboxes until the pool holds SANDBOX_POOL_SIZE; returns counts."""
+    """Create or destroy pooled sandboxes until each pool holds its configured size (a pool no
+    longer configured holds none); returns counts over all pools."""
     backend = _backend(backend)
-    size = pool_size()
-    key = pool_key(backend.name, pooled_spec())
-    pooled = records.live_records(backend.name).filter(
-        state__in=[SandboxRecord.State.POOLED, SandboxRecord.State.CREATING], pool_key=key
-    )
-    have = pooled.count()
+    configured = pools()
+    sizes = {pool_key(backend.name, shape): (shape, size) for shape, size in configured}
+    live = records.live_records(backend.name).filter(
+        state__in=[SandboxRecord.State.POOLED, SandboxRecord.State.CREATING]).exclude(pool_key="")
+    for key in set(live.values_list("pool_key", flat=True)) - set(sizes):
+        sizes[key] = (None, 0)  # a pool no longer configured: trim it all
     created = trimmed = 0
-    for _ in range(max(0, size - have)):
-        try:
-            backend.create(pooled_spec(), pool_key=key)
-            created += 1
-        except SandboxError:
-            logger.exception("filling the sandbox pool failed")
-            break
-    if have > size:
-        for record in pooled.filter(state=SandboxRecord.State.POOLED).order_by("created_at")[: have - size]:
-            if SandboxRecord.objects.filter(pk=record.pk, state=SandboxRecord.State.POOLED).update(
-                state=SandboxRecord.State.READY, pool_key=""
-            ):
-                backend.destroy(record.external_id, reason="pool shrunk")
-                trimmed += 1
-    return {"created": created, "trimmed": trimmed, "size": size}
+    for key, (shape, size) in sizes.items():
+        pooled = live.filter(pool_key=key)
+        have = pooled.count()
+        for _ in range(max(0, size - have)):
+            try:
+                backend.create(shape, pool_key=key)
+                created += 1
+            except SandboxError:
+                logger.exception("filling the sandbox pool of %s failed", shape.image or "the default image")
+                break
+        if have > size:
+            for record in pooled.filter(state=SandboxRecord.State.POOLED).order_by("created_at")[: have - size]:
+                if SandboxRecord.objects.filter(pk=record.pk, state=SandboxRecord.State.POOLED).update(
+                    state=SandboxRecord.State.READY, pool_key=""
+                ):
+                    backend.destroy(record.external_id, reason="pool shrunk")
+                    trimmed += 1
+    return {"created": created, "trimmed": trimmed, "size": sum(size for _, size in configured)}
