@@ -14,7 +14,8 @@ multiprocess directory to share. Gauges only (the counts can go down as rows are
 * sandboxes: alive by backend; created, failed (last_error set) and taken from the warm pool
   in the window, by backend;
 * exports by status; webhook deliveries by status;
-* spend: USD recorded on trajectories, in the window and in all.
+* spend: USD recorded on trajectories, in the window, today (UTC, what BUDGET_DAILY_USD caps) and
+  in all; the daily cap.
 """
 from __future__ import annotations
 
@@ -188,10 +189,14 @@ class PlatformCollector:
                      _counts(ExportJob, "status", list(ExportJob.Status.values)))
         yield _gauge("trajplatform_webhook_deliveries", "Webhook deliveries by status.", "status",
                      _counts(WebhookDelivery, "status", list(WebhookDelivery.Status.values)))
-        spend = Trajectory.objects.aggregate(all=Sum("cost_usd"), window=Sum("cost_usd", filter=Q(finished_at__gte=since)))
-        yield _gauge("trajplatform_llm_spend_usd", f"USD recorded on trajectories: all, and those finished in the last "
-                     f"{METRICS_WINDOW_S}s (window).", "scope",
-                     {"all": float(spend["all"] or 0), "window": float(spend["window"] or 0)})
+        midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)  # now() is in UTC
+        spend = Trajectory.objects.aggregate(all=Sum("cost_usd"), window=Sum("cost_usd", filter=Q(finished_at__gte=since)),
+                                             today=Sum("cost_usd", filter=Q(finished_at__gte=midnight)))
+        yield _gauge("trajplatform_llm_spend_usd", f"USD recorded on trajectories: all, those finished in the last "
+                     f"{METRICS_WINDOW_S}s (window) and since 00:00 UTC (today).", "scope",
+                     {k: float(spend[k] or 0) for k in ("all", "window", "today")})
+        yield _gauge("trajplatform_budget_daily_usd", "The platform's daily spend cap, BUDGET_DAILY_USD (0: none).", None,
+                     float(getattr(settings, "BUDGET_DAILY_USD", 0) or 0))
 
 
 def render_metrics() -> str:

@@ -306,3 +306,14 @@ def test_without_budgets_nothing_is_held_back(make_task: Any) -> None:
     task_start_iteration(task=task)
     assert budgets.snapshot().blocked() is None
     assert jobs.claimable().filter(task=task).count() == 1
+
+
+@pytest.mark.django_db
+def test_metrics_show_today_s_spend_and_the_daily_cap(client: Any, make_task: Any, settings: Any) -> None:
+    settings.BUDGET_DAILY_USD = 20
+    task = make_task()
+    spent_row(task, "1.25")
+    spent_row(task, "4.00", finished_at=timezone.now() - timedelta(days=1, hours=1), sample=1)
+    text = client.get("/metrics").content.decode()
+    assert 'trajplatform_llm_spend_usd{scope="today"} 1.25' in text
+    assert "trajplatform_budget_daily_usd 20.0" in text
