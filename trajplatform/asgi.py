@@ -27,10 +27,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from apps.tasks.consumers import TrajectoryLogConsumer  # noqa: E402
+from apps.tasks.consumers import BatchProgressConsumer, TrajectoryLogConsumer  # noqa: E402
 
 websocket_urlpatterns = [
     path("ws/trajectories/<int:trajectory_id>/", TrajectoryLogConsumer.as_asgi(), name="trajectory-log-ws"),
+    path("ws/batches/<int:batch_id>/", BatchProgressConsumer.as_asgi(), name="batch-progress-ws"),
 ]
 
 application = ProtocolTypeRouter(

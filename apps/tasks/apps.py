@@ -2,7 +2,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.db import connections
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_migrate, post_save
 
 
 def register_rollout_schedules(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
@@ -29,6 +29,16 @@ def reap_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
     on_worker_start()
 
 
+def task_saved(sender: Any, instance: Any, created: bool, update_fields: Any = None, **kwargs: Any) -> None:
+    """A task saved with its status: its batch's progress group hears of it after commit. A
+    signal because a dozen services in tasks and reviews save a task's status; the bulk writes
+    (tasks_enqueue, tasks_create) call batch_progress_changed themselves."""
+    if created or update_fields is None or "status" in update_fields:
+        from apps.tasks.services import batch_progress_changed
+
+        batch_progress_changed([instance.batch_id])
+
+
 class TasksConfig(AppConfig):
     name = "apps.tasks"
     label = "tasks"
@@ -38,3 +48,4 @@ class TasksConfig(AppConfig):
 
         post_migrate.connect(register_rollout_schedules, sender=self, dispatch_uid="tasks.register_rollout_schedules")
         post_spawn.connect(reap_at_worker_start, dispatch_uid="tasks.reap_at_worker_start")
+        post_save.connect(task_saved, sender="tasks.Task", dispatch_uid="tasks.task_saved")

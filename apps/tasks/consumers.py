@@ -1,4 +1,5 @@
-"""The live-log websocket: /ws/trajectories/<id>/ streams a trajectory's new log lines.
+"""The live-log websocket: /ws/trajectories/<id>/ streams a trajectory's new log lines;
+/ws/batches/<id>/ a batch's progress (BatchProgressConsumer, at the end).
 
 Protocol (JSON text frames):
   server -> client  {"type": "lines", "lines": [line, ...]}              new lines, as they commit
@@ -25,8 +26,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer
 
-from apps.tasks.models import Trajectory, TrajectoryLog
-from apps.tasks.services import trajectory_group_name
+from apps.tasks.models import Batch, Trajectory, TrajectoryLog
+from apps.tasks.services import batch_group_name, batch_progress_message, trajectory_group_name
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +40,13 @@ MAX_ID = 2**63 - 1  # BigAutoField
 
 
 @database_sync_to_async
-def _refusal_code(user: Any, trajectory_id: int) -> int | None:
+def _refusal_code(user: Any, pk: int, model: Any = Trajectory, permission: str = "tasks.view_trajectory") -> int | None:
     # Permission before existence: an outsider learns nothing about which ids exist.
     if user is None or not user.is_authenticated or not user.is_active:
         return CLOSE_FORBIDDEN
-    if not user.has_perm("tasks.view_trajectory"):
+    if not user.has_perm(permission):
         return CLOSE_FORBIDDEN
-    if trajectory_id > MAX_ID or not Trajectory.objects.filter(pk=trajectory_id).exists():
+    if pk > MAX_ID or not model.objects.filter(pk=pk).exists():
         return CLOSE_NOT_FOUND
     return None
 
@@ -67,7 +68,35 @@ def _last_seq(trajectory_id: int) -> int:
     return last or 0
 
 
-class TrajectoryLogConsumer(AsyncJsonWebsocketConsumer):
+class _GroupConsumer(AsyncJsonWebsocketConsumer):
+    """A subscription to one channels group, refused with a close code, with an optional tail
+    of the database (`_tail`) while the channel layer is the in-memory one."""
+
+    tail_poll_seconds: float | None = None
+    group_name: str | None = None
+    _tail_task: asyncio.Task | None = None
+
+    async def _refuse(self, code: int) -> None:
+        await self.accept()
+        await self.close(code=code)
+
+    def _start_tail(self) -> None:
+        if self.tail_poll_seconds and isinstance(self.channel_layer, InMemoryChannelLayer):
+            self._tail_task = asyncio.ensure_future(self._tail(self.tail_poll_seconds))
+
+    async def _tail(self, interval: float) -> None:
+        raise NotImplementedError
+
+    async def disconnect(self, code: int) -> None:
+        if self._tail_task is not None:
+            self._tail_task.cancel()
+            self._tail_task = None
+        if self.group_name is not None:
+            await self.channel_layer.group_discard(self.group_name, self.channel_name)
+            self.group_name = None
+
+
+class TrajectoryLogConsumer(_GroupConsumer):
     """Relays one trajectory's "log.lines" group messages to a permitted, signed-in client."""
 
     RESEND_LIMIT = 500
@@ -77,16 +106,13 @@ class TrajectoryLogConsumer(AsyncJsonWebsocketConsumer):
     tail_poll_seconds: float | None = 1.0
 
     trajectory_id: int
-    group_name: str | None = None
     last_seq: int = 0
-    _tail_task: asyncio.Task | None = None
 
     async def connect(self) -> None:
         self.trajectory_id = int(self.scope["url_route"]["kwargs"]["trajectory_id"])
         code = await _refusal_code(self.scope.get("user"), self.trajectory_id)
         if code is not None:
-            await self.accept()
-            await self.close(code=code)
+            await self._refuse(code)
             return
         self.group_name = trajectory_group_name(self.trajectory_id)
         # Join before reading the last seq: a line committed in between is then both in
@@ -94,16 +120,7 @@ class TrajectoryLogConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.group_name, self.channel_name)
         self.last_seq = await _last_seq(self.trajectory_id)
         await self.accept()
-        if self.tail_poll_seconds and isinstance(self.channel_layer, InMemoryChannelLayer):
-            self._tail_task = asyncio.ensure_future(self._tail(self.tail_poll_seconds))
-
-    async def disconnect(self, code: int) -> None:
-        if self._tail_task is not None:
-            self._tail_task.cancel()
-            self._tail_task = None
-        if self.group_name is not None:
-            await self.channel_layer.group_discard(self.group_name, self.channel_name)
-            self.group_name = None
+        self._start_tail()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         if self.group_name is None:
@@ -148,3 +165,58 @@ class TrajectoryLogConsumer(AsyncJsonWebsocketConsumer):
             if lines:
                 self._note_sent(lines)
                 await self.send_json({"type": "lines", "lines": lines})
+
+
+class BatchProgressConsumer(_GroupConsumer):
+    """A batch's progress for its page: on subscribe and after every committed change of a task's
+    state, {"type": "progress", "batch": id, "counts": {status: n}, "total": n, "final": n}.
+
+    Changes are `batch_progress_changed` group messages ("batch.progress"). With the in-memory
+    layer, which workers in other processes cannot reach, the consumer also reads the counts
+    every `tail_poll_seconds`; either way it sends only counts that differ from the last sent.
+    Refusals as for the live log: 4403 (not signed in, no tasks.view_task), 4404 (no such batch).
+    The page keeps its 3 s HTTP polling while the socket is not open."""
+
+    tail_poll_seconds: float | None = 2.0
+
+    batch_id: int
+    last_sent: dict[str, Any] | None = None
+
+    async def connect(self) -> None:
+        self.batch_id = int(self.scope["url_route"]["kwargs"]["batch_id"])
+        code = await _refusal_code(self.scope.get("user"), self.batch_id, Batch, "tasks.view_task")
+        if code is not None:
+            await self._refuse(code)
+            return
+        self.group_name = batch_group_name(self.batch_id)
+        # Join before reading: a change committed in between is then both read and sent again.
+        await self.channel_layer.group_add(self.group_name, self.channel_name)
+        await self.accept()
+        await self._send_counts(await database_sync_to_async(batch_progress_message)(self.batch_id))
+        self._start_tail()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if self.group_name is not None:
+            await self.send_json({"type": "error", "error": "this socket only sends; it takes no messages"})
+
+    async def batch_progress(self, event: dict[str, Any]) -> None:
+        """Group message from `batch_progress_changed`, sent after its transaction commits."""
+        if event.get("batch") == self.batch_id:
+            await self._send_counts(event)
+
+    async def _send_counts(self, event: dict[str, Any]) -> None:
+        message = {"type": "progress", "batch": self.batch_id, "counts": event["counts"],
+                   "total": event["total"], "final": event["final"]}
+        if message != self.last_sent:
+            self.last_sent = message
+            await self.send_json(message)
+
+    async def _tail(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                event = await database_sync_to_async(batch_progress_message)(self.batch_id)
+            except Exception:  # a locked or restarting database: try again next tick
+                logger.warning("batch progress tail of batch %s failed", self.batch_id, exc_info=True)
+                continue
+            await self._send_counts(event)

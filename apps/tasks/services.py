@@ -352,6 +352,7 @@ def tasks_enqueue(*, batch: Batch | None = None, tasks: Any = None, actor: Any =
                 new.extend(_new_iteration(task, now))
             Trajectory.objects.bulk_create(new, batch_size=ENQUEUE_CHUNK_SIZE)
             Task.objects.bulk_update(chunk, _START_FIELDS, batch_size=ENQUEUE_CHUNK_SIZE)
+            batch_progress_changed(task.batch_id for task in chunk)  # bulk_update sends no post_save
             started += len(chunk)
             samples += len(new)
         if started:
@@ -677,8 +678,6 @@ def trajectory_logs_append(
     own "log.lines" message after commit.
     Trajectories that no longer exist are skipped.
     """
-    from asgiref.sync import async_to_sync
-    from channels.layers import InMemoryChannelLayer, get_channel_layer
     from django.db.models import Max
 
     from apps.tasks.models import Trajectory, TrajectoryLog
@@ -710,27 +709,77 @@ def trajectory_logs_append(
         for row in TrajectoryLog.objects.bulk_create(rows):
             created.setdefault(row.trajectory_id, []).append(row)
 
-        def broadcast() -> None:
-            layer = get_channel_layer()
-            if layer is None:
-                return
-            groups = [(trajectory_group_name(pk), pk) for pk in created]
-            if isinstance(layer, InMemoryChannelLayer):
-                # It lives in this process only: skip groups nobody here has joined (none, in a
-                # worker process; consumers elsewhere tail the database instead).
-                groups = [(group, pk) for group, pk in groups if layer.groups.get(group)]
-            if not groups:
-                return
-
-            async def send_all() -> None:  # one hop into async code for all the groups
-                for group, pk in groups:
-                    lines = [row.as_message() for row in created[pk]]
-                    await layer.group_send(group, {"type": "log.lines", "trajectory": pk, "lines": lines})
-
-            async_to_sync(send_all)()
-
-        transaction.on_commit(broadcast)
+        transaction.on_commit(lambda: send_to_groups(
+            {trajectory_group_name(pk): pk for pk in created},
+            lambda pk: {"type": "log.lines", "trajectory": pk, "lines": [row.as_message() for row in created[pk]]}))
     return created
+
+
+def send_to_groups(groups: dict[str, Any], message: Callable[[Any], dict[str, Any]]) -> None:
+    """Send `message(key)` to each channels group of {group name: key} (call it after commit).
+
+    With the in-memory layer, which lives in this process only, groups nobody here has joined
+    are skipped before their message is built (all of them, in a worker process: consumers
+    elsewhere tail the database instead)."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    if isinstance(layer, InMemoryChannelLayer):
+        groups = {group: key for group, key in groups.items() if layer.groups.get(group)}
+    messages = [(group, message(key)) for group, key in groups.items()]
+    if not messages:
+        return
+
+    async def send_all() -> None:  # one hop into async code for all the groups
+        for group, body in messages:
+            await layer.group_send(group, body)
+
+    async_to_sync(send_all)()
+
+
+# --- live batch progress (the batch page's websocket) ---------------------------------------
+
+
+def batch_group_name(batch_id: int) -> str:
+    """The channels group that a batch's progress events are sent to."""
+    return f"batch-{batch_id}"
+
+
+def batch_progress_message(batch_id: int) -> dict[str, Any]:
+    """{"type": "batch.progress", "batch", "counts": {status: n, every status}, "total", "final"}."""
+    from apps.tasks.selectors import batch_status_counts
+
+    counts = batch_status_counts(batch_id)
+    return {"type": "batch.progress", "batch": batch_id, "counts": counts, "total": sum(counts.values()),
+            "final": sum(counts[s] for s in Task.FINAL)}
+
+
+def batch_progress_changed(batch_ids: Iterable[int | None]) -> None:
+    """A task or trajectory of these batches changed state: after commit, each batch's group gets
+    its counts once, however many changes the transaction made (a batch cancel saves every task)."""
+    ids = {pk for pk in batch_ids if pk}
+    if not ids:
+        return
+    connection = transaction.get_connection()
+
+    def send(queued: set[int]) -> None:
+        send_to_groups({batch_group_name(pk): pk for pk in sorted(queued)}, batch_progress_message)
+
+    if not connection.in_atomic_block:
+        send(ids)
+        return
+    # One callback per transaction: Django gives a transaction (and a rolled-back savepoint)
+    # a new run_on_commit list, so a list that is still the same means the same transaction.
+    pending = getattr(connection, "batch_progress_pending", None)
+    if pending is not None and pending[1] is connection.run_on_commit:
+        pending[0].update(ids)
+        return
+    queued = set(ids)
+    connection.batch_progress_pending = (queued, connection.run_on_commit)
+    transaction.on_commit(lambda: send(queued))
 
 
 # --- creating tasks (the API) -----------------------------------------------------------------
@@ -814,6 +863,7 @@ def tasks_create(
             if not fields.get("external_id") or fields["external_id"] not in existing
         ]
         created_tasks = iter(Task.objects.bulk_create(new))
+        batch_progress_changed([batch.pk] if new else [])
         tasks: list[Task] = []
         created: list[bool] = []
         for fields in rows:
