@@ -308,12 +308,16 @@ def validate_task(
     if not isinstance(config, dict):
         errors.append(("config", f"must be an object, got {_json_type(config)}"))
     elif scene_id is not None:
-        try:
-            out["scene_config"] = validate_scene_config(scene_id, config)
-        except SceneConfigError as exc:
-            errors.extend((f, f"{r} (scene {scene_id} config schema)") for f, r in exc.errors)
+        # Text that cannot be stored first: its reason (a NUL byte, a lone surrogate) says more than
+        # the schema pattern the same value also breaks.
+        unstorable = [(f"config.{path}", reason) for path, reason in unstorable_fields(config)]
+        if unstorable:
+            errors.extend(unstorable)
         else:
-            errors.extend((f"config.{path}", reason) for path, reason in unstorable_fields(config))
+            try:
+                out["scene_config"] = validate_scene_config(scene_id, config)
+            except SceneConfigError as exc:
+                errors.extend((f, f"{r} (scene {scene_id} config schema)") for f, r in exc.errors)
     if scene_id is not None:
         out["scene"] = scene_id
 
