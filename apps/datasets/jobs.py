@@ -184,6 +184,7 @@ def export_run(job_id: int, *, progress: ExportProgress | None = None) -> Export
     if not claimed:
         return None
     job = ExportJob.objects.select_related("version__dataset").get(pk=job_id)
+    services.export_state_changed(job.version_id)
     try:
         facts = write_export(version=job.version, fmt=job.format, split=job.split, path=Path(job.path),
                              progress=progress)

@@ -525,6 +525,7 @@ def export_start(
             ExportJob.objects.filter(pk=active.pk, status=ExportJob.Status.RUNNING).update(
                 status=ExportJob.Status.FAILED, finished_at=timezone.now(),
                 error=f"worker lost: running since {active.started_at:%Y-%m-%d %H:%M:%S} UTC, past the job timeout")
+            export_state_changed(active.version_id)
             active = None
         if active is not None:
             if not (force and not in_export_dir):
@@ -534,6 +535,7 @@ def export_start(
             # A forced re-run from the command line takes over from a run that was killed.
             ExportJob.objects.filter(pk=active.pk, status__in=ExportJob.ACTIVE).update(
                 status=ExportJob.Status.FAILED, finished_at=timezone.now(), error="superseded by a forced re-run")
+            export_state_changed(active.version_id)
         if in_export_dir and not force:
             done = ExportJob.objects.filter(
                 version=version, format=fmt, split=split, format_version=str(exporter.version),
@@ -548,9 +550,28 @@ def export_start(
         audit_record("datasets.export_start", actor=actor, target=job,
                      actor_repr=None if _is_user(actor) else "manage.py dataset_export",
                      data={"version": str(version), "format": fmt, "split": split, "path": str(path)})
+        export_state_changed(version.pk)
         if enqueue:
             transaction.on_commit(lambda: _enqueue_export(job.pk))
     return job
+
+
+def export_group_name(version_id: int) -> str:
+    """The channels group that a version's export states are sent to (its page's websocket)."""
+    return f"version-exports-{version_id}"
+
+
+def export_states_message(version_id: int) -> dict[str, Any]:
+    """{"type": "export.states", "version": id, "jobs": [[job id, status], ...]} (by id)."""
+    jobs = ExportJob.objects.filter(version_id=version_id).order_by("pk").values_list("pk", "status")
+    return {"type": "export.states", "version": version_id, "jobs": [list(row) for row in jobs]}
+
+
+def export_state_changed(version_id: int) -> None:
+    """An export of this version was created or changed state: after commit, its group hears."""
+    from apps.tasks.services import send_to_groups
+
+    transaction.on_commit(lambda: send_to_groups({export_group_name(version_id): version_id}, export_states_message))
 
 
 def _lost(job: ExportJob) -> bool:
@@ -576,6 +597,7 @@ def export_finish(*, job: ExportJob, sha256: str, lines: int, bytes: int, member
         )
         job.refresh_from_db()
         if updated:
+            export_state_changed(job.version_id)
             audit_record("datasets.export_finish", target=job, actor_repr=_job_actor(job),
                          data={"sha256": sha256, "lines": lines, "bytes": bytes, "members": members,
                                "excluded": len(excluded), "path": job.path})
@@ -590,6 +612,7 @@ def export_fail(*, job: ExportJob, error: str) -> ExportJob:
             status=ExportJob.Status.FAILED, error=error[:5000], finished_at=timezone.now())
         job.refresh_from_db()
         if updated:
+            export_state_changed(job.version_id)
             audit_record("datasets.export_fail", target=job, actor_repr=_job_actor(job),
                          data={"error": error[:1000], "path": job.path})
             _export_ready(job)

@@ -83,7 +83,8 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
     exports = _page(request, selectors.exports_of(version), "exports_page")
     exports_live = any(e.status in ("queued", "running") for e in exports.object_list)
     if request.GET.get("fragment") == "exports":
-        return render(request, "datasets/_exports.html", {"exports": exports, "exports_live": exports_live})
+        return render(request, "datasets/_exports.html",
+                      {"version": version, "exports": exports, "exports_live": exports_live})
     card = version.data_card or {}
     diff = card.get("diff") or {}
     verdict = (Review.objects.filter(trajectory=OuterRef("trajectory_id"), kind=Review.Kind.HUMAN)

@@ -167,46 +167,48 @@ class TrajectoryLogConsumer(_GroupConsumer):
                 await self.send_json({"type": "lines", "lines": lines})
 
 
-class BatchProgressConsumer(_GroupConsumer):
-    """A batch's progress for its page: on subscribe and after every committed change of a task's
-    state, {"type": "progress", "batch": id, "counts": {status: n}, "total": n, "final": n}.
-
-    Changes are `batch_progress_changed` group messages ("batch.progress"). With the in-memory
-    layer, which workers in other processes cannot reach, the consumer also reads the counts
-    every `tail_poll_seconds`; either way it sends only counts that differ from the last sent.
-    Refusals as for the live log: 4403 (not signed in, no tasks.view_task), 4404 (no such batch).
-    The page keeps its 3 s HTTP polling while the socket is not open."""
+class SnapshotConsumer(_GroupConsumer):
+    """Sends `snapshot()` (a sync read, run in a thread) on subscribe, on each group message
+    naming its object and, with the in-memory layer, every `tail_poll_seconds` — only when it
+    differs from the last one sent. Send-only: a client message gets an error reply."""
 
     tail_poll_seconds: float | None = 2.0
+    object_kwarg = ""  # the URL kwarg with the object's id
+    model: Any = None
+    permission = ""
 
-    batch_id: int
+    object_id: int
     last_sent: dict[str, Any] | None = None
 
+    def group_for(self, object_id: int) -> str:
+        raise NotImplementedError
+
+    def snapshot(self, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The message to send, from a group event, or read from the database when None."""
+        raise NotImplementedError
+
     async def connect(self) -> None:
-        self.batch_id = int(self.scope["url_route"]["kwargs"]["batch_id"])
-        code = await _refusal_code(self.scope.get("user"), self.batch_id, Batch, "tasks.view_task")
+        self.object_id = int(self.scope["url_route"]["kwargs"][self.object_kwarg])
+        code = await _refusal_code(self.scope.get("user"), self.object_id, self.model, self.permission)
         if code is not None:
             await self._refuse(code)
             return
-        self.group_name = batch_group_name(self.batch_id)
-        # Join before reading: a change committed in between is then both read and sent again.
+        self.group_name = self.group_for(self.object_id)
+        # Join before reading: a change committed in between is read and sent again, never lost.
         await self.channel_layer.group_add(self.group_name, self.channel_name)
         await self.accept()
-        await self._send_counts(await database_sync_to_async(batch_progress_message)(self.batch_id))
+        await self._send_if_changed(await database_sync_to_async(self.snapshot)())
         self._start_tail()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         if self.group_name is not None:
             await self.send_json({"type": "error", "error": "this socket only sends; it takes no messages"})
 
-    async def batch_progress(self, event: dict[str, Any]) -> None:
-        """Group message from `batch_progress_changed`, sent after its transaction commits."""
-        if event.get("batch") == self.batch_id:
-            await self._send_counts(event)
+    async def _relay(self, event: dict[str, Any], key: str) -> None:
+        if event.get(key) == self.object_id:
+            await self._send_if_changed(self.snapshot(event))
 
-    async def _send_counts(self, event: dict[str, Any]) -> None:
-        message = {"type": "progress", "batch": self.batch_id, "counts": event["counts"],
-                   "total": event["total"], "final": event["final"]}
+    async def _send_if_changed(self, message: dict[str, Any]) -> None:
         if message != self.last_sent:
             self.last_sent = message
             await self.send_json(message)
@@ -215,8 +217,30 @@ class BatchProgressConsumer(_GroupConsumer):
         while True:
             await asyncio.sleep(interval)
             try:
-                event = await database_sync_to_async(batch_progress_message)(self.batch_id)
+                message = await database_sync_to_async(self.snapshot)()
             except Exception:  # a locked or restarting database: try again next tick
-                logger.warning("batch progress tail of batch %s failed", self.batch_id, exc_info=True)
+                logger.warning("%s tail of %s failed", type(self).__name__, self.object_id, exc_info=True)
                 continue
-            await self._send_counts(event)
+            await self._send_if_changed(message)
+
+
+class BatchProgressConsumer(SnapshotConsumer):
+    """A batch's progress for its page: {"type": "progress", "batch": id, "counts": {status: n},
+    "total": n, "final": n} on subscribe and after every committed change of a task's state
+    (`batch_progress_changed` group messages, "batch.progress"). Refusals as for the live log:
+    4403 (not signed in, no tasks.view_task), 4404 (no such batch). The page keeps its 3 s HTTP
+    polling while the socket is not open."""
+
+    object_kwarg, model, permission = "batch_id", Batch, "tasks.view_task"
+
+    def group_for(self, object_id: int) -> str:
+        return batch_group_name(object_id)
+
+    def snapshot(self, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        event = event or batch_progress_message(self.object_id)
+        return {"type": "progress", "batch": self.object_id, "counts": event["counts"], "total": event["total"],
+                "final": event["final"]}
+
+    async def batch_progress(self, event: dict[str, Any]) -> None:
+        """Group message from `batch_progress_changed`, sent after its transaction commits."""
+        await self._relay(event, "batch")

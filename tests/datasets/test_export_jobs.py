@@ -55,7 +55,8 @@ def test_export_start_enqueues_the_job_on_commit_and_writes_an_audit_row(
 
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         job = export_start(version=version, fmt="sft-openai", split="all", actor=approver)
-    assert len(callbacks) == 1 and OrmQ.objects.count() == 1
+    # the job's enqueue and the version page's export-state event (tests/console/test_export_states_ws.py)
+    assert len(callbacks) == 2 and OrmQ.objects.count() == 1
     assert job.status == "queued" and job.requested_by == approver
     assert Path(job.path) == export_path(version, "sft-openai", "all")
     assert AuditEvent.objects.filter(action="datasets.export_start", target_id=str(job.pk)).count() == 1

@@ -101,7 +101,8 @@ def test_an_approver_publishes_and_starts_an_export_from_the_page(
     assert v1.status == "published"
     with django_capture_on_commit_callbacks() as callbacks:
         response = client.post("/datasets/demo/v1/export/", {"format": "raw", "split": "train"}, follow=True)
-    assert response.status_code == 200 and len(callbacks) == 1
+    # the job's enqueue and the version page's export-state event (tests/console/test_export_states_ws.py)
+    assert response.status_code == 200 and len(callbacks) == 2
     assert ExportJob.objects.get().split == "train"
     response = client.post("/datasets/demo/v1/export/", {"format": "csv", "split": "all"}, follow=True)
     assert "Choose a known format" in response.content.decode()
