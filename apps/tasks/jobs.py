@@ -34,6 +34,10 @@ Delivery may be doubled and workers may die, so:
   result is dropped (`trajectory_finish` refuses a stale token).
 * Cancel is cooperative: `should_cancel` (asked by the agent loop between steps) answers from
   that poll, without I/O, so a cancel is honoured within CLAIM_POLL_S plus one step.
+* Budgets (apps.tasks.budgets): `claimable()` leaves out the queued trajectories of a batch,
+  user or day whose budget is spent; each episode runs with `agent.budget_check` set to the
+  job's check (the process's cached spend plus the job's in-flight cost), asked before every
+  model call, without I/O; the bookkeeping task refreshes that cache every BUDGET_REFRESH_S.
 * Live-log lines are buffered in memory and written for all trajectories at once every
   LOG_FLUSH_S, and a trajectory's last ones right before its result is stored.
 * Results (and retries) are stored by one `Finisher`: the episodes that ended while it was
@@ -680,12 +684,14 @@ class RolloutRunner:
             queryset = queryset.filter(task__batch_id=self.batch_id)
         return queryset
 
-    def _due_in(self) -> float | None:
-        """Seconds until the first trajectory this job may claim becomes due (0 if one is due
-        now), None if none is queued."""
-        first = (self._scoped(claimable(due=False)).order_by(F("queued_at").asc(nulls_first=True))
-                 .values_list("queued_at", flat=True).first())
-        if first is None and not self._scoped(claimable(due=False)).exists():
+    def _due_in(self, exclude: Q | None = None) -> float | None:
+        """Seconds until the first trajectory this job may claim (none that `exclude` matches: the
+        budgets its own episodes spent) becomes due (0 if one is due now), None if none is queued."""
+        queued = self._scoped(claimable(due=False))
+        if exclude is not None:
+            queued = queued.exclude(exclude)
+        first = queued.order_by(F("queued_at").asc(nulls_first=True)).values_list("queued_at", flat=True).first()
+        if first is None and not queued.exists():
             return None
         return 0.0 if first is None else max(0.0, (first - timezone.now()).total_seconds())
 
@@ -728,7 +734,7 @@ class RolloutRunner:
                         self.claimed += len(claims)
                         exhausted = not claims
                         if exhausted and self.limit is None:
-                            wait = await self.db(self._due_in)
+                            wait = await self.db(self._due_in, self.spend.blocked())
                             if wait is not None and wait <= CLAIM_WAIT_S and time.monotonic() + wait < budget_end:
                                 exhausted, wake_at = False, time.monotonic() + max(wait, 0.05)
                         for claim in claims:
@@ -742,6 +748,7 @@ class RolloutRunner:
                 done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for finished in done:
                     claim = running.pop(finished)
+                    self.spend.ended(claim.pk)  # stored by now: the next snapshot has its cost
                     try:
                         outcome = finished.result()
                     except Exception:
@@ -838,7 +845,6 @@ class RolloutRunner:
         except Exception as exc:
             logger.exception("trajectory %s: the episode raised", trajectory.pk)
             error = f"{type(exc).__name__}: {exc}"
-        self.spend.ended(trajectory.pk)
         if error:
             error = redact(error)
             self.logs.add(trajectory.pk, "error", f"worker: {error}")

@@ -143,6 +143,20 @@ def test_a_batch_over_budget_stops_its_running_episode_at_the_next_model_call_an
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_job_does_not_claim_for_a_budget_its_own_episodes_spent_before_its_snapshot_knows(
+        llm: PricedLLM, admin_user_role: Any, settings: Any) -> None:
+    settings.BUDGET_REFRESH_S = 600.0  # the snapshot taken at the first claim stays all job long
+    batch = Batch.objects.create(name="stale snapshot")
+    budgets.batch_set_budget(batch=batch, budget_usd="0.05", actor=admin_user_role)
+    task = started(batch, samples=3)
+
+    report = jobs.run_rollouts(batch_id=batch.pk, concurrency=1)
+
+    assert report["claimed"] == 1 and llm.calls == 5
+    assert Trajectory.objects.filter(task=task, status="queued", attempts=0).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_queued_trajectory_is_not_claimed_once_the_stored_spend_reached_the_budget(llm: PricedLLM,
                                                                                       admin_user_role: Any) -> None:
     batch = Batch.objects.create(name="spent before")

@@ -14,7 +14,9 @@ from apps.engines.scenes import SCENE_CHOICES
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Batch, Task, Trajectory
-from trajplatform.api import ErrorSerializer, IdFilter, StrictFilterSet, UtcDateTimeFilter, idempotent
+from trajplatform.api import (
+    ErrorSerializer, IdFilter, LimitedJSONParser, StrictFilterSet, UtcDateTimeFilter, idempotent,
+)
 
 ERRORS = {400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer,
           409: ErrorSerializer, 429: ErrorSerializer}
@@ -131,7 +133,7 @@ class BatchViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveModel
         return s.BatchDetailSerializer if self.action in ("retrieve", "budget") else s.BatchSerializer
 
     @extend_schema(request=s.BudgetSerializer, responses={200: s.BatchDetailSerializer, **ERRORS})
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], parser_classes=[LimitedJSONParser])  # JSON: null means none
     def budget(self, request: Request, pk: str | None = None) -> Response:
         """Set (or with null clear) the batch's cost budget; queued trajectories of a batch over
         budget wait, a running one stops at its next model call."""
