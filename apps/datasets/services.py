@@ -571,7 +571,8 @@ def export_state_changed(version_id: int) -> None:
     """An export of this version was created or changed state: after commit, its group hears."""
     from apps.tasks.services import send_to_groups
 
-    transaction.on_commit(lambda: send_to_groups({export_group_name(version_id): version_id}, export_states_message))
+    transaction.on_commit(lambda: send_to_groups({export_group_name(version_id): version_id}, export_states_message),
+                          robust=True)  # the change stands whatever happens to its event: logged, not raised
 
 
 def _lost(job: ExportJob) -> bool:

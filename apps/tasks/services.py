@@ -768,8 +768,10 @@ def batch_progress_changed(batch_ids: Iterable[int | None]) -> None:
     def send(queued: set[int]) -> None:
         send_to_groups({batch_group_name(pk): pk for pk in sorted(queued)}, batch_progress_message)
 
+    # robust: the change is committed whatever happens to its event (a broker down, a thread
+    # running an event loop, where async_to_sync refuses): a failed send is logged, not raised.
     if not connection.in_atomic_block:
-        send(ids)
+        transaction.on_commit(lambda: send(ids), robust=True)  # runs now
         return
     # One callback per transaction: Django gives a transaction (and a rolled-back savepoint)
     # a new run_on_commit list, so a list that is still the same means the same transaction.
@@ -779,7 +781,7 @@ def batch_progress_changed(batch_ids: Iterable[int | None]) -> None:
         return
     queued = set(ids)
     connection.batch_progress_pending = (queued, connection.run_on_commit)
-    transaction.on_commit(lambda: send(queued))
+    transaction.on_commit(lambda: send(queued), robust=True)
 
 
 # --- creating tasks (the API) -----------------------------------------------------------------

@@ -16,7 +16,6 @@ from apps.datasets.jobs import export_run
 from apps.datasets.models import ExportJob
 from apps.datasets.services import dataset_version_create, export_fail, export_start
 from tests.datasets.version_data import export_dir, make_trajectory, no_dedup  # noqa: F401 (export_dir: fixture)
-from tests.tasks.test_live_log_browser import daphne_server, page, static_root  # noqa: F401 (fixtures)
 from tests.tasks.test_live_log_consumer import assert_refused, fresh_channel_layer  # noqa: F401 (autouse fixture)
 from trajplatform.asgi import websocket_urlpatterns
 
@@ -112,23 +111,3 @@ def test_the_version_page_subscribes_and_polls_only_while_the_socket_is_closed(c
     assert 'hx-trigger="every 3s [!(window.exportsLive && window.exportsLive())]"' in page
     fragment = client.get(url, {"fragment": "exports"}).content.decode()
     assert f'data-ws="/ws/versions/{version.pk}/exports/"' in fragment and 'data-status="queued"' in fragment
-
-
-def test_in_chromium_the_exports_table_follows_the_socket(daphne_server, page, approver, version):
-    from playwright.sync_api import expect
-
-    from tests.console.test_console_browser import sign_in
-
-    job = export_start(version=version, fmt="sft-openai", actor=approver, enqueue=False)
-    sign_in(page, daphne_server, approver, "/review/?tier=red")
-    requests = []
-    page.on("request", lambda r: requests.append(r.url) if "fragment=exports" in r.url else None)
-    page.goto(f"{daphne_server.url}{reverse('datasets:version_detail', args=[version.dataset.name, version.number])}")
-    expect(page.locator("#exports-table")).to_have_attribute("data-live-state", "live")
-    expect(page.locator(f'#exports-table tr[data-job="{job.pk}"]')).to_have_attribute("data-status", "queued")
-    page.wait_for_timeout(3500)
-    assert requests == []  # no polling while the socket is open
-    export_run(job.pk)
-    expect(page.locator(f'#exports-table tr[data-job="{job.pk}"]')).to_have_attribute("data-status", "done")
-    expect(page.locator("#exports-table")).to_contain_text("download")
-    assert len(requests) == 1  # one reload, asked for by the socket's event
