@@ -19,7 +19,7 @@ LONG_MODEL = "Qwen/Qwen2.5-Coder-32B-Instruct-GPTQ-Int4-long-deployment-name"
 
 def _rows(make_task, admin_user) -> dict[str, object]:
     """One row of every listed model, with the long values real data has."""
-    batch = Batch.objects.create(name="nightly code_exec regression batch 2026-11-26 with a long name",
+    batch = Batch.objects.create(name=f"nightly code_exec regression batch {Batch.objects.count()} with a long name",
                                  source_name="examples/tasks/a-very-long-directory-name/tasks.jsonl")
     task = make_task(batch=batch, external_id="swe-gym/django__django-15781-variant-with-a-long-id",
                      model=LONG_MODEL)
@@ -30,7 +30,7 @@ def _rows(make_task, admin_user) -> dict[str, object]:
     proposal = Proposal.objects.create(task=task, review=review, iteration=1, field="system_prompt_extra",
                                        to_value="Always run the tests before finishing " * 4, tier="yellow",
                                        proposer="review-agent")
-    dataset = Dataset.objects.create(name="code-exec-sft-accepted-2026-11",
+    dataset = Dataset.objects.create(name=f"code-exec-sft-accepted-{Dataset.objects.count()}",
                                      description="Every accepted code_exec trajectory of November " * 5,
                                      created_by=admin_user)
     version = DatasetVersion.objects.create(
@@ -50,10 +50,12 @@ LISTS = [
 
 @pytest.mark.django_db(transaction=True)
 def test_every_admin_list_fits_a_1440_px_screen(daphne_server, page, make_task, make_user):
+    from playwright.sync_api import expect
+
     from tests.console.test_console_browser import shot
 
     admin_user = make_user("admin", is_superuser=True)
-    _rows(make_task, admin_user)
+    rows = _rows(make_task, admin_user)
     page.set_viewport_size({"width": 1440, "height": 900})
     page.goto(f"{daphne_server.url}/admin/login/")
     page.fill("#id_username", admin_user.username)
@@ -72,6 +74,10 @@ def test_every_admin_list_fits_a_1440_px_screen(daphne_server, page, make_task, 
         if widths[0] > widths[1] or widths[2] > 1440:
             overflowing[model] = widths
     assert overflowing == {}
+    for name, app in (("datasetversion", "datasets"), ("review", "reviews")):  # the readable JSON, looked at
+        page.goto(f"{daphne_server.url}{reverse(f'admin:{app}_{name}_change', args=[rows[name].pk])}")
+        expect(page.locator("table.readable-json").first).to_be_visible()
+        shot(page, f"admin-{name}-change-1440")
 
 
 @pytest.fixture
@@ -129,3 +135,24 @@ def test_the_task_change_page_refuses_a_post_even_from_a_superuser(client, make_
     response = client.post(reverse("admin:tasks_task_change", args=[task.pk]), {"prompt": "changed"})
     assert response.status_code == 403
     assert Task.objects.get(pk=task.pk).prompt == task.prompt
+
+
+@pytest.mark.parametrize("app, model", LISTS)
+def test_the_short_columns_add_no_query_per_row(client, make_user, make_task, app, model):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    admin_user = make_user("admin", is_superuser=True)
+    client.force_login(admin_user)
+    url = reverse(f"admin:{app}_{model}_changelist")
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get(url).status_code == 200
+        return len(captured)
+
+    _rows(make_task, admin_user)
+    one = queries()
+    for _ in range(3):
+        _rows(make_task, admin_user)
+    assert queries() == one
