@@ -419,10 +419,6 @@ ENVSCALER_MCP_HOST = env_str("ENVSCALER_MCP_HOST", "0.0.0.0")
 # each sandbox has its own network, so one fixed port serves every episode (docs/gui.md).
 GUI_MCP_PORT = env_int("GUI_MCP_PORT", 8931)
 GUI_MCP_HOST = env_str("GUI_MCP_HOST", "0.0.0.0")
-
-# --- reviews (apps/reviews) ---------------------------------------------------------------
-# The judge is the configured LLM (LLM_* / LLM_PROVIDERS above); REVIEW_JUDGE_MODEL asks the
-# primary provider for another model. A judge that fails is retried every
 # Web toolset (apps/engines/web, docs/web.md): corpora built by `manage.py corpus_build` live in
 # WEB_CORPUS_DIR; a task's scene_config.web.corpus defaults to WEB_CORPUS_DEFAULT. The live backend
 # searches with ddgs (or the SearXNG JSON API at WEB_SEARXNG_URL), fetches public addresses only
@@ -435,6 +431,10 @@ WEB_ALLOW_PRIVATE_TARGETS = env_bool("WEB_ALLOW_PRIVATE_TARGETS", False)
 WEB_RATE_PER_S = env_float("WEB_RATE_PER_S", 2.0)
 WEB_FETCH_TIMEOUT_S = env_float("WEB_FETCH_TIMEOUT_S", 15.0)
 WEB_MAX_PAGE_BYTES = env_int("WEB_MAX_PAGE_BYTES", 5_000_000)
+
+# --- reviews (apps/reviews) ---------------------------------------------------------------
+# The judge is the configured LLM (LLM_* / LLM_PROVIDERS above); REVIEW_JUDGE_MODEL asks the
+# primary provider for another model. A judge that fails is retried every
 # REVIEW_JUDGE_RETRY_MINUTES, at most REVIEW_JUDGE_MAX_ATTEMPTS calls per review; its review
 # stays `judge_failed` (no score) until one succeeds.
 REVIEW_QUALITY_THRESHOLD = env_int("REVIEW_QUALITY_THRESHOLD", 80)
