@@ -24,7 +24,7 @@ from typing import Any
 
 from apps.engines.deep_search.verify import check_sources, exact_match, normalize_answer, token_f1, word_count
 from apps.engines.runtime import SceneRuntime, ToolError, ToolResult, current_episode
-from apps.engines.web import opened_urls, web_tools, web_toolset
+from apps.engines.web import episode_toolset, opened_urls, web_tools, web_toolset
 from apps.engines.web.toolset import WebToolset, check_web_config, web_settings
 
 SCENE = "deep_search"
@@ -109,14 +109,7 @@ class DeepSearchRuntime(SceneRuntime):
     # -- tools
 
     def _web(self, config: dict[str, Any]) -> WebToolset:
-        """The episode's toolset, made once per episode (a live backend keeps its rate limit and replay)."""
-        try:
-            state = current_episode().state
-        except LookupError:  # called outside the loop (a test, a script): a toolset of its own
-            return web_toolset(config)
-        if "web" not in state:
-            state["web"] = web_toolset(config)
-        return state["web"]
+        return episode_toolset(config)
 
     def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
                      timeout: float | None = None) -> ToolResult:

@@ -36,7 +36,7 @@ from apps.engines.runtime import SceneRuntime, SetupError, ToolResult, current_e
 from apps.engines.search2qa import emit as E
 from apps.engines.search2qa import gates as G
 from apps.engines.search2qa import prompts as P
-from apps.engines.web.toolset import opened_urls, web_tools, web_toolset
+from apps.engines.web.toolset import episode_toolset, opened_urls, web_tools, web_toolset
 
 SCENE = "search2qa"
 DEFAULT_STAGE_TIMEOUT_S = 600.0  # the agent loop's default timeout_s
@@ -116,11 +116,7 @@ class Search2QARuntime(SceneRuntime):
 
     def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
                      timeout: float | None = None) -> ToolResult:
-        # One toolset per episode: a live backend keeps its rate limit and its recorded exchanges.
-        state = current_episode().state
-        if "web" not in state:
-            state["web"] = web_toolset(config)
-        return state["web"].execute(name, args, timeout=timeout)
+        return episode_toolset(config).execute(name, args, timeout=timeout)
 
     # -- after finish: the factory's remaining stages
 

@@ -143,6 +143,21 @@ def check_web_config(config: dict[str, Any]) -> None:
         raise SetupError(f"unknown web backend {web['backend']!r} (corpus | live)")
 
 
+def episode_toolset(config: dict[str, Any]) -> "WebToolset":
+    """The running episode's toolset, made once per episode and kept in its state (a live backend
+    keeps its rate limit and its recorded exchanges; sub-episodes in the same environment share it).
+    Outside an episode (a test, a script) a toolset of its own."""
+    from apps.engines.runtime import current_episode
+
+    try:
+        state = current_episode().state
+    except LookupError:
+        return web_toolset(config)
+    if "web" not in state:
+        state["web"] = web_toolset(config)
+    return state["web"]
+
+
 def web_toolset(config: dict[str, Any], *, steps: Iterable[dict[str, Any]] = ()) -> "WebToolset":
     """The toolset an episode's config asks for (InfrastructureError when the corpus is not built).
 
