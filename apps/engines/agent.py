@@ -382,6 +382,7 @@ class _Episode:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.in_agent_loop = False  # the agent loop runs (a sub-episode's wall clock is bounded by it)
         self.subepisodes: dict[str, int] = {}  # label -> how many ran (their cache identities)
+        self.ended = False  # run() is over, however it ended: its sub-episodes stop at their next turn
         self.on_sandbox_destroyed = on_sandbox_destroyed
         self.llm = llm
         self.sandbox_backend = sandbox_backend
@@ -451,6 +452,7 @@ class _Episode:
             logger.exception("episode failed inside the platform")
             self._end(ERROR, f"internal error: {type(exc).__name__}: {exc}", kind="internal")
         finally:
+            self.ended = True
             if self.sandbox_task is not None and not self.sandbox_task.done():
                 await asyncio.wait([self.sandbox_task])  # it may still hand over a sandbox to destroy
             await self._destroy_sandbox()
@@ -846,11 +848,18 @@ class _Episode:
             # The child's end is not the parent's: its "result" is a system line here.
             await parent_emit("system" if kind == "result" else kind, f"[{name}] {message}", {**data, "sub": name})
 
+        parent = self
+
+        async def should_cancel() -> bool:
+            # The parent's cancel, or the parent itself gone (stopped on its time limit by the worker
+            # while this ran from one of its tool calls): a sub-episode never outlives its episode.
+            return parent.ended or await parent.cancel_requested()
+
         extra = dict(self.cache_key_extra or {})
         extra["sub"] = "/".join(filter(None, [extra.get("sub", ""), name]))
         child = _Episode(
             config=config, llm=self.llm, sandbox_backend=self.sandbox_backend, cache_key_extra=extra,
-            on_event=on_event, should_cancel=self.should_cancel, trajectory=self.trajectory,
+            on_event=on_event, should_cancel=should_cancel, trajectory=self.trajectory,
             parent=self, label=name, shared_sandbox=shared,
         )
         child.replay_of = self.replay_of

@@ -208,3 +208,79 @@ def test_run_subepisode_on_the_event_loop_is_refused() -> None:
             EpisodeContext(Host()).run_subepisode({}, label="x")
 
     asyncio.run(main())
+
+
+IDLE, THREAD_LEAD = "subtest_idle", "subtest_thread_lead"
+CHILD_RESULTS: list[Any] = []
+
+
+class IdleRuntime(SceneRuntime):
+    """A role that only waits: its episode runs until a limit or a cancel."""
+
+    scene_id = IDLE
+
+    def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+                for name in ("wait", "finish")]
+
+    def system_prompt(self, config: dict[str, Any]) -> str:
+        return "wait"
+
+    def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
+                     timeout: float | None = None) -> ToolResult:
+        return ToolResult(output="waited")
+
+
+class ThreadLeadRuntime(IdleRuntime):
+    """Its `wait` runs a long sub-episode from the worker thread the loop runs tools in."""
+
+    scene_id = THREAD_LEAD
+
+    def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
+                     timeout: float | None = None) -> ToolResult:
+        from apps.engines.offline_model import MODEL_FAULT_PREFIX
+
+        child = current_episode().run_subepisode(
+            {**config, "scene": IDLE, "prompt": "[idle] keep waiting", "max_steps": 60,
+             "model": MODEL_FAULT_PREFIX + "slow;seconds=0.2"}, label="idle")
+        CHILD_RESULTS.append(child)
+        return ToolResult(output=child.outcome)
+
+
+def test_a_sub_episode_stops_when_its_episode_is_stopped_from_outside() -> None:
+    import contextlib
+    import time
+
+    from apps.engines.agent import run_episode
+
+    register_runtime(IDLE, IdleRuntime)
+    register_runtime(THREAD_LEAD, ThreadLeadRuntime)
+    CHILD_RESULTS.clear()
+    scripts = [{"id": "lead", "prompt": "[lead] wait for the idler", "reference_solution": [call("wait"), call("finish")]},
+               {"id": "idle", "prompt": "[idle] keep waiting", "reference_solution": [call("wait")] * 60}]
+    try:
+        with running_offline_model(scripts=scripts) as server:
+            llm = client(server.url)
+
+            async def main() -> None:
+                # The worker stops an episode on its time limit by cancelling it; the loop goes on
+                # running other episodes, so nothing else would stop the sub-episode.
+                episode = asyncio.create_task(run_episode(
+                    config=config_for("[lead] wait for the idler", scene=THREAD_LEAD),
+                    llm=llm, cache_key_extra=cache_identity(uuid.uuid4())))
+                await asyncio.sleep(1.0)
+                episode.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await episode
+                deadline = time.monotonic() + 6  # 60 slow turns would take 12 s
+                while not CHILD_RESULTS and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                await llm.aclose()
+
+            asyncio.run(main())
+    finally:
+        RUNTIMES.pop(IDLE, None)
+        RUNTIMES.pop(THREAD_LEAD, None)
+    [child] = CHILD_RESULTS
+    assert child.cancelled and child.outcome == "error" and child.outcome_reason == "cancelled"
+    assert child.llm_calls < 20
