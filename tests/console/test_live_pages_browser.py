@@ -56,4 +56,7 @@ def test_in_chromium_the_exports_table_follows_the_socket(daphne_server, page, a
     export_run(job.pk)
     expect(page.locator(f'#exports-table tr[data-job="{job.pk}"]')).to_have_attribute("data-status", "done")
     expect(page.locator("#exports-table")).to_contain_text("download")
-    assert len(requests) == 1  # one reload, asked for by the socket's event
+    # reloads asked for by the socket's events, one per state the table did not show yet: the
+    # job's "running" and "done" come as two events, which arrive together or apart depending on
+    # the machine's load (a 3 s poll would have added more)
+    assert 1 <= len(requests) <= 2, requests

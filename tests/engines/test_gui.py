@@ -241,7 +241,10 @@ class _CrashingGui(GuiRuntime):
             killed = 0
             for bwrap in _bwraps_using(str(sandbox.workspace)):
                 for pid in _descendants(bwrap):
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    try:
+                        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    except OSError:
+                        continue  # a short-lived helper (a shell, a renderer) that has just exited
                     if os.path.basename(cmdline[0]) == b"chromium" and not any(a.startswith(b"--type=") for a in cmdline):
                         os.kill(pid, signal.SIGKILL)  # the episode's own browser, started by this test
                         killed += 1
