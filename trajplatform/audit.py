@@ -77,6 +77,7 @@ ACTIONS: dict[str, str] = {
     "datasets.export_start": "an export of a dataset version (format, split) was queued",
     "datasets.export_finish": "an export file was completely written and renamed into place (checksum recorded)",
     "datasets.export_fail": "an export failed; no file was put in place",
+    "datasets.export_requeue": "the export reaper put a job whose worker died back in the queue, or failed it after its claims",
     "datasets.template_check": "a finished export was rendered through a chat template and checked (per-record report)",
 }
 

@@ -158,8 +158,8 @@ class ExportJobAdmin(ViewOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.Mo
     show_full_result_count = False
     json_fields = ("excluded",)
     fields = ("version", "format", "format_version", "split", "status", "path", "in_export_dir", "sha256", "lines",
-              "bytes", "members", "resumed_chunks", "excluded", "error", "requested_by", "worker", "created_at",
-              "started_at", "finished_at", "recent_audit_events")
+              "bytes", "members", "resumed_chunks", "excluded", "error", "requested_by", "worker", "claims",
+              "created_at", "started_at", "finished_at", "recent_audit_events")
     readonly_fields = ("recent_audit_events",)
 
     @admin.display(description="excluded")

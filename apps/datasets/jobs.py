@@ -17,11 +17,15 @@ import logging
 import os
 import shutil
 import socket
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 from django.conf import settings
+from django.db.models import F
 from django.utils import timezone
+
+from trajplatform.schedules import ensure_schedule
 
 from apps.datasets import services
 from apps.datasets.models import DatasetVersion, ExportJob
@@ -34,6 +38,15 @@ log = logging.getLogger(__name__)
 PARTS_SUFFIX = ".parts"
 MANIFEST = "manifest.json"
 COPY_BUFFER = 1 << 20
+
+# The export reaper (a django-q2 Schedule, like the rollout and pipeline reapers): the broker holds
+# only "run export N", so a job whose message was lost (a cluster killed after taking it; on Redis
+# nothing comes back) is found from the rows and dispatched again; the claim makes a repeat harmless.
+EXPORT_STALE_S = 600.0  # a queued job older than this is dispatched again
+EXPORT_MAX_CLAIMS = 3  # a job whose worker died this many times fails instead of running again
+REAP_SCHEDULE_NAME = "datasets.reap_exports"
+REAP_FUNC = "apps.datasets.jobs.reap_exports"
+REAP_EVERY_MINUTES = 1
 
 # Formats whose lines carry their index in the file (verl's extra_info.index).
 POSITIONAL_FORMATS = frozenset({"rl-verl"})
@@ -179,7 +192,8 @@ def write_export(
 def export_run(job_id: int, *, progress: ExportProgress | None = None) -> ExportJob | None:
     """Run a queued export job; a no-op (None) if another worker already claimed it."""
     claimed = ExportJob.objects.filter(pk=job_id, status=ExportJob.Status.QUEUED).update(
-        status=ExportJob.Status.RUNNING, started_at=timezone.now(), worker=f"{socket.gethostname()}:{os.getpid()}"
+        status=ExportJob.Status.RUNNING, started_at=timezone.now(), worker=f"{socket.gethostname()}:{os.getpid()}",
+        claims=F("claims") + 1,
     )
     if not claimed:
         return None
@@ -205,3 +219,41 @@ def run_export(job_id: int) -> dict[str, Any]:
     if job is None:
         return {"job": job_id, "skipped": "already claimed"}
     return {"job": job.pk, "status": job.status, "lines": job.lines, "sha256": job.sha256, "error": job.error}
+
+
+def _export_worker_gone(job: ExportJob) -> str:
+    """Why a running job's worker is gone ("" while it may still run): its process on this host
+    has exited (or its pid now belongs to a younger process), or, from any host, it has run past
+    django-q2's job timeout, after which the cluster has killed it."""
+    from apps.tasks.jobs import holder_alive
+
+    host, _, pid = job.worker.partition(":")
+    if host == socket.gethostname() and pid != str(os.getpid()) and not holder_alive(job.worker, job.started_at):
+        return f"its worker {job.worker} is gone"
+    if services._lost(job):
+        return f"running since {job.started_at:%Y-%m-%d %H:%M:%S} UTC, past the job timeout"
+    return ""
+
+
+def reap_exports() -> dict[str, int]:
+    """Put running exports whose worker is gone back in the queue (they resume from their finished
+    chunks), failing those taken EXPORT_MAX_CLAIMS times; dispatch again the queued ones older than
+    EXPORT_STALE_S (a lost broker message). Counts by outcome."""
+    report = {"requeued": 0, "failed": 0, "dispatched": 0}
+    for job in ExportJob.objects.filter(status=ExportJob.Status.RUNNING).only("pk", "worker", "started_at", "status"):
+        reason = _export_worker_gone(job)
+        outcome = services.export_requeue(job_id=job.pk, reason=reason, max_claims=EXPORT_MAX_CLAIMS) if reason else ""
+        if outcome:
+            report[outcome] += 1
+    stale_before = timezone.now() - timedelta(seconds=EXPORT_STALE_S)
+    for pk in ExportJob.objects.filter(status=ExportJob.Status.QUEUED, created_at__lt=stale_before).values_list("pk", flat=True):
+        services._enqueue_export(pk)
+        report["dispatched"] += 1
+    if any(report.values()):
+        log.info("export reaper: %s", report)
+    return report
+
+
+def ensure_export_schedules(*, minutes: int = REAP_EVERY_MINUTES, using: str = "default") -> Any:
+    """Register the export reaper's django-q2 Schedule (idempotent); returns it."""
+    return ensure_schedule(name=REAP_SCHEDULE_NAME, func=REAP_FUNC, minutes=minutes, using=using)

@@ -195,6 +195,8 @@ class ExportJob(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="dataset_exports"
     )
     worker = models.CharField(max_length=200, blank=True)
+    claims = models.PositiveSmallIntegerField(
+        default=0, help_text="times a worker took the job; the export reaper gives up after EXPORT_MAX_CLAIMS")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

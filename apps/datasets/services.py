@@ -582,6 +582,33 @@ def _lost(job: ExportJob) -> bool:
             and job.started_at < timezone.now() - timedelta(seconds=timeout))
 
 
+def export_requeue(*, job_id: int, reason: str, max_claims: int) -> str:
+    """The export reaper's: a running export whose worker is gone goes back to the queue and is
+    dispatched after commit (its finished chunks are kept, so the next run resumes from them), or
+    fails once `max_claims` workers have taken it. Returns "requeued", "failed", or "" when the
+    job moved on meanwhile."""
+    with transaction.atomic():
+        job = ExportJob.objects.select_for_update().filter(pk=job_id, status=ExportJob.Status.RUNNING).first()
+        if job is None:
+            return ""
+        if job.claims >= max_claims:
+            job.status, job.finished_at = ExportJob.Status.FAILED, timezone.now()
+            job.error = f"{reason}; gave up after {job.claims} runs (ask for the export again to retry)"
+            outcome = "failed"
+        else:
+            job.status, job.started_at, job.worker = ExportJob.Status.QUEUED, None, ""
+            outcome = "requeued"
+        job.save(update_fields=["status", "finished_at", "error", "started_at", "worker"])
+        audit_record("datasets.export_requeue", target=job, actor_repr="export reaper",
+                     data={"reason": reason, "outcome": outcome, "claims": job.claims, "path": job.path})
+        export_state_changed(job.version_id)
+        if outcome == "requeued":
+            transaction.on_commit(lambda: _enqueue_export(job.pk))
+        else:
+            _export_ready(job)
+    return outcome
+
+
 def _enqueue_export(job_id: int) -> None:
     from trajplatform.schedules import enqueue
 

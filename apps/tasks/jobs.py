@@ -1000,11 +1000,13 @@ def on_worker_start(**kwargs: Any) -> dict[str, int]:
 
 
 def ensure_schedules(*, minutes: int = REAP_EVERY_MINUTES, using: str = "default") -> Any:
-    """Register the rollout reaper's, the sandbox reconciler's and the pipeline reaper's Schedules
+    """Register the rollout reaper's, the sandbox reconciler's, the pipeline and the export reapers' Schedules
     (idempotent; run after every migrate); returns the rollout reaper's."""
+    from apps.datasets.jobs import ensure_export_schedules
     from apps.engines.jobs import ensure_sandbox_schedules
     from apps.engines.pipelines.jobs import ensure_pipeline_schedules
 
     ensure_sandbox_schedules(using=using)
     ensure_pipeline_schedules(using=using)
+    ensure_export_schedules(using=using)
     return ensure_schedule(name=REAP_SCHEDULE_NAME, func=REAP_FUNC, minutes=minutes, using=using)

@@ -159,3 +159,101 @@ def test_exporting_needs_the_approver_role(version: Any, reviewer: Any) -> None:
 
     with pytest.raises(PermissionDenied):
         export_start(version=version, fmt="raw", split="all", actor=reviewer)
+
+
+class _Killed(BaseException):
+    """What a kill -9 leaves behind: the job's code stops where it is, nothing marks the row."""
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_reaper_puts_an_export_whose_worker_died_back_in_the_queue_and_it_resumes(
+        version: Any, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        django_capture_on_commit_callbacks: Any) -> None:
+    import socket
+
+    from django_q.models import OrmQ
+
+    from apps.datasets import jobs
+
+    settings.DATASET_EXPORT_CHUNK = 4  # 12 members -> 3 chunks
+    reference = _run(version, "sft-openai", "all", out_path=tmp_path / "reference.jsonl")
+    real_load = exporters.load_records
+    monkeypatch.setattr(exporters, "load_records", loader_failing_on_call(2, _Killed()))
+    out = tmp_path / "killed.jsonl"
+    job = export_start(version=version, fmt="sft-openai", split="all", actor=None, enqueue=False, out_path=out)
+    with pytest.raises(_Killed):
+        export_run(job.pk)
+    job.refresh_from_db()
+    assert job.status == "running" and job.claims == 1 and (tmp_path / "killed.jsonl.parts").is_dir()
+    assert jobs.reap_exports() == {"requeued": 0, "failed": 0, "dispatched": 0}  # its worker (this process) lives
+
+    ExportJob.objects.filter(pk=job.pk).update(worker=f"{socket.gethostname()}:{_dead_pid()}")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs.reap_exports()["requeued"] == 1
+    job.refresh_from_db()
+    assert job.status == "queued" and job.worker == "" and OrmQ.objects.count() == 1  # dispatched after commit
+    event = AuditEvent.objects.get(action="datasets.export_requeue", target_id=str(job.pk))
+    assert event.data["outcome"] == "requeued" and "is gone" in event.data["reason"]
+
+    monkeypatch.setattr(exporters, "load_records", real_load)
+    resumed = export_run(job.pk)
+    assert resumed.status == "done" and resumed.resumed_chunks == 1 and resumed.claims == 2
+    assert resumed.sha256 == reference.sha256 == _sha(out)
+
+
+def test_the_reaper_fails_an_export_after_its_claims_and_leaves_live_ones_alone(version: Any) -> None:
+    import socket
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.datasets import jobs
+
+    dying = export_start(version=version, fmt="sft-openai", split="all", actor=None, enqueue=False)
+    ExportJob.objects.filter(pk=dying.pk).update(status="running", started_at=timezone.now(),
+                                                 claims=jobs.EXPORT_MAX_CLAIMS,
+                                                 worker=f"{socket.gethostname()}:{_dead_pid()}")
+    elsewhere = export_start(version=version, fmt="sharegpt", split="all", actor=None, enqueue=False)
+    ExportJob.objects.filter(pk=elsewhere.pk).update(status="running", started_at=timezone.now(), claims=1,
+                                                     worker="another-machine:4242")
+    assert jobs.reap_exports() == {"requeued": 0, "failed": 1, "dispatched": 0}
+    dying.refresh_from_db()
+    assert dying.status == "failed" and f"gave up after {jobs.EXPORT_MAX_CLAIMS} runs" in dying.error
+    assert ExportJob.objects.get(pk=elsewhere.pk).status == "running"  # another host's, within the job timeout
+
+    ExportJob.objects.filter(pk=elsewhere.pk).update(started_at=timezone.now() - timedelta(days=1))
+    assert jobs.reap_exports()["requeued"] == 1  # past django-q2's timeout, from any host
+    assert ExportJob.objects.get(pk=elsewhere.pk).status == "queued"
+
+
+def test_the_reaper_dispatches_a_queued_export_whose_message_was_lost(
+        version: Any, django_capture_on_commit_callbacks: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    from apps.datasets import jobs
+
+    lost = export_start(version=version, fmt="sft-openai", split="all", actor=None, enqueue=False)
+    fresh = export_start(version=version, fmt="sharegpt", split="all", actor=None, enqueue=False)
+    ExportJob.objects.filter(pk=lost.pk).update(created_at=timezone.now() - timedelta(seconds=jobs.EXPORT_STALE_S + 5))
+    assert jobs.reap_exports() == {"requeued": 0, "failed": 0, "dispatched": 1}
+    [message] = OrmQ.objects.all()
+    assert message.task["args"] == (lost.pk,)
+    assert run_export(lost.pk)["status"] == "done" and ExportJob.objects.get(pk=fresh.pk).status == "queued"
+
+
+def test_migrate_registers_the_export_reaper() -> None:
+    from django_q.models import Schedule
+
+    from apps.datasets import jobs
+
+    assert Schedule.objects.filter(name=jobs.REAP_SCHEDULE_NAME, func=jobs.REAP_FUNC).exists()
