@@ -9,7 +9,8 @@ multiprocess directory to share. Gauges only (the counts can go down as rows are
   due now or waiting out a back-off; rollouts in flight per worker machine (host name);
 * windowed (trajectories finished in the last METRICS_WINDOW_S, at most METRICS_SAMPLE of them,
   from the `llm` record on each step): agent steps/s, model latency (overall and per provider),
-  model calls and retried attempts per provider (429s, 5xx, timeouts the client retried);
+  model calls and retried attempts per provider (429s, 5xx, timeouts the client retried), and of
+  those the 429s;
 * errors: trajectories that ended in an LLM error;
 * sandboxes: alive by backend; created, failed (last_error set) and taken from the warm pool
   in the window, by backend;
@@ -92,6 +93,7 @@ class LLMWindow:
         self.latencies: list[float] = []
         self.by_provider: dict[tuple[str], list[float]] = defaultdict(list)
         self.retries: dict[str, float] = defaultdict(float)
+        self.rate_limited: dict[str, float] = defaultdict(float)
         for trajectory_steps in rows:
             turns: set[str] = set()
             for step in trajectory_steps or []:
@@ -112,6 +114,8 @@ class LLMWindow:
                 self.by_provider[(provider,)].append(seconds)
                 attempts = llm.get("attempts")
                 self.retries[provider] += max(0, int(attempts) - 1) if isinstance(attempts, int) else 0
+                limited = llm.get("rate_limited")
+                self.rate_limited[provider] += limited if isinstance(limited, int) else 0
 
 
 class PlatformCollector:
@@ -164,6 +168,9 @@ class PlatformCollector:
         yield _gauge("trajplatform_llm_retries",
                      f"Attempts the LLM client retried (429, 5xx, timeouts) per provider over the last "
                      f"{METRICS_WINDOW_S}s.", "provider", dict(window.retries))
+        yield _gauge("trajplatform_llm_rate_limited",
+                     f"Attempts a provider answered with HTTP 429, per provider over the last {METRICS_WINDOW_S}s "
+                     "(of the calls that then succeeded).", "provider", dict(window.rate_limited))
         llm_errors = Trajectory.objects.filter(outcome=Trajectory.Outcome.ERROR,
                                                outcome_reason__startswith="LLM error").count()
         yield _gauge("trajplatform_llm_errors", "Trajectories that ended in an LLM error (after the client's retries).",

@@ -688,6 +688,7 @@ class _Episode:
                 "latency_ms": chat.latency_ms, "attempts": chat.attempts, "cached": chat.cached,
                 "provider": chat.provider, "model": chat.model, "usage": dict(chat.usage),
                 "finish_reason": chat.finish_reason,
+                **({"rate_limited": chat.rate_limited} if chat.rate_limited else {}),
                 **({"replay_of": self.replay_of} if self.replay_of else {}),
             }
             if reasoning:

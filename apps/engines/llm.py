@@ -373,6 +373,7 @@ class ChatResult:
     latency_ms: int
     cached: bool = False
     attempts: int = 1
+    rate_limited: int = 0  # of the attempts, those the provider answered with HTTP 429
     requested_model: str = ""
     cache_key: str = ""
     failed_providers: tuple[str, ...] = ()
@@ -397,6 +398,7 @@ class ChatResult:
             "latency_ms": self.latency_ms,
             "cached": self.cached,
             "attempts": self.attempts,
+            "rate_limited": self.rate_limited,
             "requested_model": self.requested_model,
             "cache_key": self.cache_key,
             "failed_providers": list(self.failed_providers),
@@ -1040,7 +1042,8 @@ class LLMClient:
             return LLMBadRequest(text, **kw)
         return LLMError(f"{type(exc).__name__}: {exc}", **kw)
 
-    def _result(self, response: httpx2.Response, call: _Call, attempt: int, latency_s: float) -> ChatResult:
+    def _result(self, response: httpx2.Response, call: _Call, attempt: int, latency_s: float,
+                rate_limited: int = 0) -> ChatResult:
         kw: dict[str, Any] = {"provider": call.provider.name, "model": call.request["model"]}
         try:
             completion = json.loads(response.content)
@@ -1092,6 +1095,7 @@ class LLMClient:
             provider=call.provider.name,
             latency_ms=int(latency_s * 1000),
             attempts=attempt,
+            rate_limited=rate_limited,
             requested_model=call.request["model"],
             cache_key=call.cache_key,
         )
@@ -1276,6 +1280,7 @@ class LLMClient:
         limiter = self.limiter(call.provider)
         max_attempts = max(0, settings.LLM_MAX_RETRIES) + 1
         timeout = timeout if timeout is not None else settings.LLM_TIMEOUT_S
+        rate_limited = 0
         for attempt in range(1, max_attempts + 1):
             ticket = limiter.acquire()
             outcome, started = "error", time.monotonic()
@@ -1285,11 +1290,12 @@ class LLMClient:
             except openai.OpenAIError as exc:
                 err = self._translate(exc, call)
                 outcome = "rate_limited" if isinstance(err, LLMRateLimited) else "error"
+                rate_limited += outcome == "rate_limited"
             finally:
                 limiter.release(ticket, outcome)
             if outcome == "ok":
                 try:
-                    return self._result(response, call, attempt, time.monotonic() - started)
+                    return self._result(response, call, attempt, time.monotonic() - started, rate_limited)
                 except LLMResponseInvalid as invalid:
                     err = invalid
             self._sleep(self._after_failure(err, call, attempt, max_attempts))
@@ -1300,6 +1306,7 @@ class LLMClient:
         limiter = self.limiter(call.provider)
         max_attempts = max(0, settings.LLM_MAX_RETRIES) + 1
         timeout = timeout if timeout is not None else settings.LLM_TIMEOUT_S
+        rate_limited = 0
         for attempt in range(1, max_attempts + 1):
             ticket = await limiter.aacquire()
             outcome, started = "error", time.monotonic()
@@ -1309,11 +1316,12 @@ class LLMClient:
             except openai.OpenAIError as exc:
                 err = self._translate(exc, call)
                 outcome = "rate_limited" if isinstance(err, LLMRateLimited) else "error"
+                rate_limited += outcome == "rate_limited"
             finally:
                 limiter.release(ticket, outcome)
             if outcome == "ok":
                 try:
-                    return self._result(response, call, attempt, time.monotonic() - started)
+                    return self._result(response, call, attempt, time.monotonic() - started, rate_limited)
                 except LLMResponseInvalid as invalid:
                     err = invalid
             await self._asleep(self._after_failure(err, call, attempt, max_attempts))

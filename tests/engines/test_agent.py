@@ -477,13 +477,25 @@ def test_episodes_run_concurrently_on_one_event_loop(local: Any) -> None:
 # --- LLM faults: errors, never thoughts -----------------------------------------------------------
 
 
-def test_a_429_with_retry_after_is_waited_for_then_the_run_succeeds(local: Any) -> None:
+def test_a_429_with_retry_after_is_waited_for_then_the_run_succeeds(local: Any, make_task: Any, client: Any) -> None:
     waits = Waits()
     with scripted(HELLO, *HELLO_STEPS, waits=waits) as (server, llm):
         result = run(config_for(HELLO, model=f"{MODEL_NAME}+fault=429;retry_after=3;times=1"), llm)
     assert result.outcome == "success"
     assert waits.delays == [3.0]
     assert result.steps[0]["llm"]["attempts"] == 2 and server.model.chat_requests == 4
+    assert result.steps[0]["llm"]["rate_limited"] == 1 and "rate_limited" not in result.steps[-1]["llm"]
+    # /metrics counts the 429 apart from the provider's other retried attempts, from the stored steps
+    from django.utils import timezone
+
+    from apps.tasks.models import Trajectory
+    from tests.api.test_health_metrics import parse_prometheus
+
+    Trajectory.objects.create(task=make_task(), iteration=1, sample_index=0, status="finished", outcome="success",
+                              finished_at=timezone.now(), steps=result.steps)
+    samples = parse_prometheus(client.get("/metrics").content.decode())
+    provider = frozenset({("provider", result.steps[0]["llm"]["provider"])})
+    assert samples[("trajplatform_llm_rate_limited", provider)] == samples[("trajplatform_llm_retries", provider)] == 1
     assert result.model == MODEL_NAME  # the model that answered, not the fault-laden name asked for
     assert result.requested_model.startswith(f"{MODEL_NAME}+fault=")
     assert_no_sandbox_left(local)

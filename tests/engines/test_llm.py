@@ -264,7 +264,7 @@ def test_429_retry_after_is_honoured(server: Any, waits: Waits) -> None:
     result = client_for(waits, offline(server)).chat(user(), tools=TOOLS, extra_headers=fault("429;retry_after=7;times=2"))
     assert waits.delays == [7.0, 7.0]
     assert result.attempts == 3 and result.tool_calls[0]["function"]["name"] == "write_file"
-    assert server.model.chat_requests == 3
+    assert server.model.chat_requests == 3 and result.rate_limited == 2
 
 
 @pytest.mark.asyncio
@@ -272,7 +272,7 @@ async def test_achat_honours_retry_after_too(server: Any, waits: Waits) -> None:
     client = client_for(waits, offline(server))
     result = await client.achat(user(), tools=TOOLS, extra_headers=fault("429;retry_after=4;times=1"))
     await client.aclose()
-    assert waits.delays == [4.0] and result.attempts == 2
+    assert waits.delays == [4.0] and result.attempts == 2 and result.rate_limited == 1
 
 
 def test_a_retry_after_too_long_to_wait_for_fails_at_once(server: Any, waits: Waits) -> None:
@@ -286,7 +286,7 @@ def test_a_500_is_retried_with_jittered_exponential_backoff(server: Any, waits: 
     result = client_for(waits, offline(server)).chat(user(), tools=TOOLS, extra_headers=fault("500;times=2"))
     # base 1 s then 2 s, times (0.5 + 0.5 * rand) with rand fixed at 0.5
     assert waits.delays == [0.75, 1.5]
-    assert result.attempts == 3
+    assert result.attempts == 3 and result.rate_limited == 0  # retried, but not rate limited
 
 
 def test_exhausted_retries_raise_a_typed_error(server: Any, waits: Waits) -> None:
