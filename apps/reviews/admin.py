@@ -46,7 +46,7 @@ class ReviewAdmin(IdSearchMixin, ReadableJSONMixin, admin.ModelAdmin):
     judge_short = truncated_column("judge_model", "judge", 20, ordering="judge_model")
     fieldsets = [
         (None, {"fields": ["trajectory", "kind", "status", "overall", "verdict", "rationale", "reviewer"]}),
-        ("details", {"fields": ["scores", "checks", "suggestions", "step_flags", "error", "attempts"]}),
+        ("details", {"fields": ["scores", "checks", "suggestions", "step_flags", "error", "attempts", "cost_usd"]}),
         ("judge", {"classes": ["collapse"], "fields": [
             "judge_model", "rubric_version", "judge_prompt", "judge_raw",
         ]}),

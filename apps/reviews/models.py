@@ -41,6 +41,9 @@ class Review(models.Model):
     judge_raw = models.TextField(blank=True)
     error = models.TextField(blank=True)
     attempts = models.PositiveSmallIntegerField(default=0, help_text="judge calls made for this review")
+    cost_usd = models.DecimalField(
+        max_digits=12, decimal_places=6, default=0,
+        help_text="what the judge's calls for this review cost (every attempt); counted in the budgets' spend")
     suggestions = models.JSONField(
         default=list, blank=True, encoder=DjangoJSONEncoder,
         help_text="the judge's suggested changes, as given; the server-side policy decides their tier",

@@ -347,9 +347,9 @@ def overall_score(scores: dict[str, dict[str, Any]], checks: dict[str, Any], rew
 class JudgeFailed(Exception):
     """The judge gave no usable verdict (unreachable, or unparseable output); never a score."""
 
-    def __init__(self, message: str, *, raw: str = "", model: str = "", prompt: str = ""):
+    def __init__(self, message: str, *, raw: str = "", model: str = "", prompt: str = "", cost_usd: Any = 0):
         super().__init__(message)
-        self.raw, self.model, self.prompt = raw, model, prompt
+        self.raw, self.model, self.prompt, self.cost_usd = raw, model, prompt, cost_usd  # a call that answered cost
 
 
 @dataclass
@@ -362,6 +362,7 @@ class JudgeResult:
     raw: str
     rubric_version: str
     usage: dict[str, int] = field(default_factory=dict)
+    cost_usd: Any = 0  # Decimal, from the LLM client
 
 
 def _clip(text: Any, limit: int) -> str:
@@ -506,9 +507,9 @@ def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any
         scores, suggestions, summary = parse_judge_output(raw, rubric)
     except ValueError as exc:
         raise JudgeFailed(f"the judge's output could not be used: {exc}", raw=raw, model=result.model,
-                          prompt=prompt) from None
+                          prompt=prompt, cost_usd=result.cost_usd) from None
     return JudgeResult(scores=scores, suggestions=suggestions, summary=summary, model=result.model, prompt=prompt,
-                       raw=raw, rubric_version=rubric_id(scene), usage=dict(result.usage))
+                       raw=raw, rubric_version=rubric_id(scene), usage=dict(result.usage), cost_usd=result.cost_usd)
 
 
 # -- proposals -------------------------------------------------------------------------------------

@@ -26,11 +26,13 @@ The loop, as decided here (README "Review loop"):
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from statistics import mean
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from apps.reviews import policy
@@ -111,16 +113,19 @@ def review_store(*, review: Review, checks: dict[str, Any], result: Any = None, 
     # trajectories are (configured secrets redacted, NUL and lone surrogates replaced).
     fields = {name: storable(value, labels=name == "error") for name, value in fields.items()}
     checks = storable(checks, labels=False)
+    cost = Decimal(str(getattr(result if result is not None else failure, "cost_usd", 0) or 0))
     with transaction.atomic():
         won = Review.objects.filter(
             pk=review.pk, attempts=review.attempts, status__in=[Review.Status.PENDING, Review.Status.JUDGE_FAILED],
-        ).update(checks=checks, attempts=review.attempts + 1, finished_at=now, **fields)
+        ).update(checks=checks, attempts=review.attempts + 1, finished_at=now, cost_usd=F("cost_usd") + cost,
+                 **fields)
         if not won:
             return None
         review = Review.objects.select_related("trajectory").get(pk=review.pk)
         audit_record("reviews.review_store", target=review, data={
             "trajectory": review.trajectory_id, "status": review.status, "overall": review.overall,
             "attempt": review.attempts, "judge_model": review.judge_model, "error": review.error,
+            "cost_usd": str(cost),
             "checks_fired": sorted(k for k, v in checks.items() if v.get("fired")),
         })
     return review

@@ -195,8 +195,8 @@ class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
         spend = budgets.batch_spend(obj)
         per = spend["cost_per_accepted_usd"]
         return format_html(
-            "${} spent of {}{} — {} accepted trajectories, {} per accepted one",
-            spend["spent_usd"], "no budget" if spend["budget_usd"] is None else f"${spend['budget_usd']}",
+            "${} spent (of it ${} by the judge) of {}{} — {} accepted trajectories, {} per accepted one",
+            spend["spent_usd"], spend["judge_usd"], "no budget" if spend["budget_usd"] is None else f"${spend['budget_usd']}",
             " (over budget: its queued trajectories wait)" if spend["over_budget"] else "",
             spend["accepted"], "-" if per is None else f"${per}",
         )

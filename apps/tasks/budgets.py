@@ -6,8 +6,10 @@
     snapshot()                                      the process's cached spend (refreshed every BUDGET_REFRESH_S)
     EpisodeBudgets                                  a worker job's check before each model call
 
-Spend is the stored `cost_usd` of top-level trajectories (`Trajectory.objects`): a parent's cost
-already includes its sub-episodes', so the children are not counted again. A batch's and a
+Spend is the stored `cost_usd` of top-level trajectories (`Trajectory.objects`: a parent's cost
+already includes its sub-episodes', so the children are not counted again) plus the judge's
+(`Review.cost_usd`, every attempt). A spent budget stops rollouts, not the judge: it still
+reviews what ran (a task must not be left half-reviewed), and its cost counts. A batch's and a
 user's budget cover everything ever spent on them; the daily cap (BUDGET_DAILY_USD, 0: none)
 what the trajectories finished since 00:00 UTC cost. A budget of 0 lets nothing run.
 
@@ -108,9 +110,23 @@ def _daily_cap() -> Decimal:
 
 
 def _spent_by(column: str, ids: list[int]) -> dict[int, Decimal]:
-    rows = (Trajectory.objects.filter(**{f"{column}__in": ids}).order_by().values_list(column)
-            .annotate(spent=Sum("cost_usd")))
-    return {pk: spent or ZERO for pk, spent in rows}
+    """Spend per batch or user: the trajectories' cost plus the judge's cost of their reviews."""
+    from apps.reviews.models import Review
+
+    out: dict[int, Decimal] = {}
+    for model, path in ((Trajectory, column), (Review, f"trajectory__{column}")):
+        rows = model.objects.filter(**{f"{path}__in": ids}).order_by().values_list(path).annotate(spent=Sum("cost_usd"))
+        for pk, spent in rows:
+            out[pk] = out.get(pk, ZERO) + (spent or ZERO)
+    return out
+
+
+def _spent_today() -> Decimal:
+    from apps.reviews.models import Review
+
+    since = _day_start()
+    return sum((model.objects.filter(finished_at__gte=since).aggregate(s=Sum("cost_usd"))["s"] or ZERO
+                for model in (Trajectory, Review)), ZERO)
 
 
 def _take_snapshot() -> Snapshot:
@@ -127,8 +143,7 @@ def _take_snapshot() -> Snapshot:
     cap = _daily_cap()
     day = None
     if cap > 0:
-        spent = Trajectory.objects.filter(finished_at__gte=_day_start()).aggregate(s=Sum("cost_usd"))["s"] or ZERO
-        day = Limit("the daily cap (BUDGET_DAILY_USD)", cap, spent)
+        day = Limit("the daily cap (BUDGET_DAILY_USD)", cap, _spent_today())
     return Snapshot(
         batches={pk: Limit(f"batch {names.get(pk, pk)!r}", budget, batch_spend.get(pk, ZERO))
                  for pk, budget in batches.items()},
@@ -316,10 +331,13 @@ def accepted_q() -> Q:
 
 
 def batch_spend(batch: Batch) -> dict[str, Any]:
-    """A batch's budget, stored spend (top-level trajectories; sub-episodes are in their parent's
-    cost), what is left, accepted trajectories and the cost per accepted one (decimals as strings)."""
+    """A batch's budget, stored spend (top-level trajectories — sub-episodes are in their parent's
+    cost — plus the judge's calls, also shown apart as judge_usd), what is left, accepted trajectories and the cost per accepted one (decimals as strings)."""
+    from apps.reviews.models import Review
+
     rows = Trajectory.objects.filter(task__batch=batch)
-    spent = rows.aggregate(s=Sum("cost_usd"))["s"] or ZERO
+    judge = Review.objects.filter(trajectory__task__batch=batch).aggregate(s=Sum("cost_usd"))["s"] or ZERO
+    spent = (rows.aggregate(s=Sum("cost_usd"))["s"] or ZERO) + judge
     accepted = rows.filter(accepted_q()).count()
     budget = batch.budget_usd
 
@@ -329,6 +347,7 @@ def batch_spend(batch: Batch) -> dict[str, Any]:
     return {
         "budget_usd": money(budget),
         "spent_usd": money(spent),
+        "judge_usd": money(judge),
         "remaining_usd": None if budget is None else money(max(ZERO, budget - spent)),
         "over_budget": budget is not None and spent >= budget,
         "accepted": accepted,

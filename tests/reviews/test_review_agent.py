@@ -25,6 +25,7 @@ class FakeChat:
     content: str
     model: str = "judge-model"
     usage: dict = field(default_factory=dict)
+    cost_usd: int = 0
 
 
 class FakeJudge:
@@ -211,3 +212,39 @@ def test_addresses_at_reserved_example_domains_are_not_personal_data() -> None:
     assert _sensitive_hits("mail dana@example.org, ops@mail.example.com, a@b.test or x@shop.example") == []
     assert _sensitive_hits("write to ana@examples.org") == ["e-mail address"]
     assert _sensitive_hits("write to ana@example.org.evil.io") == ["e-mail address"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_judge_s_cost_is_stored_on_its_review_and_counts_against_the_batch_budget(
+        offline_model: Any, make_task: Any, admin_user_role: Any, settings: Any) -> None:
+    """The real judge through the real LLM client and the offline model, priced by LLM_PRICES."""
+    from decimal import Decimal
+
+    from apps.engines.offline_model import MODEL_NAME
+    from apps.reviews.jobs import review_one
+    from apps.reviews.models import Review
+    from apps.tasks import budgets
+    from apps.tasks.models import Batch
+    from trajplatform.audit import AuditEvent
+
+    settings.LLM_PRICES = {MODEL_NAME: ["1000", "1000"]}  # $0.001 a token, in and out
+    batch = Batch.objects.create(name="judged")
+    task = make_task(batch=batch, status="running")
+    trajectory = finished_trajectory(task, cost_usd=Decimal("0.01"))
+    review = review_one(trajectory)
+    assert review.status == Review.Status.DONE and review.cost_usd > 0
+    usage_cost = review.cost_usd
+    audit = AuditEvent.objects.get(action="reviews.review_store", target_id=str(review.pk))
+    assert Decimal(audit.data["cost_usd"]) == usage_cost
+
+    spend = budgets.batch_spend(batch)
+    assert Decimal(spend["judge_usd"]) == usage_cost
+    assert Decimal(spend["spent_usd"]) == Decimal("0.01") + usage_cost
+    # A budget the episode alone has not spent is spent once the judge's cost is added: the batch's
+    # queued trajectories wait.
+    budgets.batch_set_budget(batch=batch, budget_usd=str(Decimal("0.01") + usage_cost / 2), actor=admin_user_role)
+    snap = budgets.snapshot(max_age_s=0)
+    assert snap.batches[batch.pk].over().startswith("batch 'judged' spent $")
+    assert snap.blocked() is not None
+    settings.BUDGET_DAILY_USD = 100
+    assert budgets.snapshot(max_age_s=0).day.spent == trajectory.cost_usd * (trajectory.finished_at is not None) + usage_cost

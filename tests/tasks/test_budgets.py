@@ -248,7 +248,8 @@ def test_the_api_shows_spend_budget_and_cost_per_accepted_trajectory(client_as: 
 
     body = client_as("viewer").get(f"/api/v1/batches/{batch.pk}").json()
 
-    assert body["budget"] == {"budget_usd": "1.500000", "spent_usd": "0.600000", "remaining_usd": "0.900000",
+    assert body["budget"] == {"budget_usd": "1.500000", "spent_usd": "0.600000", "judge_usd": "0.000000",
+                              "remaining_usd": "0.900000",
                               "over_budget": False, "accepted": 2, "cost_per_accepted_usd": "0.300000"}
 
 
@@ -295,7 +296,7 @@ def test_the_console_sets_a_batch_budget_through_the_service_and_shows_the_spend
     assert batch.budget_usd == Decimal("0.2")
     assert AuditEvent.objects.filter(action="tasks.batch_budget", actor=admin_user_role).exists()
     page = client.get(f"/admin/tasks/batch/{batch.pk}/change/").content.decode()
-    assert "$0.250000 spent of $0.200000 (over budget: its queued trajectories wait)" in page
+    assert "$0.250000 spent (of it $0.000000 by the judge) of $0.200000 (over budget: its queued trajectories wait)" in page
 
 
 @pytest.mark.django_db
