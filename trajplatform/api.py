@@ -180,6 +180,7 @@ DOMAIN_ERRORS: tuple[tuple[str, int, str], ...] = (
     ("apps.datasets.spec.DatasetError", 400, "invalid"),
     ("apps.datasets.selectors.NotFound", 404, "not_found"),
     ("apps.engines.envscaler.importer.EnvScalerImportError", 400, "invalid"),
+    ("apps.datasets.raw_import.RawImportError", 400, "invalid"),
     ("trajplatform.api.IdempotencyConflict", 409, "idempotency_conflict"),
 )
 

@@ -384,6 +384,8 @@ SPECTACULAR_SETTINGS = {
         "ReviewStatusEnum": "apps.reviews.models.Review.Status",
         "VersionStatusEnum": "apps.datasets.models.DatasetVersion.Status",
         "ExportStatusEnum": "apps.datasets.models.ExportJob.Status",
+        "OutcomeEnum": "apps.tasks.models.Trajectory.Outcome",
+        "ImportOutcomeEnum": ["success", "failure"],
     },
 }
 # Swagger UI served from this server (drf-spectacular-sidecar, in INSTALLED_APPS), never from a CDN.

@@ -579,18 +579,26 @@ def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = Non
     return out.getvalue()
 
 
-def interchange_import(*, path: str | Path, fmt: str, actor: Any, batch_name: str | None = None,
+def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: str | None = None,
                        outcome: str | None = None, scene: str | None = None) -> Any:
-    """Import an ATIF / ADP / mini-swe-agent file through the raw importer (all or nothing, one audit row)."""
+    """Import a file of trajectories — ours (`raw`) or another tool's (ATIF / ADP / mini-swe-agent,
+    converted to raw lines first) — through the raw importer: all or nothing, one audit row.
+    `path_or_file` is a path or a binary file object (an upload); RawImportError lists the problems."""
     from apps.datasets.raw_import import RawImportError, trajectories_import
 
-    path = Path(path)
-    if not path.is_file():
-        raise RawImportError([f"{path}: no such file"])
+    if fmt == "raw":
+        return trajectories_import(path_or_file=path_or_file, actor=actor, batch_name=batch_name)
+    if isinstance(path_or_file, (str, Path)):
+        path = Path(path_or_file)
+        if not path.is_file():
+            raise RawImportError([f"{path}: no such file"])
+        data, label = path.read_bytes(), str(path)
+    else:
+        data, label = path_or_file.read(), str(getattr(path_or_file, "name", "") or "upload")
     try:
-        raw = to_raw_lines(path.read_bytes(), fmt, label=str(path), outcome=outcome, scene=scene)
+        raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene)
     except (InterchangeError, RenderError) as exc:
         raise RawImportError([str(exc)]) from None
     buffer = io.BytesIO(raw)
-    buffer.name = f"{path.stem}.{fmt}"
+    buffer.name = f"{Path(label).stem}.{fmt}"
     return trajectories_import(path_or_file=buffer, actor=actor, batch_name=batch_name)

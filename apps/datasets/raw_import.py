@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import orjson
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
 from apps.datasets.exporters.formats import validate_raw
@@ -34,6 +34,9 @@ TRAJECTORY_COPY_FIELDS = (
     "outcome_reason", "reward", "verifier_output", "model", "config_snapshot", "prompt_tokens",
     "completion_tokens", "total_tokens", "error",
 )
+
+
+IMPORT_PERMISSION = "tasks.add_trajectory"
 
 
 class RawImportError(ValueError):
@@ -236,6 +239,9 @@ def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None
     from apps.tasks.models import Batch, Task, Trajectory
     from apps.tasks.services import BatchNameTaken, batch_create
 
+    if actor is not None and getattr(actor, "is_authenticated", False) and not actor.has_perm(IMPORT_PERMISSION):
+        raise PermissionDenied(f"importing trajectories needs the {IMPORT_PERMISSION} permission (admin role): "
+                               "an import writes tasks, outcomes and human verdicts as they are in the file")
     if batch_name is not None and (not batch_name.strip() or len(batch_name) > 200):
         raise RawImportError(["batch name: must be 1-200 characters"])
     fp, label, owned = _open(path_or_file)

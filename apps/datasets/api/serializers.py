@@ -103,3 +103,28 @@ class TemplateCheckSerializer(serializers.Serializer):
     failed = serializers.IntegerField()
     summary = serializers.JSONField(help_text="totals and the failing records with their problems")
     created_at = serializers.DateTimeField()
+
+
+IMPORT_FORMATS = ["raw", "atif", "adp", "mini-swe-agent"]
+
+
+class TrajectoryImportSerializer(StrictSerializerMixin, serializers.Serializer):
+    """A multipart upload: the file and how to read it (as `manage.py import_trajectories`)."""
+
+    file = serializers.FileField(help_text="a raw export (JSONL), or another tool's trajectories in `format`")
+    format = serializers.ChoiceField(choices=IMPORT_FORMATS, default="raw", help_text=(
+        "raw (ours); atif (Harbor's ATIF, JSONL or one trajectory.json); adp (Agent Data Protocol, JSONL or a "
+        "JSON list); mini-swe-agent (one .traj.json)"))
+    batch = serializers.CharField(required=False, max_length=200, help_text="one new batch for every imported task")
+    outcome = serializers.ChoiceField(choices=["success", "failure"], required=False, help_text=(
+        "the outcome of trajectories from another tool (required for those, ignored for our own exports)"))
+    scene = serializers.CharField(required=False, max_length=40, help_text="the scene of another tool's tasks")
+
+
+class TrajectoryImportResultSerializer(serializers.Serializer):
+    batches = serializers.ListField(child=serializers.DictField())
+    tasks = serializers.IntegerField()
+    trajectories = serializers.IntegerField()
+    reviews = serializers.IntegerField()
+    rehashed = serializers.IntegerField(help_text="lines whose content no longer matched their content_sha256")
+    sha256 = serializers.CharField(help_text="of the file as imported")

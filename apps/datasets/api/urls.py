@@ -1,4 +1,4 @@
-"""/api/v1/datasets/... and /api/v1/exports/..."""
+"""/api/v1/datasets/..., /api/v1/exports/... and /api/v1/imports/trajectories."""
 from django.urls import path
 
 from apps.datasets.api import views
@@ -12,4 +12,5 @@ urlpatterns = [
     path("exports/<int:job_id>", views.ExportDetailView.as_view(), name="export-detail"),
     path("exports/<int:job_id>/download", views.ExportDownloadView.as_view(), name="export-download"),
     path("exports/<int:job_id>/template-checks", views.TemplateCheckView.as_view(), name="export-template-check"),
+    path("imports/trajectories", views.TrajectoryImportView.as_view(), name="trajectory-import"),
 ]

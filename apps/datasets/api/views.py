@@ -140,3 +140,27 @@ class TemplateCheckView(APIView):
         check, _report = services.template_check_run(job=job, template_name=body.validated_data["template"],
                                                      actor=request.user, by_name=True)
         return Response(s.TemplateCheckSerializer(check).data, status=201)
+
+
+class TrajectoryImportView(APIView):
+    """Import a file of trajectories (ours, or ATIF / ADP / mini-swe-agent): every line is checked
+    first, a bad file is a 400 listing each problem as FILE:LINE: reason and nothing is written.
+    Admins only: an import writes outcomes and human verdicts as the file states them."""
+
+    write_perms = ("tasks.add_trajectory",)
+
+    @extend_schema(request={"multipart/form-data": s.TrajectoryImportSerializer},
+                   responses={201: s.TrajectoryImportResultSerializer, **ERRORS})
+    def post(self, request: Request) -> Response:
+        from apps.datasets.interchange import interchange_import
+
+        body = s.TrajectoryImportSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        upload = data["file"]
+        result = interchange_import(path_or_file=upload, fmt=data["format"], actor=request.user,
+                                    batch_name=data.get("batch"), outcome=data.get("outcome"), scene=data.get("scene"))
+        return Response({"batches": [{"id": b.pk, "name": b.name} for b in result.batches],
+                         "tasks": result.task_count, "trajectories": result.trajectory_count,
+                         "reviews": result.review_count, "rehashed": result.rehashed, "sha256": result.sha256},
+                        status=201)

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from apps.datasets.cli import resolve_user
 from apps.datasets.interchange import interchange_import
-from apps.datasets.raw_import import RawImportError, trajectories_import
+from apps.datasets.raw_import import RawImportError
 
 MAX_ERRORS_SHOWN = 200
 
@@ -39,12 +39,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         actor = resolve_user(options["user"])
         try:
-            if options["format"] == "raw":
-                result = trajectories_import(path_or_file=options["file"], actor=actor, batch_name=options["batch"])
-            else:
-                result = interchange_import(path=options["file"], fmt=options["format"], actor=actor,
-                                            batch_name=options["batch"], outcome=options["outcome"],
-                                            scene=options["scene"])
+            result = interchange_import(path_or_file=options["file"], fmt=options["format"], actor=actor,
+                                        batch_name=options["batch"], outcome=options["outcome"],
+                                        scene=options["scene"])
         except RawImportError as exc:
             for line in exc.errors[:MAX_ERRORS_SHOWN]:
                 self.stderr.write(line)
