@@ -20,9 +20,11 @@ Stages per item (apps/engines/pipelines/; every llm prompt starts with its key l
    (gates.py: envscaler's static checks, its in-sandbox validation, a smoke call of every
    operation); a failure is sent back once with the traceback, then the seed is dropped with the
    reason stored.
-4. cross (code, all items): cross-group suites — for a seed naming `cross_with` (other seeds'
-   ids), its suite and each named admitted one combined into one environment
-   (gates.combine_suites: both classes and one inheriting from both), gated like any suite.
+4. cross (code, all items): cross-group suites — pairs of admitted suites combined into one
+   environment (gates.combine_suites: both classes and one inheriting from both), gated like any
+   suite. Which pairs is the run config's `cross`: "named" (default: a seed with its `cross_with`
+   ids), "all_pairs" (every unordered pair, in seed order) or "none". Each pair is made once,
+   under its first seed; pairs past `max_cross_pairs` (default 4) are recorded as skipped.
 5. flows (code, fan-out): one item per usage flow, "<seed>.<flow id>", plus one per combined
    suite, "<seed>.x-<other seed>", whose tasks run on the combined suite.
 6. tasks (llm, toolace/tasks, fan-out): per flow, tasks of the types single / parallel /
@@ -37,7 +39,8 @@ Each survivor becomes a `toolace` task whose scene_config carries the environmen
 trajectory replays on its own) and the task's dialogue facts; `generation` records the seed,
 flow, tool chains and template versions.
 
-Run config: model, concurrency, user_simulator (set on every task), refine_rounds, max_steps.
+Run config: model, concurrency, user_simulator (set on every task), refine_rounds, max_steps,
+cross ("named" | "all_pairs" | "none"), max_cross_pairs (0-100).
 """
 from __future__ import annotations
 
@@ -50,8 +53,11 @@ from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, Pipeline
 from apps.engines.toolace.gates import GateError, combine_suites, operations_for_server, suite_gate, task_gates
 
 NAME = "toolace"
-RUN_CONFIG_KEYS = ("model", "concurrency", "user_simulator", "refine_rounds", "max_steps")
+RUN_CONFIG_KEYS = ("model", "concurrency", "user_simulator", "refine_rounds", "max_steps", "cross", "max_cross_pairs")
 DEFAULT_MAX_STEPS = 12
+CROSS_MODES = ("named", "all_pairs", "none")
+DEFAULT_MAX_CROSS_PAIRS = 4
+MAX_CROSS_PAIRS = 100  # each pair costs a suite gate in a sandbox and a tasks call
 
 # The reference workbench's six preset source tools (workbench-notes §1.3).
 PRESET_TOOLS = [
@@ -161,25 +167,50 @@ def check_suite(parsed: Any, inputs: dict[str, Any]) -> str | None:
     return None
 
 
-def cross_stage(items: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """scope="all": for a seed naming `cross_with` (other seeds' ids), the combined suite of its
-    suite and each named one that was admitted, gated like any suite (gates.combine_suites);
-    nobody is dropped here: a pair that fails keeps its reason under "rejected"."""
-    answer: dict[str, Any] = {}
-    for key, inputs in items.items():
-        combined, rejected = [], {}
-        for other in inputs["seed"].get("cross_with") or []:
-            if other not in items:
-                rejected[other] = "cross: that seed's suite was not admitted"
-                continue
-            try:
-                suite = combine_suites(inputs["couple"], items[other]["couple"])
-                suite_gate(suite)
-            except GateError as exc:
-                rejected[other] = str(exc)
+def cross_pairs(items: dict[str, dict[str, Any]], mode: str) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """The pairs of admitted seeds to combine, each once and in a stable order (seed order; a pair
+    belongs to its first seed), and {seed: {"rejected"|"skipped": {other: reason}}} for the pairs a
+    seed names that are not made: another seed's not admitted, the pair made already, cross "none"."""
+    keys = list(items)
+    notes: dict[str, Any] = {key: {"rejected": {}, "skipped": {}} for key in keys}
+    pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]] if mode == "all_pairs" else []
+    owner = {frozenset(pair): pair[0] for pair in pairs}
+    for key in keys:
+        for other in dict.fromkeys(items[key]["seed"].get("cross_with") or []):
+            other = str(other)
+            if mode == "none":
+                notes[key]["skipped"][other] = "cross: the run's cross is 'none'"
+            elif other == key:
+                notes[key]["rejected"][other] = "cross: a seed cannot cross with itself"
+            elif other not in items:
+                notes[key]["rejected"][other] = "cross: that seed's suite was not admitted"
+            elif frozenset((key, other)) in owner:
+                if owner[frozenset((key, other))] != key:
+                    notes[key]["skipped"][other] = f"cross: the pair is made under {owner[frozenset((key, other))]}"
             else:
-                combined.append({"with": other, "suite": suite})
-        answer[key] = {"combined": combined, "rejected": rejected}
+                owner[frozenset((key, other))] = key
+                pairs.append((key, other))
+    return pairs, notes
+
+
+def cross_stage(items: dict[str, dict[str, Any]], mode: str = "named",
+                max_pairs: int = DEFAULT_MAX_CROSS_PAIRS) -> dict[str, Any]:
+    """scope="all": per seed, the combined suites of the pairs it owns (cross_pairs), each gated
+    like any suite (gates.combine_suites, suite_gate); nobody is dropped here: a pair that fails
+    keeps its reason under "rejected", one past `max_pairs` is under "skipped"."""
+    pairs, notes = cross_pairs(items, mode)
+    answer = {key: {"combined": [], **notes[key]} for key in items}
+    for number, (key, other) in enumerate(pairs, 1):
+        if number > max_pairs:
+            answer[key]["skipped"][other] = f"cross: over max_cross_pairs={max_pairs} (pair {number} of {len(pairs)})"
+            continue
+        try:
+            suite = combine_suites(items[key]["couple"], items[other]["couple"])
+            suite_gate(suite)
+        except GateError as exc:
+            answer[key]["rejected"][other] = str(exc)
+        else:
+            answer[key]["combined"].append({"with": other, "suite": suite})
     return answer
 
 
@@ -222,6 +253,12 @@ def build(config: dict[str, Any]) -> Pipeline:
     max_steps = config.get("max_steps", DEFAULT_MAX_STEPS)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not 1 <= max_steps <= 500:
         raise PipelineError("max_steps must be a whole number from 1 to 500")
+    cross_mode = config.get("cross", "named")
+    if cross_mode not in CROSS_MODES:
+        raise PipelineError(f"cross must be one of {', '.join(map(repr, CROSS_MODES))}, not {cross_mode!r}")
+    max_pairs = config.get("max_cross_pairs", DEFAULT_MAX_CROSS_PAIRS)
+    if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or not 0 <= max_pairs <= MAX_CROSS_PAIRS:
+        raise PipelineError(f"max_cross_pairs must be a whole number from 0 to {MAX_CROSS_PAIRS}, not {max_pairs!r}")
 
     def task(key: str, state: dict[str, Any]) -> dict[str, Any]:
         suite, item = _suite_of(state), state["task_gate"]
@@ -257,7 +294,8 @@ def build(config: dict[str, Any]) -> Pipeline:
                  inputs=lambda s: {"seed": s["seed"], "refine": s["refine"]}),
         LLMStage(name="couple", template=COUPLE, schema=SUITE_SCHEMA, validator=check_suite, repairs=1,
                  temperature=0.5, inputs=lambda s: {"seed": s["seed"], "expand": s["expand"]}),
-        CodeStage(name="cross", fn=cross_stage, scope="all", inputs=lambda s: {"seed": s["seed"], "couple": s["couple"]}),
+        CodeStage(name="cross", fn=lambda items: cross_stage(items, cross_mode, max_pairs), scope="all",
+                  inputs=lambda s: {"seed": s["seed"], "couple": s["couple"]}),
         CodeStage(name="flows", fn=flows_stage, fan_out=True, inputs=lambda s: {"couple": s["couple"], "cross": s["cross"]}),
         LLMStage(name="tasks", template=TASKS, schema=TASK_SCHEMA, fan_out=True, temperature=0.7,
                  inputs=lambda s: {"suite": _suite_of(s),
