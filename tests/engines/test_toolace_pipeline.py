@@ -139,13 +139,14 @@ def test_pairs_past_max_cross_pairs_are_recorded_as_skipped_and_make_no_tasks() 
 
 
 def test_named_pairs_are_made_once_under_the_first_seed_that_names_them() -> None:
-    # both name each other, and the calendar a seed that is not in the run
+    # both name each other, the calendar a seed that is not in the run, the notebook in a bad shape
     seeds = [{**CAL, "cross_with": ["expense-reports", "nowhere", "notes"]}, {**EXP, "cross_with": ["calendar-email"]},
-             NOTES_SEED]
+             {**NOTES_SEED, "cross_with": "calendar-email"}]
     _, cross, tasks = run_pipeline(seeds, {})  # the defaults: named, at most 4 pairs
     assert made(cross) == {"calendar-email": ["expense-reports", "notes"], "expense-reports": [], "notes": []}
     assert cross["calendar-email"]["rejected"] == {"nowhere": "cross: that seed's suite was not admitted"}
     assert cross["expense-reports"]["skipped"] == {"calendar-email": "cross: the pair is made under calendar-email"}
+    assert cross["notes"]["rejected"] == {"cross_with": "cross: cross_with must be a list of seed ids"}
     assert cross_flows(tasks) == {"calendar-email+expense-reports", "calendar-email+notes"}
     assert not [k for k in tasks if ".x-calendar-email." in k]
 

@@ -176,8 +176,11 @@ def cross_pairs(items: dict[str, dict[str, Any]], mode: str) -> tuple[list[tuple
     pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]] if mode == "all_pairs" else []
     owner = {frozenset(pair): pair[0] for pair in pairs}
     for key in keys:
-        for other in dict.fromkeys(items[key]["seed"].get("cross_with") or []):
-            other = str(other)
+        named = items[key]["seed"].get("cross_with") or []
+        if not isinstance(named, list) or not all(isinstance(other, str) for other in named):
+            notes[key]["rejected"]["cross_with"] = "cross: cross_with must be a list of seed ids"
+            continue
+        for other in dict.fromkeys(named):
             if mode == "none":
                 notes[key]["skipped"][other] = "cross: the run's cross is 'none'"
             elif other == key:
