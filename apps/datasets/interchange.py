@@ -11,6 +11,15 @@ mini-swe-agent's trajectory JSON in.
   source "environment" with `tool_call_id`), `api_action` (a tool call: `function`, `kwargs`,
   `tool_call_id`, the turn's text as `description`, `reasoning_content`) and `message_action`
   (assistant text without calls). ADP has no system role: the system prompt is in `details`.
+  On import, a `web_observation` (`url`, `axtree`, `html`, `image_observation`, `viewport_size`)
+  becomes the text the agent saw: `URL: <url>`, a blank line, then the accessibility tree or,
+  failing that, the HTML reduced to its visible text, cut at WEB_TEXT_MAX_CHARS (the original
+  field kept under the message's `provenance` when cut). An observation answers its
+  `tool_call_id`, else the oldest unanswered call before it; with none it is an environment
+  message (role user, `provenance.source` "environment", never the task's prompt). An
+  `image_observation` (alone or a web observation's screenshot) goes to the artifact store when
+  its content is a data: URL and follows as a user message with an `artifact:<sha>` image part,
+  as the gui scene's screenshots do; a path or link is refused (nothing is fetched).
 * **mini-swe-agent** (`<instance_id>.traj.json`, trajectory_format "mini-swe-agent-1.1"), import
   only: assistant turns become `bash` tool calls (from `extra.actions`, else the fenced command
   block), the `<returncode>` user messages after them their results; tool-call mode
@@ -29,13 +38,17 @@ foreign trajectory says nothing verifiable about success, so import refuses one 
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import io
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import orjson
+from django.db import transaction
 
 from .exporters.chat import RenderError
 from .exporters.formats import _keys
@@ -50,10 +63,16 @@ AGENT_VERSION = "1"
 IMPORT_FORMATS = ("atif", "adp", "mini-swe-agent")
 OUTCOMES = ("success", "failure")
 _KEPT_OUT = ("messages",)  # rebuilt from the steps / content
+WEB_TEXT_MAX_CHARS = 20_000  # a web observation's page text (the gui scene's snapshot cap)
+MAX_ERRORS = 1000
 
 
 class InterchangeError(ValueError):
-    """A file that cannot be imported; the message names the trajectory and the problem."""
+    """A file that cannot be imported; `errors` lists every problem as `FILE:LINE: reason`."""
+
+    def __init__(self, message: str, errors: list[str] | None = None):
+        self.errors = errors or [message]
+        super().__init__(message)
 
 
 def _args_object(raw: Any) -> dict[str, Any]:
@@ -309,27 +328,30 @@ def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[
     return items
 
 
-def _adp_messages(items: list[dict[str, Any]], details: dict[str, Any]) -> list[dict[str, Any]]:
+def _adp_messages(items: list[dict[str, Any]], details: dict[str, Any],
+                  images: dict[str, Image] | None = None) -> list[dict[str, Any]]:
     exact = details.get("trajplatform_messages")
     if isinstance(exact, list):
         return exact
     system = details.get("system")
     head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
-    return _restore_arguments(head + _messages_of_adp(items), details.get("trajplatform_arguments"))
+    return _restore_arguments(head + _messages_of_adp(items, images), details.get("trajplatform_arguments"))
 
 
-def _messages_of_adp(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Our messages from ADP content items (api_actions in a row are one assistant turn)."""
+def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | None = None
+                     ) -> list[dict[str, Any]]:
+    """Our messages from ADP content items (api_actions in a row are one assistant turn).
+
+    An observation answers its tool_call_id, else the oldest call still unanswered, else it is
+    an environment message. `images` collects the decoded images (sha256 -> Image) that the
+    messages' `artifact:<sha>` parts name, for the importer to store."""
     out: list[dict[str, Any]] = []
     names: dict[Any, str] = {}
-    for item in items:
+    pending: list[Any] = []  # calls not answered yet, oldest first
+    for i, item in enumerate(items):
         kind = item.get("class_")
-        if kind == "text_observation" and item.get("source") == "user_msg":
-            out.append({"role": "user", "content": item.get("content") or ""})
-        elif kind == "text_observation":
-            call_id = item.get("tool_call_id")
-            out.append({"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""),
-                        "content": item.get("content") or ""})
+        if kind in _ADP_OBSERVATIONS:
+            out += _observation_messages(i, item, pending, names, images)
         elif kind == "message_action":
             msg = {"role": "assistant", "content": item.get("content") or ""}
             if item.get("reasoning_content"):
@@ -340,6 +362,7 @@ def _messages_of_adp(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             call = {"id": item.get("tool_call_id"), "type": "function",
                     "function": {"name": item.get("function"), "arguments": _args_text(kwargs)}}
             names[item.get("tool_call_id")] = item.get("function") or ""
+            pending.append(item.get("tool_call_id"))
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
                     and not item.get("description") and not item.get("reasoning_content"):
@@ -353,21 +376,176 @@ def _messages_of_adp(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "code_action":
             call_id = item.get("tool_call_id") or f"adp_code_{len(out)}"
             names[call_id] = "run_shell"
+            pending.append(call_id)
             out.append({"role": "assistant", "content": item.get("description") or None, "tool_calls": [
                 {"id": call_id, "type": "function", "function": {
                     "name": "run_shell", "arguments": _args_text({"command": item.get("content") or ""})}}]})
         else:
-            raise InterchangeError(f"ADP content item {kind!r} is not supported (text, api, code, message only)")
+            raise InterchangeError(f"ADP content item {kind!r} is not supported")
     return out
 
 
+def _observation_messages(i: int, item: dict[str, Any], pending: list[Any], names: dict[Any, str],
+                          images: dict[str, Image] | None) -> list[dict[str, Any]]:
+    """The message(s) an observation becomes: the user's, a tool result or an environment message,
+    then, for an image, a user message with its `artifact:<sha>` part."""
+    kind = item["class_"]
+    kept: dict[str, Any] = {}
+    if kind == "web_observation":
+        text, kept = _web_text(item)
+        shot = item.get("image_observation")
+    elif kind == "image_observation":
+        text, shot = "", item
+    else:
+        text, shot = item.get("content") or "", None
+    out: list[dict[str, Any]] = []
+    if item.get("source") == "user_msg":
+        if kind == "text_observation":
+            out.append({"role": "user", "content": text})
+    else:
+        call_id = item.get("tool_call_id")
+        if call_id is None and pending:
+            call_id = pending[0]
+        if call_id is not None:
+            if call_id in pending:
+                pending.remove(call_id)
+            out.append({"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""), "content": text})
+        elif text or kind == "text_observation":
+            out.append({"role": "user", "content": text, "provenance": {"format": "adp", "source": "environment"}})
+        if kept and out:
+            out[-1].setdefault("provenance", {"format": "adp"})["original"] = kept
+    if shot is not None:
+        image = _image_data(shot.get("content"))
+        sha = hashlib.sha256(image.data).hexdigest()
+        if images is not None:
+            images[sha] = image
+        message: dict[str, Any] = {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"artifact:{sha}"}}]}
+        if shot.get("annotations"):
+            message["provenance"] = {"format": "adp", "annotations": shot["annotations"]}
+        out.append(message)
+    return out
+
+
+def _web_text(item: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A web observation as the agent read it: `URL: <url>`, then its accessibility tree or, failing
+    that, its HTML's visible text, cut at WEB_TEXT_MAX_CHARS; and {field: original} when cut."""
+    body, field = "", None
+    for name in ("axtree", "html"):
+        value = item.get(name)
+        if isinstance(value, str) and value.strip():
+            body, field = (value if name == "axtree" else _html_text(value)), name
+            break
+    kept: dict[str, Any] = {}
+    if len(body) > WEB_TEXT_MAX_CHARS:
+        kept = {field: item[field]}
+        body = (f"{body[:WEB_TEXT_MAX_CHARS]}\n[... cut at {WEB_TEXT_MAX_CHARS} of {len(body)} characters; "
+                f"the original {field} is kept with the record ...]")
+    url = item.get("url")
+    return "\n\n".join(p for p in (f"URL: {url}" if url else "", body) if p), kept
+
+
+_HIDDEN_TAGS = ("head", "script", "style", "noscript", "template")
+_BLOCK_TAGS = ("br", "p", "div", "li", "tr", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "dt", "dd", "pre",
+               "option", "button", "label", "section", "article", "form", "table", "ul", "ol", "nav", "header",
+               "footer", "a", "input", "select", "textarea")
+
+
+def _html_text(html: str) -> str:
+    """The visible text of a page (navigation included: a web agent acts on it), one block a line."""
+    import lxml.etree
+    import lxml.html
+
+    try:
+        root = lxml.html.fromstring(html)
+    except (ValueError, lxml.etree.ParserError) as exc:
+        raise InterchangeError(f"web_observation.html cannot be parsed as HTML ({exc})") from None
+    for hidden in root.xpath("|".join(f"//{t}" for t in _HIDDEN_TAGS)):
+        if hidden.getparent() is not None:
+            hidden.drop_tree()
+    for block in root.iter(*_BLOCK_TAGS):
+        block.tail = "\n" + (block.tail or "")
+    lines = (" ".join(line.split()) for line in root.text_content().split("\n"))
+    return "\n".join(line for line in lines if line)
+
+
+class Image(NamedTuple):
+    data: bytes
+    mime: str
+    width: int
+    height: int
+
+
+_DATA_URL = re.compile(r"^data:(image/[a-z]+);base64,(.*)$", re.S)
+
+
+def _image_data(content: Any) -> Image:
+    """An ADP image the importer can keep: a data: URL of a PNG, JPEG, WebP or GIF (nothing is fetched)."""
+    from PIL import Image as PilImage, UnidentifiedImageError
+
+    from trajplatform import artifacts
+
+    match = _DATA_URL.match(content) if isinstance(content, str) else None
+    if match is None:
+        raise InterchangeError(f"the image {str(content)[:80]!r} is a path or link; only images inlined as "
+                               "data:image/...;base64 URLs can be imported (nothing is fetched)")
+    if match.group(1) not in artifacts.EXTENSIONS:
+        raise InterchangeError(f"the image type {match.group(1)} is not one of {', '.join(artifacts.EXTENSIONS)}")
+    try:
+        data = base64.b64decode(match.group(2), validate=True)
+    except (binascii.Error, ValueError):
+        raise InterchangeError("the image's data: URL is not valid base64") from None
+    if not data or len(data) > artifacts.MAX_BYTES:
+        raise InterchangeError(f"the image has {len(data)} bytes; 1 to {artifacts.MAX_BYTES} can be stored")
+    try:
+        with PilImage.open(io.BytesIO(data)) as opened:
+            width, height = opened.size
+    except (UnidentifiedImageError, OSError):
+        raise InterchangeError(f"the image's data is not a readable {match.group(1)}") from None
+    return Image(data, match.group(1), width, height)
+
+
+_ADP_SOURCES = ("user_msg", "agent", "environment")
+_ADP_OBSERVATIONS = ("text_observation", "web_observation", "image_observation")
+_ADP_IMAGE_KEYS = ({"class_", "content", "source"}, {"annotations", "tool_call_id", "reward"})
 _ADP_ITEM_KEYS = {
     "text_observation": ({"class_", "content", "source"}, {"tool_call_id", "reward", "name"}),
+    # ADP's WebObservation: html, url, image_observation and viewport_size required (may be null)
+    "web_observation": ({"class_", "html", "url", "image_observation", "viewport_size"},
+                        {"axtree", "tool_call_id", "reward"}),
+    "image_observation": _ADP_IMAGE_KEYS,
     "message_action": ({"class_", "content"}, {"description", "reasoning_content"}),
     "api_action": ({"class_", "function", "kwargs"}, {"description", "reasoning_content", "tool_call_id",
                                                        "function_call"}),
     "code_action": ({"class_", "language", "content"}, {"description", "reasoning_content", "tool_call_id"}),
 }
+
+
+def _image_problems(image: Any, at: str) -> list[str]:
+    problems = _keys(image, *_ADP_IMAGE_KEYS, where=at)
+    if not isinstance(image, dict):
+        return problems
+    if image.get("source") not in _ADP_SOURCES:
+        problems.append(f"{at}.source: one of {', '.join(_ADP_SOURCES)}")
+    try:
+        _image_data(image.get("content"))
+    except InterchangeError as exc:
+        problems.append(f"{at}.content: {exc}")
+    return problems
+
+
+def _web_problems(item: dict[str, Any], at: str) -> list[str]:
+    problems = [f"{at}.{k}: a string or null" for k in ("html", "axtree", "url")
+                if item.get(k) is not None and not isinstance(item[k], str)]
+    size = item.get("viewport_size")
+    if size is not None and not (isinstance(size, list) and len(size) == 2
+                                 and all(isinstance(v, int) and not isinstance(v, bool) for v in size)):
+        problems.append(f"{at}.viewport_size: [width, height] or null")
+    if item.get("image_observation") is not None:
+        problems += _image_problems(item["image_observation"], f"{at}.image_observation")
+    elif not any(isinstance(item.get(k), str) and item[k].strip() for k in ("url", "axtree", "html")):
+        problems.append(f"{at}: a web observation with no url, axtree, html or image")
+    return problems
 
 
 def validate_adp(obj: Any) -> list[str]:
@@ -379,21 +557,26 @@ def validate_adp(obj: Any) -> list[str]:
         return problems + ["line.content: a non-empty list"]
     call_ids: set[Any] = set()
     for i, item in enumerate(items):
+        at = f"line.content[{i}]"
         kind = item.get("class_") if isinstance(item, dict) else None
         if kind not in _ADP_ITEM_KEYS:
-            problems.append(f"line.content[{i}].class_: one of {', '.join(_ADP_ITEM_KEYS)}")
+            problems.append(f"{at}.class_: one of {', '.join(_ADP_ITEM_KEYS)}")
             continue
-        required, optional = _ADP_ITEM_KEYS[kind]
-        problems += _keys(item, required, optional, where=f"line.content[{i}]")
-        if kind == "text_observation" and item.get("source") not in ("user_msg", "agent", "environment"):
-            problems.append(f"line.content[{i}].source: one of user_msg, agent, environment")
-        if kind == "api_action":
-            if not isinstance(item.get("kwargs"), dict):
-                problems.append(f"line.content[{i}].kwargs: an object")
-            call_ids.add(item.get("tool_call_id"))
-        if kind == "text_observation" and item.get("tool_call_id") is not None \
+        if kind == "image_observation":
+            problems += _image_problems(item, at)
+        else:
+            problems += _keys(item, *_ADP_ITEM_KEYS[kind], where=at)
+        if kind == "text_observation" and item.get("source") not in _ADP_SOURCES:
+            problems.append(f"{at}.source: one of {', '.join(_ADP_SOURCES)}")
+        if kind == "web_observation":
+            problems += _web_problems(item, at)
+        if kind == "api_action" and not isinstance(item.get("kwargs"), dict):
+            problems.append(f"{at}.kwargs: an object")
+        if kind in ("api_action", "code_action") and item.get("tool_call_id") is not None:
+            call_ids.add(item["tool_call_id"])
+        if kind in _ADP_OBSERVATIONS and item.get("tool_call_id") is not None \
                 and item["tool_call_id"] not in call_ids:
-            problems.append(f"line.content[{i}].tool_call_id: matches no earlier action")
+            problems.append(f"{at}.tool_call_id: matches no earlier action")
     return problems
 
 
@@ -409,7 +592,7 @@ def _documents(data: bytes, label: str) -> Iterator[tuple[str, Any]]:
     except orjson.JSONDecodeError:
         whole = None
     if isinstance(whole, dict):
-        yield label, whole
+        yield f"{label}:1", whole  # one document (trajectory.json), from its first line
         return
     if isinstance(whole, list):
         for i, obj in enumerate(whole):
@@ -421,7 +604,7 @@ def _documents(data: bytes, label: str) -> Iterator[tuple[str, Any]]:
         try:
             yield f"{label}:{number}", orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            raise InterchangeError(f"{label}:{number}: not valid JSON ({exc})") from None
+            yield f"{label}:{number}", InterchangeError(f"{label}:{number}: not valid JSON ({exc})")
 
 
 def _tools_for(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -437,7 +620,8 @@ def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str,
     if outcome not in OUTCOMES:
         raise InterchangeError(f"{external_id}: a trajectory from another tool has no outcome we can verify; say "
                                "which it is (outcome success or failure, --outcome)")
-    users = [m for m in messages if m["role"] == "user"]
+    users = [m for m in messages if m["role"] == "user" and isinstance(m.get("content"), str)
+             and (m.get("provenance") or {}).get("source") != "environment"]
     if not users:
         raise InterchangeError(f"{external_id}: no user message (the task)")
     from apps.datasets.exporters.records import TASK_FIELDS
@@ -468,7 +652,7 @@ def _ours(extra: Any, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
 def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
     problems = validate_atif(obj)
     if problems:
-        raise InterchangeError(f"{label}: not ATIF: {'; '.join(problems[:5])}")
+        raise InterchangeError(f"{label}: not ATIF", [f"{label}: not ATIF: {p}" for p in problems])
     messages = [m for step in obj["steps"] for m in _messages_of_atif_step(step)]
     ours = _ours(obj.get("extra"), messages)
     if ours is not None:
@@ -488,9 +672,9 @@ def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str
 def from_adp(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
     problems = validate_adp(obj)
     if problems:
-        raise InterchangeError(f"{label}: not ADP: {'; '.join(problems[:5])}")
+        raise InterchangeError(f"{label}: not ADP", [f"{label}: not ADP: {p}" for p in problems])
     details = obj.get("details") if isinstance(obj.get("details"), dict) else {}
-    messages = _adp_messages(obj["content"], details)
+    messages = _adp_messages(obj["content"], details, options.get("images"))
     ours = _ours(details, messages)
     if ours is not None:
         return ours
@@ -567,38 +751,85 @@ def from_mini_swe_agent(obj: Any, n: int, options: dict[str, Any], label: str) -
 READERS = {"atif": from_atif, "adp": from_adp, "mini-swe-agent": from_mini_swe_agent}
 
 
-def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = None, scene: str | None = None) -> bytes:
-    """The canonical raw JSONL for an ATIF / ADP / mini-swe-agent file (InterchangeError on bad input)."""
+def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = None, scene: str | None = None,
+                 images: dict[str, Image] | None = None) -> bytes:
+    """The canonical raw JSONL for an ATIF / ADP / mini-swe-agent file; InterchangeError lists every
+    bad document as `FILE:LINE: reason`. `images` collects the images the lines name (sha256 ->
+    Image) for the caller to store."""
     if fmt not in READERS:
         raise InterchangeError(f"unknown import format {fmt!r}; one of: raw, {', '.join(IMPORT_FORMATS)}")
-    options = {"outcome": outcome, "scene": scene, "file": Path(label).name}
+    options = {"outcome": outcome, "scene": scene, "file": Path(label).name, "images": images}
     out = io.BytesIO()
+    errors: list[str] = []
     for n, (where, obj) in enumerate(_documents(data, label), start=1):
-        record = READERS[fmt](obj, n, options, where)
+        try:
+            if isinstance(obj, InterchangeError):
+                raise obj
+            record = READERS[fmt](obj, n, options, where)
+        except (InterchangeError, RenderError) as exc:
+            found = exc.errors if isinstance(exc, InterchangeError) else [str(exc)]
+            errors += [e if e.startswith(where) else f"{where}: {e}" for e in found]
+            if len(errors) >= MAX_ERRORS:
+                errors.append(f"{label}: stopped after {MAX_ERRORS} errors")
+                break
+            continue
         out.write(orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE))
+    if errors:
+        raise InterchangeError(errors[0], errors)
     return out.getvalue()
 
 
 def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: str | None = None,
                        outcome: str | None = None, scene: str | None = None) -> Any:
     """Import a file of trajectories — ours (`raw`) or another tool's (ATIF / ADP / mini-swe-agent,
-    converted to raw lines first) — through the raw importer: all or nothing, one audit row.
+    converted to raw lines first) — through the raw importer: all or nothing, one audit row; then
+    store the images the file carried and record which stored artifacts the new trajectories use.
     `path_or_file` is a path or a binary file object (an upload); RawImportError lists the problems."""
     from apps.datasets.raw_import import RawImportError, trajectories_import
 
-    if fmt == "raw":
-        return trajectories_import(path_or_file=path_or_file, actor=actor, batch_name=batch_name)
-    if isinstance(path_or_file, (str, Path)):
-        path = Path(path_or_file)
-        if not path.is_file():
-            raise RawImportError([f"{path}: no such file"])
-        data, label = path.read_bytes(), str(path)
-    else:
-        data, label = path_or_file.read(), str(getattr(path_or_file, "name", "") or "upload")
+    images: dict[str, Image] = {}
+    if fmt != "raw":
+        if isinstance(path_or_file, (str, Path)):
+            path = Path(path_or_file)
+            if not path.is_file():
+                raise RawImportError([f"{path}: no such file"])
+            data, label = path.read_bytes(), str(path)
+        else:
+            data, label = path_or_file.read(), str(getattr(path_or_file, "name", "") or "upload")
+        try:
+            raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene, images=images)
+        except InterchangeError as exc:
+            raise RawImportError(exc.errors) from None
+        except RenderError as exc:
+            raise RawImportError([str(exc)]) from None
+        path_or_file = io.BytesIO(raw)
+        path_or_file.name = f"{Path(label).stem}.{fmt}"
+    # Images are stored only once the raw importer has accepted the file, inside its transaction:
+    # a refused file leaves nothing behind, a storage failure undoes the import.
+    with transaction.atomic():
+        result = trajectories_import(path_or_file=path_or_file, actor=actor, batch_name=batch_name)
+        _keep_images(images, result.batches)
+    return result
+
+
+def _keep_images(images: dict[str, Image], batches: list[Any]) -> None:
+    """Store the imported images and record the stored artifacts the new trajectories' messages and
+    steps name (screenshots of our own exports come back with their uses, so deleting the original
+    episode keeps them); on failure, remove the files this call wrote (their rows roll back)."""
+    from apps.tasks.models import Trajectory
+    from trajplatform import artifacts
+
+    files = artifacts.storage()
+    written: list[str] = []
     try:
-        raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene)
-    except (InterchangeError, RenderError) as exc:
-        raise RawImportError([str(exc)]) from None
-    buffer = io.BytesIO(raw)
-    buffer.name = f"{Path(label).stem}.{fmt}"
-    return trajectories_import(path_or_file=buffer, actor=actor, batch_name=batch_name)
+        for sha, image in images.items():
+            name = artifacts.file_name(sha, image.mime)
+            if not files.exists(name):
+                written.append(name)
+            artifacts.store(image.data, image.mime, width=image.width, height=image.height)
+        rows = Trajectory.objects.filter(task__batch__in=batches).only("pk", "messages", "steps")
+        artifacts.link_trajectories({t.pk: [t.messages, t.steps] for t in rows.iterator(chunk_size=500)})
+    except Exception:
+        for name in written:
+            files.delete(name)
+        raise

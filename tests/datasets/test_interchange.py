@@ -3,6 +3,7 @@ the real agent loop produced (offline scripted model, local sandbox) and on the 
 other tools' files (the ATIF RFC's example, an ADP trajectory, mini-swe-agent text and tool-call mode)."""
 from __future__ import annotations
 
+import base64
 import io
 import json
 from io import StringIO
@@ -18,6 +19,7 @@ from apps.tasks.models import Task, Trajectory
 from tests.datasets.exporter_data import make_review, make_trajectory
 from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
 from tests.engines.test_agent import HELLO, HELLO_STEPS, config_for, llm_env, run, scripted  # noqa: F401
+from tests.engines.test_gui import artifact_root  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,13 +181,13 @@ def test_an_adp_trajectory_comes_in_and_bad_items_are_refused(tmp_path: Path) ->
         {"role": "tool", "tool_call_id": "c1", "name": "execute_bash", "content": "a.txt"},
         {"role": "assistant", "content": "There is a.txt."}]
     assert t.outcome == "failure" and t.config_snapshot["imported_from"]["details"] == {"dataset": "example"}
-    adp["content"].append({"class_": "web_observation", "url": "https://example.org"})
+    adp["content"].append({"class_": "video_observation", "url": "https://example.org"})
     path.write_text(json.dumps(adp) + "\n")
     err = StringIO()
     with pytest.raises(CommandError):
         call_command("import_trajectories", str(path), "--format", "adp", "--outcome", "success", "--batch", "x",
                      stdout=StringIO(), stderr=err)
-    assert "line.content[4].class_: one of text_observation" in err.getvalue()
+    assert "adp.jsonl:1: not ADP: line.content[4].class_: one of text_observation" in err.getvalue()
 
 
 def test_mini_swe_agent_trajectories_come_in_in_text_and_tool_call_mode(tmp_path: Path) -> None:
@@ -226,3 +228,140 @@ def test_mini_swe_agent_trajectories_come_in_in_text_and_tool_call_mode(tmp_path
     [t] = import_file(path, "--format", "mini-swe-agent", "--outcome", "failure")
     assert t.messages[2]["reasoning_content"] == "hmm" and t.messages[3]["content"] == "/repo"
     assert validate_line("sft-trl", orjson.loads(export("sft-trl", [t.pk]))) == []
+
+
+# --- ADP web and image observations ----------------------------------------------------------------
+
+def png_data_url(color: str, size: tuple[int, int] = (8, 6)) -> str:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+
+
+BIG_AXTREE = "\n".join(f"[{i}] link 'Van model {i}'" for i in range(2000))  # ~50k characters
+
+
+def adp_web_record() -> dict[str, Any]:
+    """A web-agent trajectory in ADP's own shape, built from its schema (schema/observation/web.py,
+    image.py and text.py at 26c9737, trajectory.py at 1513455: every WebObservation field present,
+    null where unknown, tool_call_id linking results to actions) — a WebLINX / Mind2Web-style episode."""
+    return {"schema_version": "1.2.0", "id": "weblinx-rent-7", "content": [
+        {"class_": "text_observation", "content": "Find a mini van in Brooklyn for April 5-8.", "source": "user_msg",
+         "name": None, "reward": None},
+        {"class_": "web_observation", "html": None, "axtree": "[1] RootWebArea 'Car rental'\n  [2] link 'Vans'",
+         "url": "https://rent.example/", "image_observation": None, "viewport_size": [1280, 720], "reward": None},
+        {"class_": "api_action", "function": "click", "kwargs": {"bid": "2"}, "description": "Open the vans.",
+         "tool_call_id": "call_1", "reasoning_content": None},
+        {"class_": "web_observation", "tool_call_id": "call_1", "axtree": None, "url": "https://rent.example/vans",
+         "html": "<html><head><title>Vans</title><script>var tracking = 1;</script></head><body><nav><a href='/'>"
+                 "Home</a></nav><h1>Vans</h1><ul><li>Mini van <button>Select</button></li><li>Cargo van</li></ul>"
+                 "</body></html>",
+         "image_observation": {"class_": "image_observation", "content": png_data_url("navy"),
+                               "source": "environment", "annotations": None},
+         "viewport_size": [1280, 720], "reward": None},
+        {"class_": "api_action", "function": "scroll", "kwargs": {"dy": 500}, "tool_call_id": "call_2",
+         "description": None},
+        {"class_": "web_observation", "tool_call_id": "call_2", "html": None, "axtree": BIG_AXTREE,
+         "url": "https://rent.example/vans?page=2", "image_observation": None, "viewport_size": None},
+        {"class_": "api_action", "function": "screenshot", "kwargs": {}, "tool_call_id": "call_3"},
+        {"class_": "image_observation", "content": png_data_url("teal"), "source": "environment",
+         "tool_call_id": "call_3", "annotations": [
+             {"text": "Mini van", "element_type": "button", "bounding_box": {"x": 1, "y": 2, "width": 3, "height": 4}}]},
+        {"class_": "message_action", "content": "The mini van is available.", "description": None}],
+        "details": {"dataset": "weblinx-demo", "website": "rent.example"}}
+
+
+def test_an_adp_web_trajectory_comes_in_as_the_pages_the_agent_saw_with_its_screenshots(
+        tmp_path: Path, artifact_root: Path) -> None:  # noqa: F811
+    from trajplatform.artifacts import Artifact, ArtifactUse
+
+    path = tmp_path / "web.adp.jsonl"
+    path.write_text(json.dumps(adp_web_record()) + "\n")
+    [t] = import_file(path, "--format", "adp", "--outcome", "success", "--scene", "gui")
+    m = t.messages
+    assert [x["role"] for x in m] == ["user", "user", "assistant", "tool", "user", "assistant", "tool", "assistant",
+                                      "tool", "user", "assistant"]
+    # The page before any action is an environment message, never the task's prompt.
+    assert m[1] == {"role": "user", "content": "URL: https://rent.example/\n\n[1] RootWebArea 'Car rental'\n  "
+                    "[2] link 'Vans'", "provenance": {"format": "adp", "source": "environment"}}
+    assert Task.objects.get(pk=t.task_id).prompt == "Find a mini van in Brooklyn for April 5-8."
+    # HTML without an accessibility tree: its visible text (navigation kept, script and head gone).
+    assert m[3] == {"role": "tool", "tool_call_id": "call_1", "name": "click",
+                    "content": "URL: https://rent.example/vans\n\nHome\nVans\nMini van Select\nCargo van"}
+    navy, teal = (m[4]["content"][0]["image_url"]["url"], m[9]["content"][0]["image_url"]["url"])
+    assert navy.startswith("artifact:") and teal.startswith("artifact:") and navy != teal
+    # A long tree is cut at the documented limit; the original stays with the message.
+    clipped = m[6]
+    assert clipped["tool_call_id"] == "call_2" and clipped["provenance"]["original"] == {"axtree": BIG_AXTREE}
+    body = clipped["content"].split("\n\n", 1)[1]
+    assert body.startswith(BIG_AXTREE[:20_000]) and f"cut at 20000 of {len(BIG_AXTREE)} characters" in body
+    # An image result: an empty tool text, then the picture as the gui scene's screenshots come.
+    assert m[8] == {"role": "tool", "tool_call_id": "call_3", "name": "screenshot", "content": ""}
+    assert m[9]["provenance"]["annotations"][0]["text"] == "Mini van"
+    stored = {a.sha256: a for a in Artifact.objects.all()}
+    assert set(stored) == {navy.removeprefix("artifact:"), teal.removeprefix("artifact:")}
+    assert {(a.mime, a.width, a.height) for a in stored.values()} == {("image/png", 8, 6)}
+    assert set(ArtifactUse.objects.filter(trajectory=t).values_list("artifact__sha256", flat=True)) == set(stored)
+    assert (artifact_root / stored[navy.removeprefix("artifact:")].name).read_bytes()[:4] == b"\x89PNG"
+    assert [tool["function"]["name"] for tool in t.tools] == ["click", "screenshot", "scroll"]
+    assert t.config_snapshot["imported_from"]["details"] == {"dataset": "weblinx-demo", "website": "rent.example"}
+    # It goes out as text SFT data (image messages left out) and as multimodal data with its pictures.
+    assert validate_line("sft-openai", orjson.loads(export("sft-openai", [t.pk]))) == []
+    out = io.BytesIO()
+    result = export_records("sft-openai-vision", load_records([t.pk]), out, options={"images": "base64"})
+    assert result.lines == 1 and validate_line("sft-openai-vision", orjson.loads(out.getvalue())) == []
+    # And through our ADP exporter and back: the same lines apart from ids.
+    data = export("adp", [t.pk])
+    again = tmp_path / "again.adp.jsonl"
+    again.write_bytes(data)
+    [back] = import_file(again, "--format", "adp", "--batch", "web-again")
+    assert back.messages == t.messages
+    assert normalized(export("adp", [back.pk]), "adp") == normalized(data, "adp")
+    assert ArtifactUse.objects.filter(trajectory=back).count() == 2 and Artifact.objects.count() == 2
+
+
+def test_bad_adp_web_and_image_items_are_all_reported_by_line_and_nothing_is_written(
+        tmp_path: Path, artifact_root: Path) -> None:  # noqa: F811
+    from trajplatform.artifacts import Artifact
+
+    files = set(artifact_root.rglob("*.png"))  # the fixture is module-wide
+    good = adp_web_record()
+    linked = adp_web_record()
+    linked["content"][3]["image_observation"]["content"] = "datasets/weblinx/sample_screenshot.png"
+    empty = adp_web_record()
+    empty["content"][1].update(axtree=None, url=None)
+    broken = adp_web_record()
+    broken["content"][7]["content"] = "data:image/png;base64,bm90IGEgcG5n"  # "not a png"
+    unsized = adp_web_record()
+    del unsized["content"][5]["viewport_size"]
+    path = tmp_path / "web.adp.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (good, linked, empty, broken, unsized)) + "\n{oops\n")
+    before = (Trajectory.objects.count(), Task.objects.count(), Artifact.objects.count())
+    err = StringIO()
+    with pytest.raises(CommandError, match="nothing was imported"):
+        call_command("import_trajectories", str(path), "--format", "adp", "--outcome", "success",
+                     stdout=StringIO(), stderr=err)
+    reasons = err.getvalue()
+    assert "web.adp.jsonl:2: not ADP: line.content[3].image_observation.content: the image " \
+           "'datasets/weblinx/sample_screenshot.png' is a path or link" in reasons
+    assert "web.adp.jsonl:3: not ADP: line.content[1]: a web observation with no url, axtree, html or image" in reasons
+    assert "web.adp.jsonl:4: not ADP: line.content[7].content: the image's data is not a readable image/png" in reasons
+    assert "web.adp.jsonl:5: not ADP: line.content[5].viewport_size: missing" in reasons
+    assert "web.adp.jsonl:6: not valid JSON" in reasons and "web.adp.jsonl:1:" not in reasons
+    assert (Trajectory.objects.count(), Task.objects.count(), Artifact.objects.count()) == before
+    assert set(artifact_root.rglob("*.png")) == files
+    # A file the raw importer refuses (its batch exists) stores none of its images either.
+    path.write_text(json.dumps(good) + "\n")
+    import_file(path, "--format", "adp", "--outcome", "success", "--batch", "taken")
+    stored = Artifact.objects.count()
+    Artifact.objects.all().delete()
+    for image in artifact_root.rglob("*.png"):
+        image.unlink()
+    err = StringIO()
+    with pytest.raises(CommandError, match="nothing was imported"):
+        call_command("import_trajectories", str(path), "--format", "adp", "--outcome", "success", "--batch", "taken",
+                     stdout=StringIO(), stderr=err)
+    assert "batch 'taken' already exists" in err.getvalue()
+    assert stored == 2 and Artifact.objects.count() == 0 and not any(artifact_root.rglob("*.png"))
