@@ -22,6 +22,8 @@ import json
 import math
 from typing import Any
 
+from trajplatform.pyparse import parse_python
+
 from .chat import RenderError, function_specs, parse_arguments, render_messages
 
 Line = dict[str, Any]
@@ -68,7 +70,7 @@ def render_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
 def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]] | None:
     """ToolACE's bracket syntax read back: [(name, arguments)], or None when `text` is not a call list."""
     try:
-        tree = ast.parse(text.strip(), mode="eval").body
+        tree = parse_python(text.strip(), mode="eval").body
     except (SyntaxError, ValueError):
         return None
     if not isinstance(tree, ast.List) or not tree.elts:

@@ -42,6 +42,7 @@ from apps.engines.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOUR
 from apps.engines.sandboxes import SandboxError, SandboxSpec, get_backend
 from apps.engines.scenes import validate_scene_config
 from trajplatform.audit import audit_record
+from trajplatform.pyparse import parse_python
 
 SCENE = "envscaler"
 RESERVED_TOOL_NAMES = ("get_current_time", "finish", "envscaler_state", "envscaler_check")
@@ -102,7 +103,7 @@ def _top_level_classes(tree: ast.Module) -> list[str]:
 
 def _parse(source: str, filename: str) -> tuple[ast.Module | None, str]:
     try:
-        return ast.parse(source, filename=filename), ""
+        return parse_python(source, filename=filename), ""
     except SyntaxError as exc:
         return None, f"syntax error at line {exc.lineno}: {exc.msg}"
     except ValueError as exc:  # NUL bytes

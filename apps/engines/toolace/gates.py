@@ -39,6 +39,7 @@ from apps.engines.ask_user import FactsError, parse_facts
 from apps.engines.envscaler.importer import ItemError, _check_env
 from apps.engines.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOURCE
 from apps.engines.sandboxes import SandboxError, SandboxSpec, get_backend
+from trajplatform.pyparse import parse_python
 
 GATE_SOURCE = Path(__file__).with_name("sandbox_gate.py")
 GATE_PATH = f"{SANDBOX_DIR}/sandbox_gate.py"
@@ -212,7 +213,7 @@ def task_static(suite: dict[str, Any], task: dict[str, Any]) -> str | None:
     if kind == "parallel" and len(calls) < 2:
         problems.append("a parallel task expects at least two calls")
     try:
-        tree = ast.parse(task.get("check_func") or "")
+        tree = parse_python(task.get("check_func") or "")
         if not any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body):
             problems.append("check_func defines no top-level function check(env)")
     except SyntaxError as exc:
