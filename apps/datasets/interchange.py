@@ -288,6 +288,8 @@ def render_adp(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
         role = msg.get("role")
         if role == "system":
             system.append(msg.get("content") or "")
+        elif role == "user" and isinstance(msg.get("content"), list):
+            content += _adp_images(msg["content"])
         elif role == "user":
             content.append({"class_": "text_observation", "content": msg.get("content") or "", "source": "user_msg"})
         elif role == "assistant":
@@ -302,6 +304,26 @@ def render_adp(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
         details["trajplatform_messages"] = messages  # what the standard items cannot say exactly
     return {"schema_version": ADP_VERSION, "id": f"trajplatform-{record['trajectory_id']}", "content": content,
             "details": details}
+
+
+def _adp_images(parts: list[Any]) -> list[dict[str, Any]]:
+    """A vision episode's image message (the page after a turn) as ADP image observations, the
+    image inlined as a data: URL (ADP takes a path, a link or a data: URL; ours are in the store).
+    The message's text label has no ADP field: `trajplatform_messages` keeps it."""
+    from trajplatform import artifacts
+
+    items = []
+    for part in parts:
+        url = str(((part or {}).get("image_url") or {}).get("url", "")) if isinstance(part, dict) else ""
+        if url.startswith(artifacts.URL_PREFIX):
+            try:
+                data = artifacts.data_url(url[len(artifacts.URL_PREFIX):])
+            except artifacts.ArtifactError as exc:
+                raise RenderError(f"image {url[len(artifacts.URL_PREFIX):][:12]}: {exc}") from None
+            items.append({"class_": "image_observation", "content": data, "source": "environment"})
+        elif not (isinstance(part, dict) and part.get("type") == "text"):
+            raise RenderError(f"a user message part {str(part)[:60]!r} is neither text nor a stored image")
+    return items
 
 
 def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -332,6 +354,8 @@ def _adp_messages(items: list[dict[str, Any]], details: dict[str, Any],
                   images: dict[str, Image] | None = None) -> list[dict[str, Any]]:
     exact = details.get("trajplatform_messages")
     if isinstance(exact, list):
+        if images is not None:  # the file's own images are stored (another deployment's store lacks them)
+            _messages_of_adp(items, images)
         return exact
     system = details.get("system")
     head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
@@ -568,6 +592,8 @@ def validate_adp(obj: Any) -> list[str]:
             problems += _keys(item, *_ADP_ITEM_KEYS[kind], where=at)
         if kind == "text_observation" and item.get("source") not in _ADP_SOURCES:
             problems.append(f"{at}.source: one of {', '.join(_ADP_SOURCES)}")
+        if kind in ("text_observation", "message_action") and not isinstance(item.get("content"), str):
+            problems.append(f"{at}.content: a string")
         if kind == "web_observation":
             problems += _web_problems(item, at)
         if kind == "api_action" and not isinstance(item.get("kwargs"), dict):

@@ -19,6 +19,7 @@ from apps.tasks.models import Task, Trajectory
 from tests.datasets.exporter_data import make_review, make_trajectory
 from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
 from tests.engines.test_agent import HELLO, HELLO_STEPS, config_for, llm_env, run, scripted  # noqa: F401
+from tests.datasets.test_vision_export import episodes  # noqa: F401 (fixture: a real gui vision episode)
 from tests.engines.test_gui import artifact_root  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -365,3 +366,35 @@ def test_bad_adp_web_and_image_items_are_all_reported_by_line_and_nothing_is_wri
                      stdout=StringIO(), stderr=err)
     assert "batch 'taken' already exists" in err.getvalue()
     assert stored == 2 and Artifact.objects.count() == 0 and not any(artifact_root.rglob("*.png"))
+
+
+def test_a_real_gui_vision_episode_goes_out_as_adp_with_its_screenshots_and_comes_back_unchanged(
+        episodes: list[int], sandbox_settings: Any, llm_env: Any, tmp_path: Path,  # noqa: F811
+        artifact_root: Path) -> None:  # noqa: F811
+    from trajplatform import artifacts
+
+    original = Trajectory.objects.get(pk=episodes[0])
+    data = export("adp", [original.pk])
+    line = orjson.loads(data)
+    assert validate_line("adp", line) == []
+    shown = [p["image_url"]["url"].removeprefix("artifact:") for m in original.messages
+             if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"]
+    images = [i for i in line["content"] if i["class_"] == "image_observation"]
+    assert len(images) == len(shown) > 1 and {i["source"] for i in images} == {"environment"}
+    assert [i["content"] for i in images] == [artifacts.data_url(sha) for sha in shown]
+    # The browser's results stay text: their action line and page title have no WebObservation field.
+    results = [i["content"] for i in line["content"] if i["class_"] == "text_observation" and i.get("tool_call_id")]
+    assert "web_observation" not in {i["class_"] for i in line["content"]}
+    assert any("- Page Title:" in r for r in results)
+    assert line["details"]["trajplatform_messages"] == original.messages  # the images' text labels
+    path = tmp_path / "gui.adp.jsonl"
+    path.write_bytes(data)
+    # The originals go, and their screenshots with them: the file's own images come back.
+    Trajectory.objects.filter(pk__in=episodes).delete()
+    assert not artifacts.Artifact.objects.filter(sha256__in=shown).exists()
+    [back] = import_file(path, "--format", "adp", "--batch", "gui-back")
+    assert back.messages == original.messages and back.steps == original.steps
+    assert artifacts.refs_in(back.steps) <= set(shown)  # every step's screenshot was shown to the model
+    assert set(back.artifact_uses.values_list("artifact__sha256", flat=True)) == set(shown)
+    assert all(artifacts.read(sha)[:4] == b"\x89PNG" for sha in shown)
+    assert normalized(export("adp", [back.pk]), "adp") == normalized(data, "adp")
