@@ -383,10 +383,12 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
             out.append(msg)
         elif kind == "api_action":
             kwargs = item.get("kwargs") if isinstance(item.get("kwargs"), dict) else {}
-            call = {"id": item.get("tool_call_id"), "type": "function",
+            # files before ADP's tool_call_id (1.0.0) link a result to the action before it
+            call_id = item["tool_call_id"] if item.get("tool_call_id") is not None else f"adp_call_{i}"
+            call = {"id": call_id, "type": "function",
                     "function": {"name": item.get("function"), "arguments": _args_text(kwargs)}}
-            names[item.get("tool_call_id")] = item.get("function") or ""
-            pending.append(item.get("tool_call_id"))
+            names[call_id] = item.get("function") or ""
+            pending.append(call_id)
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
                     and not item.get("description") and not item.get("reasoning_content"):

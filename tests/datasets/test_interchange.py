@@ -398,3 +398,25 @@ def test_a_real_gui_vision_episode_goes_out_as_adp_with_its_screenshots_and_come
     assert set(back.artifact_uses.values_list("artifact__sha256", flat=True)) == set(shown)
     assert all(artifacts.read(sha)[:4] == b"\x89PNG" for sha in shown)
     assert normalized(export("adp", [back.pk]), "adp") == normalized(data, "adp")
+
+
+def test_an_adp_file_without_tool_call_ids_links_each_page_to_the_action_before_it(tmp_path: Path) -> None:
+    page = {"class_": "web_observation", "html": None, "image_observation": None, "viewport_size": None}
+    adp = {"schema_version": "1.0.0", "id": "mind2web-3", "content": [  # Mind2Web's shape before tool_call_id
+        {"class_": "text_observation", "content": "Rent a van.", "source": "user_msg"},
+        {**page, "url": "https://rent.example/", "axtree": "[1] link 'Vans'"},
+        {"class_": "api_action", "function": "click", "kwargs": {"xpath": "//*[@id='vans']"}, "description": None},
+        {**page, "url": "https://rent.example/vans", "axtree": "[4] button 'Select'"},
+        {"class_": "api_action", "function": "click", "kwargs": {"xpath": "//button"}},
+        {"class_": "text_observation", "content": "Selected.", "source": "environment"},
+        {"class_": "message_action", "content": "Done."}]}
+    path = tmp_path / "m2w.jsonl"
+    path.write_text(json.dumps(adp) + "\n")
+    [t] = import_file(path, "--format", "adp", "--outcome", "failure", "--scene", "gui")
+    calls = [c["id"] for m in t.messages for c in m.get("tool_calls") or []]
+    assert calls == ["adp_call_2", "adp_call_4"]
+    assert [(m["role"], m.get("tool_call_id")) for m in t.messages] == [
+        ("user", None), ("user", None), ("assistant", None), ("tool", "adp_call_2"), ("assistant", None),
+        ("tool", "adp_call_4"), ("assistant", None)]
+    assert t.messages[3]["content"] == "URL: https://rent.example/vans\n\n[4] button 'Select'"
+    assert validate_line("sft-openai", orjson.loads(export("sft-openai", [t.pk]))) == []
