@@ -15,7 +15,7 @@ mini-swe-agent's trajectory JSON in.
   becomes the text the agent saw: `URL: <url>`, a blank line, then the accessibility tree or,
   failing that, the HTML reduced to its visible text, cut at WEB_TEXT_MAX_CHARS (the original
   field kept under the message's `provenance` when cut). An observation answers its
-  `tool_call_id`, else the oldest unanswered call before it; with none it is an environment
+  `tool_call_id`, else the oldest unanswered call of the turn before it; with none, an environment
   message (role user, `provenance.source` "environment", never the task's prompt). An
   `image_observation` (alone or a web observation's screenshot) goes to the artifact store when
   its content is a data: URL and follows as a user message with an `artifact:<sha>` image part,
@@ -366,8 +366,8 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
                      ) -> list[dict[str, Any]]:
     """Our messages from ADP content items (api_actions in a row are one assistant turn).
 
-    An observation answers its tool_call_id, else the oldest call still unanswered, else it is
-    an environment message. `images` collects the decoded images (sha256 -> Image) that the
+    An observation answers its tool_call_id, else the oldest unanswered call of the assistant turn
+    before it, else it is an environment message. `images` collects the decoded images (sha256 -> Image) that the
     messages' `artifact:<sha>` parts name, for the importer to store."""
     out: list[dict[str, Any]] = []
     names: dict[Any, str] = {}
@@ -375,8 +375,9 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
     for i, item in enumerate(items):
         kind = item.get("class_")
         if kind in _ADP_OBSERVATIONS:
-            out += _observation_messages(i, item, pending, names, images)
+            out += _observation_messages(item, pending, names, images)
         elif kind == "message_action":
+            pending.clear()  # a new turn: an earlier call left unanswered stays so
             msg = {"role": "assistant", "content": item.get("content") or ""}
             if item.get("reasoning_content"):
                 msg["reasoning_content"] = item["reasoning_content"]
@@ -388,12 +389,13 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
             call = {"id": call_id, "type": "function",
                     "function": {"name": item.get("function"), "arguments": _args_text(kwargs)}}
             names[call_id] = item.get("function") or ""
-            pending.append(call_id)
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
                     and not item.get("description") and not item.get("reasoning_content"):
                 last["tool_calls"].append(call)
+                pending.append(call_id)
             else:
+                pending[:] = [call_id]
                 msg = {"role": "assistant", "content": item.get("description") or None}
                 if item.get("reasoning_content"):
                     msg["reasoning_content"] = item["reasoning_content"]
@@ -402,7 +404,7 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
         elif kind == "code_action":
             call_id = item.get("tool_call_id") or f"adp_code_{len(out)}"
             names[call_id] = "run_shell"
-            pending.append(call_id)
+            pending[:] = [call_id]
             out.append({"role": "assistant", "content": item.get("description") or None, "tool_calls": [
                 {"id": call_id, "type": "function", "function": {
                     "name": "run_shell", "arguments": _args_text({"command": item.get("content") or ""})}}]})
@@ -411,7 +413,7 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
     return out
 
 
-def _observation_messages(i: int, item: dict[str, Any], pending: list[Any], names: dict[Any, str],
+def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[Any, str],
                           images: dict[str, Image] | None) -> list[dict[str, Any]]:
     """The message(s) an observation becomes: the user's, a tool result or an environment message,
     then, for an image, a user message with its `artifact:<sha>` part."""

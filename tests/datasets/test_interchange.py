@@ -420,3 +420,19 @@ def test_an_adp_file_without_tool_call_ids_links_each_page_to_the_action_before_
         ("tool", "adp_call_4"), ("assistant", None)]
     assert t.messages[3]["content"] == "URL: https://rent.example/vans\n\n[4] button 'Select'"
     assert validate_line("sft-openai", orjson.loads(export("sft-openai", [t.pk]))) == []
+
+
+def test_an_adp_observation_without_an_id_answers_the_turn_before_it_not_an_older_open_call(tmp_path: Path) -> None:
+    adp = {"schema_version": "1.2.0", "id": "open-call", "content": [
+        {"class_": "text_observation", "content": "Check the page.", "source": "user_msg"},
+        {"class_": "api_action", "function": "goto", "kwargs": {"url": "https://a.example"}, "tool_call_id": "a"},
+        {"class_": "message_action", "content": "The page did not load; trying another way."},
+        {"class_": "api_action", "function": "reload", "kwargs": {}},
+        {"class_": "web_observation", "url": "https://a.example", "axtree": "[1] heading 'A'", "html": None,
+         "image_observation": None, "viewport_size": None}]}
+    path = tmp_path / "open.jsonl"
+    path.write_text(json.dumps(adp) + "\n")
+    [t] = import_file(path, "--format", "adp", "--outcome", "failure")
+    assert t.messages[-1] == {"role": "tool", "tool_call_id": "adp_call_3", "name": "reload",
+                              "content": "URL: https://a.example\n\n[1] heading 'A'"}
+    assert not any(m.get("tool_call_id") == "a" for m in t.messages)  # goto's result never came
