@@ -846,6 +846,9 @@ def _keep_images(images: dict[str, Image], batches: list[Any]) -> None:
     """Store the imported images and record the stored artifacts the new trajectories' messages and
     steps name (screenshots of our own exports come back with their uses, so deleting the original
     episode keeps them); on failure, remove the files this call wrote (their rows roll back)."""
+    from django.db.models import Q, TextField
+    from django.db.models.functions import Cast
+
     from apps.tasks.models import Trajectory
     from trajplatform import artifacts
 
@@ -857,7 +860,11 @@ def _keep_images(images: dict[str, Image], batches: list[Any]) -> None:
             if not files.exists(name):
                 written.append(name)
             artifacts.store(image.data, image.mime, width=image.width, height=image.height)
-        rows = Trajectory.objects.filter(task__batch__in=batches).only("pk", "messages", "steps")
+        # only rows whose JSON names an artifact are read back (the database does the scan)
+        rows = (Trajectory.objects.filter(task__batch__in=batches)
+                .annotate(messages_text=Cast("messages", TextField()), steps_text=Cast("steps", TextField()))
+                .filter(Q(messages_text__contains="artifact") | Q(steps_text__contains="artifact"))
+                .only("pk", "messages", "steps"))
         artifacts.link_trajectories({t.pk: [t.messages, t.steps] for t in rows.iterator(chunk_size=500)})
     except Exception:
         for name in written:

@@ -398,6 +398,14 @@ def test_a_real_gui_vision_episode_goes_out_as_adp_with_its_screenshots_and_come
     assert set(back.artifact_uses.values_list("artifact__sha256", flat=True)) == set(shown)
     assert all(artifacts.read(sha)[:4] == b"\x89PNG" for sha in shown)
     assert normalized(export("adp", [back.pk]), "adp") == normalized(data, "adp")
+    # Our raw format carries references only: its copy now records its uses too, so it keeps the
+    # screenshots when the trajectory it was exported from is deleted.
+    raw = tmp_path / "gui.raw.jsonl"
+    raw.write_bytes(export("raw", [back.pk]))
+    [copy] = import_file(raw, "--format", "raw", "--batch", "gui-raw")
+    back.delete()
+    assert set(copy.artifact_uses.values_list("artifact__sha256", flat=True)) == set(shown)
+    assert all(artifacts.read(sha)[:4] == b"\x89PNG" for sha in shown)
 
 
 def test_an_adp_file_without_tool_call_ids_links_each_page_to_the_action_before_it(tmp_path: Path) -> None:
