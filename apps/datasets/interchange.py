@@ -367,8 +367,8 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
     """Our messages from ADP content items (api_actions in a row are one assistant turn).
 
     An observation answers its tool_call_id, else the oldest unanswered call of the assistant turn
-    before it, else it is an environment message. `images` collects the decoded images (sha256 -> Image) that the
-    messages' `artifact:<sha>` parts name, for the importer to store."""
+    before it, else it is an environment message. `images` collects the decoded images (sha256 ->
+    Image) that the messages' `artifact:<sha>` parts name, for the importer to store."""
     out: list[dict[str, Any]] = []
     names: dict[Any, str] = {}
     pending: list[Any] = []  # calls not answered yet, oldest first

@@ -269,7 +269,8 @@ def adp_web_record() -> dict[str, Any]:
         {"class_": "api_action", "function": "screenshot", "kwargs": {}, "tool_call_id": "call_3"},
         {"class_": "image_observation", "content": png_data_url("teal"), "source": "environment",
          "tool_call_id": "call_3", "annotations": [
-             {"text": "Mini van", "element_type": "button", "bounding_box": {"x": 1, "y": 2, "width": 3, "height": 4}}]},
+             {"text": "Mini van", "element_type": "button",
+              "bounding_box": {"x": 1, "y": 2, "width": 3, "height": 4}}]},
         {"class_": "message_action", "content": "The mini van is available.", "description": None}],
         "details": {"dataset": "weblinx-demo", "website": "rent.example"}}
 
