@@ -177,8 +177,13 @@ demo: apt-demo migrate
 	@echo "its suites and gate verdicts under Engines > Pipeline runs; two wrong solutions score 0; dataset 'demo-toolace' in ToolACE's format)."
 	@echo "'demo-multi-agent' (6 team tasks on code_exec and deep_search: each role's run is a child trajectory; ma-004 scores 0)."
 	@echo "'demo-mobile' (13 mobile_agent tasks on the simulated Android device: screenshots, device-state checks; one wrong answer scores 0)."
+	@echo "'demo-gui' (15 gui tasks in chromium in the sandbox: MiniWoB++ pages and the bundled shop, mail and admin sites;"
+	@echo "rewards from the pages' own state, screenshots with the action drawn in the trajectory viewer; one wrong solution scores 0)."
 	@echo "Review console: http://$(HOST):$(PORT)/review/  trajectories: http://$(HOST):$(PORT)/trajectories/"
-	@echo "Datasets 'demo-code' v1, 'demo-toucan' v1 (Toucan's row format), 'demo-qa' v1 (QA pairs) and 'demo-deep-search' v1: http://$(HOST):$(PORT)/datasets/ (exports in var/exports/)"
+	@echo "Datasets (published v1 of each, exports in var/exports/): 'demo-code' (sft-trl), 'demo-toucan' (Toucan's rows),"
+	@echo "'demo-toolace' (ToolACE's format), 'demo-qa' (qa, qa-verl), 'demo-deep-search' (sft-trl), 'demo-multi-agent'"
+	@echo "(multiagent-agentjet, sft-trl), 'demo-mobile' (aitw, sharegpt-vision), 'demo-gui' (sharegpt-vision, trl-vision,"
+	@echo "sft-openai-vision): http://$(HOST):$(PORT)/datasets/"
 
 # The web server (daphne) in the foreground and one django-q2 worker cluster beside it;
 # Ctrl-C stops both.
