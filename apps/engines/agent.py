@@ -780,6 +780,8 @@ class _Episode:
                 cache_key_extra=self.cache_key_extra,
                 # After a miss every request carries a reply that was never cached: no lookups.
                 cache_lookup=not self.left_cache,
+                # A role's (multi_agent) provider, asked first; passed only when set.
+                **({"provider": config["provider"]} if config.get("provider") else {}),
             ),
             remaining,
         ))

@@ -966,9 +966,10 @@ class LLMClient:
         model: str | None,
         cache_key_extra: Any,
         extra_headers: dict[str, str] | None,
+        provider: str | None = None,
     ) -> list[_Call]:
         calls = []
-        for i, provider in enumerate(self.providers):
+        for i, provider in enumerate(self._ordered(provider)):
             # A model named by the caller is the primary's; fallbacks are other vendors and
             # ask for their own configured model.
             request: dict[str, Any] = {
@@ -986,6 +987,17 @@ class LLMClient:
                     request[name] = value
             calls.append(_Call(provider, request, cache_key_for(request, cache_key_extra, extra_headers), extra_headers))
         return calls
+
+    def _ordered(self, name: str | None) -> list[Provider]:
+        """The providers in the order to ask them: the one named first (a task's or a role's
+        `provider`), then the others as fallbacks in their configured order."""
+        if not name:
+            return self.providers
+        chosen = [p for p in self.providers if p.name == name]
+        if not chosen:
+            raise LLMBadRequest(f"provider {name!r} is not configured (configured: "
+                                f"{', '.join(p.name for p in self.providers)})", provider=name, model="")
+        return chosen + [p for p in self.providers if p.name != name]
 
     def _sync_client(self, provider: Provider) -> openai.OpenAI:
         with self._lock:
@@ -1216,11 +1228,14 @@ class LLMClient:
         use_cache: bool = True,
         cache_lookup: bool = True,
         extra_headers: dict[str, str] | None = None,
+        provider: str | None = None,
     ) -> ChatResult:
-        """One assistant turn for `messages`; raises an LLMError subclass when it cannot."""
+        """One assistant turn for `messages`; raises an LLMError subclass when it cannot. `provider`
+        names a configured provider to ask first (the others stay its fallbacks)."""
         calls = self._plan(
             messages, tools=tools, tool_choice=tool_choice, temperature=temperature, top_p=top_p,
             max_tokens=max_tokens, model=model, cache_key_extra=cache_key_extra, extra_headers=extra_headers,
+            provider=provider,
         )
         if use_cache and cache_lookup and (hit := self._cache_get(calls)) is not None:
             return hit
@@ -1253,11 +1268,13 @@ class LLMClient:
         use_cache: bool = True,
         cache_lookup: bool = True,
         extra_headers: dict[str, str] | None = None,
+        provider: str | None = None,
     ) -> ChatResult:
         """The asyncio twin of chat()."""
         calls = self._plan(
             messages, tools=tools, tool_choice=tool_choice, temperature=temperature, top_p=top_p,
             max_tokens=max_tokens, model=model, cache_key_extra=cache_key_extra, extra_headers=extra_headers,
+            provider=provider,
         )
         if use_cache and cache_lookup and (hit := await self._acache_get(calls)) is not None:
             return hit

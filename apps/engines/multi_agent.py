@@ -6,14 +6,16 @@ the sandbox, set-up, tools and verifier are that scene's runtime's. `scene_confi
     {"base_scene": "code_exec", "base_config": {...the base scene's scene_config...},
      "protocol": "delegate" | "round_robin",
      "roles": [{"name": "planner", "system_prompt": "...", "tools": ["run_shell", ...] | absent = all,
-                "model": "...", "max_steps": 8, "trainable": true, "description": "..."}, ...],
+                "model": "...", "provider": "deepseek", "max_steps": 8, "trainable": true,
+                "description": "..."}, ...],
      "lead": "planner", "max_rounds": 3, "consensus": "all_agree" | "none"}
 
 Protocols, both on the shared loop (apps/engines/agent.py) and its sub-episodes:
 
 * `delegate` (orchestrator-workers): the lead runs the loop with its tools plus
   `delegate(role, instruction)` and the base scene's finish. Each delegation is a sub-episode
-  for that role (its system prompt, its tools, its limits and model, the same sandbox), which
+  for that role (its system prompt, its tools, its limits, model and provider — one of the
+  configured LLM providers, asked first, the others its fallbacks — the same sandbox), which
   ends with its own `finish(answer)`, a report for the lead: that is the tool's result. A role that does not finish is reported to the lead as
   the tool's result; an infrastructure error in it ends the whole episode.
 * `round_robin` (a group chat, like AgentScope's message hub): the lead speaks with
@@ -154,6 +156,7 @@ class MultiAgentRuntime(SceneRuntime):
             if unknown:
                 raise SetupError(f"role {other} names tools the {bconf['scene']} scene does not have: "
                                  f"{', '.join(unknown)} (it has {', '.join(by_name)})")
+            _check_provider(other, spec.get("provider"))
         allowed = role.get("tools")
         keep = [t for n, t in by_name.items()
                 if (allowed is None or n in allowed) and not base.is_finish(n)]
@@ -248,6 +251,8 @@ class MultiAgentRuntime(SceneRuntime):
             child["max_steps"] = int(spec["max_steps"])
         if spec.get("model"):
             child["model"] = spec["model"]
+        if spec.get("provider"):
+            child["provider"] = spec["provider"]
         return child
 
     async def _run_role(self, config: dict[str, Any], role: str, prompt: str) -> Any:
@@ -329,6 +334,20 @@ class MultiAgentRuntime(SceneRuntime):
             "shared_reward": reward,
         }
         return reward, output
+
+
+def _check_provider(role: str, name: str | None) -> None:
+    """A role's `provider` must be one the episode's LLM client has (LLM_PROVIDERS); checked when
+    the lead starts, so a typo is the task's config error, not a failure in the middle."""
+    if not name:
+        return
+    try:
+        providers = [p.name for p in getattr(current_episode().llm, "providers", None) or []]
+    except LookupError:
+        return  # outside an episode (a tool listing): the lead's start checks it
+    if providers and name not in providers:
+        raise SetupError(f"role {role} names provider {name!r}, which is not configured "
+                         f"(configured: {', '.join(providers)}; see LLM_PROVIDERS)")
 
 
 def _subepisodes(ctx: Any) -> list[Any]:

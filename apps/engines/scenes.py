@@ -292,6 +292,7 @@ SCENES: dict[str, Scene] = {
                         "description": _STR,
                         "tools": _STR_LIST,
                         "model": _STR,
+                        "provider": _STR,
                         "max_steps": {"type": "integer", "minimum": 1, "maximum": 200},
                         "trainable": {"type": "boolean"},
                     }, required=("name",))},

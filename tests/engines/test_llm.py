@@ -844,3 +844,14 @@ def test_async_calls_share_one_aiohttp_client_per_event_loop(server: Any) -> Non
     assert len(ids) == 1
     assert transport == "AiohttpTransport"
     assert answered
+
+
+def test_a_named_provider_is_asked_first_and_an_unknown_one_is_refused(server: Any, waits: Waits) -> None:
+    from apps.engines.llm import LLMBadRequest
+
+    second = Provider("vllm", offline(server).base_url, offline(server).model)
+    client = client_for(waits, offline(server), second)
+    assert client.chat(user(), tools=TOOLS, use_cache=False).provider == "offline"
+    assert client.chat(user(), tools=TOOLS, use_cache=False, provider="vllm").provider == "vllm"
+    with pytest.raises(LLMBadRequest, match=r"provider 'gemini' is not configured \(configured: offline, vllm\)"):
+        client.chat(user(), tools=TOOLS, provider="gemini")

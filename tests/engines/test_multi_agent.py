@@ -344,3 +344,25 @@ def test_the_viewer_shows_the_roles_tree_and_opens_each_roles_view(make_task, cl
     review = client.get(f"/review/trajectories/{tester.pk}/")
     assert review.status_code == 200 and 'id="parent-episode"' in review.content.decode()
     assert client.get(f"/trajectories/{coder.pk}/log?after=0").status_code == 200
+
+
+def test_a_role_s_provider_is_asked_for_its_turns_and_an_unconfigured_one_is_a_config_error() -> None:
+    from apps.engines.llm import LLMClient, Provider
+    from apps.engines.offline_model import MODEL_NAME
+
+    roles = [dict(ROLES[0]), {**ROLES[1], "provider": "vllm"}, dict(ROLES[2])]
+    with running_offline_model(scripts=scripts()) as first, running_offline_model(scripts=scripts()) as second:
+        llm = LLMClient([Provider("offline", first.url, MODEL_NAME), Provider("vllm", second.url, MODEL_NAME)],
+                        limiters={})
+        result = run(config(roles=roles), llm)
+        assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
+        coder, tester = result.subepisodes
+        assert {s["llm"]["provider"] for s in coder.steps} == {"vllm"}
+        assert {s["llm"]["provider"] for s in tester.steps + result.steps} == {"offline"}
+        assert second.model.chat_requests == len(coder.steps) == 2  # only the coder's turns went there
+
+        typo = [dict(ROLES[0]), {**ROLES[1], "provider": "deepsek"}]
+        refused = run(config(roles=typo), llm)
+    assert (refused.outcome, refused.error_kind, refused.steps) == ("error", "config", [])
+    assert "role coder names provider 'deepsek', which is not configured (configured: offline, vllm" in \
+        refused.outcome_reason
