@@ -6,7 +6,7 @@
 
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
 sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), toolace (ToolACE's row, toolace.py), dpo-step-trl (stepdpo.py), kto-trl and
-reward-score (kto.py), atif and adp (../interchange.py), sft-openai-vision, sharegpt-vision and trl-vision
+reward-score (kto.py), atif and adp (../interchange/), sft-openai-vision, sharegpt-vision and trl-vision
 (screenshots; vision.py, option images=files|base64), aitw (mobile_agent's Android in the Wild-style
 actions, aitw.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
@@ -58,7 +58,7 @@ class Exporter:
 
 
 def _interchange(name: str) -> Callable[..., Any]:
-    """A function of apps.datasets.interchange, imported when called (that module imports this package)."""
+    """A function of apps.datasets.interchange, imported when called (that package imports this one)."""
     def call(*args: Any) -> Any:
         from apps.datasets import interchange
 
