@@ -86,3 +86,8 @@ def test_the_service_refuses_a_user_without_the_permission_even_from_the_command
     with pytest.raises(PermissionDenied, match="tasks.add_trajectory"):
         interchange_import(path_or_file=path, fmt="raw", actor=make_user("approver"), batch_name="y")
     assert not Batch.objects.filter(name="y").exists()
+
+
+def test_a_json_body_is_a_415_that_says_so(client_as: Any) -> None:
+    response = client_as("admin").post(URL, {"file": "not a file"}, format="json")
+    assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"

@@ -7,6 +7,7 @@ from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.generics import GenericAPIView
+from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,7 +16,7 @@ from apps.datasets import selectors, services
 from apps.datasets.api import serializers as s
 from apps.datasets.models import ExportJob
 from apps.tasks.api.views import ERRORS
-from trajplatform.api import get_object_or_404
+from trajplatform.api import ErrorSerializer, get_object_or_404
 
 VIEW = ("datasets.view_datasetversion",)
 
@@ -148,9 +149,11 @@ class TrajectoryImportView(APIView):
     Admins only: an import writes outcomes and human verdicts as the file states them."""
 
     write_perms = ("tasks.add_trajectory",)
+    parser_classes = [MultiPartParser]
 
+    # 415: a body that is not multipart/form-data (a file upload has no JSON form here)
     @extend_schema(request={"multipart/form-data": s.TrajectoryImportSerializer},
-                   responses={201: s.TrajectoryImportResultSerializer, **ERRORS})
+                   responses={201: s.TrajectoryImportResultSerializer, 415: ErrorSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
         from apps.datasets.interchange import interchange_import
 
