@@ -77,6 +77,7 @@ class Review(models.Model):
         indexes = [
             models.Index(fields=["trajectory", "-created_at"], name="review_trajectory_idx"),
             models.Index(fields=["kind", "status", "created_at"], name="review_kind_status_idx"),
+            models.Index(fields=["finished_at"], name="review_finished_idx"),  # the daily budget's sum
         ]
 
     def __str__(self) -> str:

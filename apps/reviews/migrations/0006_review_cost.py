@@ -15,4 +15,8 @@ class Migration(migrations.Migration):
             name='cost_usd',
             field=models.DecimalField(decimal_places=6, default=0, help_text="what the judge's calls for this review cost (every attempt); counted in the budgets' spend", max_digits=12),
         ),
+        migrations.AddIndex(
+            model_name='review',
+            index=models.Index(fields=['finished_at'], name='review_finished_idx'),
+        ),
     ]
