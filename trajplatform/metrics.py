@@ -27,7 +27,9 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 from django.conf import settings
-from django.db.models import Count, Q, Sum
+from django.db import connection
+from django.db.models import Count, IntegerField, JSONField, Q, Sum
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
@@ -80,6 +82,29 @@ def _counts(model: Any, field: str, keys: list[str], rows: Any = None) -> dict[s
     return {key: float(counts.get(key, 0)) for key in sorted(set(keys) | set(counts))}
 
 
+def _json_length(column: str) -> RawSQL:
+    fn = "jsonb_array_length" if connection.vendor == "postgresql" else "json_array_length"
+    return RawSQL(f"{fn}({_column(column)})", [], output_field=IntegerField())
+
+
+def _llm_records() -> RawSQL:
+    """Each trajectory's steps' `llm` records (steps without one left out), as a JSON list."""
+    steps = _column("steps")
+    if connection.vendor == "postgresql":
+        sql = f"jsonb_path_query_array({steps}, '$[*].llm')"
+    else:
+        sql = (f"(SELECT json_group_array(json(json_extract(value, '$.llm'))) FROM json_each({steps}) "
+               "WHERE json_extract(value, '$.llm') IS NOT NULL)")
+    return RawSQL(sql, [], output_field=JSONField())
+
+
+def _column(name: str) -> str:
+    from apps.tasks.models import Trajectory
+
+    quote = connection.ops.quote_name
+    return f"{quote(Trajectory._meta.db_table)}.{quote(name)}"
+
+
 class LLMWindow:
     """Model calls of the trajectories finished in the window, read from their steps."""
 
@@ -87,20 +112,20 @@ class LLMWindow:
         from apps.tasks.models import Trajectory
 
         since = now - timedelta(seconds=METRICS_WINDOW_S)
+        # Only each step's `llm` record leaves the database, not the steps (their outputs are most
+        # of a trajectory's bytes): 2,000 trajectories of 30 steps took 1.2-1.4 s when whole.
         rows = (Trajectory.objects.filter(created_at__gte=now - timedelta(days=1), finished_at__gte=since)
-                .order_by("-id").values_list("steps", flat=True)[:METRICS_SAMPLE])
+                .annotate(n_steps=_json_length("steps"), llm_records=_llm_records())
+                .order_by("-id").values_list("n_steps", "llm_records")[:METRICS_SAMPLE])
         self.steps = 0
         self.latencies: list[float] = []
         self.by_provider: dict[tuple[str], list[float]] = defaultdict(list)
         self.retries: dict[str, float] = defaultdict(float)
         self.rate_limited: dict[str, float] = defaultdict(float)
-        for trajectory_steps in rows:
+        for n_steps, records in rows:
+            self.steps += n_steps or 0
             turns: set[str] = set()
-            for step in trajectory_steps or []:
-                if not isinstance(step, dict):
-                    continue
-                self.steps += 1
-                llm = step.get("llm")
+            for llm in records or []:
                 if not (isinstance(llm, dict) and isinstance(llm.get("latency_ms"), (int, float))):
                     continue
                 # The steps of one model turn carry the same llm record: count each call once.
