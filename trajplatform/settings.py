@@ -428,6 +428,8 @@ GUI_MCP_HOST = env_str("GUI_MCP_HOST", "0.0.0.0")
 # WEB_RATE_PER_S requests a second per worker, each within WEB_FETCH_TIMEOUT_S and WEB_MAX_PAGE_BYTES.
 WEB_CORPUS_DIR = Path(env_str("WEB_CORPUS_DIR", str(VAR_DIR / "corpora")))
 WEB_CORPUS_DEFAULT = env_str("WEB_CORPUS_DEFAULT", "debian-docs")
+# corpus_build --from DIRECTORY leaves out (and names) any file larger than this.
+WEB_CORPUS_MAX_FILE_BYTES = env_int("WEB_CORPUS_MAX_FILE_BYTES", 10_000_000)
 WEB_SEARXNG_URL = env_str("WEB_SEARXNG_URL")
 WEB_ALLOW_PRIVATE_TARGETS = env_bool("WEB_ALLOW_PRIVATE_TARGETS", False)
 WEB_RATE_PER_S = env_float("WEB_RATE_PER_S", 2.0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -107,3 +108,67 @@ def test_the_debian_corpus():
     assert "TaskGroup" in asyncio_page.text and "¶" not in asyncio_page.text
     assert "    async with asyncio.TaskGroup() as tg:" in asyncio_page.text  # code keeps its indentation
     assert any(url.startswith("https://docs.python.org/3.11/library/") for _, url in asyncio_page.links)
+
+
+def test_a_directory_is_read_without_leaving_it(corpus_dir, tmp_path, settings):
+    """Probes of issue 36: a link to a file or directory outside, an oversized (sparse) file, a name
+    that is not UTF-8, a FIFO: each is left out and named, the rest is built."""
+    settings.WEB_CORPUS_MAX_FILE_BYTES = 100_000
+    secret = tmp_path / "outside" / "shadow"
+    secret.parent.mkdir()
+    secret.write_text("root:$6$saltsalt$hashhashhash:19000:0:99999:7:::\n")
+    (tmp_path / "outside" / "private.html").write_text("<p>private outside page shadowhash</p>")
+    site = write_tiny_site(tmp_path)
+    (site / "shadow.html").symlink_to(secret)
+    (site / "inner.html").symlink_to(site / "people" / "babbage.html")  # inside, still a link
+    (site / "elsewhere").symlink_to(secret.parent, target_is_directory=True)
+    with open(site / "huge.txt", "wb") as fh:
+        fh.truncate(2 << 30)  # sparse: 2 GB that take no disk
+    fd = os.open(os.fsencode(site) + b"/caf\xe9.html", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"<p>latin-1 name</p>")
+    os.close(fd)
+    os.mkfifo(site / "pipe.md")
+    err = io.StringIO()
+    call_command("corpus_build", "tiny", "--from", str(site), "--base-url", "https://tiny.example/",
+                 "--licence", "CC0-1.0", "--json", stdout=(out := io.StringIO()), stderr=err)
+    report = json.loads(out.getvalue())
+    assert report["pages"] == 4
+    why = {line.split(": ", 1)[0].removeprefix(str(site) + "/"): line.split(": ", 1)[1] for line in report["skipped"]}
+    assert why == {
+        "elsewhere": "a symbolic link to a directory (not followed)",
+        "huge.txt": f"{2 << 30} bytes, over WEB_CORPUS_MAX_FILE_BYTES (100000)",
+        "caf\\xe9.html": "a file name that is not UTF-8",
+        "inner.html": "a symbolic link (not followed)",
+        "pipe.md": "not a regular file",
+        "shadow.html": "a symbolic link (not followed)",
+    }
+    assert err.getvalue().count("skipped ") == 6 and f"skipped {site}/shadow.html" in err.getvalue()
+    corpus = C.Corpus.named("tiny")
+    assert corpus.search("root saltsalt hashhashhash shadowhash", 5) == [] and corpus.pages == 4
+    event = AuditEvent.objects.get(action="engines.corpus_build")
+    assert event.data["skipped"] == 6 and len(event.data["skipped_files"]) == 6
+
+
+def test_a_failed_build_leaves_the_older_corpus_and_its_row(corpus_dir, tmp_path, monkeypatch):
+    site, jsonl = write_tiny_site(tmp_path), write_tiny_jsonl(tmp_path)
+    call_command("corpus_build", "tiny", "--from", str(jsonl), "--licence", "CC0-1.0", stdout=io.StringIO())
+    before = Corpus.objects.get()
+    old_bytes = (corpus_dir / "tiny.sqlite").read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"url": "https://a.example/", "text": "fine"}\n{"title": "no url"}\n')
+    with pytest.raises(CommandError, match="bad.jsonl:2"):  # fails while reading its inputs
+        call_command("corpus_build", "tiny", "--from", str(site), "--from", str(bad), "--base-url",
+                     "https://tiny.example/", "--licence", "MIT")
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("apps.engines.web.services.audit_record", refuse)  # fails while registering it
+    with pytest.raises(CommandError, match="No space left"):
+        call_command("corpus_build", "tiny", "--from", str(site), "--base-url", "https://tiny.example/",
+                     "--licence", "MIT", stdout=io.StringIO())
+    assert (corpus_dir / "tiny.sqlite").read_bytes() == old_bytes
+    assert sorted(p.name for p in corpus_dir.iterdir()) == ["tiny.sqlite"]  # no temporary left
+    after = Corpus.objects.get()
+    assert (after.sha256, after.pages, after.built_at) == (before.sha256, 3, before.built_at)
+    assert AuditEvent.objects.filter(action="engines.corpus_build").count() == 1

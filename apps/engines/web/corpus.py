@@ -18,23 +18,27 @@ same inputs give the same URLs, so scripts and recorded answers stay valid acros
 
 Queries (`Corpus.search`) run in the worker over an `immutable=1` read-only connection: the
 query's words (stopwords dropped) become an OR of FTS5 strings, ranked by bm25 with a title
-weight; snippets come from the top hits only. A build writes a temporary file and renames it
-into place, so readers never see half a corpus.
+weight; snippets come from the top hits only. A build writes a temporary file (in a fresh private
+directory beside the corpus) and renames it into place, so readers never see half a corpus.
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import json
 import os
 import re
+import shutil
 import sqlite3
+import stat
+import tempfile
 import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import quote, urldefrag, urljoin, urlsplit, urlunsplit
 
 SCHEMA_VERSION = 1
@@ -99,11 +103,13 @@ class BuildReport:
     sources: dict[str, int]
     licences: list[dict[str, str]]
     emails_removed: int = 0
+    skipped: list[str] = field(default_factory=list)  # "<path>: why" of input files left out
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "pages": self.pages, "links": self.links,
                 "dropped_links": self.dropped_links, "seconds": round(self.seconds, 2), "bytes": self.bytes,
-                "sources": self.sources, "licences": self.licences, "emails_removed": self.emails_removed}
+                "sources": self.sources, "licences": self.licences, "emails_removed": self.emails_removed,
+                "skipped": self.skipped}
 
 
 # --- names and URLs ------------------------------------------------------------------------------
@@ -199,28 +205,129 @@ def markdown_document(text: str, url: str, *, source: str) -> Document:
     return Document(url=url, title=title, text=_clean_text(_MD_LINK.sub(r"\1", text)), links=links, source=source)
 
 
-def iter_directory(path: str | Path, base_url: str, *, source: str = "") -> Iterator[Document]:
-    """Every .html/.htm/.md/.markdown/.txt file under `path`, at `base_url` + its relative path."""
+def max_file_bytes() -> int:
+    from django.conf import settings
+
+    return int(settings.WEB_CORPUS_MAX_FILE_BYTES)
+
+
+def display_name(path: str) -> str:
+    """A file name as a report shows it: bytes that are not UTF-8 as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+_DIRECTORY_SUFFIXES = (".html", ".htm", ".md", ".markdown", ".txt")
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_capped(name: str, dir_fd: int, cap: int) -> bytes:
+    """The bytes of the regular file `name` in `dir_fd`, never through a symbolic link (O_NOFOLLOW,
+    no race between a check and the open), at most `cap` of them; ValueError says why not."""
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symbolic link (not followed)") from None
+        raise ValueError(f"cannot be opened ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > cap:
+            raise ValueError(f"{st.st_size} bytes, over WEB_CORPUS_MAX_FILE_BYTES ({cap})")
+        os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while size <= cap:  # the file may grow while it is read: never more than cap + 1 bytes
+            chunk = os.read(fd, min(1 << 20, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > cap:
+            raise ValueError(f"grew over WEB_CORPUS_MAX_FILE_BYTES ({cap}) while read")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def _directory_document(raw: bytes, rel: str, url: str, source: str) -> Document | None:
+    suffix = os.path.splitext(rel)[1].lower()
+    if suffix in (".html", ".htm"):
+        return html_document(raw, url, source=source)
+    text = raw.decode("utf-8", "replace")
+    if suffix in (".md", ".markdown"):
+        return markdown_document(text, url, source=source)
+    text = _clean_text(text)
+    stem = os.path.splitext(os.path.basename(rel))[0]
+    return Document(url=url, title=(text.splitlines() or [stem])[0][:200], text=text, source=source)
+
+
+def iter_directory(path: str | Path, base_url: str, *, source: str = "",
+                   skipped: list[str] | None = None) -> Iterator[Document]:
+    """Every .html/.htm/.md/.markdown/.txt file under `path`, at `base_url` + its relative path.
+
+    Only what is inside `path` is read: symbolic links (to files or directories) are not
+    followed, nor are special files opened; a file over WEB_CORPUS_MAX_FILE_BYTES, a name that
+    is not UTF-8 (a URL cannot carry it), an unreadable or unparseable file is left out and named
+    in `skipped` ("<path>: why"), and the rest is read."""
     root = Path(path)
     if not root.is_dir():
         raise CorpusError(f"{root} is not a directory")
     base_url = base_url if base_url.endswith("/") else base_url + "/"
     source = source or root.name
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = file.relative_to(root).as_posix()
-        url = base_url + quote(rel)
-        suffix = file.suffix.lower()
-        if suffix in (".html", ".htm"):
-            doc = html_document(file.read_bytes(), url, source=source)
-        elif suffix in (".md", ".markdown"):
-            doc = markdown_document(file.read_text("utf-8", "replace"), url, source=source)
-        elif suffix == ".txt":
-            text = _clean_text(file.read_text("utf-8", "replace"))
-            doc = Document(url=url, title=(text.splitlines() or [file.stem])[0][:200], text=text, source=source)
-        else:
-            continue
-        if doc is not None and doc.text:
-            yield doc
+    top = root.resolve()  # the directory named may itself be a link; nothing under it is followed
+    cap = max_file_bytes()
+    skips = skipped if skipped is not None else []
+    found: list[tuple[tuple[str, ...], Document]] = []
+
+    def skip(rel: str, why: str) -> None:
+        skips.append(f"{display_name(os.path.join(root, rel))}: {why}")
+
+    # fwalk: every directory is opened by a file descriptor relative to its parent's, never
+    # through a link (follow_symlinks=False), and every file relative to its directory's.
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(top, follow_symlinks=False):
+        here = os.path.relpath(dirpath, top)
+        here = "" if here == "." else here
+        for name in sorted(dirnames):
+            rel = os.path.join(here, name)
+            try:
+                is_link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                is_link = False
+            if is_link or not _utf8(name):
+                dirnames.remove(name)
+                skip(rel, "a symbolic link to a directory (not followed)" if is_link
+                     else "a directory name that is not UTF-8 (left out with everything in it)")
+        for name in sorted(filenames):
+            rel = os.path.join(here, name)
+            if not rel.lower().endswith(_DIRECTORY_SUFFIXES):
+                continue
+            if not _utf8(name):
+                skip(rel, "a file name that is not UTF-8")
+                continue
+            try:
+                raw = _read_capped(name, dir_fd, cap)
+            except ValueError as exc:
+                skip(rel, str(exc))
+                continue
+            doc = _directory_document(raw, rel, base_url + quote(Path(rel).as_posix()), source)
+            if doc is None:
+                skip(rel, "not parseable as HTML")
+            elif doc.text:
+                found.append((Path(rel).parts, doc))
+    found.sort(key=lambda item: item[0])
+    for _, doc in found:
+        yield doc
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.fsdecode's surrogate escapes of bytes that are not UTF-8
+        return False
+    return True
 
 
 def iter_jsonl(path: str | Path, *, source: str = "") -> Iterator[Document]:
@@ -391,9 +498,15 @@ def _resolve_links(docs: list[Document]) -> tuple[int, int]:
 
 
 def build_corpus(name: str, documents: Iterable[Document], *, licences: list[dict[str, str]],
-                 path: Path | None = None, keep_emails: bool = False) -> BuildReport:
+                 path: Path | None = None, keep_emails: bool = False, skipped: list[str] | None = None,
+                 publish: Callable[[Path, BuildReport], None] | None = None) -> BuildReport:
     """Write the corpus `name` from `documents` (replacing an older build atomically); e-mail
-    addresses in titles and texts become EMAIL_REMOVED unless `keep_emails`."""
+    addresses in titles and texts become EMAIL_REMOVED unless `keep_emails`. `skipped`: the
+    inputs' list of files left out (iter_directory's), carried into the report.
+
+    The corpus is written to a temporary file; `publish(tmp, report)` (default: rename it to
+    `path`) must put it in place, and whatever it raises leaves the older build untouched and
+    the temporary file removed: nothing half-built is ever at `path`."""
     started = time.monotonic()
     path = path or corpus_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -414,8 +527,10 @@ def build_corpus(name: str, documents: Iterable[Document], *, licences: list[dic
             d.text, n = EMAIL_RE.subn(EMAIL_REMOVED, d.text)
             d.title, m = EMAIL_RE.subn(EMAIL_REMOVED, d.title)
             emails += n + m
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
+    # A fresh directory of ours (mkdtemp: an unpredictable name, mode 0700) next to `path`: no one
+    # can plant a link at the temporary file's name, and the rename stays on one filesystem.
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = staging / path.name
     sources: dict[str, int] = {}
     try:
         db = sqlite3.connect(tmp)
@@ -435,12 +550,16 @@ def build_corpus(name: str, documents: Iterable[Document], *, licences: list[dic
         db.commit()
         db.execute("VACUUM")
         db.close()
-        os.replace(tmp, path)
+        report = BuildReport(name=name, path=path, pages=len(docs), links=kept, dropped_links=dropped,
+                             seconds=time.monotonic() - started, bytes=tmp.stat().st_size, sources=sources,
+                             licences=licences, emails_removed=emails, skipped=list(skipped or []))
+        if publish is None:
+            os.replace(tmp, path)
+        else:
+            publish(tmp, report)
     finally:
-        tmp.unlink(missing_ok=True)
-    return BuildReport(name=name, path=path, pages=len(docs), links=kept, dropped_links=dropped,
-                       seconds=time.monotonic() - started, bytes=path.stat().st_size, sources=sources,
-                       licences=licences, emails_removed=emails)
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
 
 
 # --- queries -------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Writes about corpora: building one and registering it (one audit row per build).
 
 `corpus_build(name, inputs, ...)` reads the inputs, writes the corpus file (apps.engines.web.corpus)
-and registers it in the `Corpus` table; the file is written before the transaction (a rollback
-leaves a file that a rebuild replaces), the row and the audit row inside it.
+and registers it in the `Corpus` table: the file is written to a temporary name, then the row and
+the audit row are written and the file renamed into place inside one transaction (a failed build
+leaves the older corpus and its row as they were, and no new file).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +20,7 @@ from apps.engines.web import corpus as C
 from trajplatform.audit import audit_record
 
 DEBIAN = "debian"
+SKIPPED_AUDITED = 100
 
 
 def _file_sha256(path: Path) -> str:
@@ -28,11 +31,13 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def corpus_inputs(inputs: list[str], *, base_url: str = "", licence: str = "") -> tuple[Iterator[C.Document], list[dict[str, str]]]:
+def corpus_inputs(inputs: list[str], *, base_url: str = "", licence: str = "",
+                  skipped: list[str] | None = None) -> tuple[Iterator[C.Document], list[dict[str, str]]]:
     """The documents and licences of `--from` inputs: "debian", a directory (needs `base_url`) or a .jsonl file.
 
     A directory or JSONL needs `licence` (what the operator says it is under): a corpus
-    without a recorded licence cannot be carried into a data card."""
+    without a recorded licence cannot be carried into a data card. A directory's files that
+    are left out (links, oversized, undecodable names: C.iter_directory) go into `skipped`."""
     licences: list[dict[str, str]] = []
     sources: list[Iterator[C.Document]] = []
     for item in inputs:
@@ -46,7 +51,7 @@ def corpus_inputs(inputs: list[str], *, base_url: str = "", licence: str = "") -
         if path.is_dir():
             if not base_url:
                 raise C.CorpusError(f"--from {item}: a directory needs --base-url (the URL its files are served at)")
-            sources.append(C.iter_directory(path, base_url))
+            sources.append(C.iter_directory(path, base_url, skipped=skipped))
             licences.append({"source": path.name, "name": str(path), "licence": licence})
         elif path.is_file() and path.suffix == ".jsonl":
             sources.append(C.iter_jsonl(path))
@@ -63,20 +68,32 @@ def corpus_inputs(inputs: list[str], *, base_url: str = "", licence: str = "") -
 
 def corpus_build(*, name: str, inputs: list[str], base_url: str = "", licence: str = "", keep_emails: bool = False,
                  actor: Any = None, actor_repr: str | None = None) -> tuple[Corpus, C.BuildReport]:
-    """Build the corpus `name` from `inputs` and register it (CorpusError for bad inputs; nothing written)."""
+    """Build the corpus `name` from `inputs` and register it (CorpusError for bad inputs; nothing written).
+
+    The report's `skipped` names the input files left out; the audit row counts them and
+    names the first SKIPPED_AUDITED."""
     path = C.corpus_path(name)
-    documents, licences = corpus_inputs(inputs, base_url=base_url, licence=licence)
-    report = C.build_corpus(name, documents, licences=licences, path=path, keep_emails=keep_emails)
-    sha256 = _file_sha256(report.path)
-    with transaction.atomic():
-        row, created = Corpus.objects.select_for_update().update_or_create(name=name, defaults={
-            "path": str(report.path), "sha256": sha256, "pages": report.pages, "links": report.links,
-            "bytes": report.bytes, "sources": report.sources, "inputs": list(inputs), "licences": licences,
-            "build_seconds": round(report.seconds, 3), "built_at": timezone.now(),
-        })
-        audit_record("engines.corpus_build", actor=actor, actor_repr=actor_repr, target=row, data={
-            "created": created, "inputs": list(inputs), "pages": report.pages, "links": report.links,
-            "dropped_links": report.dropped_links, "emails_removed": report.emails_removed, "sha256": sha256, "licences": [l["licence"] for l in licences],
-        })
-    return row, report
+    skipped: list[str] = []
+    documents, licences = corpus_inputs(inputs, base_url=base_url, licence=licence, skipped=skipped)
+    registered: list[Corpus] = []
+
+    def publish(tmp: Path, report: C.BuildReport) -> None:
+        sha256 = _file_sha256(tmp)
+        with transaction.atomic():
+            row, created = Corpus.objects.select_for_update().update_or_create(name=name, defaults={
+                "path": str(report.path), "sha256": sha256, "pages": report.pages, "links": report.links,
+                "bytes": report.bytes, "sources": report.sources, "inputs": list(inputs), "licences": licences,
+                "build_seconds": round(report.seconds, 3), "built_at": timezone.now(),
+            })
+            audit_record("engines.corpus_build", actor=actor, actor_repr=actor_repr, target=row, data={
+                "created": created, "inputs": list(inputs), "pages": report.pages, "links": report.links,
+                "dropped_links": report.dropped_links, "emails_removed": report.emails_removed, "sha256": sha256, "licences": [l["licence"] for l in licences],
+                "skipped": len(report.skipped), "skipped_files": report.skipped[:SKIPPED_AUDITED],
+            })
+            os.replace(tmp, report.path)  # last: if the rename fails, the rows roll back
+        registered.append(row)
+
+    report = C.build_corpus(name, documents, licences=licences, path=path, keep_emails=keep_emails,
+                            skipped=skipped, publish=publish)
+    return registered[0], report
 

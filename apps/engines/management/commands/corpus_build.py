@@ -25,7 +25,12 @@ A directory or JSONL needs --licence (what its documents are under, e.g. CC-BY-4
 between pages are resolved (relative hrefs, fragments, dictionary cross-references); links out
 of the corpus are dropped. E-mail addresses in the documents are replaced by "[e-mail removed]"
 (episodes and the datasets made of them carry none) unless --keep-emails. An older build of NAME
-is replaced at once (readers never see half).
+is replaced at once (readers never see half); a build that fails leaves it and its registry row
+as they were.
+
+A directory is read without following symbolic links (to files or directories: nothing outside
+it is read) or opening special files; a file over WEB_CORPUS_MAX_FILE_BYTES, a name that is not
+UTF-8, a file that cannot be read or parsed is left out, and named on stderr ("skipped ...").
 """
 
 
@@ -52,6 +57,8 @@ class Command(BaseCommand):
                                        actor_repr="manage.py corpus_build")
         except (CorpusError, OSError) as exc:
             raise CommandError(str(exc)) from None
+        for line in report.skipped:
+            self.stderr.write(f"skipped {line}")
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict() | {"sha256": row.sha256}))
             return
@@ -59,7 +66,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"corpus {row.name}: {report.pages} pages ({sources}), {report.links} links "
             f"({report.dropped_links} leaving the corpus dropped), {report.emails_removed} e-mail addresses removed, "
-            f"{report.bytes / 1e6:.1f} MB, "
+            f"{len(report.skipped)} input files skipped, {report.bytes / 1e6:.1f} MB, "
             f"built in {report.seconds:.1f} s ({report.pages / max(report.seconds, 1e-9):.0f} docs/s) -> {report.path}"
         )
         self.stdout.write("licences: " + "; ".join(f"{l['source']}: {l['licence']}" for l in row.licences))
