@@ -20,7 +20,12 @@ Reward: the fraction of tests passed when the output has a pytest summary line
 ("2 passed, 1 failed in 0.03s") or a unittest one ("Ran 3 tests" + "FAILED (failures=1)");
 otherwise 1.0 for exit code 0 and 0.0 for anything else. A command that times out scores
 0.0, and so does one that exits non-zero although every counted test passed (something
-else in the check failed). The output is kept in `verifier_output`.
+else in the check failed). A command that runs a test runner (pytest, unittest) is decided by
+its summary only: no summary, or no test counted, scores 0.0 whatever the exit code (the
+agent's module may end the process with exit code 0 while it is imported, or skip every test),
+and so does a summary that counts fewer tests than the verifier's test files define (test_*.py
+/ *_test.py, one per `def test...`, parametrized ones once). The output is kept in
+`verifier_output`.
 """
 from __future__ import annotations
 
@@ -199,8 +204,23 @@ def parse_test_summary(text: str) -> dict[str, Any] | None:
     return None
 
 
-def score(result: ExecResult) -> tuple[float, dict[str, Any]]:
-    """(reward, details) of a finished verifier command; see the module docstring."""
+# A check command that runs a test runner: its verdict is the runner's summary, never the exit
+# code alone (code the agent wrote can end the process with exit code 0 before any test runs).
+_TEST_RUNNER = re.compile(r"(?<![\w.-])(?:pytest|py\.test|unittest)(?![\w-])")
+_TEST_FILE = re.compile(r"(?:^|/)(?:test_[^/]*|[^/]*_test)\.py$")
+_TEST_FUNCTION = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+test\w*[ \t]*\(", re.MULTILINE)
+
+
+def declared_tests(files: dict[str, Any]) -> int:
+    """How many test functions the verifier's pytest-style test files define (parametrized ones once)."""
+    return sum(len(_TEST_FUNCTION.findall(content)) for path, content in files.items()
+               if isinstance(content, str) and _TEST_FILE.search(path))
+
+
+def score(result: ExecResult, *, command: str = "", declared: int = 0) -> tuple[float, dict[str, Any]]:
+    """(reward, details) of a finished verifier command; see the module docstring. `command` and
+    `declared` (declared_tests of the verifier files) make a test run that reports fewer tests than
+    were declared, or no summary at all, score 0."""
     summary = parse_test_summary(f"{result.stdout}\n{result.stderr}")
     details: dict[str, Any] = {"method": "exit_code", "passed": None, "failed": None, "total": None}
     if summary is not None and summary["total"] > 0:
@@ -209,8 +229,17 @@ def score(result: ExecResult) -> tuple[float, dict[str, Any]]:
     if result.timed_out:
         details["note"] = "the check command timed out"
         return 0.0, details
+    runs_tests = bool(_TEST_RUNNER.search(command))
+    if details["method"] == "exit_code" and runs_tests:
+        details["note"] = "the test run reported no test that ran (it ended before its summary, or skipped them all)"
+        return 0.0, details
     if details["method"] == "exit_code":
         return (1.0 if result.exit_code == 0 else 0.0), details
+    whole_files = runs_tests and "::" not in command and not re.search(r"\s-k\b", command)
+    if whole_files and declared and details["total"] + details.get("skipped", 0) < declared:
+        details["declared"] = declared
+        details["note"] = f"the verifier's files declare {declared} tests but only {details['total']} ran"
+        return 0.0, details
     reward = details["passed"] / details["total"]
     if reward == 1.0 and result.exit_code != 0:
         details["note"] = f"every counted test passed but the command exited with {result.exit_code}"
@@ -366,7 +395,7 @@ class CodeExecRuntime(SceneRuntime):
             sandbox.write_file(_workspace_path(path), content.encode("utf-8"))
         timeout = float(verifier.get("timeout") or DEFAULT_VERIFIER_TIMEOUT_S)
         result = sandbox.run(verifier["command"], timeout=timeout, max_output_bytes=VERIFIER_MAX_OUTPUT_BYTES)
-        reward, details = score(result)
+        reward, details = score(result, command=verifier["command"], declared=declared_tests(verifier.get("files") or {}))
         output = {
             "command": verifier["command"],
             "exit_code": result.exit_code,
