@@ -51,8 +51,24 @@ execution, verification); the loop is the same for all of them:
 `on_event(kind, message, data)` gets "system", "thought", "action", "output", "error" and,
 last of all, "result" events, live, in order.
 
+* Replies are normalised before they are stored (apps.engines.replies, by the answering
+  provider's profile): reasoning, wherever it arrived (`reasoning_content`, `reasoning`,
+  `<think>` in the content), is the message's `reasoning_content` and not its content; tool
+  calls a server without a parser wrote as text (Hermes `<tool_call>`, Llama JSON, Mistral
+  `[TOOL_CALLS]`) become the message's tool calls (step format "hermes_text" etc.) and leave
+  the content; a missing, empty or repeated tool-call id is replaced by a unique one (the
+  provider's is kept on the step as `provider_tool_call_id`). Reasoning goes back as the
+  profile's `reasoning_echo` says (to the provider asked first).
+* Context budget (apps.engines.context_budget): before each call the request is counted and,
+  when over the model's context window minus its output budget (the profile's model spec),
+  its oldest observations are elided with a marker in their text; a request that cannot fit
+  ends the episode as a config error, never a provider 400. Otherwise requests only grow by
+  appending, so each extends the previous one byte for byte (prompt caching). Each step's
+  llm record has `prompt_tokens` and `cached_tokens` from usage and `context` (our count, the
+  limit, "tokenizer" or "estimate", the messages elided before that call).
+
 What is recorded: `messages` are the conversation as it happened (OpenAI format; the
-assistant's `reasoning_content` is kept there but not sent back to the model), `steps` one
+assistant's reasoning is kept there as `reasoning_content`), `steps` one
 record per tool call with the real exit code (None when no process ran or it was killed on
 its deadline), duration, truncation and the model call that produced it. Tool output is
 capped at MAX_TOOL_OUTPUT_CHARS (head and tail, with a marker) before the model sees it,
@@ -76,7 +92,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from apps.engines import context_budget, profiles
 from apps.engines.llm import LLMClient, LLMError, cache_identity
+from apps.engines.replies import api_messages, normalize_reply
 from apps.engines.runtime import (
     EpisodeContext,
     InfrastructureError,
@@ -309,12 +327,6 @@ def _corrective_message(tool_names: list[str], tool_mode: str) -> str:
             "call finish(answer) when you are done.")
 
 
-def _api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # reasoning_content is the model's private trace: kept in the record, never sent back
-    # (some providers reject it in requests).
-    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
-
-
 def is_vision(config: dict[str, Any]) -> bool:
     """Whether the episode's model sees images (config or scene_config `vision: true`)."""
     return bool(config.get("vision") or (config.get("scene_config") or {}).get("vision"))
@@ -412,6 +424,11 @@ class _Episode:
         self.deadline = 0.0
         self.turns = 0
         self.finished = False
+        self.call_ids: set[str] = set()  # every tool-call id of the episode (apps.engines.replies)
+        self.observations: list[int] = []  # indices of the messages the context budget may elide
+        self.counter: context_budget.TokenCounter | None = None
+        self.sent_tokens = (0, 0.0)  # the last request: (our count, the correction it was counted with)
+        self.budget_note: dict[str, Any] = {}  # the context budget's record for the next steps
 
     # -- events and callbacks
 
@@ -560,6 +577,7 @@ class _Episode:
         if images and self.vision:
             self.result.messages.append({"role": "user", "content": [
                 {"type": "text", "text": "[the start page]"}, *images]})
+            self.observations.append(len(self.result.messages) - 1)
 
     async def _sandbox_ready(self) -> None:
         """Wait for the sandbox; raises what made or set it up raised (a _Stop)."""
@@ -678,18 +696,24 @@ class _Episode:
 
             chat = await self._call_model(remaining)
             self.turns += 1
-            message = dict(chat.message)
-            message.setdefault("content", None)
+            # One stored shape whatever the provider (apps.engines.replies): reasoning out of the
+            # content, text tool calls read by the profile's format, unique tool-call ids.
+            reply = normalize_reply(chat.message, self._profile(chat.provider), turn=self.turns,
+                                    used_ids=self.call_ids)
+            message = reply.message
             observation = truncate_text(_text_of(messages[-1].get("content")), OBSERVATION_CHARS)[0]
             messages.append(message)
             content = message.get("content") or ""
-            reasoning = message.get("reasoning_content") or ""
+            reasoning = reply.reasoning
             llm_info = {
                 "latency_ms": chat.latency_ms, "attempts": chat.attempts, "cached": chat.cached,
                 "provider": chat.provider, "model": chat.model, "usage": dict(chat.usage),
+                "prompt_tokens": int(chat.usage.get("prompt_tokens", 0)),
+                "cached_tokens": int(getattr(chat, "cached_tokens", 0) or 0),
                 "finish_reason": chat.finish_reason,
                 **({"rate_limited": chat.rate_limited} if chat.rate_limited else {}),
                 **({"replay_of": self.replay_of} if self.replay_of else {}),
+                **self.budget_note,
             }
             if reasoning:
                 await self.emit("thought", reasoning, {"turn": self.turns, "reasoning": True,
@@ -717,27 +741,33 @@ class _Episode:
             if reasoning:
                 common["reasoning_content"] = reasoning
             if calls:
-                for call in calls:
+                fmt = f"{reply.text_tool_format}_text" if reply.text_tool_format else "native"
+                for n, call in enumerate(calls):
                     fn = call.get("function") or {}
+                    given = reply.provider_ids[n]
+                    step_common = common if given == call["id"] else {**common, "provider_tool_call_id": given}
                     if self.finished:
                         output = "not executed: the episode already ended with finish"
-                        self._record_skipped(call, fn, common, output)
+                        self._record_skipped(call, fn, step_common, output)
                         messages.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"),
                                          "content": output})
                         continue
                     output = await self._step(runtime, call.get("id"), fn.get("name") or "", fn.get("arguments"),
-                                              common, "native")
+                                              step_common, fmt)
                     messages.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"),
                                      "content": output})
+                    self.observations.append(len(messages) - 1)
                     common = {**common, "thought": ""}  # the thought belongs to the turn's first step
             else:
                 output = await self._step(runtime, None, action.name, action.arguments, common, "json_text")
                 messages.append({"role": "user", "content": f"[{action.name} result]\n{output}"})
+                self.observations.append(len(messages) - 1)
             if self.turn_images and self.vision and not self.finished:
                 # Tool messages carry text only: the page as it is now goes in a user message.
                 messages.append({"role": "user", "content": [
                     {"type": "text", "text": f"[screenshot after step {len(self.result.steps) - 1}]"},
                     *image_parts(self.turn_images[-1:])]})
+                self.observations.append(len(messages) - 1)
             self.turn_images = []
             if self.finished:
                 # Multi-turn: the runtime may answer a finish with the user's next request.
@@ -750,6 +780,46 @@ class _Episode:
 
     def _wall_clock(self) -> _Stop:
         return _Stop(FAILURE, f"wall-clock timeout ({self.timeout:g}s) reached without finish")
+
+    def _provider(self, name: str | None = None) -> Any:
+        """The configured provider of that name, else the one asked first (the task's or role's
+        `provider`, else the primary)."""
+        name = name or self.config.get("provider") or ""
+        return next((p for p in self.llm.providers if p.name == name), self.llm.primary)
+
+    def _profile(self, provider_name: str | None = None) -> profiles.Profile:
+        """The profile of a provider (default: the one asked first); the rules its replies and
+        requests follow (apps.engines.profiles)."""
+        provider = self._provider(provider_name)
+        profile_id = getattr(provider, "profile", "")
+        if not profile_id:  # a Provider made without one: named after its profile, else "custom"
+            profile_id = provider.name if provider.name in profiles.all_profiles() else "custom"
+        return profiles.get(profile_id)
+
+    def _fit_context(self, profile: profiles.Profile, tools: list[dict[str, Any]] | None) -> int:
+        """Fit the request under the model's window minus its output budget (apps.engines.
+        context_budget): elides the oldest observations, recorded; a request that cannot fit is a
+        config error before it is sent."""
+        model = self.config.get("model") or self._provider().model
+        spec = profile.model(model)
+        if self.counter is None:
+            self.counter = context_budget.TokenCounter.for_model(model)
+        limit = spec.context_window - spec.max_output
+        last_assistant = max((i for i, m in enumerate(self.result.messages) if m.get("role") == "assistant"), default=0)
+        elidable = [i for i in self.observations if i < last_assistant]
+        try:
+            tokens, elided = context_budget.fit(
+                self.result.messages, tools, counter=self.counter, limit=limit, elidable=elidable,
+                sent=lambda messages: api_messages(messages, profile))
+        except context_budget.ContextOverflow as exc:
+            raise _Stop(ERROR, f"config: the episode does not fit the context of {spec.name} "
+                               f"({spec.context_window} tokens, {spec.max_output} kept for the answer): {exc}",
+                        kind="config") from None
+        self.sent_tokens = (tokens, self.counter.correction)
+        self.budget_note = {"context": {"tokens": tokens, "limit": limit, "method": self.counter.method}}
+        if elided:
+            self.budget_note["context"]["elided"] = elided
+        return len(elided)
 
     def cost_so_far(self) -> Decimal:
         """What the whole episode has cost until now: a running sub-episode's cost is added to
@@ -767,13 +837,20 @@ class _Episode:
             await self.emit("error", f"budget: {reason}", {"error_kind": "budget"})
             raise _Stop(ERROR, f"budget: {reason}", kind="budget")
         config = self.config
-        api_messages = _api_messages(self.result.messages)
+        profile = self._profile()
+        tools = self.result.tools if self.tool_mode == "native" else None
+        elided = self._fit_context(profile, tools)
+        if elided:
+            note = self.budget_note["context"]
+            await self.emit("system", f"context budget: {elided} oldest observation(s) elided to fit "
+                                      f"{note['limit']} tokens", dict(note))
+        sent = api_messages(self.result.messages, profile)
         if self.vision:
-            api_messages = await _in_thread(_inline_artifacts, api_messages, self.inlined)
+            sent = await _in_thread(_inline_artifacts, sent, self.inlined)
         call = asyncio.ensure_future(asyncio.wait_for(
             self.llm.achat(
-                api_messages,
-                tools=self.result.tools if self.tool_mode == "native" else None,
+                sent,
+                tools=tools,
                 temperature=config.get("temperature"),
                 top_p=config.get("top_p"),
                 model=config.get("model") or None,
@@ -806,6 +883,9 @@ class _Episode:
             })
             raise _Stop(ERROR, f"LLM error: {type(err).__name__}: {err}", kind="llm", retryable=err.retryable) from None
         self.count_model_call(chat)
+        counted, correction = self.sent_tokens
+        if self.counter is not None and correction:
+            self.counter.observe(counted / correction, int(chat.usage.get("prompt_tokens", 0)))
         self.left_cache = self.left_cache or not chat.cached
         self.result.model, self.result.provider = chat.model, chat.provider
         return chat

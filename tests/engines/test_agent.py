@@ -795,3 +795,122 @@ def test_the_first_model_call_overlaps_the_sandbox_start_and_is_cancelled_when_t
     assert result.outcome_reason.startswith("infrastructure: sandbox creation failed")
     assert elapsed < 4 and result.llm_calls == 0 and result.steps == []
     assert server.model.chat_requests == 1  # it was asked while the sandbox was being made
+
+
+# --- replies normalised, reasoning echoed by profile, the context budget ------------------------------
+
+
+@contextmanager
+def canned_as(profile: str, *messages: dict[str, Any], model: str = "canned-model") -> Iterator[tuple[Canned, LLMClient]]:
+    """The canned endpoint, configured as a provider of that profile (named after it)."""
+    server = Canned(list(messages))
+    try:
+        yield server, LLMClient([Provider(profile, server.url, model, "")], limiters={})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_empty_and_repeated_tool_call_ids_are_replaced_so_every_result_pairs_with_its_call(local: Any) -> None:
+    replies = (
+        {"content": None, "tool_calls": [native_call("", "write_file", {"path": "a.txt", "content": "a"}),
+                                         native_call("", "run_shell", {"command": "cat a.txt"})]},
+        {"content": None, "tool_calls": [native_call("", "finish", {"answer": "a"})]},
+    )
+    with canned(*replies) as (server, llm):
+        result = run(config_for("Write a.txt."), llm)
+    assert result.outcome == "success"
+    calls = [c["id"] for m in result.messages if m["role"] == "assistant" for c in m["tool_calls"]]
+    answered = [m["tool_call_id"] for m in result.messages if m["role"] == "tool"]
+    assert calls == answered == ["call_1_0", "call_1_1", "call_2_0"]
+    assert [s["tool_call_id"] for s in result.steps] == calls
+    assert [s["provider_tool_call_id"] for s in result.steps] == ["", "", ""]
+    # What the provider was sent pairs too.
+    sent = server.requests[1]["messages"]
+    assert [c["id"] for c in sent[2]["tool_calls"]] == [sent[3]["tool_call_id"], sent[4]["tool_call_id"]]
+    assert_no_sandbox_left(local)
+
+
+def test_a_server_without_parsers_gets_its_think_blocks_and_text_tool_calls_out_of_the_content(local: Any) -> None:
+    replies = (
+        {"content": '<think>Write it first.</think>\nWriting.\n<tool_call>\n{"name": "write_file", "arguments": '
+                    '{"path": "q.txt", "content": "q"}}\n</tool_call>'},
+        {"content": '<think>Done now.</think><tool_call>{"name": "finish", "arguments": {"answer": "q"}}</tool_call>'},
+    )
+    with canned_as("vllm-noparser", *replies) as (server, llm):
+        result = run(config_for("Write q.txt."), llm)
+    assert result.outcome == "success" and result.final_answer == "q"
+    first = result.messages[2]
+    assert first["content"] == "Writing." and first["reasoning_content"] == "Write it first."
+    assert first["tool_calls"][0]["function"]["name"] == "write_file"
+    assert result.messages[3] == {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "name": "write_file",
+                                  "content": result.steps[0]["output"]}
+    assert [s["format"] for s in result.steps] == ["hermes_text", "hermes_text"]
+    assert result.steps[0]["thought"] == "Writing." and result.steps[0]["reasoning_content"] == "Write it first."
+    stored = json.dumps(result.messages)
+    assert "<think>" not in stored and "<tool_call>" not in stored
+    # Qwen3's template drops earlier thinking: the profile sends none back.
+    assert "reasoning_content" not in server.requests[1]["messages"][2]
+    assert_no_sandbox_left(local)
+
+
+def test_deepseek_thinking_gets_the_reasoning_of_tool_turns_back_in_every_later_request(local: Any) -> None:
+    replies = (
+        {"content": None, "reasoning_content": "Need the file.",
+         "tool_calls": [native_call("c1", "write_file", {"path": "d.txt", "content": "d"})]},
+        {"content": None, "reasoning_content": "Check it.", "tool_calls": [native_call("c2", "run_shell", {"command": "cat d.txt"})]},
+        {"content": None, "reasoning_content": "Finish.", "tool_calls": [native_call("c3", "finish", {"answer": "d"})]},
+    )
+    with canned_as("deepseek", *replies, model="deepseek-v4-flash") as (server, llm):
+        result = run(config_for("Write d.txt."), llm)
+    assert result.outcome == "success"
+    last = server.requests[2]["messages"]
+    assert [m.get("reasoning_content") for m in last if m["role"] == "assistant"] == ["Need the file.", "Check it."]
+    # Each request extends the one before it byte for byte (what the provider's prompt cache needs).
+    for before, after in zip(server.requests, server.requests[1:]):
+        assert json.dumps(after["messages"]).startswith(json.dumps(before["messages"])[:-1])
+    assert_no_sandbox_left(local)
+
+
+def test_each_request_is_a_byte_identical_extension_of_the_previous_one(local: Any) -> None:
+    with scripted(HELLO, *HELLO_STEPS) as (server, llm):
+        result = run(config_for(HELLO), llm)
+    assert result.outcome == "success"
+    bodies = [json.dumps(r["body"]["messages"]) for r in server.model.requests]
+    assert len(bodies) == 3
+    for before, after in zip(bodies, bodies[1:]):
+        assert after.startswith(before[:-1]) and len(after) > len(before)
+    assert all(s["llm"]["prompt_tokens"] > 0 and "elided" not in s["llm"]["context"] for s in result.steps)
+    assert_no_sandbox_left(local)
+
+
+def _loud(n: int) -> dict[str, Any]:
+    return native_call(f"c{n}", "run_shell", {"command": f"python3 -c \"print('{n}' * 3000)\""})
+
+
+def test_the_context_budget_elides_the_oldest_observations_with_a_marker(local: Any) -> None:
+    replies = tuple({"content": None, "tool_calls": [_loud(n)]} for n in range(1, 6)) + (
+        {"content": None, "tool_calls": [native_call("c9", "finish", {"answer": "ok"})]},)
+    small = json.dumps({"custom": {"default_context_window": 4500, "default_max_output": 500}})
+    with override_settings(LLM_PROFILES=small), canned(*replies) as (server, llm):
+        result = run(config_for("Print a lot.", max_steps=8), llm)
+    assert result.outcome == "success", result.outcome_reason
+    tools = [m for m in result.messages if m["role"] == "tool"]
+    elided = [m for m in tools if m["content"].startswith("[observation elided to fit the model's context window")]
+    assert elided and tools[0] in elided and tools[-1] not in elided  # oldest first, never the latest
+    assert re.search(r": 30\d\d characters of run_shell removed\]$", elided[0]["content"])
+    notes = [s["llm"]["context"] for s in result.steps]
+    assert any(n.get("elided") for n in notes) and all(n["tokens"] <= n["limit"] == 4000 for n in notes)
+    assert all(len(json.dumps(r["messages"])) / 3 <= 4000 for r in server.requests)
+    assert "1" * 3000 in result.steps[0]["output"]  # the step keeps what the model saw then
+    assert_no_sandbox_left(local)
+
+
+def test_an_episode_that_cannot_fit_the_context_is_a_config_error_before_any_request(local: Any) -> None:
+    tiny = json.dumps({"custom": {"default_context_window": 600, "default_max_output": 400}})
+    with override_settings(LLM_PROFILES=tiny), canned({"content": "never asked"}) as (server, llm):
+        result = run(config_for("Do it."), llm)
+    assert (result.outcome, result.error_kind) == ("error", "config")
+    assert "does not fit the context" in result.outcome_reason and "200 the model's context allows" in result.outcome_reason
+    assert server.requests == []
+    assert_no_sandbox_left(local)
