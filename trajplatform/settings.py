@@ -264,13 +264,22 @@ BUDGET_DAILY_USD = env_float("BUDGET_DAILY_USD", 0.0)
 BUDGET_REFRESH_S = env_float("BUDGET_REFRESH_S", 5.0)
 
 # --- LLM ------------------------------------------------------------------------------
-# With neither LLM_BASE_URL nor LLM_API_KEY set, the platform talks to the offline scripted
-# model (a labelled stand-in, model name "scripted-reference") at OFFLINE_MODEL_URL. With a
-# key and no URL, the defaults suit DeepSeek.
+# Providers (apps.engines.llm.resolve_providers, docs/llm.md): LLM_PROVIDERS names them in
+# order; else LLM_BASE_URL / LLM_API_KEY form one (a key alone means DeepSeek); else every
+# provider whose own key variable is set (DEEPSEEK_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY, ...,
+# in profile order); only with none of these, the offline scripted model (a labelled stand-in,
+# model "scripted-reference") at OFFLINE_MODEL_URL. What each provider accepts comes from its
+# profile (apps/engines/profiles.json); LLM_PROFILES (a JSON file path or inline JSON) is merged
+# over it, and LLM_PROFILE names the profile of an LLM_BASE_URL on an unknown host.
 LLM_BASE_URL = env_str("LLM_BASE_URL")
 LLM_API_KEY = env_str("LLM_API_KEY")
 LLM_MODEL = env_str("LLM_MODEL")
 LLM_PROVIDERS = env_str("LLM_PROVIDERS")
+LLM_PROFILES = env_str("LLM_PROFILES")
+LLM_PROFILE = env_str("LLM_PROFILE")
+# Before a batch starts, the configured models are checked against the profile's retired names
+# and the provider's GET /models (not reaching it in this many seconds is not an error).
+LLM_MODEL_CHECK_TIMEOUT_S = env_float("LLM_MODEL_CHECK_TIMEOUT_S", 5.0)
 LLM_TIMEOUT_S = env_float("LLM_TIMEOUT_S", 120.0)
 LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 5)
 LLM_MAX_CONCURRENCY = env_int("LLM_MAX_CONCURRENCY", 16)

@@ -55,6 +55,8 @@ failure, every provider down), LLMBadRequest (other 4xx: not retried), LLMRespon
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import email.utils
 import hashlib
 import itertools
@@ -71,7 +73,7 @@ import uuid
 import weakref
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -88,6 +90,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.cache.backends.filebased import FileBasedCache
 from django.core.exceptions import ImproperlyConfigured
 
+from apps.engines import profiles
 from trajplatform.redaction import install_log_filter, redact, register_secret
 
 logger = logging.getLogger(__name__)
@@ -103,190 +106,224 @@ BACKOFF_CAP_S = 30.0
 MAX_RETRY_AFTER_S = 120.0
 INCREASE_EVERY = 10
 
-DEEPSEEK_BASE_URL = "https://api.deepseek.com/v1"
-DEEPSEEK_MODEL = "deepseek-chat"
-
-
 # -- providers ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, repr=False)
 class Provider:
-    """One OpenAI-compatible endpoint and the model to ask for there."""
+    """One OpenAI-compatible endpoint, the model to ask for there, and the profile
+    (apps/engines/profiles.json) saying what the endpoint accepts; `profile` defaults to the
+    provider's name when that is a profile id, else "custom"."""
 
     name: str
     base_url: str
     model: str
     api_key: str = ""
+    profile: str = ""
 
     def __post_init__(self) -> None:
         register_secret(self.api_key)
+        if not self.profile:
+            object.__setattr__(self, "profile", self.name if self.name in profiles.all_profiles() else "custom")
+
+    @property
+    def spec(self) -> profiles.Profile:
+        return profiles.get(self.profile)
 
     def __repr__(self) -> str:
         key = "[set]" if self.api_key and self.api_key != OFFLINE_API_KEY else "[none]"
-        return f"Provider(name={self.name!r}, base_url={self.base_url!r}, model={self.model!r}, api_key={key})"
+        return (f"Provider(name={self.name!r}, base_url={self.base_url!r}, model={self.model!r}, "
+                f"profile={self.profile!r}, api_key={key})")
 
 
-@dataclass(frozen=True)
-class _ProviderEnv:
-    key_var: str | None
-    url_var: str
-    model_var: str
-    default_url: str | None
-    default_model: str | None
+def named_providers() -> dict[str, profiles.Profile]:
+    """The names LLM_PROVIDERS may list: every profile with variables of its own (not "custom")."""
+    return {pid: p for pid, p in profiles.all_profiles().items() if p.url_var != "LLM_BASE_URL"}
 
 
-# The named providers LLM_PROVIDERS may list, and the environment variables each one reads.
-# A provider with a key variable is configured when that key is set; vllm when VLLM_BASE_URL is.
-NAMED_PROVIDERS: dict[str, _ProviderEnv] = {
-    "gemini": _ProviderEnv(
-        "GEMINI_API_KEY", "GEMINI_BASE_URL", "GEMINI_MODEL",
-        "https://generativelanguage.googleapis.com/v1beta/openai/", "gemini-2.5-flash",
-    ),
-    "deepseek": _ProviderEnv("DEEPSEEK_API_KEY", "DEEPSEEK_BASE_URL", "DEEPSEEK_MODEL", DEEPSEEK_BASE_URL, DEEPSEEK_MODEL),
-    "openai": _ProviderEnv("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "https://api.openai.com/v1", "gpt-4o-mini"),
-    "vllm": _ProviderEnv(None, "VLLM_BASE_URL", "VLLM_MODEL", None, None),
-    "offline": _ProviderEnv(None, "", "", None, OFFLINE_MODEL),
-}
-VLLM_API_KEY_VAR = "VLLM_API_KEY"
+def __getattr__(name: str) -> Any:
+    # Read from the profiles on each access (LLM_PROFILES may change them).
+    if name == "NAMED_PROVIDERS":
+        return named_providers()
+    if name == "DEEPSEEK_MODEL":  # the default model of LLM_API_KEY alone
+        return profiles.key_only().default_model
+    if name == "DEEPSEEK_BASE_URL":
+        return profiles.key_only().default_url
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-_HOST_NAMES = {
-    "api.deepseek.com": "deepseek",
-    "api.openai.com": "openai",
-    "generativelanguage.googleapis.com": "gemini",
-}
+
+VLLM_API_KEY_VAR = "VLLM_API_KEY"  # kept for importers; the profiles' optional_key_var say it
 
 
 def _env(name: str) -> str:
-    return os.environ.get(name, "").strip()
+    return os.environ.get(name, "").strip() if name else ""
 
 
 def _offline_provider(model: str = "") -> Provider:
-    return Provider("offline", settings.OFFLINE_MODEL_URL, model or OFFLINE_MODEL, OFFLINE_API_KEY)
+    spec = profiles.offline()
+    return Provider(spec.id, settings.OFFLINE_MODEL_URL, model or spec.default_model or OFFLINE_MODEL, OFFLINE_API_KEY,
+                    profile=spec.id)
 
 
-def _named_provider(name: str) -> Provider | None:
-    spec = NAMED_PROVIDERS[name]
-    if name == "offline":
+def _named_provider(spec: profiles.Profile) -> Provider | None:
+    """The provider a profile's own variables configure, or None when they do not."""
+    if spec.routing_headers:
         return _offline_provider()
-    if name == "vllm":
-        url = _env(spec.url_var)
-        if not url:
-            return None
-        model = _env(spec.model_var)
-        if not model:
-            raise ImproperlyConfigured("VLLM_BASE_URL is set but VLLM_MODEL is not (the served model's name)")
-        return Provider("vllm", url, model, _env(VLLM_API_KEY_VAR) or "EMPTY")
     key = _env(spec.key_var or "")
-    if not key:
+    url = _env(spec.url_var)
+    if spec.key_var:
+        if not key:
+            return None
+    elif not url:
         return None
-    return Provider(name, _env(spec.url_var) or spec.default_url or "", _env(spec.model_var) or spec.default_model or "", key)
+    url = url or spec.default_url or ""
+    if not url:
+        raise ImproperlyConfigured(f"{spec.key_var} is set but {spec.url_var} is not (the {spec.id} endpoint)")
+    model = _env(spec.model_var) or spec.default_model or ""
+    if not model:
+        raise ImproperlyConfigured(f"{spec.url_var} is set but {spec.model_var} is not (the served model's name)")
+    return Provider(spec.id, url, model, key or _env(spec.optional_key_var or "") or "EMPTY", profile=spec.id)
 
 
 def resolve_providers() -> list[Provider]:
-    """The providers to use, primary first, from settings (and per-provider env vars).
+    """The providers to use, primary first, from settings and each provider's own variables.
 
-    * LLM_PROVIDERS set ("deepseek,gemini,openai"): a comma-separated priority list of names
-      from NAMED_PROVIDERS (gemini, deepseek, openai, vllm, offline). Each is configured by its
-      own variables: GEMINI_API_KEY / GEMINI_BASE_URL / GEMINI_MODEL, DEEPSEEK_API_KEY /
-      DEEPSEEK_BASE_URL / DEEPSEEK_MODEL, OPENAI_API_KEY / OPENAI_BASE_URL / OPENAI_MODEL,
-      VLLM_BASE_URL / VLLM_MODEL / VLLM_API_KEY; "offline" is always configured (the scripted
-      model at OFFLINE_MODEL_URL). Names that are not configured are skipped; the first
-      configured one is the primary, the others are fallbacks in order. LLM_BASE_URL,
-      LLM_API_KEY and LLM_MODEL are ignored in this mode. No configured name is an error.
-    * Otherwise LLM_BASE_URL / LLM_API_KEY / LLM_MODEL form the single provider. A key without a
-      URL means DeepSeek (https://api.deepseek.com/v1); LLM_MODEL defaults to deepseek-chat.
-      The provider is named after the URL's host (deepseek, openai, gemini) or "custom".
-    * With neither URL nor key: the offline scripted model ("offline", model
-      scripted-reference) at OFFLINE_MODEL_URL. LLM_MODEL may then only name the scripted
-      model (e.g. "scripted-reference+fault=429"); any other model is a configuration error,
-      not a reason to fall back to the stand-in.
+    Every provider family has a profile (apps/engines/profiles.json, docs/llm.md) naming its
+    variables: DEEPSEEK_API_KEY / DEEPSEEK_BASE_URL / DEEPSEEK_MODEL, OPENAI_*, GEMINI_*,
+    ANTHROPIC_*, MOONSHOT_*, ZHIPU_*, OPENROUTER_*; VLLM_BASE_URL / VLLM_MODEL / VLLM_API_KEY,
+    SGLANG_*, OLLAMA_BASE_URL / OLLAMA_MODEL. A provider with a key variable is configured when
+    that key is set (URL and model then default to the profile's); one without (a server of
+    your own) when its URL variable is set, and it then needs its model variable.
+
+    * LLM_PROVIDERS set ("deepseek,gemini,openai"): a comma-separated priority list of profile
+      ids (including vllm-noparser / sglang-noparser, which read the VLLM_* / SGLANG_*
+      variables, and "offline", always configured: the scripted model at OFFLINE_MODEL_URL).
+      Names that are not configured are skipped; the first configured one is the primary, the
+      others are fallbacks in order. LLM_BASE_URL, LLM_API_KEY and LLM_MODEL are ignored in this
+      mode. No configured name is an error.
+    * Else LLM_BASE_URL / LLM_API_KEY / LLM_MODEL, if either of the first two is set, form the
+      single provider. A key without a URL means DeepSeek; LLM_MODEL defaults to the profile's
+      default model. The provider and its profile are named after the URL's host (a profile's
+      `hosts`), else LLM_PROFILE, else "custom".
+    * Else every provider whose own variables configure it, in the profiles' order (the first
+      is the primary): DEEPSEEK_API_KEY alone configures DeepSeek with its current model.
+    * With none of these: the offline scripted model ("offline", model scripted-reference) at
+      OFFLINE_MODEL_URL, which the rollouts name loudly. LLM_MODEL may then only name the
+      scripted model (e.g. "scripted-reference+fault=429"); any other model is a configuration
+      error, not a reason to fall back to the stand-in.
     """
+    named = named_providers()
     names = [n.strip().lower() for n in (settings.LLM_PROVIDERS or "").split(",") if n.strip()]
     if names:
-        unknown = [n for n in names if n not in NAMED_PROVIDERS]
+        unknown = [n for n in names if n not in named]
         if unknown:
             raise ImproperlyConfigured(
-                f"LLM_PROVIDERS names unknown provider(s) {', '.join(unknown)}; known: {', '.join(NAMED_PROVIDERS)}"
+                f"LLM_PROVIDERS names unknown provider(s) {', '.join(unknown)}; known: {', '.join(named)}"
             )
-        providers = [p for p in (_named_provider(n) for n in dict.fromkeys(names)) if p is not None]
+        providers = [p for p in (_named_provider(named[n]) for n in dict.fromkeys(names)) if p is not None]
         if not providers:
+            needs = ", ".join(p.key_var or p.url_var for p in named.values() if p.auto_configure)
             raise ImproperlyConfigured(
-                f"LLM_PROVIDERS={settings.LLM_PROVIDERS!r} but none of them is configured "
-                "(set e.g. DEEPSEEK_API_KEY, GEMINI_API_KEY, OPENAI_API_KEY or VLLM_BASE_URL)"
+                f"LLM_PROVIDERS={settings.LLM_PROVIDERS!r} but none of them is configured (set one of {needs})"
             )
         return providers
 
     base_url, api_key, model = settings.LLM_BASE_URL.strip(), settings.LLM_API_KEY.strip(), settings.LLM_MODEL.strip()
-    if not base_url and not api_key:
-        if model and not model.startswith(OFFLINE_MODEL):
-            raise ImproperlyConfigured(
-                f"LLM_MODEL={model!r} but neither LLM_BASE_URL nor LLM_API_KEY is set; "
-                "set them to use a real provider (unset LLM_MODEL for the offline scripted model)"
-            )
-        return [_offline_provider(model)]
-    base_url = base_url or DEEPSEEK_BASE_URL
-    name = _HOST_NAMES.get(urlparse(base_url).hostname or "", "custom")
-    return [Provider(name, base_url, model or DEEPSEEK_MODEL, api_key or "EMPTY")]
+    if base_url or api_key:
+        if base_url:
+            spec = profiles.for_host(urlparse(base_url).hostname or "") or profiles.get(
+                getattr(settings, "LLM_PROFILE", "") or "custom")
+        else:
+            spec = profiles.key_only()
+            base_url = spec.default_url or ""
+        name = spec.id if spec.hosts or spec.id == "custom" else "custom"
+        # No model and no profile default: an error at the batch's start (check_models) and at
+        # the first call, never a guessed name.
+        return [Provider(name, base_url, model or spec.default_model or "", api_key or "EMPTY", profile=spec.id)]
+
+    providers = [p for p in (_named_provider(spec) for spec in named.values() if spec.auto_configure) if p is not None]
+    if providers:
+        return providers
+    if model and not model.startswith(OFFLINE_MODEL):
+        raise ImproperlyConfigured(
+            f"LLM_MODEL={model!r} but no provider is configured (neither LLM_BASE_URL, LLM_API_KEY nor a "
+            "provider's own key such as DEEPSEEK_API_KEY); set one to use a real provider "
+            "(unset LLM_MODEL for the offline scripted model)"
+        )
+    return [_offline_provider(model)]
 
 
 # -- prices ---------------------------------------------------------------------------------
 
-# USD per million tokens (input, output), list prices at the time of writing (cache-miss input
-# rates, standard tier). Check the vendors' pages before trusting totals; settings.LLM_PRICES
-# ({"model-prefix": [input, output]}) overrides or extends this table.
-PRICES_PER_MTOK: dict[str, tuple[str, str]] = {
-    "deepseek-chat": ("0.28", "0.42"),
-    "deepseek-reasoner": ("0.28", "0.42"),
-    "gpt-4o-mini": ("0.15", "0.60"),
-    "gpt-4o": ("2.50", "10.00"),
-    "gpt-4.1-nano": ("0.10", "0.40"),
-    "gpt-4.1-mini": ("0.40", "1.60"),
-    "gpt-4.1": ("2.00", "8.00"),
-    "gemini-2.5-flash-lite": ("0.10", "0.40"),
-    "gemini-2.5-flash": ("0.30", "2.50"),
-    "gemini-2.5-pro": ("1.25", "10.00"),
-    "gemini-2.0-flash": ("0.10", "0.40"),
-    OFFLINE_MODEL: ("0", "0"),
-}
+# USD per million tokens come from the provider profiles (profiles.json: input, cached input,
+# output per model). settings.LLM_PRICES ({"model-prefix": [input, output]} or
+# [input, cached_input, output]) adds or overrides entries; the longest prefix wins.
 _MILLION = Decimal(1_000_000)
+Prices = tuple[Decimal, Decimal, Decimal]  # input, cached input, output
+
+_extra_prices: tuple[str, list[tuple[str, Prices]]] | None = None
 
 
-# PRICES_PER_MTOK as Decimals, longest prefix first; rebuilt if the table is edited at run time
-# (it is asked twice per model call, and settings.LLM_PRICES is usually empty).
-_price_table: tuple[tuple[tuple[str, tuple[str, str]], ...], list[tuple[str, tuple[Decimal, Decimal]]]] | None = None
-
-
-def _prices(extra: dict[str, Any]) -> list[tuple[str, tuple[Decimal, Decimal]]]:
-    global _price_table
-    snapshot = tuple(PRICES_PER_MTOK.items())
-    cached = _price_table
-    if cached is None or cached[0] != snapshot:
-        table = {k: (Decimal(str(i)), Decimal(str(o))) for k, (i, o) in snapshot}
-        cached = _price_table = (snapshot, sorted(table.items(), key=lambda kv: len(kv[0]), reverse=True))
+def _override_prices() -> list[tuple[str, Prices]]:
+    global _extra_prices
+    extra = getattr(settings, "LLM_PRICES", None) or {}
     if not extra:
-        return cached[1]
-    table = dict(cached[1])
-    for k, (i, o) in extra.items():
-        table[k] = (Decimal(str(i)), Decimal(str(o)))
-    return sorted(table.items(), key=lambda kv: len(kv[0]), reverse=True)
+        return []
+    key = canonical_json(extra)
+    cached = _extra_prices
+    if cached is None or cached[0] != key:
+        table: list[tuple[str, Prices]] = []
+        for prefix, value in extra.items():
+            if not isinstance(value, (list, tuple)) or len(value) not in (2, 3):
+                raise ImproperlyConfigured(
+                    f"LLM_PRICES[{prefix!r}] must be [input, output] or [input, cached_input, output] "
+                    f"(USD per million tokens), not {value!r}")
+            try:
+                numbers = [Decimal(str(v)) for v in value]
+            except ArithmeticError:
+                raise ImproperlyConfigured(f"LLM_PRICES[{prefix!r}] has a value that is not a number: {value!r}") from None
+            if len(numbers) == 2:
+                numbers = [numbers[0], numbers[0], numbers[1]]
+            table.append((prefix, (numbers[0], numbers[1], numbers[2])))
+        table.sort(key=lambda kv: len(kv[0]), reverse=True)
+        cached = _extra_prices = (key, table)
+    return cached[1]
+
+
+def prices_for(model: str, profile: str | None = None) -> Prices | None:
+    """(input, cached input, output) USD per million tokens for a model, or None when unknown:
+    LLM_PRICES first, then the named profile's model, then any profile that prices it."""
+    name = model.rsplit("/", 1)[-1]
+    for prefix, price in _override_prices():
+        if model.startswith(prefix) or name.startswith(prefix):
+            return price
+    every = profiles.all_profiles()
+    order = ([every[profile]] if profile in every else []) + [p for pid, p in every.items() if pid != profile]
+    for spec in order:
+        m = spec.model(model)
+        if m.priced and m.name in spec.models:
+            assert m.price_input is not None and m.price_output is not None
+            cached = m.price_cached_input if m.price_cached_input is not None else m.price_input
+            return (m.price_input, cached, m.price_output)
+    return None
 
 
 def price_per_mtok(model: str) -> tuple[Decimal, Decimal] | None:
     """(input, output) USD per million tokens for a model name, or None when unknown."""
-    name = model.rsplit("/", 1)[-1]
-    for prefix, price in _prices(getattr(settings, "LLM_PRICES", None) or {}):
-        if name.startswith(prefix):
-            return price
-    return None
+    price = prices_for(model)
+    return None if price is None else (price[0], price[2])
 
 
-def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
-    """Exact cost of one call (0 for models without a price)."""
-    price = price_per_mtok(model)
+def cost_usd(model: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+             profile: str | None = None) -> Decimal:
+    """Exact cost of one call (0 for models without a price). `cached_tokens` are the part of
+    `prompt_tokens` the provider served from its prompt cache, priced at the cached-input rate."""
+    price = prices_for(model, profile)
     if price is None:
         return Decimal(0)
-    return (Decimal(prompt_tokens) * price[0] + Decimal(completion_tokens) * price[1]) / _MILLION
+    cached = max(0, min(cached_tokens, prompt_tokens))
+    return (Decimal(prompt_tokens - cached) * price[0] + Decimal(cached) * price[1]
+            + Decimal(completion_tokens) * price[2]) / _MILLION
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -374,6 +411,9 @@ class ChatResult:
     cached: bool = False
     attempts: int = 1
     rate_limited: int = 0  # of the attempts, those the provider answered with HTTP 429
+    # Of usage["prompt_tokens"], those the provider served from its prompt cache (read through
+    # the profile's cached_usage_paths; also usage["cached_tokens"]), priced at the cache rate.
+    cached_tokens: int = 0
     requested_model: str = ""
     cache_key: str = ""
     failed_providers: tuple[str, ...] = ()
@@ -399,6 +439,7 @@ class ChatResult:
             "cached": self.cached,
             "attempts": self.attempts,
             "rate_limited": self.rate_limited,
+            "cached_tokens": self.cached_tokens,
             "requested_model": self.requested_model,
             "cache_key": self.cache_key,
             "failed_providers": list(self.failed_providers),
@@ -416,6 +457,7 @@ class ChatResult:
             latency_ms=int(data["latency_ms"]),
             cached=True,
             attempts=0,
+            cached_tokens=int(data.get("cached_tokens") or 0),
             requested_model=data.get("requested_model", ""),
             cache_key=cache_key,
         )
@@ -423,7 +465,8 @@ class ChatResult:
     def __repr__(self) -> str:
         return redact(
             f"ChatResult(provider={self.provider!r}, model={self.model!r}, finish_reason={self.finish_reason!r}, "
-            f"usage={self.usage!r}, cost_usd={self.cost_usd}, cached={self.cached}, attempts={self.attempts}, "
+            f"usage={self.usage!r}, cached_tokens={self.cached_tokens}, cost_usd={self.cost_usd}, "
+            f"cached={self.cached}, attempts={self.attempts}, "
             f"message={self.message!r})"
         )
 
@@ -705,13 +748,19 @@ def cache_identity(trajectory_uuid: Any) -> dict[str, str]:
     return {"trajectory": str(uuid.UUID(str(trajectory_uuid)))}
 
 
+_KEYED_FIELDS = ("model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens")
+
+
 def cache_key_for(request: dict[str, Any], cache_key_extra: Any = None, extra_headers: dict[str, str] | None = None) -> str:
     """The cache key of a request: sha256 over what determines the answer (no provider URL)."""
     payload = {
         "v": CACHE_VERSION,
-        **{k: request.get(k) for k in ("model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens")},
+        **{k: request.get(k) for k in _KEYED_FIELDS},
         "extra": cache_key_extra,
     }
+    body = {k: v for k, v in request.items() if k not in _KEYED_FIELDS}
+    if body:  # what a profile adds (thinking switch, max_completion_tokens) changes the answer too
+        payload["body"] = body
     if extra_headers:  # they can change the answer (the offline model's fault injection does)
         payload["headers"] = extra_headers
     data = memoryview(canonical_json(payload).encode("utf-8"))
@@ -725,6 +774,35 @@ def cache_key_for(request: dict[str, Any], cache_key_extra: Any = None, extra_he
 
 
 _HASH_PIECE = 2000
+
+# The offline stand-in picks its script by this header (a pipeline stage's key, the judge), sent
+# only to providers whose profile has routing_headers: a real model's requests carry nothing
+# but the task. Callers set it with `with llm_route("pipeline:toucan/question key=s1"):`.
+ROUTE_HEADER = "X-Trajplatform-Route"
+_route: contextvars.ContextVar[str] = contextvars.ContextVar("llm_route", default="")
+
+
+@contextlib.contextmanager
+def llm_route(value: str | None) -> Iterator[None]:
+    """Route the model calls made inside (this thread or task and the tasks it starts) to the
+    offline stand-in's script `value`; real providers never see it."""
+    token = _route.set(value or "")
+    try:
+        yield
+    finally:
+        _route.reset(token)
+
+
+def shape_request(provider: Provider, request: dict[str, Any]) -> dict[str, Any]:
+    """The request body as the provider's profile wants it: the sampling parameters it ignores
+    dropped, max_tokens under the profile's name, its thinking switch merged in."""
+    spec = provider.spec
+    body = {k: v for k, v in request.items() if k not in spec.ignored_params}
+    if "max_tokens" in body and spec.max_tokens_param != "max_tokens":
+        body[spec.max_tokens_param] = body.pop("max_tokens")
+    for key, value in spec.thinking_request.items():
+        body.setdefault(key, value)
+    return body
 
 
 @dataclass
@@ -766,6 +844,21 @@ def _post_kwargs(call: _Call, timeout: float | None) -> dict[str, Any]:
     if call.extra_headers is not None:
         options["headers"] = call.extra_headers
     return {"cast_to": httpx2.Response, "body": call.request, "options": options}
+
+
+def _tool_call(tc: dict[str, Any]) -> dict[str, Any]:
+    """A reply's tool call as stored: id as sent ("" when missing: the loop gives every call a
+    unique id), arguments the model's raw string, valid JSON or not (the loop decides what a
+    malformed call means), and a provider's extra_content (Gemini's thought signature, which
+    must come back unchanged) kept."""
+    call = {
+        "id": tc.get("id") if isinstance(tc.get("id"), str) else "",
+        "type": "function",
+        "function": {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]},
+    }
+    if tc.get("extra_content") is not None:
+        call["extra_content"] = tc["extra_content"]
+    return call
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -969,7 +1062,12 @@ class LLMClient:
         provider: str | None = None,
     ) -> list[_Call]:
         calls = []
+        route = _route.get()
         for i, provider in enumerate(self._ordered(provider)):
+            if not ((model or provider.model) if i == 0 else provider.model):
+                raise LLMBadRequest(f"no model is configured for provider {provider.name} (set LLM_MODEL or "
+                                    f"{provider.spec.model_var or 'the provider model variable'})",
+                                    provider=provider.name)
             # A model named by the caller is the primary's; fallbacks are other vendors and
             # ask for their own configured model.
             request: dict[str, Any] = {
@@ -985,7 +1083,11 @@ class LLMClient:
             ):
                 if value is not None:
                     request[name] = value
-            calls.append(_Call(provider, request, cache_key_for(request, cache_key_extra, extra_headers), extra_headers))
+            request = shape_request(provider, request)
+            headers = extra_headers
+            if route and provider.spec.routing_headers:
+                headers = {**(extra_headers or {}), ROUTE_HEADER: route}
+            calls.append(_Call(provider, request, cache_key_for(request, cache_key_extra, headers), headers))
         return calls
 
     def _ordered(self, name: str | None) -> list[Provider]:
@@ -1036,7 +1138,7 @@ class LLMClient:
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             detail = f": {type(cause).__name__}" if cause is not None else ""
-            if call.provider.name == "offline":
+            if call.provider.spec.routing_headers:
                 detail += f" (is the offline model running at {call.provider.base_url}? `python manage.py offline_model`)"
             return LLMUnavailable(f"connection failed{detail}", **kw)
         if isinstance(exc, openai.APIResponseValidationError):
@@ -1071,21 +1173,17 @@ class LLMClient:
         if not isinstance(msg, dict):
             raise LLMResponseInvalid("response choice has no message", **kw)
         message: dict[str, Any] = {"role": "assistant", "content": msg.get("content")}
-        reasoning = msg.get("reasoning_content")
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
+        spec = call.provider.spec
+        # Stored one way: the reasoning, from whichever field the profile says it arrives in,
+        # is the message's reasoning_content (the loop sends it back as the profile says).
+        for name in dict.fromkeys((*spec.reasoning_fields, "reasoning_content")):
+            reasoning = msg.get(name)
+            if isinstance(reasoning, str) and (reasoning or name == "reasoning_content"):
+                message["reasoning_content"] = reasoning
+                break
         if msg.get("tool_calls"):
             try:
-                message["tool_calls"] = [
-                    {
-                        "id": tc["id"],
-                        "type": "function",
-                        # Arguments stay the model's raw string, valid JSON or not: the loop
-                        # decides what a malformed call means.
-                        "function": {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]},
-                    }
-                    for tc in msg["tool_calls"]
-                ]
+                message["tool_calls"] = [_tool_call(tc) for tc in msg["tool_calls"]]
             except (KeyError, TypeError):
                 raise LLMResponseInvalid("a tool call has no function name/arguments", **kw) from None
         usage_obj = completion.get("usage")
@@ -1096,13 +1194,23 @@ class LLMClient:
             "completion_tokens": int(usage_obj.get("completion_tokens") or 0),
         }
         usage["total_tokens"] = int(usage_obj.get("total_tokens") or 0) or sum(usage.values())
+        cached_tokens = 0
+        for path in spec.cached_usage_paths:
+            found = profiles.usage_path(usage_obj, path)
+            if found is not None:
+                cached_tokens = max(0, min(found, usage["prompt_tokens"]))
+                break
+        if cached_tokens:
+            usage["cached_tokens"] = cached_tokens
         reported = completion.get("model") or call.request["model"]
-        price_model = reported if price_per_mtok(reported) is not None else call.request["model"]
+        price_model = reported if prices_for(reported, call.provider.profile) is not None else call.request["model"]
         return ChatResult(
             message=redact(message, labels=False),
             finish_reason=choice.get("finish_reason"),
             usage=usage,
-            cost_usd=cost_usd(price_model, usage["prompt_tokens"], usage["completion_tokens"]),
+            cached_tokens=cached_tokens,
+            cost_usd=cost_usd(price_model, usage["prompt_tokens"], usage["completion_tokens"], cached_tokens,
+                              profile=call.provider.profile),
             model=reported,
             provider=call.provider.name,
             latency_ms=int(latency_s * 1000),

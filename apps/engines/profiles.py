@@ -310,6 +310,12 @@ def for_host(host: str) -> Profile | None:
     return None
 
 
+def key_only() -> Profile:
+    """The profile LLM_API_KEY alone (no LLM_BASE_URL) means: the file's key_only_profile."""
+    data = json.loads(PROFILES_FILE.read_text(encoding="utf-8"))
+    return get(data.get("key_only_profile") or "")
+
+
 def offline() -> Profile:
     """The offline stand-in's profile: the one with routing_headers."""
     for profile in all_profiles().values():

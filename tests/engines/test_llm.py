@@ -60,7 +60,8 @@ TOOLS = [
 SK_KEY = "sk-test-4f9c2b7e1d8a6035c4b2e9f1a7d3c6b8"
 ODD_KEY = "zq-private-7H3kP9xL2mQ8vR4tW6yB"
 PROVIDER_ENV_VARS = [
-    f"{p}_{v}" for p in ("GEMINI", "DEEPSEEK", "OPENAI", "VLLM") for v in ("API_KEY", "BASE_URL", "MODEL")
+    f"{p}_{v}" for p in ("GEMINI", "DEEPSEEK", "OPENAI", "VLLM", "SGLANG", "OLLAMA", "ANTHROPIC", "MOONSHOT", "ZHIPU",
+                          "OPENROUTER") for v in ("API_KEY", "BASE_URL", "MODEL")
 ]
 
 
@@ -659,7 +660,8 @@ def test_a_key_alone_means_deepseek() -> None:
     with override_settings(LLM_API_KEY=SK_KEY):
         [provider] = resolve_providers()
     assert (provider.name, provider.base_url, provider.model, provider.api_key) == (
-        "deepseek", "https://api.deepseek.com/v1", "deepseek-chat", SK_KEY)
+        "deepseek", "https://api.deepseek.com", "deepseek-flash", SK_KEY)
+    assert provider.profile == "deepseek"
 
 
 def test_url_key_and_model_form_the_single_provider() -> None:
@@ -686,8 +688,8 @@ def test_llm_providers_picks_the_configured_ones_in_order(monkeypatch: pytest.Mo
     with override_settings(LLM_PROVIDERS="gemini, vllm,deepseek,openai", LLM_API_KEY="ignored-in-this-mode"):
         providers = resolve_providers()
     assert [(p.name, p.model) for p in providers] == [
-        ("vllm", "Qwen/Qwen3-8B"), ("deepseek", "deepseek-chat"), ("openai", "gpt-4.1")]
-    assert providers[1].base_url == "https://api.deepseek.com/v1"
+        ("vllm", "Qwen/Qwen3-8B"), ("deepseek", "deepseek-flash"), ("openai", "gpt-4.1")]
+    assert providers[1].base_url == "https://api.deepseek.com"
     assert providers[2].base_url == "https://api.openai.com/v1"
 
 
@@ -706,23 +708,33 @@ def test_llm_providers_misconfigurations_are_errors(monkeypatch: pytest.MonkeyPa
 # -- cost -----------------------------------------------------------------------------------
 
 
-def test_cost_comes_from_the_price_table() -> None:
-    assert cost_usd("deepseek-chat", 1_000_000, 1_000_000) == Decimal("0.70")
+def test_cost_comes_from_the_profiles_prices() -> None:
+    assert cost_usd("deepseek-flash", 1_000_000, 1_000_000) == Decimal("1.50")
+    assert cost_usd("deepseek-chat", 1_000_000, 1_000_000) == 0  # retired: no price (and refused before a batch)
     assert price_per_mtok("gpt-4o-mini-2024-07-18") == (Decimal("0.15"), Decimal("0.60"))
     assert price_per_mtok("gpt-4o-2024-08-06") == (Decimal("2.50"), Decimal("10.00"))
-    assert price_per_mtok("models/gemini-2.5-flash") == (Decimal("0.30"), Decimal("2.50"))
+    assert price_per_mtok("models/gemini-3.5-flash") == (Decimal("1.50"), Decimal("9.00"))
     assert cost_usd("some-local-model", 10**6, 10**6) == 0 and price_per_mtok("some-local-model") is None
     assert cost_usd(MODEL_NAME, 10**6, 10**6) == 0
+    # cached input tokens are part of the prompt tokens, at the cache-hit price
+    assert cost_usd("deepseek-v4-pro", 1_000_000, 0, cached_tokens=750_000) == Decimal("0.363")  # 0.25 x 1.32 + 0.75 x 0.044
     with override_settings(LLM_PRICES={"some-local-model": ["1", "2"]}):
         assert cost_usd("some-local-model", 500_000, 250_000) == Decimal("1.0")
+        assert cost_usd("some-local-model", 500_000, 250_000, cached_tokens=500_000) == Decimal("1.0")  # no cache price
+    with override_settings(LLM_PRICES={"some-local-model": ["1", "0.1", "2"], "deepseek-flash": ["0.15", "0.003", "0.6"]}):
+        assert cost_usd("some-local-model", 500_000, 250_000, cached_tokens=500_000) == Decimal("0.55")
+        assert cost_usd("deepseek-flash", 1_000_000, 1_000_000) == Decimal("0.75")  # an override wins over the profile
+    with override_settings(LLM_PRICES={"m": ["1"]}), pytest.raises(ImproperlyConfigured, match=r"LLM_PRICES\['m'\]"):
+        cost_usd("m", 1, 1)
 
 
 def test_each_call_records_tokens_and_cost(canned: Any, waits: Waits) -> None:
-    endpoint = canned((200, {}, completion("hi", model="deepseek-chat", usage=(1000, 500))))
-    result = client_for(waits, Provider("deepseek", endpoint.url, "deepseek-chat", SK_KEY)).chat(user("q"))
+    endpoint = canned((200, {}, completion("hi", model="deepseek-flash", usage=(1000, 500))))
+    result = client_for(waits, Provider("deepseek", endpoint.url, "deepseek-flash", SK_KEY)).chat(user("q"))
     assert result.usage == {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
-    assert result.cost_usd == Decimal("0.00049")  # 1000 x 0.28 + 500 x 0.42 per million
-    assert result.to_dict()["cost_usd"] == "0.00049"
+    assert result.cached_tokens == 0
+    assert result.cost_usd == Decimal("0.0009")  # 1000 x 0.30 + 500 x 1.20 per million
+    assert result.to_dict()["cost_usd"] == "0.0009"
 
 
 # -- secrets --------------------------------------------------------------------------------
@@ -741,7 +753,7 @@ def test_an_api_key_quoted_back_by_the_provider_never_leaks(
     caplog.set_level(logging.DEBUG)
     quoting = {"error": {"message": "Incorrect API key provided: {auth}", "type": "invalid_request_error"}}
     failing = canned((500, {}, quoting), (401, {}, quoting))
-    with override_settings(LLM_BASE_URL=failing.url, LLM_API_KEY=key), pytest.raises(LLMError) as exc:
+    with override_settings(LLM_BASE_URL=failing.url, LLM_API_KEY=key, LLM_MODEL="m"), pytest.raises(LLMError) as exc:
         client = LLMClient(sleep=waits.sleep, limiters={})
         client.chat(user("q"))
     err = exc.value
