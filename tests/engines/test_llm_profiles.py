@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 
 from apps.engines import profiles
+from apps.engines.llm import ROUTE_HEADER, LLMClient, Provider, llm_route, reset_limiters, resolve_providers
 
 EXPECTED = {"deepseek", "openai", "gemini", "anthropic", "vllm", "vllm-noparser", "sglang", "sglang-noparser",
             "ollama", "moonshot", "zhipu", "openrouter", "offline"}
@@ -95,3 +101,170 @@ def test_usage_path_reads_dotted_paths():
     assert profiles.usage_path(usage, "prompt_tokens_details.cached_tokens") == 5
     assert profiles.usage_path(usage, "cached_tokens") is None
     assert profiles.usage_path({"prompt_tokens_details": None}, "prompt_tokens_details.cached_tokens") is None
+
+
+# -- the client applies the profile ---------------------------------------------------------
+
+KEY = "sk-test-profile-7c1e9a3b5d2f4e6a8b0c"
+PROFILE_VARS = sorted({v for p in profiles.all_profiles().values()
+                       for v in (p.key_var, p.url_var, p.model_var, p.optional_key_var) if v} - {"OFFLINE_MODEL_URL"})
+
+
+class Recorder(ThreadingHTTPServer):
+    """Answers every chat completion with `reply` and records each request's body and headers."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, reply: dict[str, Any]):
+        self.reply, self.requests = reply, []
+        super().__init__(("127.0.0.1", 0), _RecorderHandler)
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _RecorderHandler(BaseHTTPRequestHandler):
+    server: Recorder
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        self.server.requests.append({"body": body, "headers": {k.lower(): v for k, v in self.headers.items()}})
+        payload = json.dumps(self.server.reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def reply(model: str, usage: dict[str, Any], **message: Any) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion", "created": 0, "model": model, "usage": usage,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "ok", **message}}]}
+
+
+@pytest.fixture
+def recorder() -> Iterator[Any]:
+    servers: list[Recorder] = []
+
+    def make(body: dict[str, Any]) -> Recorder:
+        servers.append(Recorder(body))
+        return servers[-1]
+
+    yield make
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(autouse=True)
+def no_provider_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[None]:
+    for name in PROFILE_VARS:
+        monkeypatch.delenv(name, raising=False)
+    cache = {"BACKEND": "apps.engines.llm.LLMResponseCache", "LOCATION": str(tmp_path / "llm"), "TIMEOUT": None}
+    from django.conf import settings as dj
+
+    with override_settings(LLM_BASE_URL="", LLM_API_KEY="", LLM_MODEL="", LLM_PROVIDERS="", LLM_PROFILES="",
+                           LLM_MAX_RETRIES=0, CACHES={**dj.CACHES, "llm": cache}):
+        reset_limiters()
+        yield
+    reset_limiters()
+
+
+def test_a_deepseek_key_alone_configures_deepseek_with_a_current_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: LLM_PROVIDERS empty and no LLM_API_KEY meant the offline scripted model.
+    monkeypatch.setenv("DEEPSEEK_API_KEY", KEY)
+    [provider] = resolve_providers()
+    assert (provider.name, provider.profile, provider.model, provider.base_url) == (
+        "deepseek", "deepseek", "deepseek-flash", "https://api.deepseek.com")
+    monkeypatch.setenv("DEEPSEEK_BASE_URL", "https://proxy.example/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    assert [(p.name, p.base_url) for p in resolve_providers()] == [
+        ("deepseek", "https://proxy.example/v1"), ("openai", "https://api.openai.com/v1")]
+    # the noparser variants read the same variables but only when named
+    monkeypatch.setenv("VLLM_BASE_URL", "http://gpu:8000/v1")
+    monkeypatch.setenv("VLLM_MODEL", "Qwen/Qwen3-8B")
+    assert [p.name for p in resolve_providers()] == ["deepseek", "openai", "vllm"]
+    with override_settings(LLM_PROVIDERS="vllm-noparser"):
+        [noparser] = resolve_providers()
+    assert (noparser.profile, noparser.base_url, noparser.model) == ("vllm-noparser", "http://gpu:8000/v1", "Qwen/Qwen3-8B")
+
+
+def test_nothing_configured_is_the_offline_model_and_a_custom_url_gets_the_custom_profile() -> None:
+    [provider] = resolve_providers()
+    assert (provider.name, provider.profile) == ("offline", "offline")
+    with override_settings(LLM_BASE_URL="http://gpu:8000/v1", LLM_MODEL="m"):
+        assert resolve_providers()[0].profile == "custom"
+    with override_settings(LLM_BASE_URL="http://gpu:8000/v1", LLM_MODEL="m", LLM_PROFILE="sglang-noparser"):
+        assert resolve_providers()[0].profile == "sglang-noparser"
+    with override_settings(LLM_BASE_URL="https://api.moonshot.ai/v1", LLM_API_KEY=KEY):
+        assert (resolve_providers()[0].profile, resolve_providers()[0].model) == ("moonshot", "kimi-k3")
+
+
+def test_the_request_follows_the_profile(recorder: Any) -> None:
+    srv = recorder(reply("gpt-5.4-mini", {"prompt_tokens": 10, "completion_tokens": 2}))
+    client = LLMClient([Provider("openai", srv.url, "gpt-5.4-mini", KEY)], limiters={})
+    client.chat([{"role": "user", "content": "hi"}], temperature=0.3, top_p=0.9, max_tokens=50, use_cache=False)
+    body = srv.requests[-1]["body"]
+    assert body["max_completion_tokens"] == 50 and "max_tokens" not in body
+    assert "temperature" not in body and "top_p" not in body
+    assert body["reasoning_effort"] == "medium"
+    srv2 = recorder(reply("deepseek-flash", {"prompt_tokens": 10, "completion_tokens": 2}))
+    LLMClient([Provider("deepseek", srv2.url, "deepseek-flash", KEY)], limiters={}).chat(
+        [{"role": "user", "content": "hi"}], temperature=0.3, max_tokens=50, use_cache=False)
+    body = srv2.requests[-1]["body"]
+    assert body["thinking"] == {"type": "enabled"} and body["max_tokens"] == 50 and "temperature" not in body
+
+
+@pytest.mark.parametrize("pid, usage, cached", [
+    ("deepseek", {"prompt_tokens": 1000, "completion_tokens": 100, "prompt_cache_hit_tokens": 800,
+                  "prompt_cache_miss_tokens": 200}, 800),
+    ("openai", {"prompt_tokens": 1000, "completion_tokens": 100, "prompt_tokens_details": {"cached_tokens": 640}}, 640),
+    ("moonshot", {"prompt_tokens": 1000, "completion_tokens": 100, "cached_tokens": 500}, 500),
+    ("vllm", {"prompt_tokens": 1000, "completion_tokens": 100}, 0),
+])
+def test_cached_input_tokens_are_read_from_the_profiles_usage_fields_and_priced(
+    recorder: Any, pid: str, usage: dict[str, Any], cached: int,
+) -> None:
+    spec = profiles.get(pid)
+    model = spec.default_model or "served-model"
+    srv = recorder(reply(model, usage))
+    result = LLMClient([Provider(pid, srv.url, model, KEY)], limiters={}).chat(
+        [{"role": "user", "content": "hi"}], use_cache=False)
+    assert result.cached_tokens == cached and result.to_dict()["cached_tokens"] == cached
+    assert result.usage.get("cached_tokens", 0) == cached
+    m = spec.model(model)
+    if m.priced:
+        expected = ((1000 - cached) * m.price_input + cached * m.price_cached_input + 100 * m.price_output) / 10**6
+        assert result.cost_usd == expected
+
+
+def test_reasoning_arrives_in_the_profiles_field_and_is_stored_as_reasoning_content(recorder: Any) -> None:
+    srv = recorder(reply("Qwen3-8B", {"prompt_tokens": 1, "completion_tokens": 1}, reasoning="think first",
+                         tool_calls=[{"type": "function", "function": {"name": "f", "arguments": "{}"},
+                                      "extra_content": {"google": {"thought_signature": "sig"}}}]))
+    result = LLMClient([Provider("vllm", srv.url, "Qwen3-8B", "")], limiters={}).chat(
+        [{"role": "user", "content": "hi"}], use_cache=False)
+    assert result.message["reasoning_content"] == "think first"
+    [call] = result.message["tool_calls"]
+    assert call["id"] == "" and call["extra_content"] == {"google": {"thought_signature": "sig"}}
+
+
+def test_a_real_providers_request_carries_no_route_header_and_the_offline_one_does(recorder: Any) -> None:
+    srv = recorder(reply("m", {"prompt_tokens": 1, "completion_tokens": 1}))
+    real = LLMClient([Provider("deepseek", srv.url, "deepseek-flash", KEY)], limiters={})
+    stand_in = LLMClient([Provider("offline", srv.url, "scripted-reference", "")], limiters={})
+    with llm_route("pipeline:toucan/question key=s1"):
+        real.chat([{"role": "user", "content": "hi"}], use_cache=False)
+        stand_in.chat([{"role": "user", "content": "hi"}], use_cache=False)
+    real_request, offline_request = srv.requests
+    assert ROUTE_HEADER.lower() not in real_request["headers"]
+    assert not any("trajplatform" in v.lower() for v in real_request["headers"].values())
+    assert "[pipeline:" not in json.dumps(real_request["body"])
+    assert offline_request["headers"][ROUTE_HEADER.lower()] == "pipeline:toucan/question key=s1"
