@@ -160,6 +160,10 @@ SCENES: dict[str, Scene] = {
                     "target_tools": {"type": "array", "uniqueItems": True,
                                      "items": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*__.+$"}},
                     "difficulty": {"enum": ["easy", "medium", "hard"]},
+                    # apps/engines/toucan/quality.py: the target tools' order, conditions that do not gate the reward
+                    "order": {"enum": ["strict", "any"]},
+                    "relax": {"type": "array", "uniqueItems": True,
+                              "items": {"enum": ["rule_filter", "target_tools", "tool_order"]}},
                     # apps/engines/toucan/quality.py: an answer check or a state check (a probe in the sandbox)
                     "check": {"oneOf": [
                         _obj({"type": {"const": "answer"}, "expected": {"type": ["string", "number"]},

@@ -285,13 +285,61 @@ def test_the_reward_is_the_check_else_the_tool_share_proxy_gated_by_the_rule_fil
     reward, out = quality.verify_episode(scene, steps, "It is 20:00 in Tokyo.")
     assert reward == 0.0 and out["note"] == "the answer check did not match"
 
-    proxy = {"target_tools": ["time__convert_time", "time__get_current_time"]}
+    proxy = {"target_tools": ["time__convert_time", "time__get_current_time"], "order": "any"}
     reward, out = quality.verify_episode(proxy, steps, "21:00")
     assert (reward, out["method"]) == (0.5, "tool_accuracy_proxy") and "proxy" in out["note_proxy"]
+    assert out["decided_by"] == "target_tools" and "tool_order" not in out["process"]
     failing = [step("time__convert_time", "error: unknown zone", is_error=True), step("finish")]
     reward, out = quality.verify_episode(proxy, failing, "21:00")
-    assert reward == 0.0 and out["note"] == "rule filter failed: no_successful_tool_response"
+    assert reward == 0.0 and out["note"] == "rule_filter: failed rules: no_successful_tool_response"
     assert quality.verify_episode({}, steps, "21:00")[0] is None
+
+
+def test_the_proxy_multiplies_by_the_order_and_a_missing_target_breaks_a_strict_order() -> None:
+    targets = ["git__git_log", "time__convert_time"]
+    ordered = [step("git__git_log"), step("time__convert_time"), step("finish")]
+    assert quality.verify_episode({"target_tools": targets}, ordered, "21:00")[0] == 1.0
+    reward, out = quality.verify_episode({"target_tools": targets}, ordered[::-1], "21:00")
+    assert (reward, out["decided_by"], out["tool_call_accuracy"]["order_correctness"]) == (0.0, "tool_order", False)
+    assert out["process"]["tool_order"]["ok"] is False and out["process"]["target_tools"] == {"ok": True, "detail": ""}
+    assert quality.verify_episode({"target_tools": targets, "order": "any"}, ordered[::-1], "21:00")[0] == 1.0
+    reward, out = quality.verify_episode({"target_tools": targets}, ordered[:1], "x")  # partial, strict order
+    assert (reward, out["decided_by"]) == (0.0, "target_tools")
+
+
+ANSWER = {"type": "answer", "expected": "21:00", "match": "contains"}
+
+
+@pytest.mark.parametrize("steps, decided_by", [
+    ([step("finish")], "rule_filter"),  # the right answer without any tool call
+    ([step("nope__tool", error="unknown tool nope__tool", error_kind="unknown_tool"), step("finish")], "rule_filter"),
+    ([step("time__convert_time", "error: unknown zone", is_error=True), step("finish")], "rule_filter"),
+    ([step("git__git_log", "document usage"), step("time__convert_time", "error: bad zone", is_error=True)],
+     "target_tools"),  # the check's target errored, the error was ignored
+    ([step("time__convert_time"), step("git__git_log")], "tool_order"),
+    ([step("git__git_log")], "target_tools"),
+])
+def test_a_passed_check_gives_no_reward_without_the_process(steps: list[dict[str, Any]], decided_by: str) -> None:
+    scene = {"target_tools": ["git__git_log", "time__convert_time"], "check": ANSWER}
+    reward, out = quality.verify_episode(scene, steps, "It is 21:00 in Tokyo.")
+    assert (reward, out["check"]["passed"], out["decided_by"]) == (0.0, True, decided_by), out["process"]
+    assert out["process"][decided_by]["ok"] is False and out["process"][decided_by]["detail"]
+    assert out["note"].startswith(f"the check passed but the process did not: {decided_by} (")
+
+
+def test_a_task_relaxes_a_condition_explicitly_and_it_is_still_reported() -> None:
+    steps = [step("git__git_log"), step("finish")]
+    scene = {"target_tools": ["git__git_log", "time__convert_time"], "check": ANSWER}
+    assert quality.verify_episode(scene, steps, "21:00")[0] == 0.0
+    reward, out = quality.verify_episode({**scene, "relax": ["target_tools", "tool_order"]}, steps, "21:00")
+    assert (reward, out["decided_by"]) == (1.0, "check")
+    assert out["process"]["target_tools"] == {"ok": False, "detail": "no successful call of time__convert_time",
+                                              "relaxed": True}
+    assert out["process"]["tool_order"]["relaxed"] is True and "relaxed" not in out["process"]["rule_filter"]
+    with pytest.raises(quality.CheckError, match="relax must be a list of rule_filter, target_tools, tool_order"):
+        quality.verify_episode({**scene, "relax": ["check"]}, steps, "21:00")
+    with pytest.raises(quality.CheckError, match="order must be one of strict, any"):
+        quality.verify_episode({**scene, "order": "loose"}, steps, "21:00")
 
 
 def test_a_state_check_runs_its_probe_and_a_failing_probe_fails_it() -> None:

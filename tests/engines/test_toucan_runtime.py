@@ -161,15 +161,18 @@ def test_a_git_task_is_decided_by_its_state_check_in_the_sandbox(registered: Any
     assert lazy.verifier_output["tool_call_accuracy"]["missing_tools"] == ["git__git_create_branch"]
 
 
-def test_without_a_check_the_reward_is_the_target_tool_share_gated_by_the_rule_filter(registered: Any) -> None:
+def test_without_a_check_the_reward_is_the_target_tool_share_gated_by_the_rule_filter_and_the_order(
+        registered: Any) -> None:
     config = toucan("What is the newest commit message in /workspace/repo, and what time is 12:00 UTC in Tokyo?",
                     ["git", "time"], ["git__git_log", "time__convert_time"])
+    config["scene_config"]["order"] = "any"
     with scripted(config["prompt"], call("git__git_log", repo_path="/workspace/repo", max_count=1),
                   call("finish", answer="document usage")) as (_, llm):
         result = run(config, llm)
     assert (result.outcome, result.reward) == ("failure", 0.5)
     out = result.verifier_output
     assert out["method"] == "tool_accuracy_proxy" and out["tool_call_accuracy"]["order_correctness"] is False
+    assert (out["decided_by"], out["process"]["target_tools"]["ok"]) == ("target_tools", False)
     assert "document usage" in result.steps[0]["output"]
 
 

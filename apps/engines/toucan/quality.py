@@ -31,9 +31,24 @@ An answer check compares the final answer; a state check runs `probe` in the epi
 Comparisons ignore case, surrounding space and runs of whitespace; `number` looks for a number
 in the text equal to `expected` within `tolerance`.
 
-Reward: the check's 1.0 / 0.0 when the task has one. Without a check it is a PROXY: the share of
-target tools used, and 0.0 when the rule filter fails (Toucan drops such trajectories). With
-neither a check nor target tools there is no verifier (None).
+Process conditions (verifier_output["process"], the shape in docs/reviews.md: each
+{"ok", "detail"} plus "relaxed" when the task relaxed it), evaluated on every episode:
+
+    rule_filter     the rule filter passed
+    target_tools    every target tool was called at least once with a response that is not an error
+                    (response_is_error: the same test as the rule filter's)
+    tool_order      the target tools' successful calls contain the targets as an in-order
+                    subsequence; only with more than one target tool and scene_config.order
+                    "strict" (the default; "any" drops the condition)
+
+Reward with a check: 1.0 when the check passed AND every condition holds, else 0.0. Without a
+check it is a PROXY: the share of target tools called successfully, times 0 when the rule filter
+fails or the order is wrong (Toucan drops such trajectories). scene_config.relax (a list of
+"rule_filter", "target_tools", "tool_order") names conditions that do not gate this task's reward;
+they are still reported (with relaxed: true), and the review agent still fails on them.
+`decided_by` names what set the reward: the first failed gating condition in the order check,
+rule_filter, target_tools, tool_order, else "check" or "tool_accuracy_proxy". With neither a
+check nor target tools there is no verifier (None).
 """
 from __future__ import annotations
 
@@ -56,6 +71,8 @@ _ASSISTANT_ERROR = re.compile(r"\[Error", re.IGNORECASE)
 EXCLAMATION_RUN = "!" * 12
 MATCH_MODES = ("exact", "contains", "number")
 CHECK_TYPES = ("answer", "state")
+ORDERS = ("strict", "any")
+CONDITIONS = ("rule_filter", "target_tools", "tool_order")  # also the order in which they decide
 PROBE_TIMEOUT_S = 30.0
 PROBE_OUTPUT_CHARS = 4000
 _WS = re.compile(r"\s+")
@@ -81,22 +98,22 @@ def called_tools(steps: list[dict[str, Any]]) -> list[str]:
     return [s["tool"] for s in executed(steps)]
 
 
+def in_order(targets: list[str], called: list[str]) -> bool:
+    """Whether `targets` occur in `called` as an in-order subsequence."""
+    position = 0
+    for name in called:
+        if position < len(targets) and name == targets[position]:
+            position += 1
+    return position == len(targets)
+
+
 def tool_call_accuracy(target_tools: list[str], called: list[str]) -> dict[str, Any]:
     """Toucan's tool-call accuracy over exact `<server>__<tool>` names (see the module doc)."""
     targets = list(target_tools or [])
     used = [t for t in targets if t in called]
     share = len(used) / len(targets) if targets else 1.0
-    if len(targets) <= 1:
-        in_order = True
-    elif len(called) < len(targets):
-        in_order = False
-    else:
-        position = 0
-        for name in called:
-            if position < len(targets) and name == targets[position]:
-                position += 1
-        in_order = position == len(targets)
-    return {"desired_tools_used_percentage": share, "order_correctness": in_order, "target_tools": targets,
+    ordered = len(targets) <= 1 or in_order(targets, called)
+    return {"desired_tools_used_percentage": share, "order_correctness": ordered, "target_tools": targets,
             "called_tools": list(called), "missing_tools": [t for t in targets if t not in called]}
 
 
@@ -199,6 +216,44 @@ def run_check(check: dict[str, Any], final_answer: str, probe: ProbeRunner | Non
     return out
 
 
+# -- process conditions ---------------------------------------------------------------
+
+def process_options(scene: dict[str, Any]) -> tuple[str, frozenset[str]]:
+    """(order, relaxed conditions) of a task's scene_config; CheckError naming a bad value."""
+    order = scene.get("order", "strict")
+    if order not in ORDERS:
+        raise CheckError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    relax = scene.get("relax") or []
+    if not isinstance(relax, list) or any(r not in CONDITIONS for r in relax):
+        raise CheckError(f"relax must be a list of {', '.join(CONDITIONS)}, got {relax!r}")
+    return order, frozenset(relax)
+
+
+def process_conditions(scene: dict[str, Any], steps: list[dict[str, Any]], rules: dict[str, Any]) -> dict[str, Any]:
+    """The episode's process conditions ({name: {"ok", "detail", "relaxed"?}}, see the module doc)."""
+    targets = list(scene.get("target_tools") or [])
+    order, relaxed = process_options(scene)
+    good = [s["tool"] for s in executed(steps) if not response_is_error(s)]
+    conditions = {"rule_filter": {"ok": rules["passed"], "detail": "" if rules["passed"] else
+                                  f"failed rules: {', '.join(rules['failed'])}"}}
+    if targets:
+        missing = [t for t in targets if t not in good]
+        conditions["target_tools"] = {"ok": not missing, "detail": "" if not missing else
+                                      f"no successful call of {', '.join(missing)}"}
+    if len(targets) > 1 and order == "strict":
+        ok = in_order(targets, good)
+        conditions["tool_order"] = {"ok": ok, "detail": "" if ok else
+                                    f"successful calls {good} do not contain {targets} in this order"}
+    for name in relaxed & conditions.keys():
+        conditions[name]["relaxed"] = True
+    return conditions
+
+
+def failed_conditions(conditions: dict[str, Any]) -> list[str]:
+    """The conditions that fail and gate the reward (not relaxed), in CONDITIONS order."""
+    return [n for n in CONDITIONS if n in conditions and not conditions[n]["ok"] and not conditions[n].get("relaxed")]
+
+
 # -- the verifier -------------------------------------------------------------------------
 
 def verify_episode(scene: dict[str, Any], steps: list[dict[str, Any]], final_answer: str,
@@ -207,23 +262,32 @@ def verify_episode(scene: dict[str, Any], steps: list[dict[str, Any]], final_ans
     targets = list(scene.get("target_tools") or [])
     accuracy = tool_call_accuracy(targets, called_tools(steps))
     rules = rule_filter(steps, final_answer)
-    output: dict[str, Any] = {"tool_call_accuracy": accuracy, "rule_filter": rules}
+    process = process_conditions(scene, steps, rules)
+    failed = failed_conditions(process)
+    output: dict[str, Any] = {"tool_call_accuracy": accuracy, "rule_filter": rules, "process": process}
     check = scene.get("check")
     if check:
         result = run_check(check, final_answer, probe)
-        reward = 1.0 if result["passed"] else 0.0
         output.update(method="check", check=result)
         if not result["passed"]:
+            reward, output["decided_by"] = 0.0, "check"
             output["note"] = result.get("note") or f"the {result['type']} check did not match"
+        elif failed:
+            reward, output["decided_by"] = 0.0, failed[0]
+            output["note"] = f"the check passed but the process did not: {failed[0]} ({process[failed[0]]['detail']})"
+        else:
+            reward, output["decided_by"] = 1.0, "check"
     elif targets:
-        reward = accuracy["desired_tools_used_percentage"] if rules["passed"] else 0.0
+        good = {s["tool"] for s in executed(steps) if not response_is_error(s)}
+        share = sum(t in good for t in targets) / len(targets)
+        gate = [n for n in failed if n != "target_tools"]
+        reward = 0.0 if gate else share
         output.update(method="tool_accuracy_proxy",
-                      note_proxy="no task check: the reward is the share of target tools used (a proxy), "
-                                 "0 when the rule filter fails")
-        if not rules["passed"]:
-            output["note"] = f"rule filter failed: {', '.join(rules['failed'])}"
-        elif accuracy["missing_tools"]:
-            output["note"] = f"target tools not used: {', '.join(accuracy['missing_tools'])}"
+                      note_proxy="no task check: the reward is the share of target tools called successfully "
+                                 "(a proxy), 0 when the rule filter fails or the order is wrong")
+        output["decided_by"] = failed[0] if failed else "tool_accuracy_proxy"
+        if failed:
+            output["note"] = f"{failed[0]}: {process[failed[0]]['detail']}"
     else:
         output["method"] = "none"
         return None, output

@@ -16,12 +16,14 @@ the exchange (`server`, `mcp_tool`, `is_error`, `mcp_calls`). A server that dies
 an InfrastructureError: the episode ends as the platform's failure, not the agent's.
 
 verify: apps/engines/toucan/quality.py on the calls this runtime executed and the final answer
-(the task's check, else Toucan's tool-call accuracy as a proxy, with its rule filter), the state
+(the task's check AND the process conditions: the rule filter, every target tool called
+successfully, in order; without a check Toucan's tool-call accuracy as a proxy), the state
 check's probe run in the sandbox. With config `replay_of=<trajectory uuid>` the hub answers from
 that trajectory's recorded responses and starts nothing; a state check is then not re-run.
 
 scene_config (apps/engines/scenes.py): target_servers (registered names), target_tools
-(`<server>__<tool>`), check, difficulty, question_quality_assessment, generation, image.
+(`<server>__<tool>`), order (strict | any), relax, check, difficulty, question_quality_assessment,
+generation, image.
 """
 from __future__ import annotations
 
