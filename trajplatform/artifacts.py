@@ -16,6 +16,11 @@ Steps and messages reference artifacts by their hash (`{"artifact": sha, ...}`, 
 trajectory uses any more is deleted with its file once the deletion commits. Artifacts of
 episodes never stored (a worker lost mid-episode) have no use: `sweep` removes those older
 than a day. Writes here are the data plane (like log lines): no audit rows.
+
+Every image kept (PNG, JPEG, WebP, GIF) is measured from its header first
+(trajplatform.images.measure): more than IMAGE_MAX_BYTES bytes or IMAGE_MAX_PIXELS pixels, or
+bytes that are not the declared type, are refused with an ArtifactError before anything is
+written, and the stored width/height are the measured ones, not what the caller said.
 """
 from __future__ import annotations
 
@@ -90,11 +95,20 @@ def file_name(sha: str, mime: str) -> str:
 
 
 def store(data: bytes, mime: str, *, width: int | None = None, height: int | None = None) -> dict[str, Any]:
-    """Keep `data` (once per content) and return its reference for a step or a message."""
+    """Keep `data` (once per content) and return its reference for a step or a message; an image
+    is measured first and refused (ArtifactError, nothing written) past the image limits."""
+    from trajplatform import images
+
     if not isinstance(data, (bytes, bytearray)) or not data:
         raise ArtifactError("an artifact needs non-empty bytes")
     if len(data) > MAX_BYTES:
         raise ArtifactError(f"an artifact is at most {MAX_BYTES} bytes, got {len(data)}")
+    if mime in images.FORMATS:
+        try:
+            size = images.measure(bytes(data), mime)
+        except images.ImageError as exc:
+            raise ArtifactError(str(exc)) from None
+        width, height = size.width, size.height
     sha = hashlib.sha256(data).hexdigest()
     found = Artifact.objects.filter(sha256=sha).first()
     if found is not None:

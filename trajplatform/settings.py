@@ -194,6 +194,12 @@ ARTIFACTS_STORAGE_BACKEND = env_str("ARTIFACTS_STORAGE_BACKEND", "django.core.fi
 ARTIFACTS_STORAGE_OPTIONS = json.loads(env_str("ARTIFACTS_STORAGE_OPTIONS", "") or "null") or (
     {"location": str(MEDIA_ROOT / "artifacts")}
     if ARTIFACTS_STORAGE_BACKEND == "django.core.files.storage.FileSystemStorage" else {})
+# Images the platform did not make (imports, a browser's or a device's screenshots, MCP results)
+# are measured from their header before anything decodes them (trajplatform/images.py): more
+# bytes or pixels than this is refused. 20 MB is OpenAI's per-image input limit; 25 megapixels
+# holds a 5000x5000 page or any phone screen, and stays under Pillow's bomb warning (89 MP).
+IMAGE_MAX_BYTES = env_int("IMAGE_MAX_BYTES", 20_000_000)
+IMAGE_MAX_PIXELS = env_int("IMAGE_MAX_PIXELS", 25_000_000)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

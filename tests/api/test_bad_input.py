@@ -9,6 +9,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from apps.tasks.models import Batch, Task
+from tests.test_images import artifact_store, bomb_png  # noqa: F401 (artifact_store is a fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -271,3 +272,29 @@ def test_a_date_filter_with_a_far_utc_offset_is_compared_in_utc(client_as: Any, 
 def test_a_date_filter_outside_years_1_to_9999_in_utc_is_a_400(client_as: Any) -> None:
     error = _error(client_as("viewer").get("/api/v1/tasks", {"created_after": "0001-01-01T00:00:00+05:00"}), 400)
     assert "out of range" in error["message"]
+
+
+# --- images from outside (issue 36, item 1) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(30000, 30000), (12000, 12000)])
+def test_an_imported_decompression_bomb_is_a_400_naming_its_line_and_writes_nothing(
+        client_as: Any, artifact_store: Any, size: tuple[int, int]) -> None:
+    import base64
+    import json
+
+    from apps.tasks.models import Trajectory
+    from tests.datasets.test_interchange import adp_web_record
+    from trajplatform.artifacts import Artifact
+
+    record = adp_web_record()
+    bomb = "data:image/png;base64," + base64.b64encode(bomb_png(*size)).decode()
+    record["content"][7]["content"] = bomb
+    upload = SimpleUploadedFile("bomb.adp.jsonl", (json.dumps(record) + "\n").encode())
+    before = (Batch.objects.count(), Task.objects.count(), Trajectory.objects.count(), Artifact.objects.count())
+    error = _error(client_as("admin").post("/api/v1/imports/trajectories", {
+        "file": upload, "format": "adp", "outcome": "success"}, format="multipart"), 400)
+    [reason] = [e["reason"] for e in error["details"]["errors"]]
+    assert reason.startswith("bomb.adp.jsonl:1:") and "IMAGE_MAX_PIXELS" in reason
+    assert (Batch.objects.count(), Task.objects.count(), Trajectory.objects.count(), Artifact.objects.count()) == before
+    assert not [p for p in artifact_store.rglob("*") if p.is_file()]

@@ -17,7 +17,8 @@ from mcp.types import ImageContent, ResourceLink, TextContent
 NAME = sys.argv[1]
 mcp = FastMCP(NAME)
 COUNTER = {"n": 0}
-PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 24).decode()
+# A real 1x1 PNG: the artifact store measures every image it keeps and refuses bytes that are not one.
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 
 
 @mcp.tool

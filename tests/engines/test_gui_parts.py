@@ -15,6 +15,7 @@ from apps.engines.gui.server import allowed
 from apps.engines.sandboxes import SandboxSpec, SandboxSpecUnsupported, cgroups
 from apps.engines.sandboxes.base import SandboxError
 from apps.engines.sandboxes.local import LocalBackend
+from tests.test_images import png_bytes
 
 # --- the sandbox ------------------------------------------------------------------------------
 
@@ -225,7 +226,7 @@ def _trajectory() -> Any:
 def test_artifacts_are_content_addressed_deduplicated_and_deleted_with_their_last_trajectory(artifact_storage: Path) -> None:
     from trajplatform import artifacts
 
-    png = b"\x89PNG fake screenshot bytes"
+    png = png_bytes(5, 3)  # the store measures every image it keeps
     first = artifacts.store(png, "image/png", width=500, height=360)
     again = artifacts.store(png, "image/png", width=500, height=360)
     assert first == again and first["artifact"] == __import__("hashlib").sha256(png).hexdigest()
@@ -256,9 +257,9 @@ def test_artifacts_no_stored_episode_took_are_swept_after_a_day_and_the_sweep_is
 
     from trajplatform import artifacts
 
-    old = artifacts.store(b"an episode that was never stored", "image/png")
-    fresh = artifacts.store(b"an episode still running", "image/png")
-    used = artifacts.store(b"a stored episode's screenshot", "image/png")
+    old = artifacts.store(png_bytes(1, 1), "image/png")  # an episode that was never stored
+    fresh = artifacts.store(png_bytes(1, 2), "image/png")  # an episode still running
+    used = artifacts.store(png_bytes(1, 3), "image/png")  # a stored episode's screenshot
     artifacts.link_trajectories({_trajectory().pk: [[{"images": [used]}]]})
     artifacts.Artifact.objects.filter(sha256__in=[old["artifact"], used["artifact"]]).update(
         created_at=timezone.now() - timedelta(days=2))

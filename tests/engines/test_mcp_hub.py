@@ -4,6 +4,7 @@ a recorded envscaler trajectory without any server.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -138,16 +139,17 @@ def test_two_servers_behind_one_hub_calls_errors_timeouts_refusals_and_records(l
         picture = hub.call_tool("alpha__picture", {})
         # The image went to the artifact store: the step gets its ref, the model its name.
         [image] = picture.images
-        png = b"\x89PNG\r\n\x1a\n" + b"\0" * 24  # what tests/engines/mcp_test_server.py's picture returns
+        # what tests/engines/mcp_test_server.py's picture returns (a real 1x1 PNG)
+        png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
         sha = hashlib.sha256(png).hexdigest()
-        assert image == {"artifact": sha, "mime": "image/png", "bytes": 32} and artifacts.read(sha) == png
-        assert picture.output == f"a picture\n[image (image/png, 32 bytes): artifact {sha[:12]}]"
+        assert image == {"artifact": sha, "mime": "image/png", "bytes": 69} and artifacts.read(sha) == png
+        assert picture.output == f"a picture\n[image (image/png, 69 bytes): artifact {sha[:12]}]"
         assert "error" not in picture.extra
         platform_call, picture_call = picture.extra["mcp_calls"]  # the platform's call went on the next step
         assert (platform_call["tool"], platform_call["platform"]) == ("counter", True)
         (block_text, block_image) = picture_call["content"]
         assert block_text == {"type": "text", "text": "a picture"} and "data" not in block_image
-        assert block_image["bytes"] == 32 and block_image["sha256"] == block_image["artifact"] == sha
+        assert block_image["bytes"] == 69 and block_image["sha256"] == block_image["artifact"] == sha
         assert hub.call_tool("alpha__link", {}).output == \
             "[resource link report <file:///workspace/report.txt>: the report]"
         workspace = str(sandbox.workspace)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import io
 import re
 from typing import Any
 
@@ -244,9 +243,7 @@ _DATA_URL = re.compile(r"^data:(image/[a-z]+);base64,(.*)$", re.S)
 
 def _image_data(content: Any) -> Image:
     """An ADP image the importer can keep: a data: URL of a PNG, JPEG, WebP or GIF (nothing is fetched)."""
-    from PIL import Image as PilImage, UnidentifiedImageError
-
-    from trajplatform import artifacts
+    from trajplatform import artifacts, images
 
     match = _DATA_URL.match(content) if isinstance(content, str) else None
     if match is None:
@@ -258,14 +255,11 @@ def _image_data(content: Any) -> Image:
         data = base64.b64decode(match.group(2), validate=True)
     except (binascii.Error, ValueError):
         raise InterchangeError("the image's data: URL is not valid base64") from None
-    if not data or len(data) > artifacts.MAX_BYTES:
-        raise InterchangeError(f"the image has {len(data)} bytes; 1 to {artifacts.MAX_BYTES} can be stored")
-    try:
-        with PilImage.open(io.BytesIO(data)) as opened:
-            width, height = opened.size
-    except (UnidentifiedImageError, OSError):
-        raise InterchangeError(f"the image's data is not a readable {match.group(1)}") from None
-    return Image(data, match.group(1), width, height)
+    try:  # bytes and pixels bounded from the header, before anything decodes it
+        size = images.measure(data, match.group(1))
+    except images.ImageError as exc:
+        raise InterchangeError(str(exc)) from None
+    return Image(data, size.mime, size.width, size.height)
 
 
 _ADP_SOURCES = ("user_msg", "agent", "environment")

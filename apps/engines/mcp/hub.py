@@ -121,7 +121,10 @@ def keep_image(block: Any) -> dict[str, Any]:
         except (binascii.Error, ValueError):
             return record
         mime = getattr(block, "mime_type", None) or "image/png"  # mcp 2.x (mimeType is deprecated)
-        record["artifact"] = artifacts.store(raw, mime)["artifact"]
+        try:
+            record["artifact"] = artifacts.store(raw, mime)["artifact"]
+        except artifacts.ArtifactError as exc:  # too large, or not the image it says: named, not kept
+            record["not_kept"] = str(exc)
     return record
 
 
