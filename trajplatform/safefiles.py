@@ -37,6 +37,9 @@ _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.E
 class UnsafePathError(OSError):
     """A path the platform was to write or read is a link, not a regular file/directory, or not ours."""
 
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
 
 def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):

@@ -4,7 +4,10 @@ The members are exported in chunks cut at task boundaries (DPO exporters see eve
 a task together). Each finished chunk is kept in `<path>.parts/` with its line count,
 exclusions and checksum; a run that was interrupted resumes from the first missing chunk.
 The chunks are then concatenated into `<path>.tmp`, fsynced, and renamed to `<path>`: the
-destination only ever holds a complete file. Every exporter renders each record on its own
+destination only ever holds a complete file. The folder is next to a path the user gave, so
+nothing is written through a link planted there (trajplatform.safefiles): every file is created
+new (O_EXCL|O_NOFOLLOW) and renamed into place, and `<path>.parts/` must be a real directory
+owned by the exporting user, or the export fails naming it. Every exporter renders each record on its own
 (or each task group, for DPO), so the concatenation is byte-identical to a single pass.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from trajplatform.safefiles import UnsafePathError, atomic_output, open_regular, private_directory
 from trajplatform.schedules import ensure_schedule
 
 from apps.datasets import services
@@ -94,14 +98,17 @@ def _check_hashes(chunk: list[tuple[int, int, str]]) -> None:
 
 
 def _write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_output(path, force=True, mode="w", encoding="utf-8") as fh:
+        fh.write(json.dumps(payload, sort_keys=True, default=str))
 
 
-def _fsync_path(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+def _read_json(path: Path) -> Any:
+    """A JSON file of ours in the parts folder; None when it is missing or unreadable."""
+    try:
+        with open_regular(path) as fh:
+            return json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def write_export(
@@ -129,14 +136,12 @@ def write_export(
         "chunks": [hashlib.sha256(",".join(str(r[0]) for r in c).encode()).hexdigest() for c in chunks],
     }
     existing = None
-    if (parts / MANIFEST).is_file():
-        try:
-            existing = json.loads((parts / MANIFEST).read_text(encoding="utf-8"))
-        except ValueError:
-            existing = None
+    if os.path.lexists(parts):
+        private_directory(parts)  # a link or someone else's folder is refused before anything in it is read
+        existing = _read_json(parts / MANIFEST)
     if existing != manifest:
         shutil.rmtree(parts, ignore_errors=True)
-        parts.mkdir(parents=True)
+        private_directory(parts)
         _write_json_atomic(parts / MANIFEST, manifest)
 
     done_members = resumed = 0
@@ -144,9 +149,9 @@ def write_export(
     lines = 0
     for i, chunk in enumerate(chunks):
         data, meta = parts / f"{i:06d}.jsonl", parts / f"{i:06d}.json"
-        if meta.is_file() and data.is_file():
-            facts = json.loads(meta.read_text(encoding="utf-8"))
-            if data.stat().st_size == facts["bytes"]:
+        facts = _read_json(meta) if data.is_file() and not data.is_symlink() else None
+        if isinstance(facts, dict):
+            if data.stat().st_size == facts.get("bytes"):
                 resumed += 1
                 lines += facts["lines"]
                 excluded.extend(facts["excluded"])
@@ -155,13 +160,9 @@ def write_export(
                     progress(done_members, len(rows))
                 continue
         _check_hashes(chunk)
-        tmp = data.with_name(data.name + ".tmp")
-        with open(tmp, "wb") as out:
+        with atomic_output(data, force=True) as out:
             chunk_options = {**options, "start_index": lines} if _supports_start_index() else options
             result = export_records(fmt, load_records([r[0] for r in chunk]), out, options=chunk_options)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, data)
         # The meta file marks the chunk complete; written after its data is on disk.
         _write_json_atomic(meta, {"lines": result.lines, "excluded": list(result.excluded),
                                   "bytes": data.stat().st_size})
@@ -173,17 +174,15 @@ def write_export(
 
     digest = hashlib.sha256()
     size = 0
-    tmp_final = path.with_name(path.name + ".tmp")
-    with open(tmp_final, "wb") as out:
+    # force: export_start refused an existing file unless asked; whatever is at `path` now (a
+    # link planted since) is replaced by the rename, never written through.
+    with atomic_output(path, force=True) as out:
         for i in range(len(chunks)):
-            with open(parts / f"{i:06d}.jsonl", "rb") as src:
+            with open_regular(parts / f"{i:06d}.jsonl") as src:
                 while block := src.read(COPY_BUFFER):
                     digest.update(block)
                     size += len(block)
                     out.write(block)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp_final, path)
     shutil.rmtree(parts, ignore_errors=True)
     return {"sha256": digest.hexdigest(), "lines": lines, "bytes": size, "members": len(rows),
             "excluded": excluded, "resumed_chunks": resumed}
@@ -202,7 +201,7 @@ def export_run(job_id: int, *, progress: ExportProgress | None = None) -> Export
     try:
         facts = write_export(version=job.version, fmt=job.format, split=job.split, path=Path(job.path),
                              progress=progress)
-    except DatasetError as exc:
+    except (DatasetError, UnsafePathError) as exc:
         return services.export_fail(job=job, error=str(exc))
     except KeyboardInterrupt:
         services.export_fail(job=job, error="interrupted; finished chunks are kept and a re-run resumes from them")

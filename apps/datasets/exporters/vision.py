@@ -29,6 +29,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trajplatform.safefiles import atomic_output, private_directory
+
 from .chat import RenderError, dumps_compact, function_specs, parse_arguments, validate_tools
 
 IMAGE_MODES = ("files", "base64")
@@ -116,11 +118,12 @@ class ImageSink:
         assert self.directory is not None
         name = Path(artifact.name).name
         target = self.directory / name
-        if not target.exists():  # content-addressed: an existing file holds these bytes
-            self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
-            tmp.write_bytes(artifacts.read(sha))
-            os.replace(tmp, target)
+        # The folder sits next to the user's output path: a link planted as the folder or in it is
+        # refused (UnsafePathError fails the export) or replaced, never written through.
+        private_directory(self.directory, parents=True)
+        if not (target.is_file() and not target.is_symlink()):  # content-addressed: a file holds these bytes
+            with atomic_output(target, force=True, tmp=target.with_name(f".{name}.{os.getpid()}.tmp")) as fh:
+                fh.write(artifacts.read(sha))
         return f"{self.directory.name}/{name}"
 
 
