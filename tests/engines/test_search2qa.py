@@ -79,9 +79,12 @@ def test_a_pair_that_passes_every_gate_gets_reward_one_with_each_gate_listed() -
     out = result.verifier_output
     assert [g["name"] for g in out["gates"]] == ["evolution", "answer_not_in_question", "short_answer",
                                                  "evidence_opened", "evidence_quotes", "distinct_pages",
-                                                 "no_tool_fails"]
+                                                 "answer_in_evidence", "no_tool_fails"]
     assert all(g["passed"] and g["reason"] for g in out["gates"])
-    assert out["passed"] == out["total"] == 7 and out["failed"] == []
+    assert out["passed"] == out["total"] == 8 and out["failed"] == []
+    assert gates(result)["answer_in_evidence"]["pages"] == [ADA]
+    assert out["process"] == {"sources_opened": {"ok": True, "detail": "", "relaxed": False},
+                              "answer_in_sources": {"ok": True, "detail": "", "relaxed": False}}
     # The last round's pair is the product; each round is kept with the pages it opened.
     assert out["qa"]["question"] == EVOLVED and out["qa"]["answer"] == "1983"
     assert [r["stage"] for r in out["rounds"]] == ["explore", "evolve"]
@@ -126,7 +129,7 @@ def test_a_quote_from_a_page_never_opened_fails_the_evidence_gates() -> None:
 
 def test_a_quote_the_page_does_not_contain_fails_even_when_the_page_was_opened() -> None:
     seed = "tiny misquote"
-    made_up = qa(evidence=[EVIDENCE[0], {"url": ADA, "quote": "Ada became an ISO standard in the spring of 1983"}])
+    made_up = qa(evidence=[EVIDENCE[0], {"url": ADA, "quote": "Ada became a standard in the spring of 1983"}])
     result = factory(seed, [explore("[s2q] explore the seed tiny misquote", made_up), no_tool(seed, "1980")])
     g = gates(result)
     assert g["evidence_opened"]["passed"]
@@ -166,6 +169,38 @@ def test_quote_matching_is_fuzzy_but_not_a_paraphrase() -> None:
     assert G.exact_match("the TMRC.", ["TMRC"]) and not G.exact_match("", ["TMRC"])
     assert G.covers("It was the TMRC, at MIT.", ["TMRC"]) and not G.covers("TMRCie", ["TMRC"])
     assert G.short_answer({"answer": " ".join(["word"] * 13)}, 12)["passed"] is False
+
+
+def test_a_quote_whose_year_or_name_was_changed_does_not_occur_however_close_its_wording() -> None:
+    page = "Ada is a structured, statically typed language, first standardised in\n1983 (Ada 83). Named after Ada Lovelace."
+    year = "Ada is a structured, statically typed language, first standardised in 1984"
+    assert G.quote_match(year, page) == (pytest.approx(0.993, abs=1e-3), ["1984"])  # the wording alone passes
+    assert G.quote_score(year, page) == 0.0
+    assert G.quote_match("named after Ada Byron", page)[1] == ["Byron"]
+    # Whitespace and punctuation stay fuzzy, on the key tokens too.
+    assert G.quote_match("Ada is a structured statically-typed language first standardised in 1,983", page)[1] == []
+    assert G.quote_match("(Ada 83), named after Ada-Lovelace", page)[1] == []
+    assert G.key_tokens("In 1983 “Ada” was named, after Lovelace's notes.") == ["In", "1983", "“Ada”", "Lovelace's"]
+
+
+def test_the_leak_and_coverage_checks_fold_possessives_and_punctuation() -> None:
+    assert not G.answer_not_in_question({"question": "Which language did Alan Kay's team build?",
+                                         "answer": "Alan Kay"})["passed"]
+    assert not G.answer_not_in_question({"question": "What happened on 2019-05-03?", "answer": "2019"})["passed"]
+    assert not G.answer_not_in_question({"question": "Who wrote `PEP 680`?", "answer": "PEP 680"})["passed"]
+    assert G.answer_not_in_question({"question": "Which language did his team build?", "answer": "Alan Kay"})["passed"]
+    assert G.covers("The reply: Alan Kay’s.", ["Alan Kay"]) and not G.covers("Kayak", ["Kay"])
+
+
+def test_answer_in_evidence_reads_the_opened_evidence_pages_only() -> None:
+    pages = {ADA: "first standardised in 1983", LOVELACE: "Ada Lovelace"}
+    pair = qa(answer="1983")
+    ok = G.answer_in_evidence(pair, [ADA, LOVELACE], pages.get)
+    assert ok["passed"] and ok["pages"] == [ADA]
+    unopened = G.answer_in_evidence(pair, [LOVELACE], pages.get)
+    assert not unopened["passed"] and unopened["reason"] == (
+        "no opened evidence page (1 checked) contains the answer '1983' or an alias")
+    assert G.answer_in_evidence({**pair, "answer": "1995", "aliases": ["1983"]}, [ADA], pages.get)["passed"]
 
 
 def uniqueness(seed: str, unique: bool, reason: str) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def test_a_verified_pair_becomes_a_deep_search_task_with_the_passing_solver_run_
     out = factory.verifier_output
     assert [g["name"] for g in out["gates"] if g["passed"]] == [
         "answer_not_in_question", "short_answer", "evidence_opened", "evidence_quotes", "distinct_pages",
-        "no_tool_fails", "tool_solver_passes"]
+        "answer_in_evidence", "no_tool_fails", "tool_solver_passes"]
     emitted = out["emitted"]
     assert emitted["batch"] == "s2q-qa" and emitted["created"] is True
 

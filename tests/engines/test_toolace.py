@@ -233,6 +233,10 @@ def test_a_missing_parameter_is_asked_for_and_the_episode_is_rewarded_by_check_a
     assert asked["output"] == "The amount is 23.4." and asked["revealed_facts"] == ["amount"]
     rules = result.verifier_output["rules"]
     assert all(r["passed"] for r in rules.values()) and rules["expected_calls"]["coverage"] == 1.0
+    assert result.verifier_output["process"] == {
+        name: {"ok": True, "relaxed": False, "detail": ""}
+        for name in ("rule_filter", "asked_before_use", "target_tools")}  # one expected call: no order
+    assert result.verifier_output["decided_by"] == "check"
     assert [t["function"]["name"] for t in result.tools] == [
         "create_report", "add_expense", "get_report", "list_reports", "submit_report", "ask_user", "finish"]
 
@@ -286,6 +290,8 @@ def test_a_hidden_value_used_before_the_user_gave_it_scores_zero_though_the_chec
     assert verifier["check_reward"] == 1.0 and result.reward == 0.0
     assert verifier["failed_rules"] == ["hidden_params", "grounding"]
     assert verifier["note"].startswith("hard rule hidden_params failed: step 0 (add_expense) uses amount=")
+    assert verifier["decided_by"] == "hidden_params" and not verifier["process"]["asked_before_use"]["ok"]
+    assert verifier["process"]["asked_before_use"]["detail"].endswith("before the user gave it")
 
 
 def test_composed_free_text_is_grounded_by_its_values_not_its_wording() -> None:

@@ -9,9 +9,16 @@ to the agent as the tool's result. No sandbox: the corpus backend queries SQLite
 and the live one fetches from it (no agent code runs).
 
 Answer mode (default): reward = EM (Search-R1 normalisation) of the answer against
-`expected_answer` + `aliases`, times `sources_ok` when `require_sources` (default true):
-every cited URL exists and was read in this episode (its own open / browse steps and its explore
-sub-episodes'). F1 stays in verifier_output as partial credit. No expected answer: no reward.
+`expected_answer` + `aliases`, gated by two process conditions (verifier_output["process"]):
+`sources_opened` — at least one URL cited, and every cited URL exists and was read in this
+episode (its own open / browse steps and its explore sub-episodes'); gates the reward unless
+`require_sources: false` — and `answer_in_sources` — the answer (or an alias) occurs in the text
+of a cited page that was opened (verify.contains_answer); gates the reward unless
+`require_sources: false` or `require_answer_in_sources: false` (an answer computed from the
+pages, e.g. a difference of two years). A relaxed condition is still reported, `relaxed: true`.
+`sources_ok` is `sources_opened`'s verdict. F1 stays in verifier_output as partial credit. No
+expected answer: no reward. `decided_by` names what set the reward: `exact_match` or the first
+failed condition.
 
 Report mode (`output: report`): `finish(report, sources)`; deterministic checks — at least
 `report.min_sources` sources cited (default 1), every cited page opened, `min_words` <= length
@@ -153,8 +160,12 @@ class DeepSearchRuntime(SceneRuntime):
         web = web_toolset(config, steps=steps)  # knows the live pages its explore sub-episodes fetched too
         golds = [g for g in [sc.get("expected_answer") or "", *(sc.get("aliases") or [])] if g.strip()]
         sources = check_sources(cited, opened, web.page_text, golds)
-        cited_ok = all(s["opened"] and s["exists"] for s in sources)
-        output: dict[str, Any] = {"opened": sorted(opened), "sources": sources}
+        unread = [s["url"] for s in sources if not (s["opened"] and s["exists"])]
+        cited_ok = not unread
+        process: dict[str, dict[str, Any]] = {"sources_opened": _condition(
+            bool(sources) and cited_ok, "no source cited" if not sources else
+            f"cited but never opened in this episode (or no such page): {', '.join(unread[:3])}")}
+        output: dict[str, Any] = {"opened": sorted(opened), "sources": sources, "process": process}
         if _report_mode(config):
             report = {**REPORT_DEFAULTS, **(sc.get("report") or {})}
             words = word_count(final_answer)
@@ -164,8 +175,11 @@ class DeepSearchRuntime(SceneRuntime):
                 "length_ok": int(report["min_words"]) <= words <= int(report["max_words"]),
             }
             passed = all(checks.values())
+            if not sources and int(report["min_sources"]) == 0:
+                process.pop("sources_opened")  # nothing to cite, nothing to have opened
             output.update(mode="report", words=words, bounds=report, checks=checks,
-                          passed=sum(checks.values()), total=len(checks), reward=1.0 if passed else 0.0)
+                          passed=sum(checks.values()), total=len(checks), reward=1.0 if passed else 0.0,
+                          decided_by=next((k for k, v in checks.items() if not v), "checks"))
             if not passed:
                 output["note"] = "failed: " + ", ".join(k for k, v in checks.items() if not v)
             return output["reward"], output
@@ -174,21 +188,30 @@ class DeepSearchRuntime(SceneRuntime):
             return None, output
         require = bool(sc.get("require_sources", True))
         em = exact_match(final_answer, golds)
-        sources_ok = bool(sources) and cited_ok
-        reward = float(em) * (float(sources_ok) if require else 1.0)
+        process["sources_opened"]["relaxed"] = not require
+        supporting = [s["url"] for s in sources if s["opened"] and s["exists"] and s["contains_answer"]]
+        process["answer_in_sources"] = _condition(
+            bool(supporting), f"no opened page cited holds {golds[0]!r} (or an alias)",
+            relaxed=not (require and sc.get("require_answer_in_sources", True)))
+        failed = [name for name, c in process.items() if not c["ok"] and not c["relaxed"]]
+        reward = 1.0 if em and not failed else 0.0
         output.update(
             mode="answer", em=float(em), f1=token_f1(final_answer, golds),
             normalized_answer=normalize_answer(final_answer), normalized_expected=[normalize_answer(g) for g in golds],
-            sources_ok=sources_ok, require_sources=require, reward=reward,
+            sources_ok=process["sources_opened"]["ok"], require_sources=require,
+            decided_by="exact_match" if not em or not failed else failed[0], reward=reward,
             passed=int(reward == 1.0), total=1,
         )
         if reward != 1.0:
             why = [] if em else [f"the answer does not match {golds[0]!r} (or an alias)"]
-            if require and not sources_ok:
-                why.append("no source cited" if not sources else
-                           "a cited page was not opened in this episode (or does not exist)")
+            why += [process[name]["detail"] for name in failed]
             output["note"] = "; ".join(why)
         return reward, output
+
+
+def _condition(ok: bool, detail: str, *, relaxed: bool = False) -> dict[str, Any]:
+    """One process condition, in the shape every scene's verifier_output["process"] uses."""
+    return {"ok": bool(ok), "detail": "" if ok else detail[:300], "relaxed": bool(relaxed)}
 
 
 def _finish_args(steps: list[dict[str, Any]]) -> dict[str, Any]:

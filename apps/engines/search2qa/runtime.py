@@ -8,8 +8,9 @@ same loop (`current_episode().run_subepisode`, apps/engines/runtime.py), in this
 1. evolve x max_evolutions: a sub-episode (web tools + `evolve_qa`) per round, long-to-short;
    a round that ends without `evolve_qa` or changes the answer fails the `evolution` gate;
 2. the code gates on the last pair (apps/engines/search2qa/gates.py): answer not in the
-   question, every evidence url opened during the run (explore and evolve rounds), every quote
-   in its page (fuzzy >= quote_match), >= min_sources distinct pages, a short answer;
+   question, a short answer, every evidence url opened during the run (explore and evolve
+   rounds), every quote in its page (fuzzy >= quote_match, its numbers and names exactly),
+   >= min_sources distinct pages, the answer in an opened evidence page;
 3. optional `uniqueness`: a no-tool sub-episode that judges whether the answer is unique;
 4. difficulty (`difficulty_check`): `no_tool`: a sub-episode with only `answer` must miss the
    answer (normalised exact match); `full`: also a deep_search sub-episode (the deep_search
@@ -181,13 +182,21 @@ class Factory:
             "seed": self.seed, "qa_mode": self.s["qa_mode"], "qa": qa, "rounds": self.rounds,
             "gates": self.gates, "passed": sum(g["passed"] for g in self.gates), "total": len(self.gates),
             "failed": [g["name"] for g in self.gates if not g["passed"]], "stages": self.stages,
-            "opened": sorted(self.opened), "difficulty_check": mode,
+            "opened": sorted(self.opened), "difficulty_check": mode, "process": self._process(),
         }
         if reward == 1.0 and self.s["emit"]:
             output["emitted"] = E.emit_task(self.config, self._item(qa), solver, self.gates)
         elif reward < 1.0:
             output["note"] = "gates failed: " + ", ".join(output["failed"])
         return reward, output
+
+    def _process(self) -> dict[str, dict[str, Any]]:
+        """The evidence gates as the process conditions every scene reports."""
+        by_name = {g["name"]: g for g in self.gates}
+        return {condition: {"ok": by_name[name]["passed"], "relaxed": False,
+                            "detail": "" if by_name[name]["passed"] else by_name[name]["reason"][:300]}
+                for condition, name in (("sources_opened", "evidence_opened"), ("answer_in_sources", "answer_in_evidence"))
+                if name in by_name}
 
     def _all_passed(self) -> bool:
         return all(g["passed"] for g in self.gates)
@@ -227,13 +236,21 @@ class Factory:
         # With the steps so far (explore's and the evolve rounds'), a live backend reads the pages
         # those runs fetched from their records, not from the web again.
         web = web_toolset(self.config, steps=self.ctx.all_steps)
-        scored = G.score_quotes(qa, self.opened, web.page_text)
+        pages: dict[str, str | None] = {}
+
+        def page_text(url: str) -> str | None:
+            if url not in pages:
+                pages[url] = web.page_text(url)
+            return pages[url]
+
+        scored = G.score_quotes(qa, self.opened, page_text)
         self.gates += [
             G.answer_not_in_question(qa),
             G.short_answer(qa, int(self.s["max_answer_words"])),
             G.evidence_opened(qa, self.opened),
             G.evidence_quotes(scored, threshold),
             G.distinct_pages(scored, threshold, int(self.s["min_sources"])),
+            G.answer_in_evidence(qa, self.opened, page_text),
         ]
         return self._all_passed()
 

@@ -6,7 +6,9 @@
   `error_kind` on the step).
 * `known_tools`: no call named a tool the episode did not offer.
 * `hidden_params`: each hidden parameter's value (the task's `missing_params`, valued in
-  `user_facts`) is used in a call only after an `ask_user` step whose answer contained it.
+  `user_facts`) is used in a call only in a later assistant turn than an `ask_user` step whose
+  answer contained it: a call made in the same turn as the ask_user (parallel calls of one reply)
+  was written before the answer came back, so the value was guessed, not obtained.
 * `grounding` (ToolACE's hallucination check done in code): every string / number argument value
   appears in the prompt, a user turn, an earlier tool output (the simulated user's answers
   included), or the tool's own schema (an enum member or default). Case-insensitive; numbers
@@ -132,17 +134,22 @@ def check_rules(config: dict[str, Any], steps: list[dict[str, Any]], messages: l
     unknown = [f"step {s['index']}: {s.get('tool')!r}" for s in steps if s.get("error_kind") == "unknown_tool"]
     rules["known_tools"] = {"passed": not unknown, "detail": "; ".join(unknown)}
 
-    # hidden parameters: revealed by an ask_user answer before first use
-    revealed: set[str] = set()
+    # hidden parameters: revealed by an ask_user answer in an earlier turn than the first use
+    revealed: dict[str, int] = {}  # fact name -> the turn whose ask_user answer gave it first
     early: list[str] = []
     for step in steps:
+        turn = int(step.get("turn") or 0)
         if step.get("tool") == ASK_USER and succeeded(step):
             output = str(step.get("output") or "").lower()
-            revealed.update(f.name for f in hidden if f.name in (step.get("revealed_facts") or [])
-                            or f.text.lower() in output)
+            for f in hidden:
+                if f.name in (step.get("revealed_facts") or []) or f.text.lower() in output:
+                    revealed.setdefault(f.name, turn)
         elif step.get("tool") not in NOT_CALLS:
-            early += [f"step {step['index']} ({step.get('tool')}) uses {f.name}={f.text!r} before the user gave it"
-                      for f in hidden if f.name not in revealed and _uses(step.get("arguments"), f.value)]
+            for f in hidden:
+                if _uses(step.get("arguments"), f.value) and not revealed.get(f.name, turn) < turn:
+                    when = ("in the same turn as the ask_user that asked for it" if f.name in revealed
+                            else "before the user gave it")
+                    early.append(f"step {step['index']} ({step.get('tool')}) uses {f.name}={f.text!r} {when}")
     rules["hidden_params"] = {"passed": not early, "detail": "; ".join(early)}
 
     # grounding: walk the conversation; the n-th assistant message made the steps of turn n

@@ -18,7 +18,8 @@ and `mode`:
 
 verify: the check function on the final state (envscaler's), then the hard rules of rules.py on
 the stored steps; the reward is the check's when every rule holds, else 0.0 with the rule named
-(`note`, `failed_rules`; every verdict under `rules`).
+(`note`, `failed_rules`, `decided_by`; every verdict under `rules`, and the process conditions —
+`rule_filter`, `asked_before_use`, `target_tools`, `tool_order` — under `process`).
 """
 from __future__ import annotations
 
@@ -310,5 +311,29 @@ class ToolAceRuntime(EnvScalerRuntime):
         elif reward is None:
             reward = 1.0  # no check function: the rules alone decide
         output.update(rules=rules, failed_rules=failed, check_reward=check_reward, reward=reward,
-                      passed=1 if reward == 1.0 else 0, total=1, method="check_func+rules")
+                      passed=1 if reward == 1.0 else 0, total=1, method="check_func+rules",
+                      process=process_conditions(scene, rules),
+                      decided_by=failed[0] if failed else "check" if check_reward is not None else "rules")
         return reward, output
+
+
+def process_conditions(scene: dict[str, Any], rules: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The hard rules as the process conditions every scene reports (verifier_output["process"]);
+    a condition the task does not call for (no hidden values, no expected calls) is absent."""
+    def condition(*names: str) -> dict[str, Any]:
+        bad = [n for n in names if not rules[n]["passed"]]
+        return {"ok": not bad, "relaxed": False,
+                "detail": "; ".join(f"{n}: {rules[n]['detail']}" for n in bad)[:300]}
+
+    process = {"rule_filter": condition("schema_valid", "known_tools", "grounding")}
+    if scene.get("missing_params"):
+        process["asked_before_use"] = condition("hidden_params")
+    expected = scene.get("expected_calls") or []
+    if expected:
+        calls = rules["expected_calls"]
+        process["target_tools"] = {"ok": calls["coverage"] == 1.0, "relaxed": False,
+                                   "detail": "" if calls["coverage"] == 1.0 else calls["detail"][:300]}
+        if len(expected) > 1 and scene.get("task_type") != "parallel":
+            process["tool_order"] = {"ok": calls["order_correct"], "relaxed": False, "detail": "" if
+                                     calls["order_correct"] else "the expected calls were made out of order"}
+    return process
