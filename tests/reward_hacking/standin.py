@@ -4,8 +4,8 @@ scripted call to a tool the request did not offer.
 The offline model (apps.engines.offline_model) answers such a script with HTTP 400, which keeps
 demos honest but hides what the platform does with the call. A twin that calls a tool which does
 not exist needs the call to reach the loop, so this model offers every tool its scripts name
-before the offline model's own logic runs; the request as sent stays in `model.requests`, and
-each call it played that the request did not offer is listed in `model.unoffered`.
+before the offline model's own logic runs; each call it played that the request did not offer is
+listed in `model.unoffered`.
 """
 from __future__ import annotations
 
@@ -25,20 +25,23 @@ from apps.engines.llm import LLMClient, Provider
 
 
 class PermissiveScriptedModel(ScriptedModel):
-    """ScriptedModel that plays calls to tools the request does not offer (see the module docstring)."""
+    """ScriptedModel that plays calls to tools the request does not offer (see the module docstring): each
+    request's `tools` get an entry for every tool name the scripts call, before the offline model
+    answers it (so `requests` records the widened list)."""
 
     def __init__(self, scripts: Iterable[Script] = (), **kw: Any):
         super().__init__(scripts, **kw)
         self.unoffered: list[str] = []
 
-    def _answer(self, body: dict[str, Any], faults: dict[str, Any]) -> Any:
-        offered = set(_offered_tools(body.get("tools")))
+    def chat(self, body: Any, headers: dict[str, str]) -> Any:
+        tools = body.get("tools") if isinstance(body, dict) else None
+        offered = set(_offered_tools(tools))
         named = {c.name for s in self.registry.by_hash.values() for step in s.steps for c in step.tool_calls}
         missing = sorted(named - offered)
         if missing:
             extra = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in missing]
-            body = {**body, "tools": [*(body.get("tools") or []), *extra]}
-        reply = super()._answer(body, faults)
+            body = {**body, "tools": [*(tools or []), *extra]}
+        reply = super().chat(body, headers)
         for choice in reply.body.get("choices", []):
             for c in choice["message"].get("tool_calls") or []:
                 if c["function"]["name"] not in offered:
