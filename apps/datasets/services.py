@@ -511,11 +511,17 @@ def export_start(
     _require(actor, EXPORT_PERMISSION, "exporting a dataset version")
     exporter = check_exportable(version, fmt, split)
     in_export_dir = out_path is None
-    path = Path(out_path).expanduser().resolve() if out_path is not None else export_path(version, fmt, split)
+    if out_path is None:
+        path = export_path(version, fmt, split)
+    else:
+        # The folder is resolved, the file name is not: a link planted at the name is replaced by
+        # the export (with force), never followed to overwrite its target.
+        given = Path(out_path).expanduser()
+        path = given.parent.resolve() / given.name
     if not in_export_dir:
         if path.is_dir():
             raise ExportError(f"{path} is a directory; give a file path")
-        if path.exists() and not force:
+        if (path.exists() or path.is_symlink()) and not force:
             raise ExportError(f"{path} already exists; pass --force to overwrite it")
         if not path.parent.is_dir():
             raise ExportError(f"directory {path.parent} does not exist")

@@ -107,3 +107,20 @@ def test_dataset_export_without_force_still_refuses_an_existing_file(version: An
         call_command("dataset_export", "hardening", "--format", "sft-openai", "--out", str(out), "--no-progress",
                      stdout=io.StringIO(), stderr=io.StringIO())
     assert out.read_text() == "mine\n"
+
+
+def test_a_link_planted_at_out_is_refused_and_with_force_replaced_never_followed(
+        version: Any, tmp_path: Path, victim: Path) -> None:
+    out = tmp_path / "train.jsonl"
+    os.symlink(tmp_path / "nowhere.jsonl", out)  # dangling: out "does not exist", yet something is there
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("dataset_export", "hardening", "--format", "sft-openai", "--out", str(out), "--no-progress",
+                     stdout=io.StringIO(), stderr=io.StringIO())
+    assert not (tmp_path / "nowhere.jsonl").exists()
+    out.unlink()
+    os.symlink(victim, out)
+    call_command("dataset_export", "hardening", "--format", "sft-openai", "--out", str(out), "--force",
+                 "--no-progress", stdout=io.StringIO(), stderr=io.StringIO())
+    assert victim.read_text() == "ssh-ed25519 AAAA precious\n"
+    assert not out.is_symlink() and len(out.read_text().splitlines()) == 3
+    assert ExportJob.objects.get().path == str(out)
