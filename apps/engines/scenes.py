@@ -208,6 +208,7 @@ SCENES: dict[str, Scene] = {
                         "type": "object", "required": ["type"],
                         "properties": {"type": {"enum": ["shell", "content", "ui", "answer"]}}}},
                     "expect_status": {"enum": ["complete", "infeasible"]},
+                    "provenance": {"type": "boolean"},  # numbers typed or answered must have been shown
                     "vision": {"type": "boolean"},
                     "tags": _STR_LIST,
                 },

@@ -109,7 +109,9 @@ TASKS = [
           act("finish", status="complete", summary="Alarm set for 07:30.")]),
     task("calc-37x36", "Use the calculator to compute 37 × 36 and tell me the result.",
          [{"type": "answer", "expected": "1332", "match": "number"},
-          {"type": "ui", "resource_id": f"{CALC}:id/result", "attr": "text", "expect": {"equals": "1332"}}],
+          {"type": "ui", "resource_id": f"{CALC}:id/result", "attr": "text", "expect": {"equals": "1332"}},
+          # The calculator computed it: 1332 typed in and "=" shows the same result.
+          {"type": "ui", "resource_id": f"{CALC}:id/formula", "attr": "text", "expect": {"in": ["37×36", "36×37"]}}],
          [act("open_app", app_name="Calculator"),
           act("click", on={"text": "3"}), act("click", on={"text": "7"}), act("click", on={"desc": "multiply"}),
           act("click", on={"text": "3"}), act("click", on={"text": "6"}), act("click", on={"desc": "equals"}),

@@ -25,12 +25,18 @@ state after the step. The first screen is the initial observation.
 
 verify: checks.py (shell, content, ui, answer; all must pass) through the same channel, and the
 finish status must be the task's `expect_status` (default complete; an infeasible task passes
-only when the agent finishes it as infeasible).
+only when the agent finishes it as infeasible). A process condition decides too (`provenance`,
+default on; a task sets `"provenance": false` when the agent is meant to compute numbers of its
+own): every number the agent typed (input_text) or answered must appear in the task's prompt or
+in the text of a screen it was shown before that action; a phone number typed into a note before
+Contacts was ever opened, or an answer given without the screen that shows it, scores 0
+(`verifier_output.provenance` lists the values and why).
 """
 from __future__ import annotations
 
 import copy
 import os
+import re
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -158,6 +164,13 @@ class _Live:
     settle_s: float = 0.0
     ime: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    # The provenance condition's record: the text of every screen shown to the agent, in order, and
+    # each value it typed or answered with the number of screens it had seen by then.
+    seen: list[str] = field(default_factory=list)
+    produced: list[dict[str, Any]] = field(default_factory=list)
+
+    def produce(self, tool: str, text: str) -> None:
+        self.produced.append({"tool": tool, "text": text, "screens_seen": len(self.seen)})
 
     def label(self) -> dict[str, Any]:
         out = {"mode": self.mode, "simulated": self.mode == "simulated", **self.info}
@@ -306,6 +319,7 @@ class MobileRuntime(SceneRuntime):
         if live.settle_s:
             time.sleep(live.settle_s)
         live.screen = live.channel.observe()
+        live.seen.append("\n".join(f"{e.text}\n{e.desc}" for e in live.screen.elements))
         return live.screen
 
     @staticmethod
@@ -374,6 +388,7 @@ class MobileRuntime(SceneRuntime):
             except ValueError as exc:
                 raise ToolError(str(exc)) from None
             action.update(text=text, clear=bool(args.get("clear")), method=how)
+            live.produce("input_text", text)
             done = f"Typed {text!r}"
         elif name == "scroll":
             direction = args["direction"]
@@ -421,6 +436,7 @@ class MobileRuntime(SceneRuntime):
             done = f"Waited {seconds:g} s"
         elif name == "answer":
             live.answer = str(args["text"])
+            live.produce("answer", live.answer)
             return ToolResult(output=f"Answer recorded: {live.answer}", duration_ms=_ms(started),
                               extra={"action": {"type": "answer", "text": live.answer}, "device_mode": live.mode})
         else:
@@ -481,9 +497,32 @@ class MobileRuntime(SceneRuntime):
             reward = 1.0 if status_ok and all(r["passed"] for r in results) else 0.0
             if not status_ok:
                 output["note"] = f"finished as {live.status or 'nothing'!r}, the task expects {expected_status!r}"
+            if scene.get("provenance", True):
+                output["provenance"] = provenance(str(config.get("prompt") or ""), live.seen, live.produced)
+                if not output["provenance"]["passed"]:
+                    reward = 0.0
+                    unseen = output["provenance"]["unseen"][0]
+                    output.setdefault("note", f"{unseen['tool']} {unseen['text']!r} uses {', '.join(unseen['numbers'])}, "
+                                              "which neither the task nor any screen shown before it gave")
             return reward, output
         finally:
             live.stop()
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def provenance(prompt: str, seen: list[str], produced: list[dict[str, Any]]) -> dict[str, Any]:
+    """The provenance condition (see the module docstring): each produced value's numbers (digit
+    runs) must be digit runs of the prompt or of a screen seen before it was produced."""
+    known = set(_NUMBER.findall(prompt))
+    unseen = []
+    for item in produced:
+        shown = known.union(*(_NUMBER.findall(text) for text in seen[:item["screens_seen"]]))
+        missing = [n for n in _NUMBER.findall(item["text"]) if n not in shown]
+        if missing:
+            unseen.append({"tool": item["tool"], "text": item["text"][:200], "numbers": missing})
+    return {"passed": not unseen, "checked": len(produced), "unseen": unseen}
 
 
 def _app(name: str) -> tuple[str, str]:
