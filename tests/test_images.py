@@ -113,3 +113,46 @@ def test_an_mcp_image_that_is_not_kept_is_named_with_the_reason() -> None:
     record = keep_image(block)
     assert "artifact" not in record and "IMAGE_MAX_PIXELS" in record["not_kept"]
     assert "not kept" in render([record])[0]
+
+
+class _Response:
+    is_error = False
+
+    def __init__(self, payload: dict[str, Any]):
+        self.text = __import__("json").dumps(payload)
+
+
+class _BrowserHub:
+    """Answers platform_observe as the gui MCP server does: a screenshot file in the sandbox."""
+    replaying = False
+
+    def call_platform(self, server: str, tool: str, args: dict[str, Any]) -> _Response:
+        return _Response({"url": "http://127.0.0.1/", "title": "t", "screenshot": "/tmp/shot.png",
+                          "width": 500, "height": 360})
+
+
+class _Sandbox:
+    def __init__(self, data: bytes):
+        self.data, self.asked = data, []
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        self.asked.append(max_bytes)
+        return self.data[:max_bytes] if max_bytes is not None else self.data
+
+
+@pytest.mark.django_db
+def test_a_browser_screenshot_past_the_limits_is_named_on_the_step_and_not_stored(
+        artifact_store: Path, settings: Any) -> None:
+    from apps.engines.gui.runtime import GuiRuntime, _Live
+
+    runtime, live = GuiRuntime(), _Live(hub=_BrowserHub())  # type: ignore[arg-type]
+    sandbox = _Sandbox(bomb_png(30000, 30000))
+    observed = runtime._observe(sandbox, live)  # type: ignore[arg-type]
+    assert "screenshot" not in observed and "IMAGE_MAX_PIXELS" in observed["observe_error"]
+    settings.IMAGE_MAX_BYTES = 1000
+    sandbox = _Sandbox(b"\x89PNG" + b"\0" * 5000)
+    observed = runtime._observe(sandbox, live)  # type: ignore[arg-type]
+    assert sandbox.asked == [1001] and "IMAGE_MAX_BYTES" in observed["observe_error"]
+    ok = runtime._observe(_Sandbox(png_bytes(50, 36)), live)  # type: ignore[arg-type]
+    assert (ok["screenshot"]["width"], ok["screenshot"]["height"]) == (50, 36)  # measured, not the server's word
+    assert artifacts.Artifact.objects.count() == 1 and len(_files(artifact_store)) == 1

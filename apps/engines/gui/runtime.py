@@ -232,9 +232,11 @@ class GuiRuntime(SceneRuntime):
         path = observed.get("screenshot")
         if path:
             try:
-                data = sandbox.read_file(path)
+                data = sandbox.read_file(path, max_bytes=settings.IMAGE_MAX_BYTES + 1)
                 out["screenshot"] = artifacts.store(data, "image/png", width=observed.get("width"),
                                                     height=observed.get("height"))
+            except artifacts.ArtifactError as exc:  # past IMAGE_MAX_BYTES / IMAGE_MAX_PIXELS: named, not kept
+                out["observe_error"] = f"the screenshot was not kept: {exc}"
             except SandboxFileNotFound:
                 if not live.hub.replaying:
                     raise InfrastructureError(f"the browser's screenshot {path} is missing from the sandbox") from None
