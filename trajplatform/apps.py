@@ -36,6 +36,8 @@ class TrajplatformConfig(AppConfig):
     verbose_name = "Platform"
 
     def ready(self) -> None:
+        from trajplatform import checks  # noqa: F401  (registers the deploy checks)
+
         post_migrate.connect(_sync_roles_after_migrate, dispatch_uid="trajplatform.sync_roles")
         post_migrate.connect(_register_webhook_sweep, sender=self, dispatch_uid="trajplatform.webhook_sweep")
         from django.conf import settings

@@ -84,6 +84,9 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+# The systemd units' EnvironmentFile (deploy/trajplatform.env.example): `manage.py check --deploy`
+# warns (trajplatform.W001) when it is readable by other users; keep it 0600. Empty: no check.
+TRAJ_ENV_FILE = env_str("TRAJ_ENV_FILE", "/etc/trajplatform.env")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")

@@ -22,7 +22,7 @@ from django.conf import settings
 from apps.engines.models import SandboxRecord
 from apps.engines.sandboxes import SandboxError, SandboxNotFound, SandboxSpec, SandboxUnavailable, get_backend
 from apps.engines.sandboxes import cgroups as sandbox_cgroups
-from apps.engines.sandboxes import bwrap, local
+from apps.engines.sandboxes import bwrap, etc, local
 from tests.engines.conftest import SANDBOX_UID, sandbox_user_processes, wait_for_no_sandbox_processes
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
@@ -301,7 +301,10 @@ def test_commands_run_dropped_and_from_the_spawner_thread_without_setpriv(
     host = bwrap.host_support()
     argvs = _spy_wrap_argv(monkeypatch)
     with local_backend.create(SandboxSpec()) as sandbox:
-        result = sandbox.run("grep -E '^(NoNewPrivs|CapEff|CapPrm):' /proc/self/status; cat /etc/shadow", timeout=30)
+        secret = sandbox.workspace / "root-only"  # root's, 0600: what /etc/shadow was on the host's /etc
+        secret.write_text("x")
+        secret.chmod(0o600)
+        result = sandbox.run("grep -E '^(NoNewPrivs|CapEff|CapPrm):' /proc/self/status; cat root-only", timeout=30)
         # Either way: the sandbox user, no capabilities, no way back up.
         assert {k: v.split() for k, v in (line.split(":", 1) for line in result.stdout.splitlines())} == DROPPED
         assert "Permission denied" in result.stderr
@@ -529,3 +532,43 @@ def test_an_entrypoint_is_refused_locally_with_the_reason(sandbox_settings) -> N
         get_backend("local", records=False).create(SandboxSpec(entrypoint=("/init",)))
     with pytest.raises(SandboxError, match="entrypoint must be a non-empty list"):
         SandboxSpec(entrypoint="/init")
+
+
+def test_the_sandbox_etc_takes_only_world_readable_files_and_links_that_stay_in_usr(tmp_path: Path) -> None:
+    host = tmp_path / "etc"
+    (host / "python3.11").mkdir(parents=True)
+    (host / "python3.11" / "sitecustomize.py").write_text("# ok\n")
+    (host / "python3.11" / "private.py").write_text("TOKEN = 'x'\n")
+    (host / "python3.11" / "private.py").chmod(0o600)
+    (host / "ssl" / "certs").mkdir(parents=True)
+    (host / "ssl" / "certs" / "ca-certificates.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (host / "ssl" / "private").mkdir()
+    (host / "ssl" / "private" / "key.pem").write_text("key")
+    (host / "alternatives").mkdir()
+    for name, target in {"awk": "/usr/bin/mawk", "ABORT.7.gz": "/usr/share/postgresql/15/man/man7/ABORT.7.gz",
+                         "leak": "/root/.ssh/id_rsa", "up": "../trajplatform.env"}.items():
+        (host / "alternatives" / name).symlink_to(target)
+    (host / "localtime").symlink_to("/usr/share/zoneinfo/Etc/UTC")
+    (host / "trajplatform.env").write_text("DJANGO_SECRET_KEY=x\n")
+    (host / "passwd").write_text("root:x:0:0::/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/bash\n")
+    entries = {e.path: e for e in etc.etc_entries(SANDBOX_UID, SANDBOX_UID, etc=host)}
+    assert sorted(entries) == ["alternatives", "alternatives/awk", "group", "hostname", "hosts", "localtime",
+                               "nsswitch.conf", "passwd", "python3.11", "python3.11/sitecustomize.py", "ssl",
+                               "ssl/certs", "ssl/certs/ca-certificates.crt"]
+    assert entries["passwd"].data.decode().splitlines() == [
+        "root:x:0:0:root:/root:/usr/sbin/nologin", f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/workspace:/bin/sh"]
+    assert entries["alternatives/awk"].target == "/usr/bin/mawk"
+
+
+def test_the_sandbox_etc_is_built_once_atomically_and_refuses_a_planted_entry(tmp_path: Path) -> None:
+    root = tmp_path / "sandboxes"
+    root.mkdir()
+    first = etc.sandbox_etc(root, SANDBOX_UID, SANDBOX_UID)
+    assert etc.sandbox_etc(root, SANDBOX_UID, SANDBOX_UID) == first
+    assert [p.name for p in root.iterdir()] == [first.name]  # no staging directory left
+    assert (first / "passwd").stat().st_mode & 0o777 == 0o644 and first.stat().st_mode & 0o777 == 0o755
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / first.name).symlink_to(tmp_path)  # a link where the build goes is never used
+    with pytest.raises(OSError, match="not a directory this process built"):
+        etc.sandbox_etc(other, SANDBOX_UID, SANDBOX_UID)

@@ -79,13 +79,36 @@ def test_secrets_and_project_files_are_out_of_reach(hostile: Any) -> None:
         )
     finally:
         del os.environ["TRAJ_TEST_HOST_SECRET"]
-    assert "cat: /etc/shadow: Permission denied" in result.stderr
+    assert "cat: /etc/shadow: No such file or directory" in result.stderr  # the sandbox's own /etc
     assert f"{database}: No such file or directory" in result.stderr
     assert f"{project_file}: No such file or directory" in result.stderr
     assert "/root': No such file or directory" in result.stderr
     assert "leak-me" not in result.stdout and "DJANGO" not in result.stdout and "OPENSANDBOX" not in result.stdout
     assert f"\n{SANDBOX_UID}\n" in result.stdout
     assert "CapEff:\t0000000000000000" in result.stdout
+
+
+def test_the_hosts_etc_is_not_visible(hostile: Any) -> None:
+    """Issue 36: a world-readable file in the host's /etc (a 0644 /etc/trajplatform.env: the secret
+    key, the database URL) was readable by every sandbox; the sandbox has an /etc of its own."""
+    probe = Path(f"/etc/trajplatform-probe-{uuid.uuid4().hex}")
+    probe.write_text("SECRET_KEY=probe-secret\n")
+    probe.chmod(0o644)
+    try:
+        result = hostile.run(f"cat {probe}; ls -A /etc; cat /etc/passwd; id -un; cat /etc/hostname; "
+                             "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt; "
+                             "python3 -c 'import ssl, sys; ssl.create_default_context(); print(sys.version_info[:2])'; "
+                             "ls /etc/alternatives/awk >/dev/null && echo abc | awk '{print toupper($0)}'", timeout=30)
+    finally:
+        probe.unlink()
+    assert f"cat: {probe}: No such file or directory" in result.stderr, result
+    listing = result.stdout.split("\n")
+    assert "probe-secret" not in result.stdout and probe.name not in listing
+    for host_only in ("shadow", "gshadow", "resolv.conf", "ssh", "gitconfig", "machine-id", "pip.conf", "postgresql"):
+        assert host_only not in listing, host_only
+    assert f"sandbox:x:{SANDBOX_UID}:" in result.stdout and "\nsandbox\nsandbox\n" in result.stdout
+    assert "(3, 11)\nABC\n" in result.stdout and result.exit_code == 0, result
+    assert int(listing[listing.index("sandbox") + 2]) > 50  # the CA bundle
 
 
 def test_writes_outside_the_workspace_fail_and_tmp_is_fresh_per_command(hostile: Any) -> None:
@@ -111,7 +134,7 @@ def test_symlinks_planted_in_the_workspace_do_not_reach_host_files(hostile: Any)
     planted = hostile.run("ln -s /etc/shadow shadow; ln -s /etc/hostname-sbx-target host-target", timeout=30)
     assert planted.ok
     before = Path("/etc/hostname").read_bytes()
-    with pytest.raises(SandboxError, match="Permission denied"):
+    with pytest.raises(SandboxError, match="no such file"):  # the sandbox's /etc has no shadow
         hostile.read_file("shadow")
     with pytest.raises(SandboxError):
         hostile.write_file("host-target", b"overwritten")
@@ -255,7 +278,7 @@ def test_proc_shows_only_the_sandbox(hostile: Any, settings: Any) -> None:
     assert lines[1].startswith("/bin/sh ")
     assert "SEES-HOST-PID-42" not in result.stdout
     assert "workspace" in result.stdout and "work\n" not in result.stdout  # /proc/1/root is the sandbox root
-    assert "shadow: Permission denied" in result.stderr
+    assert "/proc/1/root/etc/shadow: No such file or directory" in result.stderr  # the sandbox's own /etc
     assert "sysrq-trigger" in result.stderr and "randomize_va_space" in result.stderr
     assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
 

@@ -13,7 +13,7 @@ One small synchronous interface, two backends:
 - `local` (local.py): bubblewrap on this machine, as `nobody`, no network, rlimits and
   cgroups (where the host allows; downgrades are recorded on the sandbox and its row).
   bwrap.py builds and supervises one command; seccomp.py is the filter it runs under;
-  cgroups.py finds and manages the cgroups.
+  cgroups.py finds and manages the cgroups; etc.py builds the sandbox's own /etc.
 - `opensandbox` (opensandbox.py): the OpenSandbox server at OPENSANDBOX_URL, via its SDK.
 
 Every sandbox the platform creates has a SandboxRecord row (records.py); the reconciler

@@ -13,7 +13,8 @@ One command is, from the outside in:
             namespace, loopback only, before it dropped its privileges; see
             `enter_private_network`)
             --as-pid-1  (the monitor reaps pid 1 itself: no orphaned init, no zombie build-up)
-            minimal read-only root: /usr and /etc bound read-only, /bin /lib /lib64 /sbin
+            minimal read-only root: /usr bound read-only, the sandbox's own /etc (etc.py: a
+            few files built once, never the host's) bound read-only, /bin /lib /lib64 /sbin
             symlinks, fresh /proc, a fresh /dev remounted read-only (its device nodes still
             work), size-capped tmpfs /tmp and /dev/shm, the workspace bound read-write at
             /workspace, `/` remounted read-only; --clearenv
@@ -33,8 +34,8 @@ with no_new_privs, and the setpriv exec (about 2 ms of CPU per command) is saved
 the thread gives itself a network namespace of its own, so the sandbox's commands share one
 loopback-only network (as a container's processes do) instead of bwrap creating and the
 kernel tearing down one per command (1-3 ms of CPU each). Commands
-run as `nobody`, so the sandbox can read only what is world-readable under /usr and /etc
-(not /etc/shadow, root's home or the project).
+run as `nobody`, so the sandbox can read only what is world-readable under /usr and its own
+/etc (not the host's /etc, root's home or the project).
 
 When this module's probe finds no usable bubblewrap (or no setpriv while we are root), the
 local backend refuses to create sandboxes unless SANDBOX_ALLOW_UNISOLATED is set.
@@ -321,6 +322,7 @@ def wrap_argv(
     tmp_bytes: int = 64 << 20,
     ro_binds: tuple[tuple[str, str], ...] = (),
     from_spawner: bool = False,
+    etc: str | None = None,
 ) -> list[str]:
     """Everything before the sandbox's shell: cgroup join, privilege drop, bwrap (if isolated).
 
@@ -330,6 +332,8 @@ def wrap_argv(
     such as the platform's Python packages). `from_spawner`: started from a thread that ran
     `prepare_spawner_thread`, so it already did what setpriv does (no setpriv) and is in the
     sandbox's own network namespace, which bwrap keeps (--share-net) rather than making one.
+    `etc`: the directory bound read-only at /etc (etc.sandbox_etc: the sandbox's own, never the
+    host's); None: no /etc at all (the host probe).
     """
     argv: list[str] = []
     if cgroup_procs:
@@ -347,7 +351,9 @@ def wrap_argv(
         argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
         sized = "--size" in host.bwrap_options
         argv += (["--size", str(ROOT_TMPFS_BYTES)] if sized else []) + ["--tmpfs", "/"]
-        argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        argv += ["--ro-bind", "/usr", "/usr"]
+        if etc is not None:
+            argv += ["--ro-bind", etc, "/etc"]
         for source, target in ro_binds:
             argv += ["--ro-bind", source, target]
         argv += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib"]

@@ -6,8 +6,9 @@ controller. Nothing runs between commands: each `run` starts one fresh bubblewra
 workspace and everything it started is gone when it returns (4-5 ms of CPU).
 
 The bubblewrap is built by `bwrap.py` (read its docstring for the exact chain): as `nobody`
-(setpriv), every namespace unshared and a minimal read-only root, born inside the sandbox's
-cgroups; each command's rlimits are set by its own /bin/sh.
+(setpriv), every namespace unshared and a minimal read-only root with an /etc of its own
+(etc.py, `SANDBOX_ROOT/etc-<digest>/`), born inside the sandbox's cgroups; each command's
+rlimits are set by its own /bin/sh.
 
 When bubblewrap or user namespaces are unavailable `create` refuses with
 SandboxUnavailable, unless SANDBOX_ALLOW_UNISOLATED is set: then commands run as plain
@@ -39,6 +40,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.engines.sandboxes import bwrap, cgroups, seccomp
+from apps.engines.sandboxes.etc import sandbox_etc
 from apps.engines.sandboxes.pump import CommandPipes, pump_in_thread
 from apps.engines.sandboxes.base import (
     PLATFORM_MCP_BUILTIN_PATH,
@@ -331,6 +333,7 @@ class LocalSandbox(Sandbox):
         # which may have dropped privileges itself: then no setpriv, and its network is ready.
         procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if use_cgroup and not threaded else None
         dropped = threaded and self._cgroup_thread().prepare is not None
+        etc = self.backend.etc_dir(host)
         fds = bwrap.command_fds(self._env(env))
         try:
             info_r, info_w = os.pipe()
@@ -341,7 +344,7 @@ class LocalSandbox(Sandbox):
         os.set_blocking(info_r, False)  # read on demand (Running.read_info)
         argv = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, fds=fds, info_fd=info_w,
                          cgroup_procs=procs, tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds(),
-                         from_spawner=dropped)
+                         from_spawner=dropped, etc=etc)
         return _Launch(argv=argv + shell_argv(command, limits), env={"PATH": HOST_PATH, "LANG": "C.UTF-8"}, cwd="/",
                        stdin=stdin, fds=(*fds, info_w), info_r=info_r, use_cgroup=use_cgroup, threaded=threaded,
                        oom_before=self.cgroup.oom_kills() if use_cgroup else None)
@@ -389,6 +392,7 @@ class LocalSandbox(Sandbox):
         limits = self._limits(lifetime)
         if self.isolated:
             procs = [str(Path(d) / "cgroup.procs") for d in self.cgroup.directories] if self.cgroup.paths else None
+            etc = self.backend.etc_dir(host)
             files = []
             for suffix, data in (("env", bwrap.setenv_args(self._env(env))), ("seccomp", seccomp.program())):
                 path = self.dir / f"stdio-{secrets.token_hex(8)}.{suffix}"
@@ -396,7 +400,7 @@ class LocalSandbox(Sandbox):
                     fh.write(data)
                 files.append(str(path))
             head = wrap_argv(host, workspace=str(self.workspace), cwd=cwd, fds=(3, 4), cgroup_procs=procs,
-                             tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds())
+                             tmp_bytes=self.spec.memory_mb << 20, ro_binds=self._ro_binds(), etc=etc)
             return StdioCommand(argv=["/bin/sh", "-c", _OPEN_FDS_SCRIPT, "fds", *files] + head + shell_argv(argv, limits),
                                 env={"PATH": HOST_PATH, "LANG": "C.UTF-8"}, cwd="/")
         head = wrap_argv(host, workspace=None, cwd=cwd)
@@ -561,6 +565,13 @@ class LocalBackend(SandboxBackend):
     def host(self) -> HostSupport:
         return bwrap.host_support()
 
+    def etc_dir(self, host: HostSupport) -> str:
+        """The sandbox's own /etc (etc.py), under SANDBOX_ROOT; built once per process and root."""
+        try:
+            return str(sandbox_etc(self.root, host.uid, host.gid))
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot build the sandbox's /etc under SANDBOX_ROOT {self.root}: {exc}") from exc
+
     def check(self) -> list[str]:
         problems = []
         host = self.host()
@@ -570,6 +581,8 @@ class LocalBackend(SandboxBackend):
         problems += [f"{c}: {why}" for c, why in cg.problems.items()]
         try:
             self._ensure_root(host)
+            if host.isolated:
+                self.etc_dir(host)
         except SandboxError as exc:
             problems.append(str(exc))
         return problems
@@ -673,6 +686,8 @@ class LocalBackend(SandboxBackend):
                 f"profiles: {', '.join(PROFILES)})"
             )
         root = self._ensure_root(host)
+        if host.isolated:
+            self.etc_dir(host)  # built now: a failure refuses the sandbox, not its first command
         sandbox_id = f"lsb-{secrets.token_hex(8)}"
         directory = root / sandbox_id
         directory.mkdir(mode=0o711)
