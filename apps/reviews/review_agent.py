@@ -13,11 +13,23 @@ The overall score (0-100), documented in the README:
                = 0.5 * judge_mean + 0.5 * 100 * reward    when a verifier gave one
     overall    = clamp(base - sum of the penalties of the checks that fired, 0, 100)
 
-Penalties (CHECK_PENALTIES): an episode error 30; a step/time/token limit exhausted 15;
+Penalties (CHECK_PENALTIES): an episode error 30; a verifier's process condition that failed 25
+each (at most 50: verifier_output["process"], see below); a step/time/token limit exhausted 15;
 secrets or PII visible 20; repeated identical actions 10; an empty final answer 10; per
 occurrence 5 (at most 15 each) for unparseable calls, unknown tools, invalid arguments and
 errors left unhandled. A judge that cannot be reached or whose output cannot be parsed gives
 no score at all (JudgeFailed): the review is `judge_failed` and retried later.
+
+Process conditions: a scene's verifier reports how the task was done under
+verifier_output["process"] = {name: {"ok": bool, "detail": str, "relaxed": bool}} (toucan: its rule
+filter, target tools, their order; other scenes their own). Every condition that is not ok fires
+`process_conditions`, also one the task relaxed (it did not gate the reward): a hollow success
+(reward 1, judge 100) then scores at most 75, below the default threshold 80.
+
+A limit hit by an agent whose last steps repeat one action (`limit_exhausted.stuck_on`) is a
+stuck agent, not a short budget: no limit is raised for it (neither by rule nor by a judge
+suggestion); the review proposes the loop hint in the system prompt instead (green), and when
+that hint is already there, another model (yellow).
 
 The judge never picks a tier: its suggestions ({field, to, options, rationale}) pass through
 `apps.reviews.policy.classify` like the rule-derived ones, and fields the policy does not
@@ -116,6 +128,7 @@ RUBRICS: dict[str, dict[str, str]] = {
 CHECK_PENALTIES: dict[str, tuple[float, float]] = {
     # check id -> (penalty per occurrence, cap)
     "episode_error": (30, 30),
+    "process_conditions": (25, 50),
     "limit_exhausted": (15, 15),
     "sensitive_data": (20, 20),
     "repeated_actions": (10, 10),
@@ -131,6 +144,7 @@ CHECK_PENALTIES: dict[str, tuple[float, float]] = {
 CHECK_TITLES = {
     "verifier": "verifier / check function did not pass",
     "episode_error": "the episode ended in an error",
+    "process_conditions": "the verifier's process conditions failed (the task done without its process)",
     "unparseable_calls": "tool calls whose arguments failed to parse",
     "unknown_tools": "calls to tools that were not offered",
     "invalid_arguments": "arguments invalid against the tool schema",
@@ -233,6 +247,39 @@ def _call_error_kind(step: dict[str, Any], validators: dict[str, Any]) -> str:
     return ""
 
 
+def process_failures(verifier_output: Any) -> dict[str, str]:
+    """{name: "<detail>"} for each of verifier_output["process"]'s conditions that is not ok (an
+    entry without `"ok": true` counts as failed); "(relaxed by the task)" marks relaxed ones."""
+    process = verifier_output.get("process") if isinstance(verifier_output, dict) else None
+    failed = {}
+    for name, condition in (process if isinstance(process, dict) else {}).items():
+        condition = condition if isinstance(condition, dict) else {}
+        if condition.get("ok") is not True:
+            relaxed = " (relaxed by the task)" if condition.get("relaxed") else ""
+            failed[str(name)] = f"{str(condition.get('detail') or 'not ok')[:300]}{relaxed}"
+    return failed
+
+
+def _action_key(step: dict[str, Any]) -> str:
+    return json.dumps([step.get("tool"), step.get("arguments")], sort_keys=True, default=str)
+
+
+def stuck_on(steps: list[dict[str, Any]]) -> str:
+    """The action the trajectory's last steps repeat (at least REPEAT_THRESHOLD times in a row,
+    as "<tool> xN (steps [...])"), else ""."""
+    if not steps:
+        return ""
+    last = _action_key(steps[-1])
+    run = 0
+    for step in reversed(steps):
+        if _action_key(step) != last:
+            break
+        run += 1
+    if run < REPEAT_THRESHOLD:
+        return ""
+    return f"{steps[-1].get('tool')} x{run} (steps {[s.get('index') for s in steps[-run:]]})"
+
+
 def run_checks(trajectory: Any) -> dict[str, Any]:
     """Every deterministic check on a finished trajectory: {check id: {fired, count, detail, penalty}}."""
     steps = [s for s in (trajectory.steps if isinstance(trajectory.steps, list) else []) if isinstance(s, dict)]
@@ -247,6 +294,9 @@ def run_checks(trajectory: Any) -> dict[str, Any]:
         reward=reward,
     )
     checks["episode_error"] = _check(int(trajectory.outcome == "error"), trajectory.outcome_reason)
+    failed = process_failures(trajectory.verifier_output)
+    checks["process_conditions"] = _check(len(failed), "; ".join(f"{k}: {v}" for k, v in failed.items()),
+                                          conditions=list(failed))
 
     unparseable, unknown, invalid = [], [], []
     for step in steps:
@@ -263,8 +313,7 @@ def run_checks(trajectory: Any) -> dict[str, Any]:
 
     seen: dict[str, list[int]] = {}
     for step in steps:
-        key = json.dumps([step.get("tool"), step.get("arguments")], sort_keys=True, default=str)
-        seen.setdefault(key, []).append(step.get("index"))
+        seen.setdefault(_action_key(step), []).append(step.get("index"))
     loops = {k: v for k, v in seen.items() if len(v) >= REPEAT_THRESHOLD}
     worst = max(loops.values(), key=len) if loops else []
     checks["repeated_actions"] = _check(
@@ -290,10 +339,12 @@ def run_checks(trajectory: Any) -> dict[str, Any]:
     elif "token budget" in reason:
         limit = "token_budget"
     timed_out = [s.get("index") for s in steps if s.get("timed_out")]
+    stuck = stuck_on(steps) if limit else ""
     checks["limit_exhausted"] = _check(
         int(bool(limit)) + len(timed_out),
-        "; ".join(filter(None, [reason if limit else "", f"steps timed out: {timed_out}" if timed_out else ""])),
-        limit=limit or ("step_timeout" if timed_out else ""),
+        "; ".join(filter(None, [reason if limit else "", f"steps timed out: {timed_out}" if timed_out else "",
+                                f"stuck: the last steps repeat {stuck}" if stuck else ""])),
+        limit=limit or ("step_timeout" if timed_out else ""), stuck_on=stuck,
     )
     checks["empty_final_answer"] = _check(
         int(trajectory.outcome != "error" and not (trajectory.final_answer or "").strip()),
@@ -522,6 +573,11 @@ HINTS = {
     "repeated_actions": "Do not repeat an action that already gave the same result; change the approach.",
     "empty_final_answer": "End with finish and state the result in the answer.",
 }
+# For an agent that ran out of steps repeating one call (limit_exhausted.stuck_on).
+LOOP_HINT = ("You ran out of steps repeating the same call. When a call gives the same result twice, do not make "
+             "it again: change its arguments, use another tool, or finish with what you have.")
+# Fields whose raise gives a stuck agent more budget: never drafted upwards for one.
+LIMIT_FIELDS = ("max_steps", "timeout_s", "max_tokens")
 RULE_HINT_MIN = 2  # occurrences across the iteration before a hint is proposed
 
 
@@ -623,6 +679,13 @@ def _draft(task: Any, field_name: str, to: Any, rationale: str, proposer: str, t
                  proposer=proposer, impact_note=policy.impact_note(field_name, table), rejected=hit)
 
 
+def _raises(task: Any, field_name: str, to: Any) -> bool:
+    current = getattr(task, field_name, None)
+    if isinstance(to, bool) or not isinstance(to, (int, float)):
+        return False
+    return current is None or to > current
+
+
 def draft_proposals(task: Any, reviews: list[Any], *, rejected: tuple[Rejected, ...] = ()) -> list[Draft]:
     """Changes for the task's next iteration from its reviews' checks (rules) and judge suggestions.
 
@@ -642,7 +705,9 @@ def draft_proposals(task: Any, reviews: list[Any], *, rejected: tuple[Rejected, 
         else:
             refused.setdefault(draft.field, draft)
 
-    limits = {r.checks.get("limit_exhausted", {}).get("limit") for r in reviews} - {None, ""}
+    stuck = [r.checks["limit_exhausted"]["stuck_on"] for r in reviews
+             if (r.checks.get("limit_exhausted") or {}).get("stuck_on")]
+    limits = set() if stuck else {r.checks.get("limit_exhausted", {}).get("limit") for r in reviews} - {None, ""}
     if "max_steps" in limits:
         to = int(_bounded(table.get("max_steps"), task.max_steps * 2))
         if to <= task.max_steps:
@@ -664,11 +729,24 @@ def draft_proposals(task: Any, reviews: list[Any], *, rejected: tuple[Rejected, 
     hints = [HINTS[name] for name, n in counts.items()
              if n >= (1 if name in ("repeated_actions", "empty_final_answer") else RULE_HINT_MIN)
              and HINTS[name] not in current_extra]
+    if stuck:  # the loop hint says more than the generic one
+        hints = [h for h in hints if h != HINTS["repeated_actions"]]
+    fired = sorted(name for name, n in counts.items() if n and HINTS[name] in hints)
+    loop_hinted = bool(stuck) and LOOP_HINT in current_extra
+    if stuck and not loop_hinted:
+        hints.append(LOOP_HINT)
+        fired.insert(0, f"stuck at the limit repeating {stuck[0]}")
     if hints:
-        fired = sorted(name for name, n in counts.items() if n and HINTS[name] in hints)
         to = "\n".join(filter(None, [current_extra.rstrip(), *hints]))
         add(_draft(task, "system_prompt_extra", to, f"repeated problems across the iteration: {', '.join(fired)}",
                    "rule:prompt_hint", table, rejected=rejected))
+    if loop_hinted:
+        # The agent loops with the loop hint in its prompt already: another model (a reviewer picks one).
+        rule = table.get("model")
+        models = [m for m in (rule.allowed_values if rule else ()) if m != task.model]
+        if models:
+            add(_draft(task, "model", models[0], f"stuck at the limit repeating {stuck[0]} with the loop hint "
+                       "already in the prompt", "rule:stuck", table, models[1:], rejected))
 
     for review in reviews:
         for suggestion in (review.suggestions or []):
@@ -679,6 +757,8 @@ def draft_proposals(task: Any, reviews: list[Any], *, rejected: tuple[Rejected, 
             else:
                 to = suggestion.get("to")
             extra = suggestion.get("options") if isinstance(suggestion.get("options"), list) else []
+            if stuck and name in LIMIT_FIELDS and _raises(task, str(name), to):
+                continue  # more budget for a stuck agent
             add(_draft(task, str(name), to, str(suggestion.get("rationale") or "suggested by the judge")[:2000],
                        "review-agent", table, extra, rejected))
     return [*drafts.values(), *refused.values()]
