@@ -483,6 +483,17 @@ def _tool_names(tools: Any) -> list[str]:
     return names
 
 
+# The loop's reason for a run without a verifier (apps.engines.agent): a role's run ends so, and
+# the episode it belongs to has the verifier; its page says that instead.
+_NO_VERIFIER = "finished (no verifier)"
+
+
+def _own_reason(trajectory: Trajectory) -> str:
+    if trajectory.parent_id and trajectory.outcome_reason == _NO_VERIFIER:
+        return "finished its part; the episode's verifier gives the reward"
+    return trajectory.outcome_reason
+
+
 def viewer_context(trajectory: Trajectory) -> dict[str, Any]:
     """What both trajectory pages (/trajectories/<id>/ and the review viewer) render."""
     from apps.reviews.models import Correction
@@ -498,8 +509,10 @@ def viewer_context(trajectory: Trajectory) -> dict[str, Any]:
         "is_final": trajectory.status in Trajectory.FINAL,
         # A multi_agent episode's roles (search2qa's stages, ...): its sub-episodes, and, on one of
         # them, the episode that ran it; each is a trajectory of its own with its own page.
-        "parent": (Trajectory.all_objects.filter(pk=trajectory.parent_id).only("id", "role", "label").first()
+        "parent": (Trajectory.all_objects.filter(pk=trajectory.parent_id).only(
+            "id", "role", "label", "status", "outcome", "outcome_reason", "reward").first()
                    if trajectory.parent_id else None),
+        "own_reason": _own_reason(trajectory),
         "subtrajectories": list(trajectory.subtrajectories().only(
             "id", "role", "label", "parent_step", "outcome", "reward", "total_tokens")),
     }

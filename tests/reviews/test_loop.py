@@ -46,6 +46,33 @@ def test_a_step_limit_hit_raises_max_steps_green_and_runs_iteration_two(offline_
     assert task.error.startswith("quality ") and "below the threshold 80 after 2 of 2 iterations" in task.error
 
 
+def test_an_agent_stuck_repeating_a_call_gets_the_loop_hint_then_a_model_choice_never_more_steps(
+        offline_model, bundled_code_task):
+    """The issue's loop: never_finish repeats the call before finish until the limit. It used to
+    double max_steps each iteration (6 -> 12 -> 24); now iteration 2 gets the loop hint (green)
+    at the same limit, and when the agent still loops, a reviewer is offered another model."""
+    from apps.reviews.review_agent import LOOP_HINT
+
+    task = bundled_code_task(model="scripted-reference+fault=never_finish", max_steps=6, max_iterations=3)
+    task_start_iteration(task=task)
+    jobs.run_rollouts()
+    review_iteration(task.pk, 1)
+    first = Review.objects.get(trajectory__task=task, trajectory__iteration=1, kind="auto")
+    assert first.checks["repeated_actions"]["fired"] and first.checks["limit_exhausted"]["stuck_on"]
+    task.refresh_from_db()
+    assert (task.status, task.current_iteration, task.max_steps) == (Task.Status.RUNNING, 2, 6)
+    assert LOOP_HINT in task.system_prompt_extra
+    assert not Proposal.objects.filter(task=task, field="max_steps").exists()
+
+    jobs.run_rollouts()
+    review_iteration(task.pk, 2)
+    task.refresh_from_db()
+    assert (task.status, task.max_steps) == (Task.Status.WAITING_APPROVAL, 6)
+    model = Proposal.objects.get(task=task, field="model")
+    assert (model.tier, model.status, model.proposer) == ("yellow", "pending", "rule:stuck")
+    assert "loop hint already in the prompt" in model.rationale
+
+
 def test_a_good_trajectory_completes_the_task_in_one_iteration(offline_model, bundled_code_task):
     task = bundled_code_task()
     task_start_iteration(task=task)

@@ -248,3 +248,68 @@ def test_the_judge_s_cost_is_stored_on_its_review_and_counts_against_the_batch_b
     assert snap.blocked() is not None
     settings.BUDGET_DAILY_USD = 100
     assert budgets.snapshot(max_age_s=0).day.spent == trajectory.cost_usd * (trajectory.finished_at is not None) + usage_cost
+
+
+def test_failed_process_conditions_fire_also_where_the_task_relaxed_them_so_a_hollow_success_stays_below_80(
+        make_task):
+    process = {"rule_filter": {"ok": False, "detail": "failed rules: no_tool_calls", "relaxed": True},
+               "target_tools": {"ok": True, "detail": ""}, "sources_opened": {"detail": "no ok given"}}
+    trajectory = finished_trajectory(make_task(), reward=1.0, verifier_output={"process": process, "reward": 1.0})
+    checks = run_checks(trajectory)
+    fired = checks["process_conditions"]
+    assert (fired["fired"], fired["count"], fired["penalty"], fired["conditions"]) == (
+        True, 2, 50, ["rule_filter", "sources_opened"])
+    assert fired["detail"] == ("rule_filter: failed rules: no_tool_calls (relaxed by the task); "
+                               "sources_opened: no ok given")
+    perfect = {"completeness": {"score": 100}}
+    assert overall_score(perfect, checks, 1.0) == 50.0
+    one = run_checks(finished_trajectory(make_task(), sample=1, verifier_output={
+        "process": {"tool_order": {"ok": False, "detail": "out of order", "relaxed": True}}}))
+    assert overall_score(perfect, one, 1.0) == 75.0 < make_task().quality_threshold
+    clean = run_checks(finished_trajectory(make_task(), sample=2, verifier_output={
+        "process": {"rule_filter": {"ok": True, "detail": ""}}}))
+    assert not clean["process_conditions"]["fired"] and overall_score(perfect, clean, 1.0) == 100.0
+
+
+def _looping(task, sample=0, **fields):
+    steps = [_step(0, "run_shell", {"command": "ls"})] + [
+        _step(i, "run_shell", {"command": "pytest -q"}, exit_code=1) for i in range(1, 12)]
+    return finished_trajectory(task, sample=sample, steps=steps, outcome="failure", reward=0.0, final_answer="",
+                               outcome_reason="max_steps (12) reached without finish", **fields)
+
+
+def test_a_limit_hit_by_steps_that_repeat_one_action_is_stuck_not_short_of_budget(make_task):
+    task = make_task(max_steps=12, model="deepseek-chat")
+    looping = _looping(task)
+    checks = run_checks(looping)
+    assert checks["limit_exhausted"]["stuck_on"] == f"run_shell x11 (steps {list(range(1, 12))})"
+    assert checks["repeated_actions"]["fired"]
+    review = auto_review(looping, overall=20.0, checks=checks, suggestions=[
+        {"field": "max_steps", "to": 40, "rationale": "the judge wants more steps"},
+        {"field": "timeout_s", "to": 1200.0, "rationale": "and more time"},
+        {"field": "max_steps", "to": 6, "rationale": "fewer steps is no raise"}])
+    drafts = {d.field: d for d in draft_proposals(task, [review])}
+    assert set(drafts) == {"system_prompt_extra", "max_steps"} and drafts["max_steps"].to_value == 6
+    hint = drafts["system_prompt_extra"]
+    assert (hint.tier, hint.proposer) == ("green", "rule:prompt_hint")
+    assert hint.to_value.endswith(review_agent.LOOP_HINT) and review_agent.HINTS["repeated_actions"] not in hint.to_value
+    assert "stuck at the limit repeating run_shell x11" in hint.rationale
+
+    task.system_prompt_extra = hint.to_value  # the hints were applied, the agent still loops
+    second = _looping(task, sample=1)
+    again = auto_review(second, overall=20.0, checks=run_checks(second))
+    drafts = {d.field: d for d in draft_proposals(task, [again])}
+    assert set(drafts) == {"model"}
+    assert (drafts["model"].tier, drafts["model"].proposer, drafts["model"].to_value) == (
+        "yellow", "rule:stuck", "scripted-reference")
+    assert 2 <= len(drafts["model"].options) <= 4 and "deepseek-chat" not in drafts["model"].options
+
+
+def test_a_limit_hit_while_making_progress_still_raises_the_limit(make_task):
+    task = make_task(max_steps=12)
+    steps = [_step(i, "run_shell", {"command": f"step {i}"}) for i in range(12)]
+    checks = run_checks(finished_trajectory(task, steps=steps, outcome="failure", reward=0.0, final_answer="",
+                                            outcome_reason="max_steps (12) reached without finish"))
+    assert checks["limit_exhausted"]["fired"] and checks["limit_exhausted"]["stuck_on"] == ""
+    drafts = {d.field: d for d in draft_proposals(task, [auto_review(task.trajectories.get(), checks=checks)])}
+    assert (drafts["max_steps"].tier, drafts["max_steps"].to_value) == ("green", 24)

@@ -28,12 +28,15 @@ today) and then its twin through the same fixture:
 "reference_solution"} scripts, e.g. a multi_agent role's), and returns the EpisodeResult;
 `scripted_episode.model` is the last run's PermissiveScriptedModel (its `unoffered` lists the
 calls to tools the request did not offer). Scenes without a sandbox pass sandbox_backend=None.
+`scripted_episode.run(config, scripts)` plays any config snapshot (a stored trajectory's) instead;
+scripts may be dicts or offline_model.Script objects (load_scripts of a bundled file).
 A twin that scores 1 is a defect of the scene's verifier: fix the verifier and keep the twin.
 """
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import pytest
@@ -53,11 +56,16 @@ class ScriptedEpisode:
         self.model: Any = None
 
     def __call__(self, scene: str, prompt: str, scene_config: dict[str, Any], steps: list[dict[str, Any]], *,
-                 scripts: list[dict[str, Any]] = (), sandbox_backend: Any = "local", **task_fields: Any) -> EpisodeResult:
+                 scripts: Iterable[Any] = (), sandbox_backend: Any = "local", **task_fields: Any) -> EpisodeResult:
         task_fields.setdefault("max_steps", len(steps) + 2)
         config = config_for(prompt, scene_config, scene=scene, **task_fields)
+        return self.run(config, [{"id": "twin", "prompt": prompt, "reference_solution": steps}, *scripts],
+                        sandbox_backend=sandbox_backend)
+
+    def run(self, config: dict[str, Any], scripts: Iterable[Any], *, sandbox_backend: Any = "local") -> EpisodeResult:
+        """Any config snapshot (a stored trajectory's, say) played by the stand-in with these scripts."""
         backend = get_backend(sandbox_backend) if isinstance(sandbox_backend, str) else sandbox_backend
-        with running_standin([{"id": "twin", "prompt": prompt, "reference_solution": steps}, *scripts]) as server:
+        with running_standin(scripts) as server:
             self.model = server.model
             llm = standin_client(server.url)
 
