@@ -39,16 +39,22 @@ script by id. The step is the number of assistant messages already in `messages`
 scripted tool name must be among the request's `tools`; if not, the reply is HTTP 400 rather
 than a call the agent cannot execute.
 
-Pipeline stages (apps.engines.pipelines, docs/pipelines.md): an `llm` stage's prompt starts with a
-key line `[pipeline:TEMPLATE key=ITEM]`, and a one-step `{"content": "..."}` script whose prompt is
-that line answers it (before any longer script the prompt happens to contain, such as the agent
-script of a question the stage quotes). A repair turn (the stage's output failed
-its validator) ends with a user message carrying `[pipeline:TEMPLATE key=ITEM repair=N]`: such a
-request is answered by the script of that last message, from its first step, whatever came before;
-with no script for it, the plain "no script" answer fails validation and the item is dropped.
+Routing: the client sends the header `X-Trajplatform-Route` to this stand-in only (its provider
+profile has routing_headers; real models' requests carry nothing but the task), set by the
+caller with `apps.engines.llm.llm_route(...)`. The prompts themselves carry no markers.
 
-Judge mode: a request whose system message carries the marker `[trajplatform-judge]` (the
-review agent's judge prompt, apps.reviews.review_agent) is not looked up among the scripts.
+Pipeline stages (apps.engines.pipelines, docs/pipelines.md): an `llm` stage's requests are routed
+`pipeline:TEMPLATE key=ITEM`, and the script whose prompt is the key line `[pipeline:TEMPLATE
+key=ITEM]` answers them (before any script the prompt happens to contain, such as the agent script
+of a question the stage quotes); a search2qa stage's sub-episode is routed the same way, step by
+step. A repair turn (the stage's output failed its validator) is routed `pipeline:TEMPLATE key=ITEM
+repair=N` and answered by the script of `[pipeline:TEMPLATE key=ITEM repair=N]` from its first
+step, whatever came before; with no script for it, the plain "no script" answer fails validation
+and the item is dropped. (A key line written into a request's own text is still recognised the
+same way, for hand-made requests.)
+
+Judge mode: a request routed `judge` (the review agent's judge, apps.reviews.review_agent) is
+not looked up among the scripts.
 The stand-in answers it deterministically from the `<evidence>{...}</evidence>` JSON the prompt
 carries (facts computed in code: outcome, reward, checks that fired, the rubric's dimensions):
 every dimension gets base - 10 per fired check (base = 100 x reward, else 90 for a success, 40
@@ -103,10 +109,14 @@ STATUS_FAULTS = {"429", "500", "502", "503", "504"}
 KEEPALIVE_IDLE_S = 120.0
 FAULT_KINDS = STATUS_FAULTS | {"slow", "malformed", "never_finish", "text_only"}
 _MARKER = re.compile(r"\[script:([A-Za-z0-9_.:\-]+)\]")
-# The key line of a pipeline stage's prompt (apps.engines.pipelines.key_line builds it).
+# The key line a pipeline stage's script is written under (apps.engines.pipelines.key_line).
 PIPELINE_KEY = re.compile(r"\[pipeline:[^\]\s]+ key=[^\]]*\]")
-# Must equal apps.reviews.review_agent.JUDGE_MARKER / EVIDENCE_OPEN / EVIDENCE_CLOSE (a test checks).
-JUDGE_MARKER = "[trajplatform-judge]"
+# The request header that routes a request (apps.engines.llm.ROUTE_HEADER; a test checks), and
+# its values: the judge, or a pipeline stage's key (apps.engines.pipelines.stage_route).
+ROUTE_HEADER = "X-Trajplatform-Route"
+JUDGE_ROUTE = "judge"
+PIPELINE_ROUTE_PREFIX = "pipeline:"
+# Must equal apps.reviews.review_agent.EVIDENCE_OPEN / EVIDENCE_CLOSE.
 _EVIDENCE = re.compile(r"<evidence>(.*?)</evidence>", re.DOTALL)
 JUDGE_LABEL = f"{MODEL_NAME} judge (offline stand-in, not a language model)"
 JUDGE_BASE = {"success": 90.0, "failure": 40.0, "error": 10.0}
@@ -268,6 +278,10 @@ class ScriptRegistry:
         self.by_hash[digest] = script
         self.by_id.setdefault(script.id, script)
 
+    def keyed(self, key: str) -> Script | None:
+        """The script whose prompt is exactly this key line (a routed pipeline stage's)."""
+        return self.by_hash.get(prompt_sha256(key))
+
     def match(self, text: str) -> Script | None:
         marker = _MARKER.search(text)
         if marker and marker.group(1) in self.by_id:
@@ -406,7 +420,8 @@ class ScriptedModel:
     def chat(self, body: Any, headers: dict[str, str]) -> Reply:
         with self._lock:
             self.chat_requests += 1
-            self.requests.append({"body": body, "fault_header": headers.get(FAULT_HEADER.lower(), "")})
+            self.requests.append({"body": body, "fault_header": headers.get(FAULT_HEADER.lower(), ""),
+                                  "route": headers.get(ROUTE_HEADER.lower(), "")})
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return _error(400, "the body must be a JSON object with a `messages` list")
         if body.get("stream"):
@@ -429,12 +444,12 @@ class ScriptedModel:
                     faults.setdefault(kind, fault)
         except FaultSpecError as exc:
             return _error(400, str(exc), code="bad_fault_spec")
-        reply = self._answer(body, faults)
+        reply = self._answer(body, faults, headers.get(ROUTE_HEADER.lower(), "").strip())
         if "slow" in faults:
             reply.delay_s = float(faults["slow"].params.get("seconds", "2"))
         return reply
 
-    def _answer(self, body: dict[str, Any], faults: dict[str, Fault]) -> Reply:
+    def _answer(self, body: dict[str, Any], faults: dict[str, Fault], route: str = "") -> Reply:
         for kind in sorted(STATUS_FAULTS & set(faults)):
             if kind == "429":
                 retry_after = faults[kind].params.get("retry_after", "1")
@@ -444,17 +459,24 @@ class ScriptedModel:
             return _error(int(kind), f"injected HTTP {kind}", type_="server_error")
 
         messages = body["messages"]
-        system = next((m for m in messages if isinstance(m, dict) and m.get("role") == "system"), None)
-        if system is not None and JUDGE_MARKER in _text_of(system.get("content")):
+        if route == JUDGE_ROUTE:
             return self._judge(body, messages)
         first_user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
-        script = self.registry.match(_text_of(first_user.get("content"))) if first_user else None
+        first_text = _text_of(first_user.get("content")) if first_user else ""
         step_index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-        last_user = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
-        if last_user is not None and last_user is not first_user:
-            repair = _text_of(last_user.get("content"))
-            if PIPELINE_KEY.search(repair):  # a pipeline stage's repair turn: its own script, from the start
-                script, step_index = self.registry.match(repair), 0
+        if route.startswith(PIPELINE_ROUTE_PREFIX):
+            key = f"[{route}]"
+            if " repair=" in route:  # a pipeline stage's repair turn: its own script, from the start
+                script, step_index = self.registry.keyed(key), 0
+            else:
+                script = self.registry.keyed(key) or (self.registry.match(first_text) if first_user else None)
+        else:
+            script = self.registry.match(first_text) if first_user else None
+            last_user = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
+            if last_user is not None and last_user is not first_user:
+                repair = _text_of(last_user.get("content"))
+                if PIPELINE_KEY.search(repair):  # a hand-made repair turn carrying its key line
+                    script, step_index = self.registry.match(repair), 0
         offered = _offered_tools(body.get("tools"))
 
         if script is None:

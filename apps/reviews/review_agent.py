@@ -57,8 +57,9 @@ RUBRIC_VERSIONS: dict[str, str] = {"toucan": "2"}  # 2: conciseness (Toucan's re
 
 def rubric_id(scene: str) -> str:
     return f"{scene}@{RUBRIC_VERSIONS.get(scene, RUBRIC_VERSION)}"
-# The offline stand-in (apps.engines.offline_model) recognises judge requests by this marker.
-JUDGE_MARKER = "[trajplatform-judge]"
+# The judge's calls are routed so (apps.engines.llm.llm_route): the offline stand-in knows them by
+# the header; a real model's prompt carries no marker.
+JUDGE_ROUTE = "judge"
 EVIDENCE_OPEN, EVIDENCE_CLOSE = "<evidence>", "</evidence>"
 
 GENERIC = {
@@ -467,7 +468,6 @@ def judge_messages(trajectory: Any, checks: dict[str, Any]) -> list[dict[str, st
     rubric = rubric_for(scene)
     dims = "\n".join(f"- {name}: {what}" for name, what in rubric.items())
     system = (
-        f"{JUDGE_MARKER} rubric={rubric_id(scene)}\n"
         "You review one trajectory of an AI agent. Score each rubric dimension from 0 to 100 with a short "
         "rationale, judging only what the trajectory shows. Facts computed in code (outcome, reward, "
         "deterministic checks) are given as evidence; do not contradict them.\n"
@@ -533,7 +533,7 @@ def parse_judge_output(text: str, rubric: dict[str, str]) -> tuple[dict[str, dic
 
 def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any = None) -> JudgeResult:
     """Ask the configured judge model; raises JudgeFailed instead of ever inventing a score."""
-    from apps.engines.llm import LLMError
+    from apps.engines.llm import LLMError, llm_route
     from apps.tasks.jobs import get_llm_client
 
     scene = (trajectory.config_snapshot or {}).get("scene") or trajectory.task.scene
@@ -542,13 +542,14 @@ def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any
     prompt = "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
     try:
         client = llm or get_llm_client()
-        result = client.chat(
-            messages,
-            temperature=0.0,
-            max_tokens=settings.REVIEW_JUDGE_MAX_TOKENS,
-            model=settings.REVIEW_JUDGE_MODEL or None,
-            cache_key_extra={"judge": str(trajectory.uuid), "rubric": rubric_id(scene), "attempt": attempt},
-        )
+        with llm_route(JUDGE_ROUTE):
+            result = client.chat(
+                messages,
+                temperature=0.0,
+                max_tokens=settings.REVIEW_JUDGE_MAX_TOKENS,
+                model=settings.REVIEW_JUDGE_MODEL or None,
+                cache_key_extra={"judge": str(trajectory.uuid), "rubric": rubric_id(scene), "attempt": attempt},
+            )
     except LLMError as exc:
         raise JudgeFailed(f"the judge could not be reached: {type(exc).__name__}: {exc}", prompt=prompt) from None
     except Exception as exc:  # e.g. a configuration error: still no score, and a readable reason

@@ -18,14 +18,18 @@ import openai
 import pytest
 from django.conf import settings
 
+from apps.engines.llm import ROUTE_HEADER as LLM_ROUTE_HEADER
 from apps.engines.offline_model import (
+    JUDGE_ROUTE,
     MODEL_NAME,
+    ROUTE_HEADER,
     ReferenceSolutionError,
     ScriptedModel,
     load_scripts,
     parse_script,
     running_offline_model,
 )
+from apps.engines.pipelines import key_line, stage_route
 
 EXAMPLES = Path(settings.BASE_DIR) / "examples" / "reference_solutions"
 PRIMES = "Print the first ten primes."
@@ -300,7 +304,8 @@ def test_it_serves_128_simultaneous_slow_requests_without_resetting_any() -> Non
 
 # -- judge mode ----------------------------------------------------------------------------------
 
-JUDGE_SYSTEM = "[trajplatform-judge] rubric=code_exec@1\nScore the trajectory."
+JUDGE_SYSTEM = "You review one trajectory of an AI agent. Score the trajectory."
+JUDGE = {ROUTE_HEADER: JUDGE_ROUTE}
 
 
 def _judge_request(evidence: Any) -> list[dict[str, Any]]:
@@ -313,7 +318,7 @@ def test_judge_mode_scores_from_the_evidence_and_says_it_is_the_stand_in(server:
     evidence = {"dimensions": ["tool_usage", "completeness"], "outcome": "failure", "reward": None,
                 "checks": {"limit_exhausted": {"fired": True}, "verifier": {"fired": True},
                            "sensitive_data": {"fired": False}}}
-    reply = ask(sdk(server), _judge_request(evidence), tools=None)
+    reply = ask(sdk(server, **JUDGE), _judge_request(evidence), tools=None)
     assert reply.model == MODEL_NAME and not reply.choices[0].message.tool_calls
     verdict = json.loads(reply.choices[0].message.content)
     assert set(verdict["scores"]) == {"tool_usage", "completeness"}
@@ -322,16 +327,47 @@ def test_judge_mode_scores_from_the_evidence_and_says_it_is_the_stand_in(server:
     assert "limit_exhausted" in verdict["scores"]["completeness"]["rationale"]
     # A reward sets the base; the same request gets the same answer (deterministic).
     evidence.update(reward=1.0, checks={})
-    first = ask(sdk(server), _judge_request(evidence), tools=None).choices[0].message.content
-    assert first == ask(sdk(server), _judge_request(evidence), tools=None).choices[0].message.content
+    first = ask(sdk(server, **JUDGE), _judge_request(evidence), tools=None).choices[0].message.content
+    assert first == ask(sdk(server, **JUDGE), _judge_request(evidence), tools=None).choices[0].message.content
     assert {v["score"] for v in json.loads(first)["scores"].values()} == {100.0}
 
 
 def test_judge_mode_without_evidence_gives_no_scores(server: Any) -> None:
-    content = ask(sdk(server), _judge_request(None), tools=None).choices[0].message.content
+    content = ask(sdk(server, **JUDGE), _judge_request(None), tools=None).choices[0].message.content
     assert "no scores" in content and "{" not in content
 
 
 def test_judge_mode_obeys_injected_faults(server: Any) -> None:
     with pytest.raises(openai.InternalServerError):
-        ask(sdk(server), _judge_request({"dimensions": ["a"]}), model=f"{MODEL_NAME}+fault=500", tools=None)
+        ask(sdk(server, **JUDGE), _judge_request({"dimensions": ["a"]}), model=f"{MODEL_NAME}+fault=500", tools=None)
+
+
+def test_without_the_judge_route_the_same_request_is_not_judged(server: Any) -> None:
+    evidence = {"dimensions": ["a"], "outcome": "success", "reward": 1.0}
+    message = ask(sdk(server), _judge_request(evidence)).choices[0].message  # the task's own script instead
+    assert message.tool_calls and "scores" not in (message.content or "")
+
+
+# -- routed pipeline stages -------------------------------------------------------------------------
+
+
+def test_a_routed_pipeline_stage_gets_its_keyed_script_and_a_repair_turn_its_own(tmp_path: Path) -> None:
+    scripts = tmp_path / "stages.json"
+    scripts.write_text(json.dumps([
+        {"id": "q", "prompt": key_line("demo/question", "s1"), "reference_solution": [{"content": "first"}]},
+        {"id": "q-r1", "prompt": key_line("demo/question", "s1", 1), "reference_solution": [{"content": "fixed"}]},
+    ]))
+    prompt = [{"role": "user", "content": "Write a question about intervals."}]
+    with running_offline_model([scripts]) as srv:
+        routed = sdk(srv, **{ROUTE_HEADER: stage_route("demo/question", "s1")})
+        assert ask(routed, prompt, tools=None).choices[0].message.content == "first"
+        repair = prompt + [{"role": "assistant", "content": "first"}, {"role": "user", "content": "rejected: x"}]
+        repaired = sdk(srv, **{ROUTE_HEADER: stage_route("demo/question", "s1", repair=1)})
+        assert ask(repaired, repair, tools=None).choices[0].message.content == "fixed"
+        assert "no script" in ask(sdk(srv), prompt, tools=None).choices[0].message.content
+        assert [r["route"] for r in srv.model.requests] == ["pipeline:demo/question key=s1",
+                                                              "pipeline:demo/question key=s1 repair=1", ""]
+
+
+def test_the_route_header_is_the_clients() -> None:
+    assert ROUTE_HEADER == LLM_ROUTE_HEADER

@@ -23,7 +23,7 @@ from apps.engines import pipelines
 from apps.engines.llm import LLMClient, Provider
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
-from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template, key_line
+from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template, key_line, stage_route
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines import services
 from apps.tasks.models import Task
@@ -128,11 +128,12 @@ def seeds(*keys: str) -> list[dict[str, Any]]:
 
 
 def calls_by_key(server: Any) -> dict[str, int]:
-    """Model requests per key line (first user message), from the offline model's request log."""
+    """Model requests per key line (the route header the client sent the stand-in), from the
+    offline model's request log; no prompt carries the key line."""
     counts: dict[str, int] = {}
     for request in server.model.requests:
-        users = [m["content"] for m in request["body"]["messages"] if m["role"] == "user"]
-        line = users[-1].splitlines()[0]
+        assert "[pipeline:" not in json.dumps(request["body"]["messages"])
+        line = f"[{request['route']}]"
         counts[line] = counts.get(line, 0) + 1
     return counts
 
@@ -197,7 +198,8 @@ def test_invalid_output_gets_a_repair_turn_with_the_error(model: Any) -> None:
     repair_request = list(server.model.requests)[-1]["body"]["messages"]
     assert [m["role"] for m in repair_request] == ["system", "user", "assistant", "user"]
     assert "schema: at prompt" in repair_request[-1]["content"]
-    assert repair_request[-1]["content"].startswith(key_line("demo/question", "s1", repair=1))
+    assert list(server.model.requests)[-1]["route"] == stage_route("demo/question", "s1", repair=1)
+    assert "[pipeline:" not in json.dumps(repair_request)
 
 
 def test_still_invalid_after_the_repairs_drops_the_item_with_the_reason(model: Any) -> None:
@@ -272,7 +274,7 @@ def test_a_crash_inside_an_llm_stage_reruns_only_unstored_answers_and_pays_none_
 
     def dying_chat(messages: list[dict[str, Any]], **kw: Any) -> Any:
         result = real_chat(messages, **kw)
-        if "key=s2]" in messages[-1]["content"] and not getattr(dying_chat, "died", False):
+        if kw["cache_key_extra"]["item"] == "s2" and not getattr(dying_chat, "died", False):
             dying_chat.died = True  # type: ignore[attr-defined]
             raise SimulatedCrash("killed after the answer came back, before it was stored")
         return result

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from apps.engines.llm import LLMUnavailable
-from apps.engines.offline_model import JUDGE_MARKER as OFFLINE_JUDGE_MARKER
+from apps.engines.offline_model import JUDGE_ROUTE as OFFLINE_JUDGE_ROUTE
 from apps.reviews import review_agent
 from apps.reviews.review_agent import JudgeFailed, draft_proposals, judge, overall_score, run_checks
 from tests.engines.test_agent import llm_env  # noqa: F401 - a fixture
@@ -146,7 +146,8 @@ def test_the_judge_prompt_carries_the_rubric_evidence_and_the_marker(make_task):
     assert result.suggestions == [{"field": "temperature", "to": 0.2, "rationale": "less random"}]
     assert result.model == "judge-model" and result.rubric_version == "envscaler@1"
     system = client.requests[0]["messages"][0]["content"]
-    assert system.startswith(review_agent.JUDGE_MARKER) and review_agent.JUDGE_MARKER == OFFLINE_JUDGE_MARKER
+    assert "trajplatform" not in system and "[" not in system.splitlines()[0]  # no routing marker for a real model
+    assert review_agent.JUDGE_ROUTE == OFFLINE_JUDGE_ROUTE
     user = client.requests[0]["messages"][1]["content"]
     evidence = json.loads(user.split(review_agent.EVIDENCE_OPEN)[1].split(review_agent.EVIDENCE_CLOSE)[0])
     assert evidence["dimensions"] == list(review_agent.RUBRICS["envscaler"]) and evidence["reward"] == 1.0

@@ -41,9 +41,16 @@ class Drop(Exception):
     """Raised by a code stage or validator: the item leaves the pipeline, with this reason."""
 
 
+def stage_route(template_id: str, item_key: str, repair: int = 0) -> str:
+    """The route of an llm stage's model calls (`with apps.engines.llm.llm_route(...)`): sent to
+    the offline stand-in only, as a request header, never in the prompt."""
+    return f"pipeline:{template_id} key={item_key}" + (f" repair={repair}" if repair else "")
+
+
 def key_line(template_id: str, item_key: str, repair: int = 0) -> str:
-    """The stable line an llm stage's prompt starts with; offline scripts match it by containment."""
-    return f"[pipeline:{template_id} key={item_key}" + (f" repair={repair}]" if repair else "]")
+    """The prompt an offline script for a stage is written under, `[pipeline:TEMPLATE key=ITEM]`:
+    the stand-in answers a call routed stage_route(...) with that script."""
+    return f"[{stage_route(template_id, item_key, repair)}]"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from apps.engines import agent
-from apps.engines.llm import canonical_json
+from apps.engines.llm import canonical_json, llm_route
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.pipelines import (
     TASK_STAGE,
@@ -36,7 +36,7 @@ from apps.engines.pipelines import (
     Pipeline,
     PipelineError,
     Stage,
-    key_line,
+    stage_route,
 )
 
 DEFAULT_CONCURRENCY = 8  # model calls / episodes of one stage at once (run config "concurrency")
@@ -44,7 +44,7 @@ ALL_ITEMS = "*"  # the item key of a scope="all" stage's one StageRun
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 REPAIR_TEXT = (
-    "{key}\nYour previous answer was rejected: {error}\n"
+    "Your previous answer was rejected: {error}\n"
     "Answer again with only the corrected JSON, nothing else."
 )
 
@@ -275,12 +275,13 @@ class Runner:
         template, inputs = stage.template, row.inputs
         assert template is not None
         messages = [{"role": "system", "content": template.system}] if template.system else []
-        messages.append({"role": "user", "content": key_line(template.id, row.item_key) + "\n" + template.user(inputs)})
+        messages.append({"role": "user", "content": template.user(inputs)})
         row.template_id, row.template_version = template.id, template.version
         row.prompt_hash = hashlib.sha256(canonical_json(messages).encode("utf-8")).hexdigest()
         turns: list[dict[str, Any]] = []
         for turn in range(stage.repairs + 1):
-            raw = self._chat(stage, row, messages, turn)
+            with llm_route(stage_route(template.id, row.item_key, repair=turn)):
+                raw = self._chat(stage, row, messages, turn)
             parsed, error = check_output(stage, raw, inputs)
             turns.append({"raw": raw, "error": error})
             row.raw_output, row.repair_attempts = raw, turn
@@ -290,8 +291,7 @@ class Runner:
             if turn < stage.repairs:
                 messages = messages + [
                     {"role": "assistant", "content": raw},
-                    {"role": "user", "content": REPAIR_TEXT.format(
-                        key=key_line(template.id, row.item_key, repair=turn + 1), error=error)},
+                    {"role": "user", "content": REPAIR_TEXT.format(error=error)},
                 ]
         reason = f"invalid output after {stage.repairs} repair(s): {turns[-1]['error']}"
         return StageRun.Status.DROPPED, reason, {

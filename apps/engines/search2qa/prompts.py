@@ -1,9 +1,10 @@
 """The search2qa stages' prompts and finish tools.
 
-Every sub-episode prompt starts with a key line `[pipeline:search2qa/<stage> key=seed=<slug>
-round=<n>]` (apps.engines.pipelines.key_line): the offline scripted model answers a stage by the
-script whose prompt is that line, before any longer script the prompt quotes (an evolve prompt
-quotes the question a solver script answers). The explore stage is the task's own episode, so
+Every sub-episode's model calls are routed `pipeline:search2qa/<stage> key=seed=<slug> round=<n>`
+(stage_route, sent by the client as a header to the offline stand-in only; the prompts carry no
+marker): the offline scripted model answers a stage by the script whose prompt is the key line
+`[pipeline:search2qa/<stage> key=seed=<slug> round=<n>]` (stage_key), before any longer script the
+prompt quotes (an evolve prompt quotes the question a solver script answers). The explore stage is the task's own episode, so
 its first user message is the task's prompt; the deep_search solver's prompt is the bare
 question, exactly the emitted task's prompt, so the solver run that is attached to the task is
 a faithful rollout of it.
@@ -14,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from apps.engines.pipelines import key_line
+from apps.engines.pipelines import key_line, stage_route as pipeline_route
 
 STAGES = ("explore", "evolve", "no_tool", "uniqueness", "solve")
 
@@ -71,6 +72,10 @@ def stage_key(stage: str, seed: str, round_: int) -> str:
     return key_line(f"search2qa/{stage}", f"seed={seed_slug(seed)} round={round_}")
 
 
+def stage_route(stage: str, seed: str, round_: int) -> str:
+    return pipeline_route(f"search2qa/{stage}", f"seed={seed_slug(seed)} round={round_}")
+
+
 def _rules(max_words: int, min_sources: int) -> str:
     return (f"- exactly one correct answer, at most {max_words} words (a name, term, number or date);\n"
             "- the answer (and any alias of it) must not appear in the question;\n"
@@ -115,8 +120,7 @@ EVOLVE_SYSTEM = (
 
 
 def evolve_prompt(seed: str, round_: int, rounds: int, qa: dict[str, Any]) -> str:
-    return (f"{stage_key('evolve', seed, round_)}\nRound {round_} of {rounds}. Evolve this question:\n\n"
-            f"{_qa_block(qa)}")
+    return f"Round {round_} of {rounds}. Evolve this question:\n\n{_qa_block(qa)}"
 
 
 NO_TOOL_SYSTEM = ("Answer the question from what you know, without searching. Reply by calling "
@@ -124,7 +128,7 @@ NO_TOOL_SYSTEM = ("Answer the question from what you know, without searching. Re
 
 
 def no_tool_prompt(seed: str, round_: int, question: str) -> str:
-    return f"{stage_key('no_tool', seed, round_)}\nQuestion: {question}"
+    return f"Question: {question}"
 
 
 UNIQUENESS_SYSTEM = (
@@ -134,7 +138,7 @@ UNIQUENESS_SYSTEM = (
 
 
 def uniqueness_prompt(seed: str, round_: int, qa: dict[str, Any]) -> str:
-    return f"{stage_key('uniqueness', seed, round_)}\n{_qa_block(qa)}"
+    return _qa_block(qa)
 
 
 def final_answer_text(qa: dict[str, Any]) -> str:

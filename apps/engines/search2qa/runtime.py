@@ -33,6 +33,7 @@ import copy
 import json
 from typing import Any
 
+from apps.engines.llm import llm_route
 from apps.engines.runtime import SceneRuntime, SetupError, ToolResult, current_episode
 from apps.engines.search2qa import emit as E
 from apps.engines.search2qa import gates as G
@@ -148,13 +149,14 @@ class Factory:
     def _stage_config(self, stage: str, prompt: str) -> dict[str, Any]:
         return {**self.config, STAGE_KEY: stage, "prompt": prompt, "max_steps": int(self.s["stage_max_steps"])}
 
-    def _run(self, label: str, config: dict[str, Any]) -> Any:
+    def _run(self, label: str, config: dict[str, Any], route: str = "") -> Any:
         # The task's timeout_s covers the whole factory (the worker stops the episode, verifier
         # included, a grace period after it): a stage gets at most what is left of it.
         left = self.ctx.time_left()
         if left < float(config.get("timeout_s") or DEFAULT_STAGE_TIMEOUT_S):
             config = {**config, "timeout_s": max(left, MIN_STAGE_TIMEOUT_S)}
-        result = self.ctx.run_subepisode(config, label=label)
+        with llm_route(route):  # the offline stand-in's script key; never in the prompt
+            result = self.ctx.run_subepisode(config, label=label)
         self.stages.append(summarize(label, result))
         return result
 
@@ -209,7 +211,8 @@ class Factory:
         if rounds == 0:
             return qa
         for n in range(1, rounds + 1):
-            result = self._run(f"evolve-{n}", self._stage_config("evolve", P.evolve_prompt(self.seed, n, rounds, qa)))
+            result = self._run(f"evolve-{n}", self._stage_config("evolve", P.evolve_prompt(self.seed, n, rounds, qa)),
+                               route=P.stage_route("evolve", self.seed, n))
             round_opened = opened_urls(result.steps)
             self.opened |= round_opened
             evolved = finish_args(result.steps, "evolve_qa") if result.outcome == "success" else None
@@ -257,7 +260,8 @@ class Factory:
     def _uniqueness(self, qa: dict[str, Any], *, run: bool) -> None:
         if not run:
             return self._skip("uniqueness")
-        result = self._run("uniqueness", self._stage_config("uniqueness", P.uniqueness_prompt(self.seed, 0, qa)))
+        result = self._run("uniqueness", self._stage_config("uniqueness", P.uniqueness_prompt(self.seed, 0, qa)),
+                           route=P.stage_route("uniqueness", self.seed, 0))
         verdict = finish_args(result.steps, "judge_uniqueness")
         if verdict is None:
             self.gates.append(G.gate("uniqueness", False, f"the judge gave no verdict: {result.outcome}: "
@@ -268,7 +272,8 @@ class Factory:
     def _no_tool(self, qa: dict[str, Any], *, run: bool) -> None:
         if not run:
             return self._skip("no_tool_fails")
-        result = self._run("no-tool", self._stage_config("no_tool", P.no_tool_prompt(self.seed, 0, qa["question"])))
+        result = self._run("no-tool", self._stage_config("no_tool", P.no_tool_prompt(self.seed, 0, qa["question"])),
+                           route=P.stage_route("no_tool", self.seed, 0))
         answered = finish_args(result.steps, "answer")
         if answered is None:
             if result.outcome == "error":
