@@ -354,3 +354,13 @@ def test_a_state_check_runs_its_probe_and_a_failing_probe_fails_it() -> None:
     assert reward == 1.0 and seen == ["git -C repo branch --show-current"] and out["check"]["stdout"] == "release-1\n"
     reward, out = quality.verify_episode(scene, [], "x", lambda c: (128, "", "fatal: not a git repository"))
     assert reward == 0.0 and out["check"]["stderr"].startswith("fatal") and out["note"] == "the probe exited with 128"
+
+
+def test_the_scene_schema_takes_order_and_relax_and_refuses_other_values() -> None:
+    from apps.engines.scenes import SCENES
+
+    validator = SCENES["toucan"].validator()
+    base = {"target_servers": ["time"], "target_tools": ["time__convert_time"]}
+    assert not list(validator.iter_errors({**base, "order": "any", "relax": ["rule_filter", "tool_order"]}))
+    assert list(validator.iter_errors({**base, "order": "loose"}))
+    assert list(validator.iter_errors({**base, "relax": ["check"]}))
