@@ -156,3 +156,14 @@ def test_a_browser_screenshot_past_the_limits_is_named_on_the_step_and_not_store
     ok = runtime._observe(_Sandbox(png_bytes(50, 36)), live)  # type: ignore[arg-type]
     assert (ok["screenshot"]["width"], ok["screenshot"]["height"]) == (50, 36)  # measured, not the server's word
     assert artifacts.Artifact.objects.count() == 1 and len(_files(artifact_store)) == 1
+
+
+def test_every_frame_of_an_animation_counts(settings: Any) -> None:
+    from PIL import Image
+
+    frames = [Image.new("RGB", (100, 100), color) for color in ("red", "blue", "green")]
+    out = io.BytesIO()
+    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:])
+    settings.IMAGE_MAX_PIXELS = 25000
+    with pytest.raises(ImageError, match="100x100 pixels in 3 frames, 30000 in all"):
+        measure(out.getvalue(), "image/gif")

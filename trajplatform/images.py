@@ -15,12 +15,16 @@ The artifact store calls it for every image it keeps, so each caller is covered 
 from __future__ import annotations
 
 import io
+import threading
 import warnings
 from dataclasses import dataclass
 
 from django.conf import settings
 
 FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF"}
+# warnings.catch_warnings swaps process-wide state: two threads measuring at once must not restore
+# each other's filters.
+_warnings_lock = threading.Lock()
 
 
 class ImageError(ValueError):
@@ -48,7 +52,7 @@ def measure(data: bytes, mime: str) -> ImageSize:
     try:
         # Pillow's open() warns past Image.MAX_IMAGE_PIXELS (our own bound below decides) and
         # raises past twice that.
-        with warnings.catch_warnings():
+        with _warnings_lock, warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data), formats=[FORMATS[mime]]) as image:
                 width, height = image.size
@@ -63,7 +67,7 @@ def measure(data: bytes, mime: str) -> ImageSize:
     if width <= 0 or height <= 0:
         raise ImageError(f"the image declares {width}x{height} pixels")
     if width * height * frames > max_pixels:
-        shape = f"{width}x{height}" + (f" in {frames} frames" if frames > 1 else "")
-        raise ImageError(f"the image declares {shape} pixels ({width * height * frames}); at most {max_pixels} "
+        frames_text = f" in {frames} frames, {width * height * frames} in all" if frames > 1 else ""
+        raise ImageError(f"the image declares {width}x{height} pixels{frames_text}; at most {max_pixels} "
                          "are kept (IMAGE_MAX_PIXELS)")
     return ImageSize(mime, width, height)
