@@ -480,8 +480,11 @@ def batch_detail(request: HttpRequest, batch_id: int) -> HttpResponse:
     if status in Task.Status.values:
         tasks = tasks.filter(status=status)
     page, filter_query = _page(request, tasks)
+    from apps.tasks.budgets import batch_spend
+
     return render(request, "reviews/batch_detail.html", {
         "nav": "batches", "batch": batch, "row": _progress_rows([batch])[0], "page": page,
+        "spend": batch_spend(batch),
         "filter_query": filter_query, "statuses": Task.Status.choices, "status": status,
         "can_control": request.user.has_perm("tasks.change_task"),
     })

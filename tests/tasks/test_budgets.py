@@ -332,3 +332,15 @@ def test_metrics_show_today_s_spend_and_the_daily_cap(client: Any, make_task: An
     text = client.get("/metrics").content.decode()
     assert 'trajplatform_llm_spend_usd{scope="today"} 1.25' in text
     assert "trajplatform_budget_daily_usd 20.0" in text
+
+
+@pytest.mark.django_db
+def test_the_batch_page_shows_spend_and_cost_per_accepted_trajectory(client: Any, viewer: Any) -> None:
+    batch = Batch.objects.create(name="paged", budget_usd=Decimal("2"))
+    task = Task.objects.create(batch=batch, scene="code_exec", prompt="p")
+    spent_row(task, "0.30", iteration=1)
+    spent_row(task, "0.10", outcome="failure", iteration=1, sample=1)
+    client.force_login(viewer)
+    page = client.get(f"/review/batches/{batch.pk}/").content.decode()
+    assert "Spent $0.400000 (the judge $0.000000) of a $2.000000 budget" in page
+    assert "1 accepted trajectories, $0.400000 per accepted trajectory" in page
