@@ -266,12 +266,15 @@ SITES: list[tuple[str, str, str, Solver, Any]] = [
      shop_order, {"type": "site_state", "assertions": [
          {"path": "orders", "op": "len", "value": 1}, {"path": "orders.0.shipping", "op": "eq", "value": "express"},
          {"path": "orders.0.items", "op": "eq", "value": [{"qty": 1, "sku": "mug"}, {"qty": 1, "sku": "lamp"}]},
-         {"path": "orders.0.name", "op": "eq", "value": "Ana Lima"}, {"path": "cart", "op": "len", "value": 0}]}),
+         {"path": "orders.0.name", "op": "eq", "value": "Ana Lima"},
+         {"path": "orders.0.address", "op": "eq", "value": "12 Rua Augusta, Lisbon"},
+         {"path": "cart", "op": "len", "value": 0}]}),
     ("mail-tidy", "mail",
      "In the web mail: delete the 'Weekly deals' email, reply to nobody, but send ana@example.org a message with the "
      "subject 'Friday lunch' saying 'Yes, noon works.'. Then answer: to when was the project kickoff moved?",
      mail_tidy, [{"type": "site_state", "assertions": [
          {"path": "trash.0.id", "op": "eq", "value": "m3"}, {"path": "inbox", "op": "len", "value": 3},
+         {"path": "sent", "op": "len", "value": 1},
          {"path": "sent.0", "op": "eq", "value": {"to": "ana@example.org", "subject": "Friday lunch",
                                                   "body": "Yes, noon works."}}]},
          {"type": "answer", "expected": ["Tuesday", "10:00 |OR| 10 am"], "match": "must_include"}]),
@@ -292,8 +295,7 @@ def free_port() -> int:
 
 
 async def record_miniwob(root: str, task: str, seed: int, solver: Solver) -> tuple[str, list[dict[str, Any]], float]:
-    browser = server.Browser({"source": "miniwob", "start_url": f"file://{root}/miniwob/{task}.html",
-                              "allowed_origins": [f"file://{root}/"], "seed": seed, "viewport": [500, 360]})
+    browser = server.Browser({**server.miniwob_config(root, task, seed, free_port()), "viewport": [500, 360]})
     try:
         start = await browser.start()
         recorder = Recorder(browser)
@@ -344,7 +346,7 @@ async def build() -> list[dict[str, Any]]:
     for task, seed, solver, extra in MINIWOB + [WRONG]:
         utterance, calls, raw = await record_miniwob(root, task, seed, solver)
         wrong = solver is click_button_wrong
-        if (raw > 0) == wrong:
+        if (raw == 1.0) == wrong:  # MiniWoB's binary success
             raise SystemExit(f"{task} seed {seed}: raw reward {raw}: the {'wrong' if wrong else 'reference'} "
                              "solution does not do what it should")
         name = f"gui-miniwob-{task}-s{seed}" + ("-wrong" if wrong else "")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from apps.engines.gui import checks, sites
-from apps.engines.gui.server import allowed
+from apps.engines.gui.server import PageServer, allowed, miniwob_config
 from apps.engines.sandboxes import SandboxSpec, SandboxSpecUnsupported, cgroups
 from apps.engines.sandboxes.base import SandboxError
 from apps.engines.sandboxes.local import LocalBackend
@@ -81,12 +81,45 @@ MINIWOB_GLOBALS = ("({raw: WOB_RAW_REWARD_GLOBAL, reward: WOB_REWARD_GLOBAL, rea
                    " done: WOB_DONE_GLOBAL})")
 
 
-def test_the_miniwob_check_passes_on_a_positive_raw_reward_and_keeps_the_reason() -> None:
+def test_the_miniwob_check_passes_on_a_raw_reward_of_one_and_keeps_the_reason() -> None:
     won = {MINIWOB_GLOBALS: {"raw": 1, "reward": 0.93, "reason": None, "done": True}}
     lost = {MINIWOB_GLOBALS: {"raw": -1, "reward": -1, "reason": "wrong button", "done": True}}
     assert checks.run_check({"type": "miniwob"}, probe(page=won))[0] == 1.0
     reward, details = checks.run_check({"type": "miniwob"}, probe(page=lost))
     assert reward == 0.0 and details["reason"] == "wrong button" and details["raw_reward"] == -1
+
+
+def test_miniwob_partial_credit_is_no_success_and_a_number_only_when_the_task_asks() -> None:
+    """click-checkboxes with one box of three wrong: raw (2 - 1) / 3. BrowserGym's raw > 0 scored
+    it 1; MiniWoB's binary rule is success only at 1.0."""
+    partial = {MINIWOB_GLOBALS: {"raw": 1 / 3, "reward": 0.33, "reason": None, "done": True}}
+    reward, details = checks.run_check({"type": "miniwob"}, probe(page=partial))
+    assert reward == 0.0 and details["passed"] is False and details["raw_reward"] == pytest.approx(1 / 3)
+    assert checks.completion_conditions(details)["completed"] == {
+        "ok": False, "detail": f"MiniWoB's raw reward is {1 / 3} (success is 1.0)"}
+    rl, details = checks.run_check({"type": "miniwob", "partial_credit": True}, probe(page=partial))
+    assert rl == pytest.approx(1 / 3) and details["passed"] is False
+    assert checks.completion_conditions(details)["completed"]["relaxed"] is True
+    wrong = {MINIWOB_GLOBALS: {"raw": -1, "reward": -1, "reason": None, "done": True}}
+    assert checks.run_check({"type": "miniwob", "partial_credit": True}, probe(page=wrong))[0] == 0.0
+    both = checks.run_check([{"type": "miniwob", "partial_credit": True}, {"type": "answer", "expected": "x"}],
+                            probe(page=partial, answer="x"))
+    assert both[0] == pytest.approx(1 / 3)
+    with pytest.raises(checks.CheckError, match="partial_credit"):
+        checks.run_check({"type": "miniwob", "partial_credit": "yes"}, probe(page=partial))
+
+
+def test_the_page_facts_decide_the_task_page_and_the_injection_conditions() -> None:
+    own = {"url": "http://127.0.0.1:8100/miniwob/click-button.html", "task_page": True, "started_page": True,
+           "blocked_scripts": []}
+    assert checks.process_conditions("miniwob", own) == {"task_page": {"ok": True, "detail": ""},
+                                                          "no_injected_reward": {"ok": True, "detail": ""}}
+    for other in ({**own, "task_page": False}, {**own, "started_page": False}, {}):  # another page, reloaded, no facts
+        assert checks.process_conditions("miniwob", other)["task_page"]["ok"] is False
+    injected = checks.process_conditions("miniwob", {**own, "blocked_scripts": ["Executing inline event handler …"]})
+    assert injected["no_injected_reward"] == {
+        "ok": False, "detail": "the page refused 1 script(s) put into it: Executing inline event handler …"}
+    assert set(checks.process_conditions("site", {"blocked_scripts": []})) == {"no_injected_reward"}
 
 
 def test_the_js_check_passes_on_a_truthy_predicate() -> None:
@@ -163,6 +196,60 @@ def test_only_allowed_origins_and_file_prefixes_may_be_loaded() -> None:
     for url in ("http://127.0.0.1:8101/", "https://127.0.0.1:8100/", "http://example.com/", "file:///opt/x/htmlx/a",
                 "file:///opt/x/html/../../etc/passwd", "javascript:alert(1)", "data:text/html,hi", "chrome://crash"):
         assert not allowed(url, origins), url
+
+
+def test_paths_are_checked_decoded_and_normalised() -> None:
+    """`%2e%2e` is a dot segment to the browser: before the fix the raw string passed the prefix check."""
+    origins = miniwob_config("/opt/x/html", "click-button", 1, 8100)["allowed_origins"]
+    assert allowed("http://127.0.0.1:8100/miniwob/click-button.html", origins)
+    assert allowed("http://127.0.0.1:8100/core/jquery-ui/jquery-ui.min.css", origins)
+    assert allowed("http://127.0.0.1:8100/miniwob/../core/core.js", origins)  # what the browser loads
+    for url in ("http://127.0.0.1:8100/miniwob/click-test.html",  # another task's page
+                "http://127.0.0.1:8100/core/%2e%2e/miniwob/click-test.html", "http://127.0.0.1:8100/core/%2E%2E/miniwob/x",
+                "http://127.0.0.1:8100/core/..%2fminiwob/click-test.html", "http://127.0.0.1:8100/core/%252e%252e/x",
+                "http://127.0.0.1:8100/core\\..\\miniwob/click-test.html", "http://127.0.0.1:8100/core/%00.js",
+                "http://127.0.0.1:8100/core/%ff.js", "http://127.0.0.1:8100/miniwob/"):
+        assert not allowed(url, origins), url
+    files = ["file:///opt/x/html/"]
+    for url in ("file:///opt/x/html/%2e%2e/%2e%2e/etc/passwd", "file:///opt/x/html/core/%2e%2e%2f%2e%2e/y",
+                "file://evil/opt/x/html/a.js"):
+        assert not allowed(url, files), url
+
+
+def test_the_miniwob_page_server_serves_only_the_tasks_page_and_the_shared_files(tmp_path: Path) -> None:
+    import hashlib
+
+    root = tmp_path / "html"
+    (root / "miniwob").mkdir(parents=True)
+    (root / "core").mkdir()
+    script = "\nvar genProblem = function() {};\n"
+    (root / "miniwob" / "t.html").write_text(f"<html><head><script src='../core/core.js'></script>"
+                                              f"<script>{script}</script></head><body></body></html>")
+    (root / "miniwob" / "other.html").write_text("<html>another task</html>")
+    (root / "core" / "core.js").write_text("var core = {};")
+    (root / "core" / "page.html").write_text("<html>not a shared file</html>")
+    (tmp_path / "secret.txt").write_text("outside")
+    (root / "core" / "link.js").symlink_to(tmp_path / "secret.txt")
+    pages = PageServer(str(root), "/miniwob/t.html", 8100)
+    status, headers, body = pages.respond("/miniwob/t.html")
+    csp = dict(headers)["Content-Security-Policy"]
+    digest = __import__("base64").b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert status.startswith("200") and b"genProblem" in body
+    assert f"script-src http://127.0.0.1:8100/core/core.js 'sha256-{digest}';" in csp
+    assert "'unsafe-inline'" not in csp.split("style-src")[0] and "base-uri 'none'" in csp
+    assert pages.respond("/core/core.js")[0].startswith("200")
+    assert "Content-Security-Policy" not in dict(pages.respond("/core/core.js")[1])
+    for path in ("/miniwob/other.html", "/core/%2e%2e/miniwob/other.html", "/core/..%2fminiwob/other.html",
+                 "/core/page.html", "/core/link.js", "/core/%2e%2e/%2e%2e/secret.txt", "/core/%252e%252e/x", "/"):
+        assert pages.respond(path)[0].startswith("404"), path
+
+
+def test_the_bundled_sites_send_a_policy_that_runs_no_script(tmp_path: Path) -> None:
+    app = sites.wsgi_app(sites.Site("mail", str(tmp_path / "state.json")))
+    headers: list[Any] = []
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "QUERY_STRING": "", "wsgi.input": io.BytesIO(b"")}
+    b"".join(app(environ, lambda status, h: headers.extend(h)))
+    assert "script-src 'none'" in dict(headers)["Content-Security-Policy"]
 
 
 # --- sites ------------------------------------------------------------------------------------

@@ -6,8 +6,11 @@ A check is an object with a `type` (or a list of them: all must pass, the reward
 product). Each evaluator reads the final page only through the platform-only browser tools
 (`probe.evaluate`), the site's state file (`probe.site_state`) or the final answer:
 
-* `miniwob`: 1.0 when MiniWoB's raw reward (`WOB_RAW_REWARD_GLOBAL`) is > 0, else 0.0
-  (BrowserGym's rule: raw, not time-discounted); the task's reason (`WOB_REWARD_REASON`) kept.
+* `miniwob`: 1.0 when MiniWoB's raw reward (`WOB_RAW_REWARD_GLOBAL`, not time-discounted) is
+  1.0, else 0.0: MiniWoB's binary success (a partial credit such as click-checkboxes' 0.33 for
+  one box of three wrong is not success); `partial_credit: true` makes the reward the raw value
+  clipped to [0, 1] (for RL; still a success only at 1.0). The raw value and the task's reason
+  (`WOB_REWARD_REASON`) are kept in the details either way.
 * `js`: `{"predicate": "<JS expression>"}` evaluated on the final page; truthy passes.
 * `url`: WebArena's URLEvaluator: `reference_url` (alternatives joined by " |OR| "),
   `url_note` "GOLD in PRED" (the default: a reference's host+path is contained in the final
@@ -23,6 +26,18 @@ product). Each evaluator reads the final page only through the platform-only bro
 
 A check that cannot run (an unknown kind, a bad path, a locator that throws) is a CheckError:
 the runtime reports it as the task's configuration error, never as the agent's failure.
+
+Process conditions (verifier_output["process"], the shared shape of docs/reviews.md), from the
+browser's `page_facts` before any check runs, and from the checks' details after:
+
+* `task_page` (miniwob): the final page is the task's own start page and still the document the
+  platform started (its per-episode token): a reward read from any other page never counts.
+* `no_injected_reward` (every source): the page's Content-Security-Policy refused no script the
+  agent put into it (markup typed into a page that renders it).
+* `completed` (miniwob): MiniWoB's raw reward is 1.0; `relaxed` when the check asks for
+  `partial_credit` (the reward is then the raw value, the condition still reported).
+
+A failed task_page or no_injected_reward condition makes the reward 0 without reading the page.
 """
 from __future__ import annotations
 
@@ -65,18 +80,23 @@ def run_check(check: Any, probe: Probe) -> tuple[float, dict[str, Any]]:
     if not isinstance(check, dict) or check.get("type") not in KINDS:
         raise CheckError(f"a check needs a type among {', '.join(KINDS)}, got {check!r}")
     kind = check["type"]
-    passed, details = globals()[f"_{kind}"](check, probe)
-    return (1.0 if passed else 0.0), {"type": kind, "passed": passed, **details}
+    result, details = globals()[f"_{kind}"](check, probe)  # passed (bool), or a reward in [0, 1]
+    reward = float(result) if not isinstance(result, bool) else (1.0 if result else 0.0)
+    return reward, {"type": kind, "passed": reward == 1.0, **details}
 
 
-def _miniwob(check: dict[str, Any], probe: Probe) -> tuple[bool, dict[str, Any]]:
+def _miniwob(check: dict[str, Any], probe: Probe) -> tuple[bool | float, dict[str, Any]]:
+    partial = check.get("partial_credit", False)
+    if not isinstance(partial, bool):
+        raise CheckError(f"a miniwob check's partial_credit is true or false, got {partial!r}")
     value = probe.evaluate("({raw: WOB_RAW_REWARD_GLOBAL, reward: WOB_REWARD_GLOBAL, reason: WOB_REWARD_REASON,"
                            " done: WOB_DONE_GLOBAL})", None)
     if not isinstance(value, dict):
         raise CheckError(f"the page has no MiniWoB reward globals (got {value!r})")
     raw = float(value.get("raw") or 0)
-    return raw > 0, {"raw_reward": raw, "reward": value.get("reward"), "reason": value.get("reason"),
-                     "done": bool(value.get("done"))}
+    details = {"raw_reward": raw, "reward": value.get("reward"), "reason": value.get("reason"),
+               "done": bool(value.get("done")), "partial_credit": partial}
+    return (min(max(raw, 0.0), 1.0) if partial else raw == 1.0), details
 
 
 def _js(check: dict[str, Any], probe: Probe) -> tuple[bool, dict[str, Any]]:
@@ -236,3 +256,33 @@ def _site_state(check: dict[str, Any], probe: Probe) -> tuple[bool, dict[str, An
         ok, actual = assertion(state, item)
         results.append({**item, "passed": ok, "actual": actual})
     return all(r["passed"] for r in results), {"assertions": results}
+
+
+def _condition(ok: bool, detail: str, relaxed: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": bool(ok), "detail": "" if ok else detail[:290]}
+    if relaxed:
+        out["relaxed"] = True
+    return out
+
+
+def process_conditions(source: str, facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The conditions read off the browser's page facts, before a check runs."""
+    out: dict[str, dict[str, Any]] = {}
+    if source == "miniwob":
+        own = bool(facts.get("task_page")) and facts.get("started_page") is True
+        out["task_page"] = _condition(own, f"the final page {facts.get('url')!r} is not the task's page the "
+                                           "platform started (another page, or the page reloaded)")
+    blocked = list(facts.get("blocked_scripts") or [])
+    out["no_injected_reward"] = _condition(not blocked, f"the page refused {len(blocked)} script(s) put into it: "
+                                                        f"{blocked[0] if blocked else ''}")
+    return out
+
+
+def completion_conditions(details: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`completed` for each miniwob check in the details (a list's parts too)."""
+    parts = [d for d in (details.get("checks") or [details]) if d.get("type") == "miniwob"]
+    if not parts:
+        return {}
+    incomplete = [d for d in parts if d.get("raw_reward") != 1.0]
+    detail = (f"MiniWoB's raw reward is {incomplete[0].get('raw_reward')} (success is 1.0)" if incomplete else "")
+    return {"completed": _condition(not incomplete, detail, relaxed=any(d.get("partial_credit") for d in incomplete))}

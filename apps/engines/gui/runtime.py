@@ -43,7 +43,7 @@ from django.conf import settings
 from apps.engines.agent import image_parts, is_vision
 from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
 from apps.engines.gui import checks
-from apps.engines.gui.server import AGENT_TOOLS, PLATFORM_TOOLS
+from apps.engines.gui.server import AGENT_TOOLS, PLATFORM_TOOLS, miniwob_config
 from apps.engines.mcp import EpisodeHubs, McpHub, McpServerSpec
 from apps.engines.runtime import InfrastructureError, SceneRuntime, SetupError, ToolResult
 from apps.engines.sandboxes import PLATFORM_PYTHON_PROFILE, Sandbox, SandboxSpec
@@ -85,9 +85,8 @@ def browser_config(config: dict[str, Any]) -> dict[str, Any]:
         task = str(scene.get("task") or "")
         if not task or "/" in task or task.startswith("."):
             raise SetupError(f"a miniwob task names its page in scene_config.task (e.g. click-button), got {task!r}")
-        root = scene.get("miniwob_root") or MINIWOB_ROOT
-        out.update(start_url=f"file://{root}/miniwob/{task}.html", allowed_origins=[f"file://{root}/"],
-                   seed=int(scene.get("seed") or 0))
+        out.update(miniwob_config(scene.get("miniwob_root") or MINIWOB_ROOT, task, int(scene.get("seed") or 0),
+                                  int(scene.get("port") or SITE_PORT)))
     elif source == "site":
         port = int(scene.get("port") or SITE_PORT)
         origin = f"http://127.0.0.1:{port}"
@@ -282,17 +281,31 @@ class GuiRuntime(SceneRuntime):
             except SandboxFileNotFound:
                 raise checks.CheckError("the task's site wrote no state file (is it a site task?)") from None
 
-        url = evaluate("location.href", None)
-        try:
-            reward, details = checks.run_check(check, checks.Probe(final_answer=final_answer, url=str(url or ""),
-                                                                   evaluate=evaluate, site_state=site_state))
-        except checks.CheckError as exc:
-            raise SetupError(f"the task's check cannot run: {exc}") from None
+        response = live.hub.call_platform(SERVER, "platform_evaluate", {"expression": "location.href"})
+        if response.is_error:
+            raise SetupError(f"the task's check cannot run: the browser cannot read the page: {response.text}")
+        answer = json.loads(response.text)
+        url, facts = answer.get("value"), answer.get("page") or {}
+        source = browser_config(config)["source"]
+        process = checks.process_conditions(source, facts)
+        gate = next((name for name, c in process.items() if not c["ok"] and not c.get("relaxed")), None)
+        if gate is not None:  # the page cannot be trusted: its reward (or state) is not read at all
+            reward, details = 0.0, {"type": "not run", "passed": False, "reason": process[gate]["detail"]}
+        else:
+            try:
+                reward, details = checks.run_check(check, checks.Probe(final_answer=final_answer, url=str(url or ""),
+                                                                       evaluate=evaluate, site_state=site_state))
+            except checks.CheckError as exc:
+                raise SetupError(f"the task's check cannot run: {exc}") from None
+            process.update(checks.completion_conditions(details))
         parts = details.get("checks") or [details]
         output: dict[str, Any] = {"check": details, "reward": reward, "url": url,
-                                  "passed": sum(1 for d in parts if d.get("passed")), "total": len(parts)}
+                                  "passed": sum(1 for d in parts if d.get("passed")), "total": len(parts),
+                                  "process": process, "decided_by": gate or "check"}
+        if facts.get("refused"):
+            output["refused_navigations"] = facts["refused"]
         if details.get("reason"):
-            output["note"] = f"MiniWoB: {details['reason']}"
+            output["note"] = f"MiniWoB: {details['reason']}" if details.get("type") == "miniwob" else details["reason"]
         records = live.hub.take_records()
         if records:
             output["mcp_calls"] = records

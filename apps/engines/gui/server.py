@@ -12,15 +12,29 @@ browser_handle_dialog, browser_wait_for, and for models that see the screenshots
 browser_take_screenshot and browser_mouse_click_xy (a point of the screenshot). Elements are addressed by the
 `ref` of the page's accessibility snapshot (Playwright's `aria_snapshot(mode="ai")`:
 `button "Submit" [ref=e5]`); every action answers with the page's URL, title and a fresh
-snapshot. Navigation is limited to CONFIG.allowed_origins (an http(s) origin, or a file://
-path prefix): the navigate tool refuses others, every request of the page to another origin
-is aborted, and a page that ends up elsewhere is taken back.
+snapshot. Navigation is limited to CONFIG.allowed_origins (an http(s) origin, an origin with
+a path prefix ending in "/" or one exact path, or a file:// path prefix), always compared on
+the decoded, normalised path (`allowed`): the navigate tool refuses others, every other request
+of the page is aborted, a navigation the page itself starts elsewhere is answered "204 No
+Content" (the browser stays on its page, which stays usable) and the step is an error.
 
-Platform-only tools (the runtime's spec keeps them from the agent, so the agent cannot reach
-the reward channel, e.g. MiniWoB's core.endEpisode): platform_start (launch, open the start
-page, the source's init: MiniWoB seeded the way BrowserGym does), platform_observe (a
-screenshot written to CONFIG.shots_dir, URL, title, the last action's element box),
-platform_evaluate (a JavaScript expression on the page, for the verifier).
+CONFIG.source "miniwob" serves the MiniWoB++ wheel's html/ directory on 127.0.0.1:CONFIG.pages.port
+(`PageServer`, a thread of this process): the task's own page and the shared core/ and common/
+files, nothing else (no other task's page), and the page with a Content-Security-Policy whose
+script-src is the page's own script files and the hashes of its inline scripts. Markup the agent
+gets into the page (MiniWoB's terminal renders typed text as HTML) can therefore run no script:
+no inline handler, no javascript: URL, no other script file. Such a blocked attempt is kept
+(`blocked_scripts`, from the console) and the verifier fails the episode on it. The task is one
+page: after the start every navigation of the page is refused (a reload would restart the
+problem unseeded), and the page the platform started carries a per-episode token that a
+reloaded page does not have (`page_facts`: the verifier reads a reward only from that page).
+
+Platform-only tools (the runtime's spec keeps them from the agent; with the page's CSP no
+script of the agent's runs in the page, so the agent cannot reach the reward channel,
+e.g. MiniWoB's core.endEpisode): platform_start (launch, open the start page, the source's
+init: MiniWoB seeded the way BrowserGym does), platform_observe (a screenshot written to
+CONFIG.shots_dir, URL, title, the last action's element box), platform_evaluate (a
+JavaScript expression on the page, for the verifier; its answer also carries `page_facts`).
 
 When the browser dies the server exits (status 75): the hub sees its server gone and the
 loop ends the episode as an infrastructure error, never as the agent's failure.
@@ -32,14 +46,19 @@ network namespace of its own, so the app must live in the browser's.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
+import posixpath
 import re
+import secrets
 import sys
+import threading
 import time
-from typing import Any
-from urllib.parse import urlsplit
+from html.parser import HTMLParser
+from typing import Any, Callable
+from urllib.parse import unquote, urlsplit
 
 BROWSER_GONE_EXIT = 75
 SNAPSHOT_MAX_CHARS = 20000
@@ -49,8 +68,10 @@ DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 # MiniWoB's start, as BrowserGym does it: seeded, no time limit, the human display hidden.
 # `core.startEpisode` is emptied so a finished episode stays finished (no new problem, no
 # START cover that a further click would restart with a zero reward).
-MINIWOB_INIT = """(seed) => {
+# The page the platform started carries `token` under `mark` (not writable), which a reloaded page has not.
+MINIWOB_INIT = """({seed, mark, token}) => {
   Math.seedrandom(seed);
+  Object.defineProperty(window, mark, {value: token, writable: false, configurable: false, enumerable: false});
   core.EPISODE_MAX_TIME = 1000000000;
   core.startEpisodeReal();
   core.startEpisode = function () {};
@@ -64,6 +85,11 @@ MINIWOB_INIT = """(seed) => {
 }"""
 
 
+EPISODE_MARK = "__trajplatform_episode"
+MINIWOB_SHARED = ("/core/", "/common/")  # the scripts, styles and images the task pages share; no task page is there
+UNSAFE_URL_CHARS = re.compile(r"[\\\x00-\x1f\x7f]")  # a backslash or control: browsers rewrite or drop them
+
+
 def origin_of(url: str) -> str:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -71,18 +97,179 @@ def origin_of(url: str) -> str:
     return f"{scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
+def clean_path(raw: str) -> str | None:
+    """A URL path decoded (percent-escapes) and normalised ("/a/%2e%2e/b" -> "/b"), or None when
+    it is not a plain path: a backslash or a control character once decoded (browsers rewrite
+    or drop them), or escapes left after one decoding ("%252e")."""
+    path = unquote(raw or "/", errors="strict")
+    if UNSAFE_URL_CHARS.search(path) or unquote(path) != path or not path.startswith("/"):
+        return None
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):
+        normal = "/" + normal.lstrip("/")
+    return normal + ("/" if path.endswith("/") and normal != "/" else "")
+
+
+def within(path: str, prefix: str) -> bool:
+    """`prefix` "" or ending in "/": `path` inside it; otherwise exactly that path."""
+    if not prefix or prefix.endswith("/"):
+        return path.startswith(prefix or "/")
+    return path == prefix
+
+
 def allowed(url: str, origins: list[str]) -> bool:
-    """Whether the page may load `url`: about:blank, or an allowed origin / file:// prefix."""
+    """Whether the page may load `url`: about:blank, or an allowed origin (with a path prefix or
+    an exact path when the entry has one) / file:// prefix, on the decoded, normalised path."""
     if url in ("about:blank", "about:srcdoc"):
         return True
-    scheme = urlsplit(url).scheme.lower()
-    if scheme == "file":
-        path = os.path.normpath(urlsplit(url).path)
-        return any(o.startswith("file://") and (path + "/").startswith(os.path.normpath(o[7:]) + "/")
-                   for o in origins)
-    if scheme not in DEFAULT_PORTS:
+    if UNSAFE_URL_CHARS.search(url):  # "http://a\\@b/": Python and the browser disagree on the host
         return False
-    return any(not o.startswith("file://") and origin_of(o) == origin_of(url) for o in origins)
+    try:
+        parts = urlsplit(url)
+        path = clean_path(parts.path)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    scheme = parts.scheme.lower()
+    if path is None or (scheme == "file" and parts.netloc not in ("", "localhost")):
+        return False
+    for entry in origins:
+        if entry.startswith("file://"):
+            prefix = clean_path(entry[7:])
+            if scheme == "file" and prefix and within(path, prefix.rstrip("/") + "/"):
+                return True
+        elif scheme in DEFAULT_PORTS and origin_of(entry) == origin_of(url):
+            prefix = clean_path(urlsplit(entry).path or "/")
+            if prefix and within(path, prefix):
+                return True
+    return False
+
+
+class _Scripts(HTMLParser):
+    """The <script> elements of a page: the src of each file and the text of each inline one."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.files: list[str] = []
+        self.inline: list[str] = []
+        self._text: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "script":
+            src = dict(attrs).get("src")
+            if src:
+                self.files.append(src)
+            else:
+                self._text = []
+
+    def handle_data(self, data: str) -> None:
+        if self._text is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script" and self._text is not None:
+            self.inline.append("".join(self._text))
+            self._text = None
+
+
+def page_csp(html_text: str, page_url: str) -> str:
+    """The Content-Security-Policy of a task page: script only from the page's own script files
+    and its inline scripts (by SHA-256, as the browser hashes them: newlines normalised), so
+    nothing put into the page later runs (no inline handler, javascript: URL or other file)."""
+    parser = _Scripts()
+    parser.feed(html_text.replace("\r\n", "\n").replace("\r", "\n"))
+    parser.close()
+    origin = f"{urlsplit(page_url).scheme}://{urlsplit(page_url).netloc}"
+    base = posixpath.dirname(urlsplit(page_url).path) + "/"
+    sources = []
+    for src in parser.files:
+        path = clean_path(src if src.startswith("/") else base + src)
+        if path and not urlsplit(src).scheme:
+            sources.append(origin + path)
+    hashes = [f"'sha256-{base64.b64encode(hashlib.sha256(t.encode()).digest()).decode()}'" for t in parser.inline]
+    return ("default-src 'none'; script-src " + " ".join(sources + hashes or ["'none'"]) +
+            f"; style-src {origin} 'unsafe-inline'; img-src {origin} data:; font-src {origin} data:; "
+            f"connect-src {origin}; media-src {origin}; object-src 'none'; frame-src 'none'; worker-src 'none'; "
+            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+class PageServer:
+    """The MiniWoB++ pages of one task on 127.0.0.1:`port`: the task's page (with its CSP) and the
+    shared core/ and common/ files from `root` (the wheel's html/); anything else is 404.
+    Paths are decoded and normalised before the check, and the file must resolve inside `root`."""
+
+    TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png",
+             ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif", ".svg": "image/svg+xml",
+             ".json": "application/json", ".woff": "font/woff", ".woff2": "font/woff2", ".ttf": "font/ttf"}
+
+    def __init__(self, root: str, page: str, port: int):
+        self.root = os.path.realpath(root)
+        self.page = page  # "/miniwob/<task>.html"
+        self.port = int(port)
+        self.origin = f"http://127.0.0.1:{self.port}"
+
+    def serves(self, path: str | None) -> bool:
+        return path is not None and (path == self.page or
+                                     (path.startswith(MINIWOB_SHARED) and not path.endswith((".html", ".htm"))))
+
+    def file(self, path: str | None) -> str | None:
+        """The file behind a request path, or None (not served, missing, or resolving outside root)."""
+        if not self.serves(path):
+            return None
+        real = os.path.realpath(os.path.join(self.root, str(path).lstrip("/")))
+        if not real.startswith(self.root + os.sep) or not os.path.isfile(real):
+            return None
+        return real
+
+    def respond(self, raw_path: str) -> tuple[str, list[tuple[str, str]], bytes]:
+        try:
+            path = clean_path(raw_path)
+        except UnicodeDecodeError:
+            path = None
+        real = self.file(path)
+        if real is None:
+            return "404 Not Found", [("Content-Type", "text/plain")], b"not part of this task\n"
+        with open(real, "rb") as fh:
+            data = fh.read()
+        headers = [("Content-Type", self.TYPES.get(os.path.splitext(real)[1].lower(), "application/octet-stream")),
+                   ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
+        if path == self.page:
+            headers.append(("Content-Security-Policy", page_csp(data.decode("utf-8"), self.origin + self.page)))
+        return "200 OK", headers, data
+
+    def wsgi(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        # RAW_URI / REQUEST_URI are not set by wsgiref: PATH_INFO is the once-decoded path, re-quoted
+        # only for the check (clean_path decodes again and refuses what a second decoding changes).
+        raw = environ.get("PATH_INFO", "/").encode("latin-1").decode("utf-8", "replace")
+        status, headers, data = self.respond(raw.replace("%", "%25"))
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            status, headers, data = "405 Method Not Allowed", [("Content-Type", "text/plain")], b""
+        start_response(status, [*headers, ("Content-Length", str(len(data)))])
+        return [data]
+
+    def serve_in_thread(self) -> Any:
+        from socketserver import ThreadingMixIn
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+        class Server(ThreadingMixIn, WSGIServer):
+            daemon_threads = True
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, *args: Any) -> None:  # stdout/stderr belong to the MCP server
+                pass
+
+        server = make_server("127.0.0.1", self.port, self.wsgi, server_class=Server, handler_class=Quiet)
+        threading.Thread(target=server.serve_forever, name="miniwob-pages", daemon=True).start()
+        return server
+
+
+def miniwob_config(root: str, task: str, seed: int, port: int) -> dict[str, Any]:
+    """The browser's config for a MiniWoB task page served by PageServer (the runtime's and the
+    example builder's): the page and the shared files are all the page may load."""
+    origin = f"http://127.0.0.1:{int(port)}"
+    page = f"/miniwob/{task}.html"
+    return {"source": "miniwob", "start_url": origin + page, "seed": int(seed), "single_page": True,
+            "allowed_origins": [origin + page] + [origin + prefix for prefix in MINIWOB_SHARED],
+            "pages": {"root": root, "page": page, "port": int(port)}}
 
 
 class Browser:
@@ -91,11 +278,18 @@ class Browser:
     def __init__(self, config: dict[str, Any]):
         self.config = config
         self.origins: list[str] = list(config.get("allowed_origins") or [])
+        self.single_page = bool(config.get("single_page"))  # MiniWoB: the task is its start page, never reloaded
+        self.token = secrets.token_hex(16)  # marks the page the platform started (MINIWOB_INIT)
         self.playwright: Any = None
         self.browser: Any = None
         self.page: Any = None
+        self.pages: Any = None  # the PageServer's httpd, for source miniwob
+        self.started = False
         self.dialog: Any = None
         self.last_action: dict[str, Any] = {}
+        self.refused: list[str] = []  # navigations and new windows refused, in order
+        self.blocked_loads: list[str] = []  # other requests of the page refused (a missing file, another origin)
+        self.blocked_scripts: list[str] = []  # the page's CSP refusals: script the agent put into the page
         self.shots = 0
         self.lock = asyncio.Lock()
 
@@ -105,6 +299,9 @@ class Browser:
         from playwright.async_api import async_playwright
 
         started = time.monotonic()
+        if self.config.get("pages"):
+            pages = self.config["pages"]
+            self.pages = PageServer(pages["root"], pages["page"], pages["port"]).serve_in_thread()
         self.playwright = await async_playwright().start()
         self.browser = await self.playwright.chromium.launch(
             executable_path=self.config.get("chromium") or "/usr/bin/chromium", headless=True,
@@ -120,8 +317,10 @@ class Browser:
         # Loading a page is the browser's work, not the agent's: a loaded machine gets time.
         context.set_default_navigation_timeout(float(self.config.get("navigation_timeout_ms") or 30000))
         self.page = await context.new_page()
+        context.on("page", self._on_popup)
         self.page.on("dialog", self._on_dialog)
         self.page.on("crash", lambda *_: self._gone("the page crashed"))
+        self.page.on("console", self._on_console)
         launched = time.monotonic()
         info: dict[str, Any] = {}
         start_timeout = float(self.config.get("start_timeout_ms") or 60000)
@@ -130,8 +329,10 @@ class Browser:
         if source == "miniwob":
             await self.page.wait_for_function("() => typeof core !== 'undefined' && typeof genProblem === 'function'",
                                               timeout=start_timeout)
-            info = await self.page.evaluate(MINIWOB_INIT, int(self.config.get("seed") or 0))
+            info = await self.page.evaluate(MINIWOB_INIT, {"seed": int(self.config.get("seed") or 0),
+                                                           "mark": EPISODE_MARK, "token": self.token})
             await self.page.wait_for_function("() => WOB_TASK_READY === true", timeout=start_timeout)
+        self.started = True
         state = await self.state()
         return {**info, **state, "launch_ms": int((launched - started) * 1000),
                 "start_ms": int((time.monotonic() - started) * 1000)}
@@ -146,6 +347,8 @@ class Browser:
             await self.browser.close()
         if self.playwright is not None:
             await self.playwright.stop()
+        if self.pages is not None:
+            self.pages.shutdown()
 
     def _gone(self, why: str) -> None:
         sys.stderr.write(f"trajplatform-browser: {why}; exiting\n")
@@ -153,10 +356,47 @@ class Browser:
         os._exit(BROWSER_GONE_EXIT)
 
     async def _route(self, route: Any) -> None:
-        if allowed(route.request.url, self.origins):
+        request = route.request
+        navigation = request.is_navigation_request()
+        if allowed(request.url, self.origins) and not (navigation and self.single_page and self.started):
             await route.continue_()
+            return
+        if navigation:  # "204 No Content": the browser stays on its page (no error page is committed)
+            self.refused.append(request.url)
+            await route.fulfill(status=204, body="")
         else:
+            if len(self.blocked_loads) < 50:
+                self.blocked_loads.append(request.url)
             await route.abort("blockedbyclient")
+
+    async def _on_popup(self, page: Any) -> None:
+        """A new window (target=_blank, window.open): the agent has one page; close it."""
+        if page is not self.page:
+            self.refused.append(page.url or "a new window")
+            await page.close()
+
+    def _on_console(self, message: Any) -> None:
+        """A CSP refusal after the start: script put into the page (loading, the pages' own libraries
+        refuse themselves a test handler: jQuery 1.12's support check)."""
+        text = str(message.text or "")
+        if (self.started and "Content Security Policy" in text and "script" in text.lower()
+                and len(self.blocked_scripts) < 50):
+            self.blocked_scripts.append(text[:300])
+
+    async def page_facts(self) -> dict[str, Any]:
+        """What the verifier needs to trust the page's own reward: the page is the task's start
+        page, still the document the platform started (its token), and nothing was injected."""
+        url = self.page.url
+        start = urlsplit(self.config.get("start_url") or "")
+        here = urlsplit(url)
+        try:
+            marked = await self.page.evaluate("(mark) => window[mark] || null", EPISODE_MARK)
+        except Exception:  # noqa: BLE001 - a page that cannot answer is not the started one
+            marked = None
+        return {"url": url, "task_page": (here.scheme, here.netloc, here.path) == (start.scheme, start.netloc, start.path),
+                "started_page": marked == self.token if self.config.get("source") == "miniwob" else None,
+                "refused": self.refused[-20:], "blocked_loads": self.blocked_loads[-20:],
+                "blocked_scripts": list(self.blocked_scripts)}
 
     def _on_dialog(self, dialog: Any) -> None:
         self.dialog = dialog
@@ -209,15 +449,18 @@ class Browser:
             return None
         return {k: round(v, 1) for k, v in box.items()} if box else None
 
-    async def settle(self) -> None:
+    async def settle(self, refused_before: int) -> None:
         try:
             await self.page.wait_for_load_state("load", timeout=3000)
         except Exception:  # noqa: BLE001 - a slow page is reported as it is
             pass
-        if not allowed(self.page.url, self.origins):
+        if not allowed(self.page.url, self.origins):  # the last resort: the route refuses before this
             left = self.page.url
             await self.page.go_back()
             raise PermissionError(f"the page went to {left}, outside this task's allowed origins; it was taken back")
+        if len(self.refused) > refused_before:
+            raise PermissionError(f"the page tried to open {self.refused[refused_before]}, which this task does not "
+                                  f"allow; the browser stays on {self.page.url}")
 
     async def act(self, name: str, args: dict[str, Any]) -> str:
         if self.dialog is not None and name not in ("browser_handle_dialog", "browser_snapshot"):
@@ -225,14 +468,21 @@ class Browser:
                                "answer it with browser_handle_dialog first")
         self.last_action = {"tool": name}
         page = self.page
+        refused_before = len(self.refused)
+        one_page = (f"this task is one page ({self.config.get('start_url')}): navigation is refused, the page "
+                    "stays as it is")
         if name == "browser_navigate":
             url = str(args.get("url") or "")
             if not allowed(url, self.origins):
                 raise PermissionError(f"navigation to {url!r} is refused: this task allows only "
                                       f"{', '.join(self.origins) or 'its start page'}")
+            if self.single_page:
+                raise PermissionError(one_page)
             await page.goto(url, wait_until="load")
             done = f"Navigated to {url}"
         elif name == "browser_navigate_back":
+            if self.single_page:
+                raise PermissionError(one_page)
             await page.go_back()
             done = "Navigated back"
         elif name == "browser_snapshot":
@@ -321,7 +571,7 @@ class Browser:
             done = "Screenshot taken: the platform attaches the page's image to this step"
         else:
             raise ValueError(f"unknown tool {name}")
-        await self.settle()
+        await self.settle(refused_before)
         return await self.report(done)
 
 
@@ -402,12 +652,13 @@ def build_server(config: dict[str, Any]) -> Any:
                     if self.name == "platform_observe":
                         return ToolResult(content=json.dumps(await browser.observe(int(arguments.get("index") or 0))))
                     if self.name == "platform_evaluate":
+                        facts = await browser.page_facts()  # of the page the agent left, before any goto
                         if arguments.get("url"):  # WebArena's program_html opens a target page first
                             if not allowed(arguments["url"], browser.origins):
                                 raise PermissionError(f"{arguments['url']} is outside the task's allowed origins")
                             await browser.page.goto(arguments["url"], wait_until="load")
                         value = await browser.page.evaluate(str(arguments.get("expression") or "null"))
-                        return ToolResult(content=json.dumps({"value": value}, default=str))
+                        return ToolResult(content=json.dumps({"value": value, "page": facts}, default=str))
                     return ToolResult(content=await browser.act(self.name, arguments or {}))
                 except Exception as exc:  # the page refused: the agent (or the verifier) reads why
                     if browser.browser is not None and not browser.browser.is_connected():
