@@ -293,7 +293,8 @@ def test_a_limit_hit_by_steps_that_repeat_one_action_is_stuck_not_short_of_budge
     assert set(drafts) == {"system_prompt_extra", "max_steps"} and drafts["max_steps"].to_value == 6
     hint = drafts["system_prompt_extra"]
     assert (hint.tier, hint.proposer) == ("green", "rule:prompt_hint")
-    assert hint.to_value.endswith(review_agent.LOOP_HINT) and review_agent.HINTS["repeated_actions"] not in hint.to_value
+    assert hint.to_value.endswith(review_agent.LOOP_HINT)
+    assert review_agent.HINTS["repeated_actions"] not in hint.to_value
     assert "stuck at the limit repeating run_shell x11" in hint.rationale
 
     task.system_prompt_extra = hint.to_value  # the hints were applied, the agent still loops
