@@ -12,6 +12,7 @@ owned by the exporting user, or the export fails naming it. Every exporter rende
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import io
@@ -141,6 +142,9 @@ def write_export(
         existing = _read_json(parts / MANIFEST)
     if existing != manifest:
         shutil.rmtree(parts, ignore_errors=True)
+        if os.path.lexists(parts):  # chunks of another export must not be taken for this one's
+            raise UnsafePathError(errno.EEXIST, f"{parts} (an earlier export's chunks) cannot be removed; "
+                                                "remove it and retry")
         private_directory(parts)
         _write_json_atomic(parts / MANIFEST, manifest)
 
