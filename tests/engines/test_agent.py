@@ -851,6 +851,12 @@ def test_a_server_without_parsers_gets_its_think_blocks_and_text_tool_calls_out_
     assert "<think>" not in stored and "<tool_call>" not in stored
     # Qwen3's template drops earlier thinking: the profile sends none back.
     assert "reasoning_content" not in server.requests[1]["messages"][2]
+    # The exporters' reasoning option decides whether trainers see it; never as visible text.
+    from apps.datasets.exporters.chat import render_messages
+
+    plain = render_messages({"messages": result.messages}, arguments="string")
+    kept = render_messages({"messages": result.messages}, arguments="string", reasoning=True)
+    assert "Write it first." not in json.dumps(plain) and kept[2]["reasoning_content"] == "Write it first."
     assert_no_sandbox_left(local)
 
 
