@@ -80,7 +80,9 @@ def _rules(max_words: int, min_sources: int) -> str:
     return (f"- exactly one correct answer, at most {max_words} words (a name, term, number or date);\n"
             "- the answer (and any alias of it) must not appear in the question;\n"
             f"- answering needs facts from at least {min_sources} different pages you opened;\n"
-            "- evidence: for each fact, the page's url and a passage copied exactly from the page text.")
+            "- evidence: for each fact, the page's url and a passage copied exactly from the page text (its "
+            "numbers, dates and names as the page has them);\n"
+            "- the answer itself must appear in the text of one of the evidence pages.")
 
 
 def explore_system(seed: str, mode: str, *, max_words: int, min_sources: int) -> str:
