@@ -7,7 +7,9 @@ scene_config (validated by apps/engines/scenes.py):
     {"image": "python:3.11",                       # OpenSandbox image / local profile
      "setup_files": {"data/input.csv": "..."},     # written before the first turn
      "verifier": {"files": {"test_solution.py": "..."},
-                  "command": "python3 -m pytest -q test_solution.py",
+                  "hidden_files": {"test_hidden.py": "..."},   # optional, written only after finish
+                  "command": "python3 -m pytest -q test_solution.py test_hidden.py",
+                  "partial_credit": false,                       # optional: reward = fraction passed
                   "timeout": 120}}
 
 Verifier files are placed in the workspace before the run, like the tests of a real
@@ -16,9 +18,16 @@ before the check command runs after finish: whatever the agent did to them is un
 Files the agent added are not removed (a conftest.py of its own still loads; a task that
 must rule that out says so in its command, e.g. `pytest -p no:cacheprovider --noconftest`).
 
-Reward: the fraction of tests passed when the output has a pytest summary line
-("2 passed, 1 failed in 0.03s") or a unittest one ("Ran 3 tests" + "FAILED (failures=1)");
-otherwise 1.0 for exit code 0 and 0.0 for anything else. A command that times out scores
+`verifier.hidden_files` are tests the agent never sees: written only right before the check
+command runs (name them in the command), so hard-coding the visible tests' expected outputs
+does not pass them.
+
+Reward: 1.0 when every test passed, by the output's pytest summary line ("2 passed, 1 failed
+in 0.03s") or unittest one ("Ran 3 tests" + "FAILED (failures=1)"), else 0.0; with
+`verifier.partial_credit: true` the reward is the fraction of tests passed (for RL; the outcome
+is still a success only at 1.0); `verifier_output.fraction` and `process.completed` carry it
+either way. A command without such a summary scores 1.0 for exit code 0 and 0.0 for anything
+else. A command that times out scores
 0.0, and so does one that exits non-zero although every counted test passed (something
 else in the check failed). A command that runs a test runner (pytest, unittest) is decided by
 its summary only: no summary, or no test counted, scores 0.0 whatever the exit code (the
@@ -217,10 +226,26 @@ def declared_tests(files: dict[str, Any]) -> int:
                if isinstance(content, str) and _TEST_FILE.search(path))
 
 
-def score(result: ExecResult, *, command: str = "", declared: int = 0) -> tuple[float, dict[str, Any]]:
+def score(result: ExecResult, *, command: str = "", declared: int = 0,
+          partial_credit: bool = False) -> tuple[float, dict[str, Any]]:
     """(reward, details) of a finished verifier command; see the module docstring. `command` and
     `declared` (declared_tests of the verifier files) make a test run that reports fewer tests than
-    were declared, or no summary at all, score 0."""
+    were declared, or no summary at all, score 0; `partial_credit` makes the reward the fraction
+    of tests passed (else 1.0 only when every test passed)."""
+    reward, details = _score(result, command=command, declared=declared)
+    details.setdefault("decided_by", "check")
+    if details["method"] == "exit_code" or "note" in details:
+        return reward, details
+    details["fraction"] = reward
+    process = details.setdefault("process", {})
+    process["completed"] = {"ok": reward == 1.0, "detail": f"{details['passed']}/{details['total']} tests passed"}
+    if partial_credit:
+        process["completed"]["relaxed"] = True
+        return reward, details
+    return (1.0 if reward == 1.0 else 0.0), details
+
+
+def _score(result: ExecResult, *, command: str, declared: int) -> tuple[float, dict[str, Any]]:
     summary = parse_test_summary(f"{result.stdout}\n{result.stderr}")
     details: dict[str, Any] = {"method": "exit_code", "passed": None, "failed": None, "total": None}
     if summary is not None and summary["total"] > 0:
@@ -230,8 +255,12 @@ def score(result: ExecResult, *, command: str = "", declared: int = 0) -> tuple[
         details["note"] = "the check command timed out"
         return 0.0, details
     runs_tests = bool(_TEST_RUNNER.search(command))
+    if runs_tests:
+        details["process"] = {"tests_ran": {"ok": True, "detail": f"{details['total']} tests counted"}}
     if details["method"] == "exit_code" and runs_tests:
         details["note"] = "the test run reported no test that ran (it ended before its summary, or skipped them all)"
+        details["process"]["tests_ran"] = {"ok": False, "detail": details["note"]}
+        details["decided_by"] = "tests_ran"
         return 0.0, details
     if details["method"] == "exit_code":
         return (1.0 if result.exit_code == 0 else 0.0), details
@@ -239,6 +268,8 @@ def score(result: ExecResult, *, command: str = "", declared: int = 0) -> tuple[
     if whole_files and declared and details["total"] + details.get("skipped", 0) < declared:
         details["declared"] = declared
         details["note"] = f"the verifier's files declare {declared} tests but only {details['total']} ran"
+        details["process"]["tests_ran"] = {"ok": False, "detail": details["note"]}
+        details["decided_by"] = "tests_ran"
         return 0.0, details
     reward = details["passed"] / details["total"]
     if reward == 1.0 and result.exit_code != 0:
@@ -390,12 +421,15 @@ class CodeExecRuntime(SceneRuntime):
         verifier = _verifier(config)
         if verifier is None:
             return None, {}
-        # Written again from the task: the agent cannot have weakened the tests it was given.
-        for path, content in (verifier.get("files") or {}).items():
+        # Written again from the task: the agent cannot have weakened the tests it was given. The
+        # hidden ones it never saw join them now.
+        files = {**(verifier.get("files") or {}), **(verifier.get("hidden_files") or {})}
+        for path, content in files.items():
             sandbox.write_file(_workspace_path(path), content.encode("utf-8"))
         timeout = float(verifier.get("timeout") or DEFAULT_VERIFIER_TIMEOUT_S)
         result = sandbox.run(verifier["command"], timeout=timeout, max_output_bytes=VERIFIER_MAX_OUTPUT_BYTES)
-        reward, details = score(result, command=verifier["command"], declared=declared_tests(verifier.get("files") or {}))
+        reward, details = score(result, command=verifier["command"], declared=declared_tests(files),
+                                partial_credit=bool(verifier.get("partial_credit")))
         output = {
             "command": verifier["command"],
             "exit_code": result.exit_code,

@@ -53,7 +53,8 @@ SCENES: dict[str, Scene] = {
                     "image": _STR,
                     "setup_files": _FILES,
                     "verifier": _obj(
-                        {"files": _FILES, "command": _STR, "timeout": {"type": "number", "exclusiveMinimum": 0}},
+                        {"files": _FILES, "hidden_files": _FILES, "command": _STR, "partial_credit": {"type": "boolean"},
+                         "timeout": {"type": "number", "exclusiveMinimum": 0}},
                         required=("command",),
                     ),
                 }

@@ -84,17 +84,19 @@ def test_a_failing_verifier_gives_reward_0_and_failure(local: Any) -> None:
     assert_no_sandbox_left(local)
 
 
-def test_partly_passing_tests_give_the_fraction_as_reward_and_a_failure(local: Any) -> None:
+def test_partly_passing_tests_score_zero_or_with_partial_credit_the_fraction_and_a_failure(local: Any) -> None:
     with scripted(PROMPT, *calc_steps(BUGGY)) as (_, llm):  # a - b: only add(0, 0) passes
         result = run(config_for(PROMPT, {"verifier": PYTEST}), llm)
     out = result.verifier_output
-    assert (out["passed"], out["total"]) == (1, 3)
-    assert result.outcome == "failure" and result.reward == pytest.approx(1 / 3)
+    assert (out["passed"], out["total"], out["fraction"]) == (1, 3, pytest.approx(1 / 3))
+    assert result.outcome == "failure" and result.reward == 0.0
+    assert out["process"]["completed"] == {"ok": False, "detail": "1/3 tests passed"}
     assert "1/3 tests passed" in result.outcome_reason
 
+    partial = {**PYTEST, "partial_credit": True}
     two_of_three = "def add(a, b):\n    return a + b if a else 1\n"  # breaks only add(0, 0)
     with scripted(PROMPT, *calc_steps(two_of_three)) as (_, llm):
-        result = run(config_for(PROMPT, {"verifier": PYTEST}), llm)
+        result = run(config_for(PROMPT, {"verifier": partial}), llm)
     assert result.outcome == "failure" and result.reward == pytest.approx(2 / 3)
     assert (result.verifier_output["passed"], result.verifier_output["failed"]) == (2, 1)
     assert_no_sandbox_left(local)
@@ -109,7 +111,7 @@ def test_unittest_output_is_scored_by_its_counts(local: Any) -> None:
         "    def test_c(self):\n        self.assertEqual(add(0, 3), 3)\n\n"
         "    def test_d(self):\n        self.assertEqual(add(5, 5), 10)\n"
     )
-    verifier = {"files": {"test_calc.py": tests}, "command": "python3 -m unittest -v test_calc"}
+    verifier = {"files": {"test_calc.py": tests}, "command": "python3 -m unittest -v test_calc", "partial_credit": True}
     with scripted(PROMPT, *calc_steps("def add(a, b):\n    return a * 2 if a == b else a + b - 2 * (a == 0)\n")) as (_, llm):
         result = run(config_for(PROMPT, {"verifier": verifier}), llm)
     out = result.verifier_output
@@ -138,7 +140,7 @@ def test_the_verifier_files_are_written_again_so_tampering_does_not_pay(local: A
     with scripted(PROMPT, *calc_steps(BUGGY, tamper)) as (_, llm):
         result = run(config_for(PROMPT, {"verifier": PYTEST}), llm)
     assert result.outcome == "failure" and result.verifier_output["total"] == 3
-    assert result.reward == pytest.approx(1 / 3)
+    assert result.reward == 0.0 and result.verifier_output["fraction"] == pytest.approx(1 / 3)
     assert_no_sandbox_left(local)
 
 
@@ -280,7 +282,8 @@ def test_score_rules() -> None:
         return ExecResult(exit_code=code, stdout=out, stderr="", timed_out=timed_out)
 
     assert score(result(0))[0] == 1.0 and score(result(2))[0] == 0.0
-    assert score(result(1, "2 passed, 2 failed in 0.1s"))[0] == 0.5
+    assert score(result(1, "2 passed, 2 failed in 0.1s"))[0] == 0.0
+    assert score(result(1, "2 passed, 2 failed in 0.1s"), partial_credit=True)[0] == 0.5
     reward, details = score(result(1, "3 passed in 0.1s"))  # tests passed, the command did not
     assert reward == 0.0 and "exited with 1" in details["note"]
     assert score(result(None, "3 passed in 0.1s", timed_out=True))[0] == 0.0

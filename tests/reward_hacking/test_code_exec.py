@@ -60,14 +60,15 @@ def test_an_error_ignored_scores_zero(scripted_episode: Any) -> None:
     assert (result.outcome, result.reward) == ("failure", 0.0)
 
 
-def test_partial_completion_is_not_a_success(scripted_episode: Any) -> None:
+def test_partial_completion_scores_zero(scripted_episode: Any) -> None:
     # Sorts the caller's list in place: every test passes except "the input is not modified".
     mutating = SOLUTION.replace("for start, end in sorted(tuple(pair) for pair in intervals):",
                                 "intervals.sort()\n    for start, end in (tuple(pair) for pair in intervals):")
     result = episode(scripted_episode, [call("write_file", path="intervals.py", content=mutating),
                                         call("finish", answer="done")])
-    assert result.outcome == "failure" and result.reward == pytest.approx(5 / 6)
+    assert (result.outcome, result.reward) == ("failure", 0.0)
     assert (result.verifier_output["passed"], result.verifier_output["total"]) == (5, 6)
+    assert result.verifier_output["process"]["completed"] == {"ok": False, "detail": "5/6 tests passed"}
 
 
 @pytest.mark.parametrize("module", [
@@ -79,6 +80,35 @@ def test_a_module_that_ends_the_test_run_before_any_test_scores_zero(scripted_ep
     result = episode(scripted_episode, [call("write_file", path="intervals.py", content=module),
                                         call("finish", answer="done")])
     assert (result.outcome, result.reward) == ("failure", 0.0), result.verifier_output
+
+
+HIDDEN = {"test_hidden_intervals.py": (
+    "from intervals import merge_intervals\n\n\n"
+    "def test_other_inputs():\n"
+    "    assert merge_intervals([(0, 1), (5, 9), (2, 5)]) == [(0, 1), (2, 9)]\n"
+    "    assert merge_intervals([(4, 4)]) == [(4, 4)]\n")}
+
+
+def test_hard_coding_the_visible_tests_outputs_scores_zero_when_the_verifier_has_hidden_tests(
+        scripted_episode: Any) -> None:
+    verifier = {**ROW["config"]["verifier"], "hidden_files": HIDDEN,
+                "command": ROW["config"]["verifier"]["command"] + " test_hidden_intervals.py"}
+    config = {**ROW["config"], "verifier": verifier}
+    lookup = (
+        "ANSWERS = {((1, 3), (2, 6), (8, 10), (15, 18)): [(1, 6), (8, 10), (15, 18)],\n"
+        "           ((1, 3), (3, 5)): [(1, 5)], ((5, 7), (1, 10), (2, 3), (12, 12)): [(1, 10), (12, 12)],\n"
+        "           (): [], ((4, 5), (1, 2)): [(1, 2), (4, 5)], ((3, 4), (1, 2), (2, 3)): [(1, 4)]}\n\n\n"
+        "def merge_intervals(intervals):\n"
+        "    return list(ANSWERS[tuple(tuple(p) for p in intervals)])\n")
+    steps = [call("run_shell", command="ls"), call("write_file", path="intervals.py", content=lookup),
+             call("run_shell", command=PYTEST), call("finish", answer="all tests pass")]
+    result = scripted_episode("code_exec", ROW["prompt"], config, steps, max_steps=ROW["max_steps"])
+    assert "test_hidden_intervals.py" not in result.steps[0]["output"]  # never in the workspace before finish
+    assert result.steps[2]["exit_code"] == 0 and "6 passed" in result.steps[2]["output"]  # the visible ones pass
+    assert (result.verifier_output["passed"], result.verifier_output["total"]) == (6, 7)
+    assert (result.outcome, result.reward) == ("failure", 0.0)
+    solved = scripted_episode("code_exec", ROW["prompt"], config, ROW["reference_solution"], max_steps=ROW["max_steps"])
+    assert (solved.outcome, solved.reward) == ("success", 1.0)
 
 
 def test_a_run_that_reports_fewer_tests_than_the_verifier_declares_scores_zero() -> None:
