@@ -172,7 +172,8 @@ def test_quote_matching_is_fuzzy_but_not_a_paraphrase() -> None:
 
 
 def test_a_quote_whose_year_or_name_was_changed_does_not_occur_however_close_its_wording() -> None:
-    page = "Ada is a structured, statically typed language, first standardised in\n1983 (Ada 83). Named after Ada Lovelace."
+    page = ("Ada is a structured, statically typed language, first standardised in\n1983 (Ada 83). "
+            "Named after Ada Lovelace.")
     year = "Ada is a structured, statically typed language, first standardised in 1984"
     assert G.quote_match(year, page) == (pytest.approx(0.993, abs=1e-3), ["1984"])  # the wording alone passes
     assert G.quote_score(year, page) == 0.0
@@ -180,7 +181,8 @@ def test_a_quote_whose_year_or_name_was_changed_does_not_occur_however_close_its
     # Whitespace and punctuation stay fuzzy, on the key tokens too.
     assert G.quote_match("Ada is a structured statically-typed language first standardised in 1,983", page)[1] == []
     assert G.quote_match("(Ada 83), named after Ada-Lovelace", page)[1] == []
-    assert G.key_tokens("In 1983 “Ada” was named, after Lovelace's notes.") == ["In", "1983", "“Ada”", "Lovelace's"]
+    assert G.key_tokens("In 1983 “Ada” was named, after Lovelace's notes.") == [
+        "In", "1983", "“Ada”", "Lovelace's"]
 
 
 def test_the_leak_and_coverage_checks_fold_possessives_and_punctuation() -> None:

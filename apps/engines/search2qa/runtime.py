@@ -197,8 +197,8 @@ class Factory:
         by_name = {g["name"]: g for g in self.gates}
         return {condition: {"ok": by_name[name]["passed"], "relaxed": False,
                             "detail": "" if by_name[name]["passed"] else by_name[name]["reason"][:300]}
-                for condition, name in (("sources_opened", "evidence_opened"), ("answer_in_sources", "answer_in_evidence"))
-                if name in by_name}
+                for condition, name in (("sources_opened", "evidence_opened"),
+                                        ("answer_in_sources", "answer_in_evidence")) if name in by_name}
 
     def _all_passed(self) -> bool:
         return all(g["passed"] for g in self.gates)
