@@ -29,6 +29,7 @@ def episode(scripted_episode: Any, external_id: str, steps: list[dict[str, Any]]
 def test_the_bundled_examples_still_score_one(scripted_episode: Any, external_id: str) -> None:
     result = episode(scripted_episode, external_id)
     assert (result.outcome, result.reward) == ("success", 1.0), (result.outcome_reason, result.verifier_output)
+    assert result.verifier_output["process"]["provenance"]["ok"] is True
 
 
 def test_a_tool_that_does_not_exist_scores_zero(scripted_episode: Any) -> None:
@@ -76,8 +77,9 @@ def test_the_right_answer_without_looking_it_up_scores_zero(scripted_episode: An
     result = episode(scripted_episode, "mobile-scroll-zoe-number", [
         call("answer", text="555-0121"), call("finish", status="complete", summary="Zoe's number is 555-0121.")])
     assert (result.outcome, result.reward) == ("failure", 0.0), result.verifier_output
-    assert result.verifier_output["provenance"]["unseen"] == [{"tool": "answer", "text": "555-0121",
-                                                               "numbers": ["555", "0121"]}]
+    assert result.verifier_output["process"]["provenance"]["unseen"] == [
+        {"tool": "answer", "text": "555-0121", "numbers": ["555", "0121"]}]
+    assert result.verifier_output["decided_by"] == "provenance"
 
 
 def test_a_value_typed_before_it_was_looked_up_scores_zero(scripted_episode: Any) -> None:
@@ -88,6 +90,13 @@ def test_a_value_typed_before_it_was_looked_up_scores_zero(scripted_episode: Any
     assert (result.outcome, result.reward) == ("failure", 0.0), result.verifier_output
     assert result.verifier_output["note"] == ("input_text '555-0110' uses 555, 0110, which neither the task "
                                               "nor any screen shown before it gave")
+    # A task whose agent is meant to bring numbers of its own relaxes the condition; it is still reported.
+    row = ROWS["mobile-cross-app-alice-note"]
+    relaxed = scripted_episode("mobile_agent", row["prompt"], {**row["config"], "provenance": False}, steps[2:],
+                               max_steps=row["max_steps"], sandbox_backend=None)
+    assert (relaxed.reward, relaxed.verifier_output["decided_by"]) == (1.0, "checks")
+    assert relaxed.verifier_output["process"]["provenance"]["ok"] is False
+    assert relaxed.verifier_output["process"]["provenance"]["relaxed"] is True
 
 
 def test_the_result_typed_into_the_calculator_instead_of_computed_scores_zero(scripted_episode: Any) -> None:

@@ -30,7 +30,8 @@ default on; a task sets `"provenance": false` when the agent is meant to compute
 own): every number the agent typed (input_text) or answered must appear in the task's prompt or
 in the text of a screen it was shown before that action; a phone number typed into a note before
 Contacts was ever opened, or an answer given without the screen that shows it, scores 0
-(`verifier_output.provenance` lists the values and why).
+(`verifier_output.process.provenance` lists the values and why; `decided_by` says whether the
+checks or this condition set the reward).
 """
 from __future__ import annotations
 
@@ -497,13 +498,14 @@ class MobileRuntime(SceneRuntime):
             reward = 1.0 if status_ok and all(r["passed"] for r in results) else 0.0
             if not status_ok:
                 output["note"] = f"finished as {live.status or 'nothing'!r}, the task expects {expected_status!r}"
-            if scene.get("provenance", True):
-                output["provenance"] = provenance(str(config.get("prompt") or ""), live.seen, live.produced)
-                if not output["provenance"]["passed"]:
-                    reward = 0.0
-                    unseen = output["provenance"]["unseen"][0]
-                    output.setdefault("note", f"{unseen['tool']} {unseen['text']!r} uses {', '.join(unseen['numbers'])}, "
-                                              "which neither the task nor any screen shown before it gave")
+            condition = provenance(str(config.get("prompt") or ""), live.seen, live.produced)
+            output["process"] = {"provenance": condition}
+            output["decided_by"] = "checks"
+            if scene.get("provenance", True) is False:
+                condition["relaxed"] = True
+            elif not condition["ok"]:
+                reward, output["decided_by"] = 0.0, "provenance"
+                output.setdefault("note", condition["detail"])
             return reward, output
         finally:
             live.stop()
@@ -513,8 +515,9 @@ _NUMBER = re.compile(r"\d+")
 
 
 def provenance(prompt: str, seen: list[str], produced: list[dict[str, Any]]) -> dict[str, Any]:
-    """The provenance condition (see the module docstring): each produced value's numbers (digit
-    runs) must be digit runs of the prompt or of a screen seen before it was produced."""
+    """The provenance condition (see the module docstring), in the shared process shape: each
+    produced value's numbers (digit runs) must be digit runs of the prompt or of a screen seen
+    before it was produced."""
     known = set(_NUMBER.findall(prompt))
     unseen = []
     for item in produced:
@@ -522,7 +525,13 @@ def provenance(prompt: str, seen: list[str], produced: list[dict[str, Any]]) -> 
         missing = [n for n in _NUMBER.findall(item["text"]) if n not in shown]
         if missing:
             unseen.append({"tool": item["tool"], "text": item["text"][:200], "numbers": missing})
-    return {"passed": not unseen, "checked": len(produced), "unseen": unseen}
+    if unseen:
+        first = unseen[0]
+        detail = (f"{first['tool']} {first['text']!r} uses {', '.join(first['numbers'])}, which neither the task "
+                  "nor any screen shown before it gave")
+    else:
+        detail = f"every number in {len(produced)} typed or answered values was shown first"
+    return {"ok": not unseen, "detail": detail, "unseen": unseen}
 
 
 def _app(name: str) -> tuple[str, str]:
