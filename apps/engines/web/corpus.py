@@ -314,7 +314,7 @@ def iter_directory(path: str | Path, base_url: str, *, source: str = "",
                 continue
             doc = _directory_document(raw, rel, base_url + quote(Path(rel).as_posix()), source)
             if doc is None:
-                skip(rel, "not parseable as HTML")
+                skip(rel, "empty, or not parseable as HTML")
             elif doc.text:
                 found.append((Path(rel).parts, doc))
     found.sort(key=lambda item: item[0])
