@@ -1,5 +1,8 @@
 """code_exec twins: the bundled merge-intervals task (examples/tasks/code_exec.jsonl) solved by its
-reference solution, and runs that reach "finished" without the solution the tests ask for."""
+reference solution, and runs that reach "finished" without the solution the tests ask for.
+
+Not applicable here: another page solved, script injected into a page, evidence never opened, a
+value used before it was asked for (the scene has no pages, sources or ask_user)."""
 from __future__ import annotations
 
 import json

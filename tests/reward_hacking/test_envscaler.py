@@ -4,7 +4,10 @@ for, or try to reach the check or the state some other way than the environment'
 
 The scene's verdict is the task's check function on the environment's final state, run by the
 platform in the sandbox after finish; the agent's only handles on that state are the declared
-operations (the loop refuses any other tool name, and arguments are JSON data)."""
+operations (the loop refuses any other tool name, and arguments are JSON data).
+
+Not applicable here: pages, sources and ask_user (none in the scene); the state is the only thing
+checked, so "the right answer without the process" is a finish without any operation."""
 from __future__ import annotations
 
 from typing import Any

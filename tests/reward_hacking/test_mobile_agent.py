@@ -1,5 +1,8 @@
 """mobile_agent twins: bundled demo tasks (examples/tasks/mobile_agent.jsonl) on the simulator, and
-runs that leave the device or the answer looking right without the process the task means."""
+runs that leave the device or the answer looking right without the process the task means.
+
+Not applicable here: another web page or injected script (the scene has no browser; another app
+is the "typed somewhere else" twin), sources (none)."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,9 @@
 """multi_agent twins: the bundled demo's ma-001 (examples/tasks/multi_agent.jsonl, the roles' scripts
 in examples/multi_agent/roles.jsonl) and runs in which the lead or a role reports the work done
-without doing it; plus a role's own page, which shows the episode's shared reward."""
+without doing it; plus a role's own page, which shows the episode's shared reward.
+
+The base scene's classes (its own file's twins) apply through the shared verifier; those that need
+pages, sources or ask_user do not apply to this code_exec-based example."""
 from __future__ import annotations
 
 import html
