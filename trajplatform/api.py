@@ -173,6 +173,7 @@ DOMAIN_ERRORS: tuple[tuple[str, int, str], ...] = (
     ("apps.tasks.services.TransitionError", 409, "conflict"),
     ("apps.tasks.services.TaskCreateError", 400, "invalid"),
     ("apps.tasks.services.BatchNameTaken", 409, "conflict"),
+    ("apps.engines.llm.ModelConfigError", 409, "llm_config"),  # a retired / unserved model: nothing queued
     ("apps.engines.scenes.SceneConfigError", 400, "invalid"),
     ("apps.datasets.models.ImmutableVersionError", 409, "conflict"),
     ("apps.reviews.services.AlreadyDecided", 409, "conflict"),

@@ -253,6 +253,103 @@ def resolve_providers() -> list[Provider]:
     return [_offline_provider(model)]
 
 
+# -- the model check before a batch starts ------------------------------------------------
+
+
+class ModelConfigError(ImproperlyConfigured):
+    """A configured model that cannot answer: retired (the message names its replacement), not
+    served by the provider, or missing. Raised before any sandbox or rollout."""
+
+
+MODEL_LIST_TTL_S = 300.0
+_model_lists: dict[tuple[str, str], tuple[float, frozenset[str] | None, str]] = {}
+_model_lists_lock = threading.Lock()
+
+
+def served_models(provider: Provider, timeout: float | None = None) -> tuple[frozenset[str] | None, str]:
+    """(the model ids GET /models lists, "") or (None, why the list could not be had). Kept for
+    MODEL_LIST_TTL_S per endpoint and key; an endpoint that does not answer in `timeout` (default
+    LLM_MODEL_CHECK_TIMEOUT_S) gives None, never an error."""
+    key = (provider.base_url, hashlib.sha256(provider.api_key.encode()).hexdigest())
+    now = time.monotonic()
+    with _model_lists_lock:
+        known = _model_lists.get(key)
+    if known is not None and now - known[0] < MODEL_LIST_TTL_S:
+        return known[1], known[2]
+    url = provider.base_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {provider.api_key}"} if provider.api_key and provider.api_key != "EMPTY" else {}
+    ids: frozenset[str] | None = None
+    why = ""
+    try:
+        response = httpx2.get(url, headers=headers, follow_redirects=False,
+                              timeout=timeout if timeout is not None else settings.LLM_MODEL_CHECK_TIMEOUT_S)
+        if response.status_code != 200:
+            why = f"GET /models answered HTTP {response.status_code}"
+        else:
+            data = response.json().get("data")
+            if not isinstance(data, list):
+                why = "GET /models answered without a `data` list"
+            else:
+                ids = frozenset(str(m["id"]) for m in data if isinstance(m, dict) and m.get("id"))
+    except (httpx2.HTTPError, ValueError, AttributeError) as exc:
+        why = redact(f"GET /models failed: {type(exc).__name__}")
+    with _model_lists_lock:
+        _model_lists[key] = (now, ids, why)
+    return ids, why
+
+
+def reset_model_lists() -> None:
+    """Forget the model lists served_models() keeps (tests; a settings change)."""
+    with _model_lists_lock:
+        _model_lists.clear()
+
+
+def _is_served(name: str, ids: frozenset[str]) -> bool:
+    return bool({name, name.rsplit("/", 1)[-1], f"models/{name}"} & ids) or any(i.rsplit("/", 1)[-1] == name for i in ids)
+
+
+def check_models(models: Sequence[str] = (), providers: Sequence[Provider] | None = None, *,
+                 ask_server: bool = True, timeout: float | None = None) -> list[str]:
+    """Refuse, before anything runs, a model the configured providers cannot answer with.
+
+    Every provider's configured model, and `models` (the tasks' own model names, asked of the
+    primary provider), is checked: a name the profile lists as retired raises ModelConfigError
+    naming its replacement; then, when the provider answers GET /models (ask_server; not for the
+    offline stand-in), a name it does not list and the profile does not know raises as well.
+    Not reaching /models is not an error: it is returned as a warning line.
+    """
+    providers = list(providers) if providers is not None else resolve_providers()
+    warnings: list[str] = []
+    for i, provider in enumerate(providers):
+        spec = provider.spec
+        names = list(dict.fromkeys([provider.model, *(m for m in models if m and i == 0)]))
+        for name in names:
+            if not name:
+                raise ModelConfigError(
+                    f"provider {provider.name} has no model: set {spec.model_var or 'LLM_MODEL'}"
+                    + (f" (e.g. {spec.default_model})" if spec.default_model else ""))
+            replacement = spec.replacement(name)
+            if replacement:
+                raise ModelConfigError(
+                    f"model {name!r} of provider {provider.name} was retired by the provider; use {replacement!r} "
+                    f"(set {spec.model_var or 'LLM_MODEL'}={replacement}, or change the task's model)")
+        if not ask_server or spec.routing_headers:
+            continue
+        ids, why = served_models(provider, timeout)
+        if ids is None:
+            warnings.append(f"{provider.name}: could not list its models ({why}); not checked against the server")
+            continue
+        for name in names:
+            if not _is_served(name, ids) and name not in spec.models:
+                listed = ", ".join(sorted(ids)[:12]) + (" ..." if len(ids) > 12 else "")
+                raise ModelConfigError(
+                    f"model {name!r} is not served by provider {provider.name} at {redact(provider.base_url)} "
+                    f"(GET /models lists: {listed or 'nothing'})")
+    for line in warnings:
+        logger.warning("model check: %s", line)
+    return warnings
+
+
 # -- prices ---------------------------------------------------------------------------------
 
 # USD per million tokens come from the provider profiles (profiles.json: input, cached input,

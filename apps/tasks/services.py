@@ -301,6 +301,7 @@ def task_start_iteration(*, task: Task, actor: Any = None) -> list["Trajectory"]
     """
     from apps.tasks.models import Trajectory
 
+    _check_llm_models([task.model])
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
         if task.status == Task.Status.RUNNING:
@@ -322,6 +323,14 @@ def task_start_iteration(*, task: Task, actor: Any = None) -> list["Trajectory"]
 ENQUEUE_CHUNK_SIZE = 500
 
 
+def _check_llm_models(task_models: Iterable[str]) -> None:
+    """Before any trajectory is queued: the configured models (and the tasks' own) must be ones
+    the providers still serve; a retired name is an llm.ModelConfigError naming its replacement."""
+    from apps.engines.llm import check_models
+
+    check_models(list(task_models))
+
+
 def tasks_enqueue(*, batch: Batch | None = None, tasks: Any = None, actor: Any = None) -> int:
     """Start the next iteration of every queued task in `batch` (or the `tasks` queryset).
 
@@ -334,6 +343,8 @@ def tasks_enqueue(*, batch: Batch | None = None, tasks: Any = None, actor: Any =
     if (batch is None) == (tasks is None):
         raise ValueError("pass exactly one of batch= or tasks=")
     queryset = Task.objects.filter(batch=batch) if batch is not None else tasks
+    _check_llm_models(queryset.filter(status=Task.Status.QUEUED, cancel_requested=False).exclude(model="")
+                      .values_list("model", flat=True).distinct())
     started = 0
     samples = 0
     with transaction.atomic():

@@ -13,7 +13,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from apps.engines import profiles
-from apps.engines.llm import ROUTE_HEADER, LLMClient, Provider, llm_route, reset_limiters, resolve_providers
+from apps.engines.llm import (
+    ROUTE_HEADER, LLMClient, ModelConfigError, Provider, check_models, llm_route, reset_limiters, reset_model_lists,
+    resolve_providers,
+)
 
 EXPECTED = {"deepseek", "openai", "gemini", "anthropic", "vllm", "vllm-noparser", "sglang", "sglang-noparser",
             "ollama", "moonshot", "zhipu", "openrouter", "offline"}
@@ -116,8 +119,8 @@ class Recorder(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, reply: dict[str, Any]):
-        self.reply, self.requests = reply, []
+    def __init__(self, reply: dict[str, Any], models: tuple[str, ...] = ()):
+        self.reply, self.requests, self.models = reply, [], models
         super().__init__(("127.0.0.1", 0), _RecorderHandler)
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
@@ -139,6 +142,15 @@ class _RecorderHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
+    def do_GET(self) -> None:  # noqa: N802
+        self.server.requests.append({"get": self.path})
+        payload = json.dumps({"object": "list", "data": [{"id": m} for m in self.server.models]}).encode()
+        self.send_response(200 if self.server.models else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
     def log_message(self, *args: Any) -> None:
         pass
 
@@ -153,8 +165,8 @@ def reply(model: str, usage: dict[str, Any], **message: Any) -> dict[str, Any]:
 def recorder() -> Iterator[Any]:
     servers: list[Recorder] = []
 
-    def make(body: dict[str, Any]) -> Recorder:
-        servers.append(Recorder(body))
+    def make(body: dict[str, Any], models: tuple[str, ...] = ()) -> Recorder:
+        servers.append(Recorder(body, models))
         return servers[-1]
 
     yield make
@@ -173,8 +185,10 @@ def no_provider_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[
     with override_settings(LLM_BASE_URL="", LLM_API_KEY="", LLM_MODEL="", LLM_PROVIDERS="", LLM_PROFILES="",
                            LLM_MAX_RETRIES=0, CACHES={**dj.CACHES, "llm": cache}):
         reset_limiters()
+        reset_model_lists()
         yield
     reset_limiters()
+    reset_model_lists()
 
 
 def test_a_deepseek_key_alone_configures_deepseek_with_a_current_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -268,3 +282,48 @@ def test_a_real_providers_request_carries_no_route_header_and_the_offline_one_do
     assert not any("trajplatform" in v.lower() for v in real_request["headers"].values())
     assert "[pipeline:" not in json.dumps(real_request["body"])
     assert offline_request["headers"][ROUTE_HEADER.lower()] == "pipeline:toucan/question key=s1"
+
+
+# -- the model check before a batch starts ---------------------------------------------------------
+
+
+def test_a_retired_model_is_refused_naming_its_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSEEK_API_KEY", KEY)
+    monkeypatch.setenv("DEEPSEEK_MODEL", "deepseek-chat")
+    with pytest.raises(ModelConfigError, match="'deepseek-chat' of provider deepseek was retired.*'deepseek-flash'"):
+        check_models()
+    monkeypatch.setenv("DEEPSEEK_MODEL", "deepseek-v4-pro")
+    with pytest.raises(ModelConfigError, match="deepseek-reasoner.*retired.*deepseek-flash"):
+        check_models(["deepseek-reasoner"], ask_server=False)  # a task's own model
+    assert check_models(ask_server=False) == []
+
+
+def test_the_servers_model_list_is_checked_and_an_unreachable_one_is_only_a_warning(recorder: Any) -> None:
+    srv = recorder(reply("m", {}), models=("Qwen/Qwen3-8B",))
+    assert check_models(providers=[Provider("vllm", srv.url, "Qwen/Qwen3-8B", "")]) == []
+    with pytest.raises(ModelConfigError, match=r"'Qwen3-32B' is not served by provider vllm .*lists: Qwen/Qwen3-8B"):
+        check_models(providers=[Provider("vllm", srv.url, "Qwen3-32B", "")])
+    assert [r["get"] for r in srv.requests] == ["/v1/models"]  # the list is kept a while
+    silent = recorder(reply("m", {}))  # answers 404 to GET /models
+    [warning] = check_models(providers=[Provider("sglang", silent.url, "any", "")])
+    assert "could not list its models (GET /models answered HTTP 404)" in warning
+    # a model the profile knows is accepted even when the server does not list it (a legacy alias)
+    listed = recorder(reply("m", {}), models=("deepseek-flash", "deepseek-v4-pro"))
+    assert check_models(providers=[Provider("deepseek", listed.url, "deepseek-v4-flash", KEY)]) == []
+
+
+@pytest.mark.django_db
+def test_tasks_enqueue_refuses_a_retired_model_before_any_trajectory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.tasks import services
+    from apps.tasks.models import Batch, Task, Trajectory
+
+    monkeypatch.setenv("DEEPSEEK_API_KEY", KEY)
+    monkeypatch.setenv("DEEPSEEK_BASE_URL", "http://127.0.0.1:9/v1")  # never reached: the name is refused first
+    batch = Batch.objects.create(name="retired")
+    task = Task.objects.create(batch=batch, scene="code_exec", prompt="p", model="deepseek-chat")
+    with pytest.raises(ModelConfigError, match="deepseek-chat.*retired.*deepseek-flash"):
+        services.tasks_enqueue(batch=batch)
+    with pytest.raises(ModelConfigError, match="retired"):
+        services.task_start_iteration(task=task)
+    task.refresh_from_db()
+    assert task.status == Task.Status.QUEUED and not Trajectory.objects.filter(task__batch=batch).exists()
