@@ -282,18 +282,6 @@ def test_a_cross_group_task_runs_on_both_suites_in_one_environment() -> None:
         gates.suite_gate(gates.combine_suites(demo.CAL_SUITE, clashing))
 
 
-def test_a_hidden_value_used_before_the_user_gave_it_scores_zero_though_the_check_passes() -> None:
-    config, _ = demo_task("expense-reports.items.lunch")
-    result = solve(config, [call("add_expense", report_id="R-7", category="meals", amount=23.4, date="2026-11-21"),
-                            call("finish", answer="Added.")])
-    verifier = result.verifier_output
-    assert verifier["check_reward"] == 1.0 and result.reward == 0.0
-    assert verifier["failed_rules"] == ["hidden_params", "grounding"]
-    assert verifier["note"].startswith("hard rule hidden_params failed: step 0 (add_expense) uses amount=")
-    assert verifier["decided_by"] == "hidden_params" and not verifier["process"]["asked_before_use"]["ok"]
-    assert verifier["process"]["asked_before_use"]["detail"].endswith("before the user gave it")
-
-
 def test_composed_free_text_is_grounded_by_its_values_not_its_wording() -> None:
     config, solution = demo_task("calendar-email.mail.offsite")
     mail = {"to": "dana.whitfield", "subject": "Offsite agenda"}

@@ -46,5 +46,7 @@ def test_a_value_never_asked_for_scores_zero(scripted_episode: Any) -> None:
     result = episode(scripted_episode, [call("add_expense", **LUNCH), call("finish", answer="Added.")])
     out = result.verifier_output
     assert out["check_reward"] == 1.0 and result.reward == 0.0
+    assert out["failed_rules"] == ["hidden_params", "grounding"]
+    assert out["note"].startswith("hard rule hidden_params failed: step 0 (add_expense) uses amount=")
     assert out["decided_by"] == "hidden_params" and not out["process"]["asked_before_use"]["ok"]
     assert out["process"]["asked_before_use"]["detail"].endswith("uses amount='23.4' before the user gave it")
