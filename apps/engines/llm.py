@@ -891,14 +891,18 @@ def llm_route(value: str | None) -> Iterator[None]:
 
 
 def shape_request(provider: Provider, request: dict[str, Any]) -> dict[str, Any]:
-    """The request body as the provider's profile wants it: the sampling parameters it ignores
-    dropped, max_tokens under the profile's name, its thinking switch merged in."""
+    """The request body as the provider's profile wants it: max_tokens under the profile's name;
+    for a model that thinks (the profile's `thinks`), the sampling parameters the provider ignores
+    or refuses in thinking mode dropped and its thinking switch merged in (a model that does not
+    think keeps its temperature and gets no switch it would refuse)."""
     spec = provider.spec
-    body = {k: v for k, v in request.items() if k not in spec.ignored_params}
+    thinks = spec.model(str(request.get("model") or "")).thinks
+    body = {k: v for k, v in request.items() if not (thinks and k in spec.ignored_params)}
     if "max_tokens" in body and spec.max_tokens_param != "max_tokens":
         body[spec.max_tokens_param] = body.pop("max_tokens")
-    for key, value in spec.thinking_request.items():
-        body.setdefault(key, value)
+    if thinks:
+        for key, value in spec.thinking_request.items():
+            body.setdefault(key, value)
     return body
 
 

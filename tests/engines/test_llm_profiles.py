@@ -234,6 +234,11 @@ def test_the_request_follows_the_profile(recorder: Any) -> None:
         [{"role": "user", "content": "hi"}], temperature=0.3, max_tokens=50, use_cache=False)
     body = srv2.requests[-1]["body"]
     assert body["thinking"] == {"type": "enabled"} and body["max_tokens"] == 50 and "temperature" not in body
+    # a model that does not think keeps its sampling parameters and gets no thinking switch
+    client = LLMClient([Provider("openai", srv.url, "gpt-4.1", KEY)], limiters={})
+    client.chat([{"role": "user", "content": "hi"}], temperature=0.3, max_tokens=50, use_cache=False)
+    body = srv.requests[-1]["body"]
+    assert body["temperature"] == 0.3 and "reasoning_effort" not in body and body["max_completion_tokens"] == 50
 
 
 @pytest.mark.parametrize("pid, usage, cached", [
