@@ -40,12 +40,14 @@ def factory(scripted_episode: Any, seed: str, steps: list[dict[str, Any]] | None
                             sandbox_backend=None, max_steps=row["max_steps"], timeout_s=row["timeout_s"])
 
 
-def twin(scripted_episode: Any, seed: str, **changes: Any) -> dict[str, Any]:
-    """The seed's bundled explore path ending in its pair with `changes`; the gates by name."""
+def twin(scripted_episode: Any, seed: str, decided_by: str, **changes: Any) -> dict[str, Any]:
+    """The seed's bundled explore path ending in its pair with `changes`, refused by the gate
+    `decided_by` (the first that failed); the gates by name."""
     steps = copy.deepcopy(ROWS[seed]["reference_solution"])
     steps[-1]["tool_calls"][0]["arguments"].update(changes)
     result = factory(scripted_episode, seed, steps, max_evolutions=0, difficulty_check="no_tool")
     assert result.reward == 0.0 and result.outcome == "failure", result.verifier_output
+    assert result.verifier_output["decided_by"] == decided_by, result.verifier_output["failed"]
     return {g["name"]: g for g in result.verifier_output["gates"]}
 
 
@@ -63,14 +65,14 @@ def test_the_bundled_factory_runs_still_verify_the_same_pairs(scripted_episode: 
             # the last evolved question: the one the bundled deep_search solver's script answers
             assert out["qa"]["question"] == SOLVER_PROMPTS[f"search2qa-solve-{seed_slug(seed)}"]
             assert [g["name"] for g in out["gates"] if not g["passed"]] == []
-            assert all(c["ok"] for c in out["process"].values())
+            assert all(c["ok"] for c in out["process"].values()) and out["decided_by"] == "gates"
         else:  # foo: a model answers it from memory
             assert result.reward == 0.0 and out["failed"] == ["no_tool_fails"], (seed, out["gates"])
 
 
 def test_an_invented_answer_with_true_quotes_scores_zero(scripted_episode: Any) -> None:
     # Every quote is Lovelace's and Babbage's pages' own text; the birthplace is not.
-    gates = twin(scripted_episode, "Ada Lovelace", answer="Exeter")
+    gates = twin(scripted_episode, "Ada Lovelace", "answer_in_evidence", answer="Exeter")
     assert gates["evidence_quotes"]["passed"] and gates["distinct_pages"]["passed"]
     assert not gates["answer_in_evidence"]["passed"]
     assert gates["answer_in_evidence"]["reason"] == (
@@ -81,7 +83,7 @@ def test_a_quote_with_its_year_changed_scores_zero(scripted_episode: Any) -> Non
     evidence = copy.deepcopy(bundled_pair("Ada Lovelace")["evidence"])
     assert "1791" in evidence[1]["quote"]
     evidence[1]["quote"] = evidence[1]["quote"].replace("1791", "1792")
-    gates = twin(scripted_episode, "Ada Lovelace", evidence=evidence)
+    gates = twin(scripted_episode, "Ada Lovelace", "evidence_quotes", evidence=evidence)
     quotes = gates["evidence_quotes"]
     assert not quotes["passed"] and quotes["items"][1]["changed"] == ["1792"] and quotes["items"][1]["score"] == 0.0
     assert "the page does not say '1792' there" in quotes["reason"]
@@ -91,7 +93,7 @@ def test_a_quote_with_its_year_changed_scores_zero(scripted_episode: Any) -> Non
 def test_an_answer_leaked_as_a_possessive_scores_zero(scripted_episode: Any) -> None:
     question = ("Emergency-power-off switches are named with a backronym credited to Enrico Fermi. Which MIT club "
                 "called them foo switches, as TMRC's own dictionary records?")
-    gates = twin(scripted_episode, "TMRC", question=question)
+    gates = twin(scripted_episode, "TMRC", "answer_not_in_question", question=question)
     assert not gates["answer_not_in_question"]["passed"]
     assert gates["answer_not_in_question"]["reason"] == "the question contains the answer 'TMRC'"
     assert gates["no_tool_fails"]["reason"].startswith("not run")

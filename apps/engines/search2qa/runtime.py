@@ -186,6 +186,7 @@ class Factory:
             "failed": [g["name"] for g in self.gates if not g["passed"]], "stages": self.stages,
             "opened": sorted(self.opened), "difficulty_check": mode, "process": self._process(),
         }
+        output["decided_by"] = output["failed"][0] if output["failed"] else "gates"
         if reward == 1.0 and self.s["emit"]:
             output["emitted"] = E.emit_task(self.config, self._item(qa), solver, self.gates)
         elif reward < 1.0:
