@@ -131,7 +131,9 @@ def parse_text_tool_calls(content: str, fmt: str) -> tuple[list[dict[str, Any]],
         objects, spans = _json_objects(text)
         calls, keep, last = [], [], 0
         for obj, (start, end) in zip(objects, spans):
-            call = _from_object(obj) if isinstance(obj, dict) and "name" in obj else None
+            # A call names its function and has its arguments; any other JSON is the model's text.
+            is_call = isinstance(obj, dict) and "name" in obj and ("parameters" in obj or "arguments" in obj)
+            call = _from_object(obj) if is_call else None
             if call is None:
                 continue
             calls.append(call)

@@ -91,3 +91,8 @@ def test_reasoning_goes_back_as_each_profile_says() -> None:
     never = api_messages(HISTORY, profiles.get("openai"))
     assert all("reasoning_content" not in m and "reasoning" not in m for m in never)
     assert HISTORY[2]["reasoning_content"] == "r1"  # the record is untouched
+
+
+def test_llama_json_without_arguments_is_text_not_a_call() -> None:
+    calls, rest, _ = parse_text_tool_calls('The record is {"name": "Bob"}.', "llama_json")
+    assert calls == [] and rest == 'The record is {"name": "Bob"}.'
