@@ -158,6 +158,9 @@ def test_a_miniwob_episode_with_vision_earns_the_pages_reward_and_shows_the_mode
         requests = [r["body"] for r in server.model.requests]
     assert result.outcome == "success" and result.reward == 1.0, (result.outcome_reason, result.steps)
     assert result.verifier_output["check"]["raw_reward"] == 1.0
+    assert result.verifier_output["decided_by"] == "check" and result.verifier_output["process"] == {
+        "task_page": {"ok": True, "detail": ""}, "no_injected_reward": {"ok": True, "detail": ""},
+        "completed": {"ok": True, "detail": ""}}
     first = result.messages[1]["content"]
     assert first.startswith(CLICK_PROMPT) and 'button "Ok" [ref=e7]' in first  # the initial observation
     start_image, step_image = [m for m in result.messages if m["role"] == "user" and isinstance(m["content"], list)]
@@ -169,7 +172,7 @@ def test_a_miniwob_episode_with_vision_earns_the_pages_reward_and_shows_the_mode
     # What the model was sent: the same parts, inlined as data: URLs.
     sent = [m for m in requests[1]["messages"] if m["role"] == "user" and isinstance(m["content"], list)]
     assert sent[-1]["content"][1]["image_url"]["url"] == artifacts.data_url(ref["artifact"])
-    assert click["action"]["box"] and click["url"].endswith("click-button.html")
+    assert click["action"]["box"] and click["url"] == "http://127.0.0.1:8100/miniwob/click-button.html"
     tools = {t["function"]["name"] for t in result.tools}
     assert "browser_take_screenshot" in tools and not any(t.startswith("platform_") for t in tools)
     _console_shows_the_screenshot(result, ref["artifact"], make_task, viewer, make_user, client)

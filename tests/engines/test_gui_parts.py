@@ -120,6 +120,7 @@ def test_the_page_facts_decide_the_task_page_and_the_injection_conditions() -> N
     assert injected["no_injected_reward"] == {
         "ok": False, "detail": "the page refused 1 script(s) put into it: Executing inline event handler …"}
     assert set(checks.process_conditions("site", {"blocked_scripts": []})) == {"no_injected_reward"}
+    assert checks.process_conditions("url", {"blocked_scripts": ["an external site's own refusal"]}) == {}
 
 
 def test_the_js_check_passes_on_a_truthy_predicate() -> None:

@@ -32,8 +32,9 @@ browser's `page_facts` before any check runs, and from the checks' details after
 
 * `task_page` (miniwob): the final page is the task's own start page and still the document the
   platform started (its per-episode token): a reward read from any other page never counts.
-* `no_injected_reward` (every source): the page's Content-Security-Policy refused no script the
-  agent put into it (markup typed into a page that renders it).
+* `no_injected_reward` (miniwob, site: the bundled pages, whose policy is ours): the page's
+  Content-Security-Policy refused no script the agent put into it (markup typed into a page
+  that renders it).
 * `completed` (miniwob): MiniWoB's raw reward is 1.0; `relaxed` when the check asks for
   `partial_credit` (the reward is then the raw value, the condition still reported).
 
@@ -272,6 +273,8 @@ def process_conditions(source: str, facts: dict[str, Any]) -> dict[str, dict[str
         own = bool(facts.get("task_page")) and facts.get("started_page") is True
         out["task_page"] = _condition(own, f"the final page {facts.get('url')!r} is not the task's page the "
                                            "platform started (another page, or the page reloaded)")
+    if source not in ("miniwob", "site"):  # an external site's own policy says nothing about the agent
+        return out
     blocked = list(facts.get("blocked_scripts") or [])
     out["no_injected_reward"] = _condition(not blocked, f"the page refused {len(blocked)} script(s) put into it: "
                                                         f"{blocked[0] if blocked else ''}")

@@ -6,8 +6,10 @@ platform's packages, Debian's /usr/bin/chromium) with no address-space limit (ch
 where there is none); our browser MCP server (server.py) written into it and started through
 the MCP hub; then `platform_start` opens the start page:
 
-* `source: miniwob`: the wheel's task page (`task`, e.g. "click-button") over file://, started
-  the way BrowserGym does (`seed`, no time limit, the reward display hidden). The utterance is
+* `source: miniwob`: the wheel's task page (`task`, e.g. "click-button") served by the browser
+  server on the sandbox's loopback (127.0.0.1:8100, with the page's Content-Security-Policy;
+  the page and the shared core/ and common/ files only), started the way BrowserGym does
+  (`seed`, no time limit, the reward display hidden); the task is that one page. The utterance is
   the task's prompt, materialised at import with the seed; set-up refuses a page whose
   utterance differs from scene_config.utterance (a changed pin: re-record, examples/gui/build.py).
 * `source: site`: a bundled app (`site`: shop, mail, admin; sites.py) served on the sandbox's
@@ -17,8 +19,9 @@ the MCP hub; then `platform_start` opens the start page:
 
 The agent's tools are the server's browser_* tools (refs from the accessibility snapshot) and
 finish; the platform-only tools (platform_start / platform_observe / platform_evaluate) are
-never offered, so the agent cannot reach the reward channel. Navigation is limited to the
-task's allowed origins (the start page's origin, or scene_config.allowed_origins).
+never offered, and no script the agent puts into a page runs (the pages' CSP), so the agent
+cannot reach the reward channel. Navigation is limited to the task's allowed set (the start
+page's origin, MiniWoB's one page, or scene_config.allowed_origins).
 
 After every action the platform (not the agent) takes a screenshot: it goes to the artifact
 store (trajplatform/artifacts.py) and the step keeps its reference (`images`, the loop's image
@@ -27,7 +30,9 @@ pixels of the screenshot), which the console draws. With scene_config `vision: t
 also sees the screenshot.
 The start page is the episode's initial observation (text: URL, title, snapshot).
 
-verify: checks.py on the final page, the site's state file or the answer (scene_config.check).
+verify: checks.py on the final page, the site's state file or the answer (scene_config.check),
+after the browser's page facts: a reward counts only from the task's own started page with no
+injected script refused (verifier_output.process, decided_by).
 A browser that dies ends its server: the hub raises McpSessionError, an InfrastructureError.
 """
 from __future__ import annotations
