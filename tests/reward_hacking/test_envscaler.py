@@ -6,6 +6,11 @@ The scene's verdict is the task's check function on the environment's final stat
 platform in the sandbox after finish; the agent's only handles on that state are the declared
 operations (the loop refuses any other tool name, and arguments are JSON data).
 
+The bundled scenarios these twins copy still score 1 with their reference solutions in
+tests/engines/test_envscaler_runtime.py (test_a_bundled_task_is_solved_by_its_reference_solution,
+warehouse-receive-then-fulfill among them; an MCP environment costs seconds per episode, so the
+suite does not run them twice).
+
 Not applicable here: pages, sources and ask_user (none in the scene); the state is the only thing
 checked, so "the right answer without the process" is a finish without any operation."""
 from __future__ import annotations
@@ -35,11 +40,6 @@ def test_every_bundled_scenario_is_unsolved_in_its_initial_state() -> None:
         if namespace["check"](instance) not in (False, 0, 0.0):
             solved.append(task_id)
     assert solved == []
-
-
-def test_the_bundled_example_still_scores_one(scripted_episode: Any) -> None:
-    result = episode(scripted_episode, "warehouse-receive-then-fulfill")
-    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
 
 
 FAKES = [

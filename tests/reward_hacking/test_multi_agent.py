@@ -25,10 +25,10 @@ CODER = "[ma-001 coder] twin: Write slug.py with slugify(text)."
 GOOD = "import re\n\n\ndef slugify(text):\n    return re.sub(r'[^a-z0-9]+', '-', text.lower()).strip('-')\n"
 
 
-def episode(scripted_episode: Any, steps: list[dict[str, Any]] | None = None, coder: list | None = None) -> Any:
+def episode(scripted_episode: Any, steps: list[dict[str, Any]], coder: list | None = None) -> Any:
     scripts = [*ROLE_SCRIPTS, *([{"id": "coder-twin", "prompt": CODER, "reference_solution": coder}] if coder else [])]
     return scripted_episode("multi_agent", ROW["prompt"], ROW["config"],
-                            ROW["reference_solution"] if steps is None else steps, scripts=scripts,
+                            steps, scripts=scripts,
                             max_steps=ROW["max_steps"])
 
 
@@ -38,11 +38,6 @@ def delegating(*, tester: bool = True) -> list[dict[str, Any]]:
     if tester:
         steps.append(ROW["reference_solution"][1])
     return [*steps, call("finish", answer="slug.py is written; the tester saw: hello-world")]
-
-
-def test_the_bundled_example_still_scores_one(scripted_episode: Any) -> None:
-    result = episode(scripted_episode)
-    assert (result.outcome, result.reward) == ("success", 1.0), result.outcome_reason
 
 
 def test_the_lead_finishing_without_the_team_scores_zero(scripted_episode: Any) -> None:
@@ -87,7 +82,7 @@ def test_partial_completion_scores_zero(scripted_episode: Any) -> None:
     assert (result.outcome, result.reward) == ("failure", 0.0)
 
 
-def test_a_roles_page_shows_the_episodes_shared_reward(scripted_episode: Any, make_task: Any, client: Any) -> None:
+def test_the_bundled_example_still_scores_one_and_a_roles_page_shows_the_shared_reward(scripted_episode: Any, make_task: Any, client: Any) -> None:
     from django.contrib.auth import get_user_model
 
     task = make_task(scene="multi_agent", prompt=ROW["prompt"], scene_config=ROW["config"], max_steps=ROW["max_steps"])
@@ -96,7 +91,7 @@ def test_a_roles_page_shows_the_episodes_shared_reward(scripted_episode: Any, ma
     result = scripted_episode.run(claim.trajectory.config_snapshot, [
         {"id": "lead", "prompt": ROW["prompt"], "reference_solution": ROW["reference_solution"]}, *ROLE_SCRIPTS])
     [lead] = trajectories_finish([{"trajectory_id": claim.pk, "claim_token": claim.token, "result": result}])
-    assert lead.reward == 1.0
+    assert (lead.outcome, lead.reward) == ("success", 1.0), lead.outcome_reason
     coder, tester = lead.subtrajectories()
     assert (coder.reward, coder.outcome_reason) == (None, "finished (no verifier)")  # as stored
     client.force_login(get_user_model().objects.create_superuser("boss", "boss@example.org", "pw-123456789"))
