@@ -87,10 +87,13 @@ def test_the_agent_cannot_call_a_platform_only_tool(shop: dict[str, Any]) -> Non
 
 @pytest.mark.django_db(transaction=True)
 def test_navigation_outside_the_allowed_origins_is_refused(shop: dict[str, Any]) -> None:
-    for url in ("http://127.0.0.1:8101/", "file:///workspace/.gui/site-state.json", "https://example.com/"):
+    for url in ("http://127.0.0.1:8101/", "file:///workspace/.gui/site-state.json", "https://example.com/",
+                "file:///workspace/.gui/%2e%2e/%2e%2e/etc/passwd", "http://example.com\\@127.0.0.1:8100/"):
         result = act(shop, "browser_navigate", url=url)
         assert result.extra["is_error"] and "refused" in result.output, result.output
         assert result.extra["url"].startswith("http://127.0.0.1:8100/")
+    after = act(shop, "browser_snapshot")  # the browser stayed where it was: the episode goes on
+    assert not after.extra["is_error"] and "Products" in after.output
 
 
 @pytest.mark.django_db(transaction=True)
