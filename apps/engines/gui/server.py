@@ -379,8 +379,7 @@ class Browser:
         """A CSP refusal after the start: script put into the page (loading, the pages' own libraries
         refuse themselves a test handler: jQuery 1.12's support check)."""
         text = str(message.text or "")
-        if (self.started and "Content Security Policy" in text and "script" in text.lower()
-                and len(self.blocked_scripts) < 50):
+        if self.started and "Content Security Policy" in text and "script-src" in text and len(self.blocked_scripts) < 50:
             self.blocked_scripts.append(text[:300])
 
     async def page_facts(self) -> dict[str, Any]:
@@ -459,8 +458,9 @@ class Browser:
             await self.page.go_back()
             raise PermissionError(f"the page went to {left}, outside this task's allowed origins; it was taken back")
         if len(self.refused) > refused_before:
-            raise PermissionError(f"the page tried to open {self.refused[refused_before]}, which this task does not "
-                                  f"allow; the browser stays on {self.page.url}")
+            why = "this task is one page" if self.single_page else "this task does not allow it"
+            raise PermissionError(f"the page tried to open {self.refused[refused_before]}: refused, {why}; the browser "
+                                  f"stays on {self.page.url}")
 
     async def act(self, name: str, args: dict[str, Any]) -> str:
         if self.dialog is not None and name not in ("browser_handle_dialog", "browser_snapshot"):
