@@ -7,7 +7,13 @@ the answer), `evidence_quotes` (each quote's numbers and names exactly as its pa
 `answer_not_in_question` (possessives and punctuation folded). Each twin keeps the bundled
 explore path and changes only the pair; its scene_config drops the evolve rounds (whose scripts
 would put the bundled pair back) and keeps the no-tool difficulty stage, so a twin that slipped
-through the code gates would be scored 1."""
+through the code gates would be scored 1.
+
+Not applicable here: another page or task solved, injected script and a fooled state check (no
+browser, no state); a value used before it was asked for (no ask_user). Evidence cited but never
+opened, a quote no page has and an answer leaked verbatim are tests/engines/test_search2qa.py's
+(`evidence_opened`, `evidence_quotes`, `answer_not_in_question` on the tiny corpus); the
+emitted task's solver is deep_search's verifier, whose twins are test_deep_search.py's."""
 from __future__ import annotations
 
 import copy
