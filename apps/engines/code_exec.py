@@ -32,12 +32,14 @@ else. A command that times out scores
 else in the check failed). A command that runs a test runner (pytest, unittest) is decided by
 its summary only: no summary, or no test counted, scores 0.0 whatever the exit code (the
 agent's module may end the process with exit code 0 while it is imported, or skip every test),
-and so does a summary that counts fewer tests than the verifier's test files define (test_*.py
-/ *_test.py, one per `def test...`, parametrized ones once). The output is kept in
+and so does a summary that counts fewer tests than the verifier's test files define (the
+test_*.py / *_test.py files the command names, else all of them; top-level test functions and
+test methods of Test* or unittest classes, parametrized ones once). The output is kept in
 `verifier_output`.
 """
 from __future__ import annotations
 
+import ast
 import posixpath
 import re
 import time
@@ -217,13 +219,34 @@ def parse_test_summary(text: str) -> dict[str, Any] | None:
 # code alone (code the agent wrote can end the process with exit code 0 before any test runs).
 _TEST_RUNNER = re.compile(r"(?<![\w.-])(?:pytest|py\.test|unittest)(?![\w-])")
 _TEST_FILE = re.compile(r"(?:^|/)(?:test_[^/]*|[^/]*_test)\.py$")
-_TEST_FUNCTION = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+test\w*[ \t]*\(", re.MULTILINE)
 
 
-def declared_tests(files: dict[str, Any]) -> int:
-    """How many test functions the verifier's pytest-style test files define (parametrized ones once)."""
-    return sum(len(_TEST_FUNCTION.findall(content)) for path, content in files.items()
-               if isinstance(content, str) and _TEST_FILE.search(path))
+def _collected(tree: ast.Module) -> int:
+    """Tests pytest collects from a module by default: top-level test* functions, and test*
+    methods of top-level Test* classes or unittest-style classes (any class with a base)."""
+    count = 0
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            count += 1
+        elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or node.bases):
+            count += sum(1 for item in node.body
+                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"))
+    return count
+
+
+def declared_tests(files: dict[str, Any], command: str = "") -> int:
+    """How many tests the verifier's test files (test_*.py, *_test.py) define, parametrized ones
+    once; only the files the command names when it names any. A file that does not parse counts 0."""
+    tests = {path: content for path, content in files.items() if isinstance(content, str) and _TEST_FILE.search(path)}
+    named = {path: content for path, content in tests.items()
+             if re.search(rf"(?<![\w./-]){re.escape(posixpath.basename(path))}(?![\w.-])", command)}
+    total = 0
+    for content in (named or tests).values():
+        try:
+            total += _collected(ast.parse(content))
+        except (SyntaxError, ValueError):
+            continue
+    return total
 
 
 def score(result: ExecResult, *, command: str = "", declared: int = 0,
@@ -428,7 +451,7 @@ class CodeExecRuntime(SceneRuntime):
             sandbox.write_file(_workspace_path(path), content.encode("utf-8"))
         timeout = float(verifier.get("timeout") or DEFAULT_VERIFIER_TIMEOUT_S)
         result = sandbox.run(verifier["command"], timeout=timeout, max_output_bytes=VERIFIER_MAX_OUTPUT_BYTES)
-        reward, details = score(result, command=verifier["command"], declared=declared_tests(files),
+        reward, details = score(result, command=verifier["command"], declared=declared_tests(files, verifier["command"]),
                                 partial_credit=bool(verifier.get("partial_credit")))
         output = {
             "command": verifier["command"],

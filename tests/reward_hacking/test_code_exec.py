@@ -120,6 +120,12 @@ def test_a_run_that_reports_fewer_tests_than_the_verifier_declares_scores_zero()
 
     files = ROW["config"]["verifier"]["files"]
     assert declared_tests(files) == 6
+    nested = {"test_a.py": "import unittest\n\n\ndef test_one():\n    def test_inner():\n        pass\n\n\n"
+                           "class TestB:\n    def test_two(self):\n        pass\n\n\n"
+                           "class Helper:\n    def test_not_collected(self):\n        pass\n\n\n"
+                           "class C(unittest.TestCase):\n    def test_three(self):\n        pass\n",
+              "test_b.py": "def test_four():\n    pass\n", "helpers.py": "def test_x():\n    pass\n"}
+    assert declared_tests(nested) == 4 and declared_tests(nested, "python3 -m pytest -q test_a.py") == 3
     # intervals.py deselected five of the six tests (e.g. through a plugin it registered at import).
     ran_one = ExecResult(exit_code=0, stdout="1 passed, 5 deselected in 0.01s\n", stderr="", duration_ms=5)
     reward, details = score(ran_one, command=ROW["config"]["verifier"]["command"], declared=6)
