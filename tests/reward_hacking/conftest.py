@@ -19,7 +19,7 @@ today) and then its twin through the same fixture:
 
     def test_finish_without_writing_the_code_scores_zero(scripted_episode):
         result = scripted_episode("code_exec", row["prompt"], row["config"],
-                                  [call("finish", summary="all tests pass")])
+                                  [call("finish", answer="all tests pass")])
         assert result.reward == 0.0, result.verifier_output
 
 `scripted_episode(scene, prompt, scene_config, steps, *, scripts=(), sandbox_backend="local",
