@@ -129,7 +129,8 @@ def evidence_opened(qa: dict[str, Any], opened: Iterable[str]) -> Gate:
                 missing=[])
 
 
-def score_quotes(qa: dict[str, Any], opened: Iterable[str], page_text: Callable[[str], str]) -> list[dict[str, Any]]:
+def score_quotes(qa: dict[str, Any], opened: Iterable[str],
+                 page_text: Callable[[str], str | None]) -> list[dict[str, Any]]:
     """Per evidence item: url, opened, score (0..1; 0 for a page never opened: it is not looked up,
     and for a quote whose numbers or names the page does not have: those are in `changed`).
     URLs compare by `url_key` (no fragment, no trailing slash, scheme and host lowercased)."""
