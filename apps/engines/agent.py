@@ -785,15 +785,19 @@ class _Episode:
         """The configured provider of that name, else the one asked first (the task's or role's
         `provider`, else the primary)."""
         name = name or self.config.get("provider") or ""
-        return next((p for p in self.llm.providers if p.name == name), self.llm.primary)
+        # LLMClient's providers; a client that has only a primary (the loop's whole contract
+        # before profiles) is that one provider.
+        providers = getattr(self.llm, "providers", None) or [self.llm.primary]
+        return next((p for p in providers if getattr(p, "name", None) == name), self.llm.primary)
 
     def _profile(self, provider_name: str | None = None) -> profiles.Profile:
         """The profile of a provider (default: the one asked first); the rules its replies and
         requests follow (apps.engines.profiles)."""
         provider = self._provider(provider_name)
         profile_id = getattr(provider, "profile", "")
-        if not profile_id:  # a Provider made without one: named after its profile, else "custom"
-            profile_id = provider.name if provider.name in profiles.all_profiles() else "custom"
+        if not profile_id:  # a provider without one: named after its profile, else "custom"
+            name = getattr(provider, "name", "")
+            profile_id = name if name in profiles.all_profiles() else "custom"
         return profiles.get(profile_id)
 
     def _fit_context(self, profile: profiles.Profile, tools: list[dict[str, Any]] | None) -> int:
