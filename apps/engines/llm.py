@@ -33,16 +33,19 @@ What it does around the openai SDK (which runs with max_retries=0; the retries a
   rows from 1 again, so a new trajectory would be served another database's answers. A
   retried or resumed trajectory (same UUID) replays its own answers; replaying another
   trajectory's is explicit (the episode's `replay_of` config key, recorded as such).
-  Without Redis the cache is one SQLite file (LLMResponseCache). achat writes behind: the
-  reply is a cache hit in this process at once and is stored a moment later;
-  aclose()/close()/flush_cache_writes() wait for the writes (see _pending_writes).
+  Without Redis the cache is one SQLite file (LLMResponseCache). A reply is stored before
+  chat/achat return it (see _cache_io).
   `cache_lookup=False` skips the lookup and still stores the reply: the agent passes it once
   its episode has had a miss, since every later request carries that fresh reply and cannot
   have been cached (`use_cache=False` neither reads nor writes).
-* Cost: `cost_usd` = tokens x PRICES_PER_MTOK (USD per million tokens, longest model-name
-  prefix wins; settings.LLM_PRICES, if defined, adds or overrides entries). Unknown models and
-  the offline model cost 0. On a cache hit cost_usd is what the response cost when it was
-  produced; nothing was paid again.
+* Providers' profiles (apps/engines/profiles.py, profiles.json, docs/llm.md) say what each
+  provider accepts: the request is shaped by it (shape_request), cached input tokens are read
+  from its usage fields, and the offline stand-in alone gets the route header (llm_route).
+* Cost: `cost_usd` = (uncached input x input + cached input x cached-input + output x output
+  price) per million tokens, from the profile's model (settings.LLM_PRICES, if defined, adds or
+  overrides entries, longest model-name prefix wins). Unknown models and the offline model cost
+  0. On a cache hit cost_usd is what the response cost when it was produced; nothing was paid
+  again.
 * Secrets: API keys never appear in errors, logs or results. Errors are raised without the SDK
   exception chained (its request carries the Authorization header), their text goes through
   `trajplatform.redaction.redact`, and a RedactingFilter sits on this module's logger and on
@@ -701,16 +704,13 @@ class LLMResponseCache(BaseCache):
     clearing the cache by hand) is noticed on the next read or write and made again, so
     writes never go on into a deleted file.
 
-    Replies stored by earlier versions as files (LOCATION/<md5>.djcache, Django's
-    FileBasedCache format) are still read on a miss, so a cache carried over still hits.
-    Values are pickled and zlib-compressed, as before. One connection per thread and file,
-    shared by the instances Django makes per thread and asyncio task.
+    Values are pickled and zlib-compressed. One connection per thread and file, shared by the
+    instances Django makes per thread and asyncio task.
     """
 
     FILE_NAME = "replies.sqlite3"
     BUSY_TIMEOUT_S = 30.0
     CONNECTIONS_PER_THREAD = 4
-    LEGACY_SUFFIX = ".djcache"
 
     _schema = ("CREATE TABLE IF NOT EXISTS replies "
                "(key TEXT PRIMARY KEY, expires REAL, value BLOB NOT NULL) WITHOUT ROWID")
@@ -760,26 +760,10 @@ class LLMResponseCache(BaseCache):
         compressor = zlib.compressobj(CACHE_ZLIB_LEVEL, zlib.DEFLATED, CACHE_ZLIB_WBITS, CACHE_ZLIB_MEMLEVEL)
         return compressor.compress(pickle.dumps(value, pickle.HIGHEST_PROTOCOL)) + compressor.flush()
 
-    def _legacy_file(self, key: str) -> str:
-        return os.path.join(self._dir, hashlib.md5(key.encode(), usedforsecurity=False).hexdigest() + self.LEGACY_SUFFIX)
-
-    def _legacy_get(self, key: str, default: Any) -> Any:
-        """A reply an earlier version stored as a file: pickled expiry, then the zlib stream."""
-        try:
-            with open(self._legacy_file(key), "rb") as f:
-                expiry = pickle.load(f)
-                if expiry is not None and expiry < time.time():
-                    return default
-                return pickle.loads(zlib.decompress(f.read()))
-        except FileNotFoundError:
-            return default
-
     def get(self, key: str, default: Any = None, version: int | None = None) -> Any:
         key = self.make_and_validate_key(key, version)
         row = self._db().execute("SELECT expires, value FROM replies WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            return self._legacy_get(key, default)
-        if row[0] is not None and row[0] <= time.time():
+        if row is None or (row[0] is not None and row[0] <= time.time()):
             return default
         return pickle.loads(zlib.decompress(row[1]))
 
@@ -790,8 +774,6 @@ class LLMResponseCache(BaseCache):
 
     def add(self, key: str, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version)
-        if self._legacy_get(key, _MISSING) is not _MISSING:
-            return False
         # One statement: another process adding the same key at once cannot add it as well.
         added = self._db().execute(
             "INSERT INTO replies (key, expires, value) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
@@ -808,25 +790,13 @@ class LLMResponseCache(BaseCache):
 
     def delete(self, key: str, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version)
-        deleted = self._db().execute("DELETE FROM replies WHERE key = ?", (key,)).rowcount == 1
-        try:
-            os.remove(self._legacy_file(key))
-            deleted = True
-        except FileNotFoundError:
-            pass
-        return deleted
+        return self._db().execute("DELETE FROM replies WHERE key = ?", (key,)).rowcount == 1
 
     def has_key(self, key: str, version: int | None = None) -> bool:
         return self.get(key, _MISSING, version) is not _MISSING
 
     def clear(self) -> None:
         self._db().execute("DELETE FROM replies")
-        for name in os.listdir(self._dir):
-            if name.endswith(self.LEGACY_SUFFIX):
-                try:
-                    os.remove(os.path.join(self._dir, name))
-                except FileNotFoundError:
-                    pass
 
 
 _MISSING = object()
@@ -994,45 +964,26 @@ def _error_detail(exc: openai.APIStatusError) -> str:
     return (exc.message or "")[:500]
 
 
-# achat writes the response cache in a thread of its own, never on the event loop: a write
-# may wait for another process's SQLite write lock, or go over the network (Redis), time the
-# loop's thread would spend with every rollout waiting. Reads stay on the loop for the local
-# caches (a lookup costs microseconds) and go to a reader thread for any other backend
-# (Redis: a network round trip). Neither is the loop's default executor, where sandbox
-# commands may hold every thread for their whole timeout.
-#
-# Writes are write-behind: achat hands the reply to the one writer thread and returns. Until
-# the reply is stored it sits in _pending_writes, which every read of this process
-# (chat and achat, any client of the same cache) consults first, so within the process a
-# finished call is a cache hit at once, as before; another process sees it once the writer
-# has written it (about a millisecond later). LLMClient.aclose()/close() and
-# flush_cache_writes() return only after every write handed over before them; the rollout
-# job closes its client before it returns, and the writer thread is joined at interpreter exit
-# like any executor thread (a killed process loses the writes still queued: those calls are
-# made again on resume). A write that fails is logged and dropped, as a failed synchronous
-# write was.
-_cache_reader: ThreadPoolExecutor | None = None
-_cache_writer: ThreadPoolExecutor | None = None
-# (the cache instance written to, key) -> the value on its way there, pickled when achat handed
-# it over: a snapshot that the caller's later changes to the result cannot reach, and each
-# read of it gets objects of its own, as a read from the disk does.
-_pending_writes: dict[tuple[BaseCache, str], bytes] = {}
+# achat reads and writes the local caches (LLMResponseCache, the file cache) on the event loop:
+# a lookup costs about 0.01 ms and a write 0.04 ms (LLMResponseCache's docstring), not worth a
+# thread hop. Any other backend (Redis: a network round trip) is read and written in one thread
+# of its own, awaited, never the loop's default executor, where sandbox commands may hold every
+# thread for their whole timeout. Either way achat returns once its reply is stored: another
+# process finds it at once, and nothing is left to flush.
+_cache_io: ThreadPoolExecutor | None = None
 _shared_lock = threading.Lock()
 
 
-def _cache_threads() -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
-    """(reader, writer): one thread each; one writer keeps the writes in order. The reader
-    serves cache backends other than the file cache."""
-    global _cache_reader, _cache_writer
-    reader, writer = _cache_reader, _cache_writer
-    if reader is None or writer is None:
+def _cache_thread() -> ThreadPoolExecutor:
+    """The one thread that reads and writes cache backends other than the local ones."""
+    global _cache_io
+    executor = _cache_io
+    if executor is None:
         with _shared_lock:
-            if _cache_reader is None:
-                _cache_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-cache-read")
-            if _cache_writer is None:
-                _cache_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-cache-write")
-            reader, writer = _cache_reader, _cache_writer
-    return reader, writer
+            if _cache_io is None:
+                _cache_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-cache-io")
+            executor = _cache_io
+    return executor
 
 
 # alias -> (its CACHES entry, the instance made from it)
@@ -1040,10 +991,9 @@ _shared_caches: dict[str, tuple[dict[str, Any], BaseCache]] = {}
 
 
 def _shared_cache(alias: str) -> BaseCache:
-    """The cache instance achat reads and writes through (on the loop, in the reader and in
-    the writer thread) and pending writes are filed under: one per process and CACHES entry,
-    shared by every client (a settings override gets its own, so a write queued under one
-    configuration lands there and is only found there)."""
+    """The cache instance achat reads and writes through (on the loop, or in the cache thread):
+    one per process and CACHES entry, shared by every client (a settings override gets its
+    own)."""
     params = caches.settings[alias]
     shared = _shared_caches.get(alias)
     if shared is None or shared[0] is not params:
@@ -1052,37 +1002,6 @@ def _shared_cache(alias: str) -> BaseCache:
             if shared is None or shared[0] is not params:
                 shared = _shared_caches[alias] = (params, caches.create_connection(alias))
     return shared[1]
-
-
-def _write_behind(cache: BaseCache, key: str, blob: bytes) -> None:
-    try:
-        cache.set(key, pickle.loads(blob), None)
-    except Exception as exc:
-        logger.warning("llm cache write failed: %s", exc)
-    finally:
-        with _shared_lock:
-            if _pending_writes.get((cache, key)) is blob:
-                del _pending_writes[(cache, key)]
-
-
-def _pending_write(cache: BaseCache, key: str) -> dict[str, Any] | None:
-    with _shared_lock:
-        blob = _pending_writes.get((cache, key))
-    return None if blob is None else pickle.loads(blob)
-
-
-def flush_cache_writes(timeout: float | None = None) -> None:
-    """Wait until every cache write handed to the writer thread so far is on disk (or failed)."""
-    writer = _cache_writer
-    if writer is not None:
-        writer.submit(lambda: None).result(timeout)
-
-
-async def aflush_cache_writes() -> None:
-    """flush_cache_writes() without blocking the event loop."""
-    writer = _cache_writer
-    if writer is not None:
-        await asyncio.wrap_future(writer.submit(lambda: None))
 
 
 _ssl_context: ssl.SSLContext | None = None
@@ -1344,12 +1263,9 @@ class LLMClient:
 
     def _cache_get(self, calls: list[_Call], cache: BaseCache | None = None) -> ChatResult | None:
         try:
-            shared = self._shared_cache()
             cache = cache or caches[self.cache_alias]
             for call in calls:
-                data = _pending_write(shared, call.cache_key)
-                if data is None:
-                    data = cache.get(call.cache_key)
+                data = cache.get(call.cache_key)
                 if data is not None:
                     return ChatResult.from_cache(data, call.cache_key)
         except Exception as exc:  # a broken cache costs money, not correctness
@@ -1362,14 +1278,9 @@ class LLMClient:
         except Exception as exc:
             logger.warning("llm cache read failed: %s", exc)
             return None
-        for call in calls:  # a reply still on its way to the disk answers without a thread hop
-            if (data := _pending_write(shared, call.cache_key)) is not None:
-                return ChatResult.from_cache(data, call.cache_key)
         if isinstance(shared, (LLMResponseCache, FileBasedCache)):
-            # A lookup on the local disk costs microseconds even under load: not worth a thread hop.
             return self._cache_get(calls, shared)
-        reader, _ = _cache_threads()
-        return await asyncio.get_running_loop().run_in_executor(reader, self._cache_get, calls, shared)
+        return await asyncio.get_running_loop().run_in_executor(_cache_thread(), self._cache_get, calls, shared)
 
     def _cache_value(self, result: ChatResult) -> dict[str, Any]:
         data = result.to_dict()
@@ -1377,24 +1288,22 @@ class LLMClient:
             del data[per_call]
         return data
 
-    def _cache_set(self, result: ChatResult) -> None:
+    def _cache_set(self, result: ChatResult, cache: BaseCache | None = None) -> None:
         try:
-            caches[self.cache_alias].set(result.cache_key, self._cache_value(result), None)
-        except Exception as exc:
+            (cache or caches[self.cache_alias]).set(result.cache_key, self._cache_value(result), None)
+        except Exception as exc:  # a broken cache costs money, not correctness
             logger.warning("llm cache write failed: %s", exc)
 
-    def _acache_set(self, result: ChatResult) -> None:
-        """Hand the reply to the writer thread (write-behind, see _pending_writes)."""
+    async def _acache_set(self, result: ChatResult) -> None:
         try:
             shared = self._shared_cache()
         except Exception as exc:
             logger.warning("llm cache write failed: %s", exc)
             return
-        _, writer = _cache_threads()
-        blob = pickle.dumps(self._cache_value(result), pickle.HIGHEST_PROTOCOL)
-        with _shared_lock:
-            _pending_writes[(shared, result.cache_key)] = blob
-        writer.submit(_write_behind, shared, result.cache_key, blob)
+        if isinstance(shared, (LLMResponseCache, FileBasedCache)):
+            self._cache_set(result, shared)
+        else:
+            await asyncio.get_running_loop().run_in_executor(_cache_thread(), self._cache_set, result, shared)
 
     # -- fallback across providers
 
@@ -1497,7 +1406,7 @@ class LLMClient:
                 continue
             result = replace(result, failed_providers=tuple(c.provider.name for c, _ in failures))
             if use_cache:
-                self._acache_set(result)
+                await self._acache_set(result)
             return result
         raise self._give_up(failures)
 
@@ -1554,20 +1463,16 @@ class LLMClient:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        """Close the sync SDK clients; wait for this process's pending cache writes."""
+        """Close the sync SDK clients."""
         with self._lock:
             clients, self._sync_clients = list(self._sync_clients.values()), {}
         for client in clients:
             client.close()
-        flush_cache_writes()
 
     async def aclose(self) -> None:
-        """Close this loop's async SDK clients; wait for this process's pending cache writes."""
+        """Close this loop's async SDK clients."""
         loop = asyncio.get_running_loop()
         with self._lock:
             clients = list(self._async_clients.pop(loop, {}).values())
-        try:
-            for client in clients:
-                await client.close()
-        finally:
-            await aflush_cache_writes()
+        for client in clients:
+            await client.close()

@@ -423,35 +423,18 @@ async def test_achat_reads_and_writes_the_same_cache(server: Any, waits: Waits) 
 
 
 @pytest.mark.asyncio
-async def test_achat_writes_behind_and_aclose_waits_for_the_write(server: Any, waits: Waits) -> None:
+async def test_achat_stores_the_reply_before_it_returns(server: Any, waits: Waits) -> None:
     client = client_for(waits, offline(server))
     first = await client.achat(user(), tools=TOOLS, cache_key_extra="wb")
+    stored = caches["llm"].get(first.cache_key)  # on disk already: nothing is left to flush
+    assert stored is not None and stored["message"] == first.message
     first.message["content"] = "changed by the caller after the call"  # must not reach the cache
-    # Another client of this process hits at once, whether or not the file is written yet.
     other = client_for(waits, offline(server))
     hit = await other.achat(user(), tools=TOOLS, cache_key_extra="wb")
     assert hit.cached and server.model.chat_requests == 1
     assert hit.message["content"] != "changed by the caller after the call"
     await client.aclose()
     await other.aclose()
-    stored = caches["llm"].get(first.cache_key)  # on disk once aclose() has returned
-    assert stored is not None and stored["message"] == hit.message
-
-
-def test_the_llm_response_cache_still_reads_replies_stored_as_files_by_earlier_versions(tmp_path: Path) -> None:
-    from django.core.cache.backends.filebased import FileBasedCache
-
-    from apps.engines.llm import LLMResponseCache
-
-    value = {"message": {"role": "assistant", "content": "x" * 5000 + "ü"}, "usage": {"prompt_tokens": 3}}
-    old = FileBasedCache(str(tmp_path / "c"), {"TIMEOUT": None})  # what the cache was: a file per reply
-    old.set("chat:old", value, None)
-    old.set("chat:expired", value, 1)
-    ours = LLMResponseCache(str(tmp_path / "c"), {"TIMEOUT": None})
-    assert ours.get("chat:old") == value and ours.has_key("chat:old")
-    with mock.patch("time.time", return_value=time.time() + 5):
-        assert ours.get("chat:expired") is None
-    assert ours.delete("chat:old") and ours.get("chat:old") is None and old.get("chat:old") is None
 
 
 def test_the_llm_response_cache_keeps_replies_in_one_sqlite_file_shared_by_processes(tmp_path: Path) -> None:
