@@ -932,6 +932,19 @@ def _tool_call(tc: dict[str, Any]) -> dict[str, Any]:
     return call
 
 
+def _refused(exc: BaseException) -> ConnectionError | None:
+    """The refused or reset connection behind an SDK error, if that is what it was: achat's
+    aiohttp transport reports a refused connection as a connect *timeout*."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionError):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def _retry_after(headers: Any) -> float | None:
     if headers is None:
         return None
@@ -1153,10 +1166,11 @@ class LLMClient:
 
     def _translate(self, exc: BaseException, call: _Call) -> LLMError:
         kw: dict[str, Any] = {"provider": call.provider.name, "model": call.request["model"]}
-        if isinstance(exc, openai.APITimeoutError):
+        refused = _refused(exc)
+        if isinstance(exc, openai.APITimeoutError) and refused is None:
             return LLMTimeout("request timed out", **kw)
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
+        if isinstance(exc, openai.APIConnectionError):  # APITimeoutError is one
+            cause = refused or exc.__cause__ or exc.__context__
             detail = f": {type(cause).__name__}" if cause is not None else ""
             if call.provider.spec.routing_headers:
                 detail += f" (is the offline model running at {call.provider.base_url}? `python manage.py offline_model`)"

@@ -605,6 +605,18 @@ def test_an_offline_model_that_is_not_running_is_named_in_the_error(waits: Waits
     assert "manage.py offline_model" in str(exc.value) and exc.value.provider == "offline"
 
 
+@pytest.mark.asyncio
+async def test_achat_reports_a_refused_connection_as_one_not_as_a_timeout(waits: Waits) -> None:
+    # aiohttp's transport raises a connect *timeout* for a refused connection; chat() always said
+    # "connection failed" with the offline model's hint, achat() said "request timed out".
+    with override_settings(LLM_MAX_RETRIES=0, OFFLINE_MODEL_URL=closed_port_url()):
+        client = LLMClient(sleep=waits.sleep, asleep=waits.asleep, limiters={})
+        with pytest.raises(LLMUnavailable) as exc:
+            await client.achat(user())
+        await client.aclose()
+    assert "connection failed: ConnectionRefusedError" in str(exc.value) and "manage.py offline_model" in str(exc.value)
+
+
 def test_it_falls_back_after_a_provider_keeps_failing_with_5xx(waits: Waits) -> None:
     with running_offline_model([EXAMPLES], faults="503") as broken, running_offline_model([EXAMPLES]) as good:
         result = client_for(waits, offline(broken, "gemini"), offline(good, "openai")).chat(user(), tools=TOOLS)
