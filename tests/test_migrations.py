@@ -108,3 +108,15 @@ def test_roles_are_resynced_when_the_last_installed_app_has_no_models(monkeypatc
 
     assert Group.objects.filter(name__in=ROLES).count() == 4
     assert "reviews.decide_red_proposal" in perms_of("approver")
+
+
+def test_the_policy_migration_replaces_retired_models_and_keeps_an_operators_others() -> None:
+    import importlib
+
+    from apps.reviews.models import PolicyRule
+
+    migration = importlib.import_module("apps.reviews.migrations.0007_policy_current_models")
+    PolicyRule.objects.filter(field="model").update(
+        allowed_values=["deepseek-chat", "my-model", "deepseek-reasoner", "deepseek-flash"])
+    migration.forwards(apps, None)
+    assert PolicyRule.objects.get(field="model").allowed_values == ["deepseek-flash", "my-model"]

@@ -46,8 +46,8 @@ def waiting_task(make_task: Any, **fields: Any) -> dict[str, Any]:
                                            started_at=timezone.now())
     task.refresh_from_db()
     yellow = Proposal.objects.create(
-        task=task, review=review, iteration=1, field="model", from_value="", to_value="deepseek-chat",
-        options=["deepseek-chat", "gpt-4o-mini"], tier=Proposal.Tier.YELLOW, proposer="review-agent",
+        task=task, review=review, iteration=1, field="model", from_value="", to_value="deepseek-flash",
+        options=["deepseek-flash", "gpt-4o-mini"], tier=Proposal.Tier.YELLOW, proposer="review-agent",
         rationale="the judge suggests a stronger model",
     )
     red = Proposal.objects.create(

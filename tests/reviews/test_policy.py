@@ -134,4 +134,4 @@ def test_validate_proposal_names_the_first_bad_option(make_task):
     with pytest.raises(ValidationError, match="option 0: max_steps: "):
         policy.validate_proposal(task, "max_steps", 30, ["many"])
     with pytest.raises(ValidationError, match="options must be a list"):
-        policy.validate_proposal(task, "model", "deepseek-chat", "deepseek-chat")
+        policy.validate_proposal(task, "model", "deepseek-flash", "deepseek-flash")

@@ -175,7 +175,7 @@ def test_a_double_click_is_a_no_op_and_another_decider_learns_who_decided(make_t
     alice, bob = make_user("reviewer", username="alice"), make_user("approver", username="bob")
     first = proposal_decide(proposal=w["yellow"], actor=alice, decision="approve")
     again = proposal_decide(proposal=w["yellow"], actor=alice, decision="approve")
-    assert first.pk == again.pk and again.chosen_option == "deepseek-chat"
+    assert first.pk == again.pk and again.chosen_option == "deepseek-flash"
     assert audit_events_for(w["yellow"]).count() == 1
     with pytest.raises(AlreadyDecided, match=r"already decided by alice \(approved at "):
         proposal_decide(proposal=w["yellow"], actor=bob, decision="reject")
@@ -242,7 +242,7 @@ def test_a_proposal_whose_value_or_options_the_policy_refuses_writes_nothing(mak
 @pytest.mark.django_db
 @pytest.mark.parametrize("field, to_value, options, decision, message", [
     ("model", "unlisted-model-xyz", ["unlisted-model-xyz"], "approve", "not one of the allowed values"),
-    ("model", "deepseek-chat", ["deepseek-chat", "unlisted-model-xyz"], "choose", "not one of the allowed values"),
+    ("model", "deepseek-flash", ["deepseek-flash", "unlisted-model-xyz"], "choose", "not one of the allowed values"),
     ("quality_threshold", 5, [5], "approve", "outside the policy's bounds 50 to 100"),
     ("max_tokens", 200_000, [200_000], "approve", "is a red change; a yellow proposal cannot apply it"),
 ])
@@ -265,7 +265,7 @@ def test_a_decision_applies_only_what_the_policy_allows(make_task, approver, fie
 def test_a_rule_tightened_after_proposing_is_applied_at_decision_time(make_task, reviewer):
     w = waiting_task(make_task)
     PolicyRule.objects.filter(field="model").update(allowed_values=["gpt-4o-mini"])
-    with pytest.raises(DecisionError, match="deepseek-chat.*not one of the allowed values"):
+    with pytest.raises(DecisionError, match="deepseek-flash.*not one of the allowed values"):
         proposal_decide(proposal=w["yellow"], actor=reviewer, decision="approve")
     PolicyRule.objects.filter(field="model").update(tier="red")
     with pytest.raises(DecisionError, match="is a red change; a yellow proposal cannot apply it"):
@@ -474,13 +474,13 @@ def test_when_every_change_found_was_rejected_the_task_fails_saying_why(make_tas
 def test_a_yellow_change_whose_value_was_rejected_falls_back_to_an_option_nobody_rejected(make_task, approver):
     task = reviewing_task(make_task, overall=40.0)
     Review.objects.filter(trajectory__task=task).update(suggestions=[
-        {"field": "model", "to": "deepseek-chat", "options": ["deepseek-chat", "gpt-4o-mini", "gemini-2.5-flash"],
+        {"field": "model", "to": "deepseek-flash", "options": ["deepseek-flash", "gpt-4o-mini", "gemini-3.7-flash"],
          "rationale": "a stronger model"}])
-    old = rejected_before(task, approver, "model", "deepseek-chat", ["deepseek-chat", "gpt-4o-mini"])
+    old = rejected_before(task, approver, "model", "deepseek-flash", ["deepseek-flash", "gpt-4o-mini"])
     iteration_conclude(task_id=task.pk, iteration=1)
     proposal = Proposal.objects.get(task=task, status="pending")
-    assert (proposal.field, proposal.to_value) == ("model", "gemini-2.5-flash")
-    assert "deepseek-chat" not in proposal.options and "gpt-4o-mini" not in proposal.options
+    assert (proposal.field, proposal.to_value) == ("model", "gemini-3.7-flash")
+    assert "deepseek-flash" not in proposal.options and "gpt-4o-mini" not in proposal.options
     assert f"was rejected (proposal #{old.pk}" in proposal.rationale
 
 
