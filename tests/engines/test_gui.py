@@ -6,6 +6,7 @@ one site episode (a module fixture); the loop tests run one episode each.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from django.test import override_settings
 
 from apps.engines.gui.runtime import GuiRuntime, browser_config
+from apps.engines.gui.server import PageServer, miniwob_config
 from apps.engines.mcp import McpSessionError
 from apps.engines.runtime import InfrastructureError, SetupError, ToolError, register_runtime
 from apps.engines.sandboxes.local import LocalBackend
@@ -236,6 +238,42 @@ def test_bundled_scripts_replay_in_the_sandbox(external_id: str, artifact_root: 
     assert result.outcome == "success" and result.reward == 1.0, (result.outcome_reason, result.verifier_output)
     points = [s["action"].get("point") for s in result.steps if s["tool"] == "browser_mouse_click_xy"]
     assert all(points) and (points or external_id.startswith("gui-site"))
+
+
+def test_the_social_media_script_replays_when_the_pages_images_are_slow(monkeypatch: pytest.MonkeyPatch,
+                                                                      free_tcp_port: int) -> None:
+    """The episode starts from the fully loaded page: on a loaded machine the page server answers
+    social-media's icons (CSS images, the :hover ones too) late; before, the first snapshot then
+    lacked their refs (the script's "Mute @leo" ref named nothing) and the hover swapping in an
+    icon not yet loaded moved the click's target away (no menu). The browser on the host, no sandbox."""
+    import time
+    from pathlib import Path as _Path
+
+    import miniwob
+
+    from apps.engines.gui.server import Browser
+
+    respond = PageServer.respond
+    monkeypatch.setattr(PageServer, "respond", lambda self, raw: (
+        time.sleep(0.3) if raw.endswith(".png") else None, respond(self, raw))[1])
+    line = BUNDLED["gui-miniwob-social-media-s1"]
+    [[more], [mute]] = [[c["arguments"] for c in step["tool_calls"]] for step in line["reference_solution"][:2]]
+    config = miniwob_config(str(_Path(miniwob.__file__).parent / "html"), "social-media", 1, free_tcp_port)
+
+    async def replay() -> tuple[str, Any]:
+        browser = Browser(config)
+        try:
+            await browser.start()
+            await browser.act("browser_mouse_click_xy", more)
+            menu = await browser.act("browser_snapshot", {})
+            await browser.act("browser_click", mute)
+            return menu, await browser.page.evaluate("[WOB_RAW_REWARD_GLOBAL, WOB_DONE_GLOBAL]")
+        finally:
+            await browser.close()
+
+    menu, reward = asyncio.run(replay())
+    assert f'listitem [ref={mute["ref"]}]: Mute @leo' in menu, menu
+    assert reward == [1, True]
 
 
 class _CrashingGui(GuiRuntime):

@@ -32,7 +32,8 @@ reloaded page does not have (`page_facts`: the verifier reads a reward only from
 Platform-only tools (the runtime's spec keeps them from the agent; with the page's CSP no
 script of the agent's runs in the page, so the agent cannot reach the reward channel,
 e.g. MiniWoB's core.endEpisode): platform_start (launch, open the start page, the source's
-init: MiniWoB seeded the way BrowserGym does), platform_observe (a screenshot written to
+init: MiniWoB seeded the way BrowserGym does, then the page's stylesheet images loaded and no request
+pending, so the first snapshot is of the fully started page), platform_observe (a screenshot written to
 CONFIG.shots_dir, URL, title, the last action's element box), platform_evaluate (a
 JavaScript expression on the page, for the verifier; its answer also carries `page_facts`).
 
@@ -85,6 +86,29 @@ MINIWOB_INIT = """({seed, mark, token}) => {
 }"""
 
 
+# Resolves after two rendered frames: the first frame's style and layout have run (and asked for their files).
+FRAMES = "() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
+# The images the page's own stylesheets name (a :hover icon too), loaded before the first observation: an image
+# that comes later has no size until it does, so a hover that swaps one in would move the click's target away.
+CSS_IMAGES = r"""async () => {
+  const urls = new Set();
+  for (const sheet of document.styleSheets) {
+    let rules;
+    try { rules = sheet.cssRules; } catch (e) { continue; }
+    for (const rule of rules) {
+      for (const m of rule.cssText.matchAll(/url\(\s*(["']?)([^"')]+)\1\s*\)/g)) {
+        const url = new URL(m[2], sheet.href || document.baseURI);
+        if (url.origin === location.origin) urls.add(url.href);
+      }
+    }
+  }
+  await Promise.all([...urls].map((url) => new Promise((done) => {
+    const image = new Image();
+    image.onload = image.onerror = done;
+    image.src = url;
+  })));
+  return urls.size;
+}"""
 EPISODE_MARK = "__trajplatform_episode"
 MINIWOB_SHARED = ("/core/", "/common/")  # the scripts, styles and images the task pages share; no task page is there
 UNSAFE_URL_CHARS = re.compile(r"[\\\x00-\x1f\x7f]")  # a backslash or control: browsers rewrite or drop them
@@ -290,6 +314,7 @@ class Browser:
         self.refused: list[str] = []  # navigations and new windows refused, in order
         self.blocked_loads: list[str] = []  # other requests of the page refused (a missing file, another origin)
         self.blocked_scripts: list[str] = []  # the page's CSP refusals: script the agent put into the page
+        self.loading: set[Any] = set()  # the page's requests not finished yet (`quiet`)
         self.shots = 0
         self.lock = asyncio.Lock()
 
@@ -321,6 +346,9 @@ class Browser:
         self.page.on("dialog", self._on_dialog)
         self.page.on("crash", lambda *_: self._gone("the page crashed"))
         self.page.on("console", self._on_console)
+        self.page.on("request", lambda request: self.loading.add(request))
+        self.page.on("requestfinished", lambda request: self.loading.discard(request))
+        self.page.on("requestfailed", lambda request: self.loading.discard(request))
         launched = time.monotonic()
         info: dict[str, Any] = {}
         start_timeout = float(self.config.get("start_timeout_ms") or 60000)
@@ -332,6 +360,16 @@ class Browser:
             info = await self.page.evaluate(MINIWOB_INIT, {"seed": int(self.config.get("seed") or 0),
                                                            "mark": EPISODE_MARK, "token": self.token})
             await self.page.wait_for_function("() => WOB_TASK_READY === true", timeout=start_timeout)
+            # The problem's markup loads files of its own (social-media's icons are CSS images): an
+            # element whose image is not there yet has no box and no ref, so the first snapshot's refs
+            # would differ from a run where it came in time.
+            try:
+                await asyncio.wait_for(self.page.evaluate(CSS_IMAGES), start_timeout / 1000)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"the task page's images did not load in {start_timeout:.0f} ms") from None
+            if not await self.quiet(start_timeout):
+                raise TimeoutError(f"the task page's files did not finish loading in {start_timeout:.0f} ms: "
+                                   f"{', '.join(sorted(r.url for r in self.loading))}")
         self.started = True
         state = await self.state()
         return {**info, **state, "launch_ms": int((launched - started) * 1000),
@@ -448,11 +486,34 @@ class Browser:
             return None
         return {k: round(v, 1) for k, v in box.items()} if box else None
 
+    async def quiet(self, timeout_ms: float) -> bool:
+        """Wait until the page has rendered a frame with none of its requests pending, twice in a row
+        (a file that a frame's style or layout asks for, e.g. a CSS image, is requested during that
+        frame); False when that did not happen within `timeout_ms` (a page held by a dialog too)."""
+        async def calm() -> None:
+            frames = 0
+            while frames < 2:
+                await self.page.evaluate(FRAMES)
+                frames = 0 if self.loading else frames + 1
+                if self.loading:
+                    await asyncio.sleep(0.01)
+
+        try:
+            await asyncio.wait_for(calm(), timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     async def settle(self, refused_before: int) -> None:
         try:
             await self.page.wait_for_load_state("load", timeout=3000)
         except Exception:  # noqa: BLE001 - a slow page is reported as it is
             pass
+        if self.config.get("source") == "miniwob" and self.dialog is None:
+            try:  # the files the action made the page ask for (an icon it shows): in its snapshot too
+                await self.quiet(3000)
+            except Exception:  # noqa: BLE001 - a slow page is reported as it is
+                pass
         if not allowed(self.page.url, self.origins):  # the last resort: the route refuses before this
             left = self.page.url
             await self.page.go_back()
