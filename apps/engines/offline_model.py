@@ -109,7 +109,7 @@ STATUS_FAULTS = {"429", "500", "502", "503", "504"}
 KEEPALIVE_IDLE_S = 120.0
 FAULT_KINDS = STATUS_FAULTS | {"slow", "malformed", "never_finish", "text_only"}
 _MARKER = re.compile(r"\[script:([A-Za-z0-9_.:\-]+)\]")
-# The key line a pipeline stage's script is written under (apps.engines.pipelines.key_line).
+# The key line a pipeline stage's script is written under (script_key).
 PIPELINE_KEY = re.compile(r"\[pipeline:[^\]\s]+ key=[^\]]*\]")
 # The request header that routes a request (apps.engines.llm.ROUTE_HEADER; a test checks), and
 # its values: the judge, or a pipeline stage's key (apps.engines.pipelines.stage_route).
@@ -121,6 +121,13 @@ _EVIDENCE = re.compile(r"<evidence>(.*?)</evidence>", re.DOTALL)
 JUDGE_LABEL = f"{MODEL_NAME} judge (offline stand-in, not a language model)"
 JUDGE_BASE = {"success": 90.0, "failure": 40.0, "error": 10.0}
 JUDGE_PENALTY_PER_CHECK = 10.0
+
+
+def script_key(route: str) -> str:
+    """The prompt a routed request's script is written under: `[<route>]`, e.g.
+    `[pipeline:TEMPLATE key=ITEM]` for a call routed apps.engines.pipelines.stage_route(...).
+    The stand-in's own naming of its scripts; never part of what a model is sent."""
+    return f"[{route}]"
 
 
 class ReferenceSolutionError(ValueError):
@@ -465,7 +472,7 @@ class ScriptedModel:
         first_text = _text_of(first_user.get("content")) if first_user else ""
         step_index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
         if route.startswith(PIPELINE_ROUTE_PREFIX):
-            key = f"[{route}]"
+            key = script_key(route)
             if " repair=" in route:  # a pipeline stage's repair turn: its own script, from the start
                 script, step_index = self.registry.keyed(key), 0
             else:

@@ -46,7 +46,7 @@ def slug(seed: str) -> str:  # apps.engines.search2qa.prompts.seed_slug, without
     return re.sub(r"[^a-z0-9]+", "-", seed.lower()).strip("-")[:60] or "seed"
 
 
-def key(stage: str, seed: str, round_: int) -> str:  # apps.engines.search2qa.prompts.stage_key
+def key(stage: str, seed: str, round_: int) -> str:  # apps.engines.offline_model.script_key(search2qa.prompts.stage_route(...))
     return f"[pipeline:search2qa/{stage} key=seed={slug(seed)} round={round_}]"
 
 

@@ -28,8 +28,9 @@ from apps.engines.offline_model import (
     load_scripts,
     parse_script,
     running_offline_model,
+    script_key,
 )
-from apps.engines.pipelines import key_line, stage_route
+from apps.engines.pipelines import stage_route
 
 EXAMPLES = Path(settings.BASE_DIR) / "examples" / "reference_solutions"
 PRIMES = "Print the first ten primes."
@@ -354,8 +355,8 @@ def test_without_the_judge_route_the_same_request_is_not_judged(server: Any) -> 
 def test_a_routed_pipeline_stage_gets_its_keyed_script_and_a_repair_turn_its_own(tmp_path: Path) -> None:
     scripts = tmp_path / "stages.json"
     scripts.write_text(json.dumps([
-        {"id": "q", "prompt": key_line("demo/question", "s1"), "reference_solution": [{"content": "first"}]},
-        {"id": "q-r1", "prompt": key_line("demo/question", "s1", 1), "reference_solution": [{"content": "fixed"}]},
+        {"id": "q", "prompt": script_key(stage_route("demo/question", "s1")), "reference_solution": [{"content": "first"}]},
+        {"id": "q-r1", "prompt": script_key(stage_route("demo/question", "s1", 1)), "reference_solution": [{"content": "fixed"}]},
     ]))
     prompt = [{"role": "user", "content": "Write a question about intervals."}]
     with running_offline_model([scripts]) as srv:

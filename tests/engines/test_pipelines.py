@@ -23,7 +23,8 @@ from apps.engines import pipelines
 from apps.engines.llm import LLMClient, Provider
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
-from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template, key_line, stage_route
+from apps.engines.offline_model import script_key
+from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template, stage_route
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines import services
 from apps.tasks.models import Task
@@ -87,7 +88,7 @@ def build_demo(config: dict[str, Any]) -> Pipeline:
 def answer(key: str, content: Any, repair: int = 0) -> dict[str, Any]:
     """A one-step offline script answering the llm stage for `key` (the key-line convention)."""
     text = content if isinstance(content, str) else json.dumps(content)
-    return {"id": f"demo-{key}-{repair}", "prompt": key_line("demo/question", key, repair),
+    return {"id": f"demo-{key}-{repair}", "prompt": script_key(stage_route("demo/question", key, repair)),
             "reference_solution": [{"content": text}]}
 
 
@@ -246,7 +247,7 @@ def test_a_run_resumed_after_a_crash_mid_stage_pays_no_finished_stage_twice(mode
     run.refresh_from_db()
     assert run.status == PipelineRun.Status.RUNNING  # as a killed worker leaves it
     assert StageRun.objects.get(run=run, stage="gate", item_key="s2").status == StageRun.Status.RUNNING
-    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert calls_by_key(server) == {script_key(stage_route("demo/question", k)): 1 for k in ("s1", "s2", "s3")}
 
     # The job that died is no longer alive: the reaper re-queues the run at once.
     assert pipeline_jobs.reap_pipeline_runs()["requeued"] == 1
@@ -257,7 +258,7 @@ def test_a_run_resumed_after_a_crash_mid_stage_pays_no_finished_stage_twice(mode
     run.refresh_from_db()
     assert run.status == PipelineRun.Status.COMPLETED and run.attempts == 2 and run.tasks_created == 3
     # Not one more model call: every question had finished before the crash.
-    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert calls_by_key(server) == {script_key(stage_route("demo/question", k)): 1 for k in ("s1", "s2", "s3")}
     attempts = dict(StageRun.objects.filter(run=run, stage="question").values_list("item_key", "attempts"))
     assert attempts == {"s1": 1, "s2": 1, "s3": 1}
     assert StageRun.objects.get(run=run, stage="gate", item_key="s2").attempts == 2
@@ -293,7 +294,7 @@ def test_a_crash_inside_an_llm_stage_reruns_only_unstored_answers_and_pays_none_
         assert attempts["s2"] == 2 and set(attempts.values()) <= {1, 2}
     # The answers that came back before the crash were in the LLM response cache (keyed by the
     # run's UUID): a stage that ran twice was paid once.
-    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert calls_by_key(server) == {script_key(stage_route("demo/question", k)): 1 for k in ("s1", "s2", "s3")}
 
 
 def test_creating_a_run_queues_its_job_and_schedules_the_reaper_on_commit(
@@ -342,7 +343,7 @@ def test_a_job_at_its_time_budget_hands_the_run_over_to_a_follow_up_job(
     run.refresh_from_db()
     assert result["status"] == "completed" and run.tasks_created == 3 and run.attempts == 1
     assert jobs_run == 10  # each job ran one stage run, then handed over
-    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert calls_by_key(server) == {script_key(stage_route("demo/question", k)): 1 for k in ("s1", "s2", "s3")}
     assert audit_events_for(run).filter(action="engines.pipeline_requeue").count() == jobs_run - 1
 
 
@@ -550,7 +551,7 @@ def test_a_fan_out_stage_makes_an_item_of_each_element(model: Any, monkeypatch: 
     monkeypatch.setitem(pipelines.PIPELINES, SCENE, "tests.engines.test_pipelines:build_fan_out")
     by_id = {"items": [{"id": "a", "prompt": task_text("a")}, {"id": "b", "prompt": task_text("b")}]}
     no_ids = {"items": [{"prompt": task_text("c")}, {"prompt": task_text("d")}]}
-    _, llm = model(*[{"id": f"many-{k}", "prompt": key_line("demo/many", k), "reference_solution": [
+    _, llm = model(*[{"id": f"many-{k}", "prompt": script_key(stage_route("demo/many", k)), "reference_solution": [
         {"content": json.dumps(out)}]} for k, out in (("s1", by_id), ("s2", no_ids))])
     run = create_and_run(llm, keys=("s1", "s2"))
     assert run.status == PipelineRun.Status.COMPLETED, run.error
@@ -755,7 +756,7 @@ def test_a_worker_killed_mid_stage_is_resumed_and_pays_no_finished_stage_twice(m
         worker.wait()
     run.refresh_from_db()
     assert run.status == PipelineRun.Status.RUNNING and run.attempts == 1  # left behind by the dead worker
-    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert calls_by_key(server) == {script_key(stage_route("demo/question", k)): 1 for k in ("s1", "s2", "s3")}
     finished_before = set(StageRun.objects.filter(run=run, status__in=StageRun.FINISHED).values_list("pk", "attempts"))
     assert len(finished_before) == 4  # three questions, the gate of s1
 
@@ -764,7 +765,7 @@ def test_a_worker_killed_mid_stage_is_resumed_and_pays_no_finished_stage_twice(m
     assert pipeline_jobs.run_pipeline(run.pk, llm=llm)["status"] == "completed"
     run.refresh_from_db()
     assert run.tasks_created == 3 and run.attempts == 2
-    assert calls_by_key(server) == {key_line("demo/question", k): 1 for k in ("s1", "s2", "s3")}
+    assert calls_by_key(server) == {script_key(stage_route("demo/question", k)): 1 for k in ("s1", "s2", "s3")}
     assert finished_before <= set(StageRun.objects.filter(run=run).values_list("pk", "attempts"))  # untouched
     assert StageRun.objects.get(run=run, stage="gate", item_key="s2").attempts == 2
 

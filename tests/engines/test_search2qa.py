@@ -9,7 +9,8 @@ import pytest
 
 from apps.engines.offline_model import running_offline_model
 from apps.engines.search2qa import gates as G
-from apps.engines.search2qa.prompts import stage_key
+from apps.engines.offline_model import script_key
+from apps.engines.search2qa.prompts import stage_route
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (a fixture)
 from tests.engines.test_web_corpus import build_tiny_corpus
 from tests.engines.test_web_live import fake_web  # noqa: F401 (a fixture)
@@ -46,7 +47,7 @@ def explore(prompt: str, proposal: dict[str, Any], opens: tuple[str, ...] = (LOV
 
 
 def evolve(seed: str, round_: int, proposal: dict[str, Any], opens: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"id": f"evolve-{seed}-{round_}", "prompt": stage_key("evolve", seed, round_), "reference_solution": [
+    return {"id": f"evolve-{seed}-{round_}", "prompt": script_key(stage_route("evolve", seed, round_)), "reference_solution": [
         *[call("open", url=url) for url in opens],
         call("evolve_qa", **{k: v for k, v in proposal.items() if k != "reasoning"},
              changed=["the poet's name became a description"]),
@@ -54,7 +55,7 @@ def evolve(seed: str, round_: int, proposal: dict[str, Any], opens: tuple[str, .
 
 
 def no_tool(seed: str, answer: str) -> dict[str, Any]:
-    return {"id": f"no-tool-{seed}", "prompt": stage_key("no_tool", seed, 0),
+    return {"id": f"no-tool-{seed}", "prompt": script_key(stage_route("no_tool", seed, 0)),
             "reference_solution": [call("answer", answer=answer)]}
 
 
@@ -206,7 +207,7 @@ def test_answer_in_evidence_reads_the_opened_evidence_pages_only() -> None:
 
 
 def uniqueness(seed: str, unique: bool, reason: str) -> dict[str, Any]:
-    return {"id": f"unique-{seed}", "prompt": stage_key("uniqueness", seed, 0),
+    return {"id": f"unique-{seed}", "prompt": script_key(stage_route("uniqueness", seed, 0)),
             "reference_solution": [call("judge_uniqueness", unique=unique, reason=reason)]}
 
 

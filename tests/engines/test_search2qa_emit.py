@@ -13,7 +13,8 @@ from django.core.management import call_command
 from django_q.models import OrmQ
 
 from apps.datasets.exporters import export_records, load_records
-from apps.engines.search2qa.prompts import stage_key
+from apps.engines.offline_model import script_key
+from apps.engines.search2qa.prompts import stage_route
 from apps.reviews.jobs import REVIEW_JOB
 from apps.tasks.services import TransitionError, tasks_create, trajectory_attach_episode
 from apps.tasks.models import Batch, Task, Trajectory
@@ -147,4 +148,4 @@ def test_an_episode_is_attached_only_to_a_single_queued_trajectory(make_user: An
 
 
 def test_stage_keys_name_the_stage_the_seed_and_the_round() -> None:
-    assert stage_key("evolve", "Ada Lovelace", 2) == "[pipeline:search2qa/evolve key=seed=ada-lovelace round=2]"
+    assert script_key(stage_route("evolve", "Ada Lovelace", 2)) == "[pipeline:search2qa/evolve key=seed=ada-lovelace round=2]"

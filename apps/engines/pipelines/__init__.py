@@ -47,12 +47,6 @@ def stage_route(template_id: str, item_key: str, repair: int = 0) -> str:
     return f"pipeline:{template_id} key={item_key}" + (f" repair={repair}" if repair else "")
 
 
-def key_line(template_id: str, item_key: str, repair: int = 0) -> str:
-    """The prompt an offline script for a stage is written under, `[pipeline:TEMPLATE key=ITEM]`:
-    the stand-in answers a call routed stage_route(...) with that script."""
-    return f"[{stage_route(template_id, item_key, repair)}]"
-
-
 @dataclass(frozen=True)
 class Template:
     """A prompt with an identity: `id` names it in key lines and StageRuns, `version` changes

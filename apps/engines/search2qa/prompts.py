@@ -2,9 +2,8 @@
 
 Every sub-episode's model calls are routed `pipeline:search2qa/<stage> key=seed=<slug> round=<n>`
 (stage_route, sent by the client as a header to the offline stand-in only; the prompts carry no
-marker): the offline scripted model answers a stage by the script whose prompt is the key line
-`[pipeline:search2qa/<stage> key=seed=<slug> round=<n>]` (stage_key), before any longer script the
-prompt quotes (an evolve prompt quotes the question a solver script answers). The explore stage is the task's own episode, so
+marker): the offline scripted model answers a stage by the script written under that route
+(apps.engines.offline_model.script_key), before any longer script the prompt quotes (an evolve prompt quotes the question a solver script answers). The explore stage is the task's own episode, so
 its first user message is the task's prompt; the deep_search solver's prompt is the bare
 question, exactly the emitted task's prompt, so the solver run that is attached to the task is
 a faithful rollout of it.
@@ -15,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from apps.engines.pipelines import key_line, stage_route as pipeline_route
+from apps.engines.pipelines import stage_route as pipeline_route
 
 STAGES = ("explore", "evolve", "no_tool", "uniqueness", "solve")
 
@@ -66,10 +65,6 @@ FINISH_TOOLS = {"explore": PROPOSE_QA, "evolve": EVOLVE_QA, "no_tool": ANSWER, "
 def seed_slug(seed: str) -> str:
     """A stable, readable key for a seed: lowercase words joined by '-' (at most 60 characters)."""
     return re.sub(r"[^a-z0-9]+", "-", seed.lower()).strip("-")[:60] or "seed"
-
-
-def stage_key(stage: str, seed: str, round_: int) -> str:
-    return key_line(f"search2qa/{stage}", f"seed={seed_slug(seed)} round={round_}")
 
 
 def stage_route(stage: str, seed: str, round_: int) -> str:
