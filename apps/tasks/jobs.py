@@ -94,7 +94,7 @@ from apps.tasks.services import (
     trajectory_reap,
     trajectory_retry,
 )
-from apps.engines.sandbox_records import records_destroyed
+from apps.engines.sandboxes.records import records_destroyed
 from trajplatform.redaction import install_log_filter, redact
 
 logger = logging.getLogger("apps.tasks.jobs")
