@@ -1,9 +1,23 @@
-"""django-q2 glue: `enqueue` a job, and idempotent registration of the periodic ones."""
+"""django-q2 glue: `enqueue` a job, and idempotent registration of the periodic ones.
+
+Each app names the function that registers its Schedules from its AppConfig.ready
+(`register_periodic`); `ensure_periodic()` runs them all, after every migrate and from
+`manage.py synthesize` (apps.tasks.jobs.ensure_schedules), so no app imports another's jobs to
+gather them."""
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
+from django.utils.module_loading import import_string
+from django_q.models import Schedule
+from django_q.tasks import async_task
+
+
+def schedules_migrated(using: str = "default") -> bool:
+    """Whether django_q's tables exist on this database (a post_migrate of `migrate tasks` alone
+    may come before them)."""
+    return Schedule._meta.db_table in connections[using].introspection.table_names()
 
 
 def ensure_schedule(*, name: str, func: str, minutes: int, using: str = "default") -> Any:
@@ -12,8 +26,6 @@ def ensure_schedule(*, name: str, func: str, minutes: int, using: str = "default
     An existing schedule keeps its next run, so registering again on every deploy never
     postpones the job; duplicates left by two processes racing are removed.
     """
-    from django_q.models import Schedule
-
     with transaction.atomic(using=using):
         existing = list(Schedule.objects.using(using).select_for_update().filter(name=name).order_by("pk"))
         if not existing:
@@ -40,7 +52,24 @@ def enqueue(func: str, *args: Any, **kwargs: Any) -> Any:
     connection: a worker finishing trajectories would reconnect (and re-run the connection
     set-up) twice per job it queues. In a transaction the broker leaves the connection alone,
     and the row is committed when the block ends. Other brokers do not touch the database."""
-    from django_q.tasks import async_task
-
     with transaction.atomic():
         return async_task(func, *args, **kwargs)
+
+
+# The apps' schedule registrations, by dotted path (filled by AppConfig.ready, in INSTALLED_APPS
+# order): naming a function, not importing it, keeps each app's jobs module (and what it
+# imports) out of process start-up.
+_periodic: list[str] = []
+
+
+def register_periodic(ensure: str) -> None:
+    """Add an app's schedule registration: `ensure` is the dotted path of a function taking
+    `using=` that registers its Schedules (with ensure_schedule). Registering twice is a no-op."""
+    if ensure not in _periodic:
+        _periodic.append(ensure)
+
+
+def ensure_periodic(*, using: str = "default") -> None:
+    """Run every registered schedule registration (each idempotent), in registration order."""
+    for path in _periodic:
+        import_string(path)(using=using)

@@ -250,6 +250,6 @@ class StageRunAdmin(ViewOnlyMixin, IdSearchMixin, ReadableJSONMixin, admin.Model
 
 
 # The MCP server registry's page lives with the toucan scene.
-from apps.engines.scenes.toucan import admin as _toucan_admin  # noqa: E402,F401
+from apps.engines.toucan import admin as _toucan_admin  # noqa: E402,F401
 # Corpora (the offline web) live with the web toolset.
 from apps.engines.web import admin as _web_admin  # noqa: E402,F401

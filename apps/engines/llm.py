@@ -1490,3 +1490,23 @@ class LLMClient:
             clients = list(self._async_clients.pop(loop, {}).values())
         for client in clients:
             await client.close()
+
+
+# -- the process's client: one per provider configuration -------------------------------------
+
+_llm_clients: dict[tuple[Any, ...], LLMClient] = {}
+_llm_lock = threading.Lock()
+
+
+def get_llm_client() -> LLMClient:
+    """The process's LLMClient for the configured providers (its async clients are per loop).
+
+    Rollout jobs, the review agent and the pipelines share it; a worker process imports this
+    module (and the openai SDK, ~0.5 s) once, not on the job's event loop before its first
+    rollout."""
+    providers = tuple(resolve_providers())
+    with _llm_lock:
+        client = _llm_clients.get(providers)
+        if client is None:
+            client = _llm_clients[providers] = LLMClient(list(providers))
+        return client

@@ -1,19 +1,7 @@
-from typing import Any
-
 from django.apps import AppConfig
-from django.db import connections
 from django.db.models.signals import post_migrate
 
-
-def register_review_schedules(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
-    """After `migrate`: make sure the judge-retry job is scheduled (idempotent)."""
-    from django_q.models import Schedule
-
-    if Schedule._meta.db_table not in connections[using].introspection.table_names():
-        return  # django_q not migrated on this database
-    from apps.reviews.jobs import ensure_review_schedule
-
-    ensure_review_schedule(using=using)
+from apps.tasks.signals import iteration_finished
 
 
 class ReviewsConfig(AppConfig):
@@ -21,4 +9,10 @@ class ReviewsConfig(AppConfig):
     label = "reviews"
 
     def ready(self) -> None:
-        post_migrate.connect(register_review_schedules, sender=self, dispatch_uid="reviews.register_review_schedules")
+        from apps.reviews import jobs  # deferred: AppConfig.ready pattern (the receivers' module needs the models)
+        from apps.reviews.models import Review  # deferred: AppConfig.ready pattern
+        from apps.tasks import budgets  # deferred: AppConfig.ready pattern (it imports tasks' models)
+
+        post_migrate.connect(jobs.register_review_schedules, sender=self, dispatch_uid="reviews.register_review_schedules")
+        iteration_finished.connect(jobs.review_finished_iteration, dispatch_uid="reviews.review_finished_iteration")
+        budgets.register_spend(Review, "trajectory")  # the judge's calls count against the budgets

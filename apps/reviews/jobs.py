@@ -1,7 +1,8 @@
 """Review jobs (django-q2): review an iteration's trajectories, retry failed judges.
 
     review_iteration(task_id, iteration)   enqueued on commit when an iteration's last trajectory
-                                           ends (apps.tasks.services.on_iteration_finished):
+                                           ends (apps.tasks.services.on_iteration_finished sends
+                                           apps.tasks.signals.iteration_finished):
                                            checks + judge for every finished trajectory without a
                                            scored review, then iteration_conclude
     review_batch(batch_id)                 the same for every reviewing task of a batch (used by
@@ -30,7 +31,7 @@ from apps.reviews import review_agent
 from apps.reviews.models import Review
 from apps.reviews.services import iteration_conclude, review_open, review_store
 from apps.tasks.models import Task, Trajectory
-from trajplatform.schedules import enqueue, ensure_schedule
+from trajplatform.schedules import enqueue, ensure_schedule, schedules_migrated
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,18 @@ ORPHANS_PER_RUN = 50
 def enqueue_review(task_id: int, iteration: int) -> None:
     """Queue review_iteration on the broker (call it from transaction.on_commit)."""
     enqueue(REVIEW_JOB, task_id, iteration, group="reviews")
+
+
+def review_finished_iteration(sender: Any, *, task_id: int, iteration: int, **kwargs: Any) -> None:
+    """apps.tasks.signals.iteration_finished (sent after commit): queue the iteration's review."""
+    enqueue_review(task_id, iteration)
+
+
+def register_review_schedules(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    """After `migrate`: make sure the judge-retry job is scheduled (idempotent)."""
+    if not schedules_migrated(using):
+        return  # django_q not migrated on this database
+    ensure_review_schedule(using=using)
 
 
 def review_one(trajectory: Trajectory, *, llm: Any = None) -> Review | None:

@@ -47,6 +47,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from jsonschema import Draft202012Validator
 
+from apps.engines.llm import LLMError, get_llm_client, llm_route
 from apps.reviews import policy
 
 RUBRIC_VERSION = "1"
@@ -360,7 +361,7 @@ def run_checks(trajectory: Any) -> dict[str, Any]:
         sum(len(v) for v in hits.values()), "; ".join(f"{k} in steps {v}" for k, v in sorted(hits.items()))
     )
 
-    # multi_agent: the steps that ran a role (apps/engines/scenes/multi_agent/runtime.py) carry `subagent`.
+    # multi_agent: the steps that ran a role (apps/engines/multi_agent.py) carry `subagent`.
     delegated: dict[str, list[int]] = {}
     unanswered = []
     for step in steps:
@@ -533,9 +534,6 @@ def parse_judge_output(text: str, rubric: dict[str, str]) -> tuple[dict[str, dic
 
 def judge(trajectory: Any, checks: dict[str, Any], *, attempt: int = 1, llm: Any = None) -> JudgeResult:
     """Ask the configured judge model; raises JudgeFailed instead of ever inventing a score."""
-    from apps.engines.llm import LLMError, llm_route
-    from apps.tasks.jobs import get_llm_client
-
     scene = (trajectory.config_snapshot or {}).get("scene") or trajectory.task.scene
     rubric = rubric_for(scene)
     messages = judge_messages(trajectory, checks)

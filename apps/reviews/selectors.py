@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
 from apps.reviews.models import Proposal, Review, ReviewClaim
+from apps.tasks.budgets import MICRO, ZERO
 from apps.tasks.models import Batch, Task, Trajectory
 
 
@@ -300,3 +302,36 @@ def batch_review_progress(batch_id: int) -> dict[str, int]:
     counts = human_queue(batch=batch_id, include_done=True).order_by().aggregate(total=Count("id"), done=Count("id", filter=Q(verdicts__gte=per_item)))
     counts["left"] = counts["total"] - counts["done"]
     return counts
+
+
+# -- spend and acceptance of a batch (the console, the admin, the API) ------------------------
+
+
+def accepted_q() -> Q:
+    """Accepted trajectories: a human verdict "accept" where a human reviewed it, else a success."""
+    human = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN, status=Review.Status.DONE)
+    return Q(Exists(human.filter(verdict=Review.Verdict.ACCEPT))) | (
+        ~Q(Exists(human)) & Q(outcome=Trajectory.Outcome.SUCCESS))
+
+
+def batch_spend(batch: Batch) -> dict[str, Any]:
+    """A batch's budget, stored spend (top-level trajectories — sub-episodes are in their parent's
+    cost — plus the judge's calls, also shown apart as judge_usd), what is left, accepted trajectories and the cost per accepted one (decimals as strings)."""
+    rows = Trajectory.objects.filter(task__batch=batch)
+    judge = Review.objects.filter(trajectory__task__batch=batch).aggregate(s=Sum("cost_usd"))["s"] or ZERO
+    spent = (rows.aggregate(s=Sum("cost_usd"))["s"] or ZERO) + judge
+    accepted = rows.filter(accepted_q()).count()
+    budget = batch.budget_usd
+
+    def money(value: Decimal | None) -> str | None:
+        return None if value is None else str(value.quantize(MICRO))
+
+    return {
+        "budget_usd": money(budget),
+        "spent_usd": money(spent),
+        "judge_usd": money(judge),
+        "remaining_usd": None if budget is None else money(max(ZERO, budget - spent)),
+        "over_budget": budget is not None and spent >= budget,
+        "accepted": accepted,
+        "cost_per_accepted_usd": money(spent / accepted) if accepted else None,
+    }

@@ -35,7 +35,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.engines.registry import SCENE_CHOICES
+from apps.engines.scenes import SCENE_CHOICES
 from apps.reviews import selectors, services
 from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
@@ -480,11 +480,10 @@ def batch_detail(request: HttpRequest, batch_id: int) -> HttpResponse:
     if status in Task.Status.values:
         tasks = tasks.filter(status=status)
     page, filter_query = _page(request, tasks)
-    from apps.tasks.budgets import batch_spend
 
     return render(request, "reviews/batch_detail.html", {
         "nav": "batches", "batch": batch, "row": _progress_rows([batch])[0], "page": page,
-        "spend": batch_spend(batch),
+        "spend": selectors.batch_spend(batch),
         "filter_query": filter_query, "statuses": Task.Status.choices, "status": status,
         "can_control": request.user.has_perm("tasks.change_task"),
     })

@@ -19,6 +19,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from apps.tasks.importers import validate_task
+from apps.reviews import selectors as review_selectors
 from apps.tasks import budgets
 from apps.tasks.models import Batch, Task, Trajectory, UserBudget
 from apps.tasks.services import (
@@ -192,7 +193,7 @@ class BatchAdmin(ActionsOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
 
     @admin.display(description="spend against budget")
     def spend(self, obj: Batch) -> SafeString:
-        spend = budgets.batch_spend(obj)
+        spend = review_selectors.batch_spend(obj)
         per = spend["cost_per_accepted_usd"]
         return format_html(
             "${} spent (of it ${} by the judge) of {}{} — {} accepted trajectories, {} per accepted one",

@@ -2,7 +2,7 @@
 
     batch_set_budget(batch=, budget_usd=, actor=)   set or clear (None) a batch's budget
     user_set_budget(user=, budget_usd=, actor=)     set or clear (None) a user's budget
-    batch_spend(batch)                              what the API and the console show
+    register_spend(model, trajectory_field)         other costs that count (apps.reviews: the judge's)
     snapshot()                                      the process's cached spend (refreshed every BUDGET_REFRESH_S)
     EpisodeBudgets                                  a worker job's check before each model call
 
@@ -43,6 +43,7 @@ from django.db import transaction
 from django.db.models import Q, Sum
 
 from apps.tasks.models import Batch, Task, Trajectory, UserBudget
+from apps.tasks.services import dispatch_rollouts
 from trajplatform.audit import audit_record
 
 ZERO = Decimal(0)
@@ -109,12 +110,25 @@ def _daily_cap() -> Decimal:
     return Decimal(str(getattr(settings, "BUDGET_DAILY_USD", 0) or 0))
 
 
-def _spent_by(column: str, ids: list[int]) -> dict[int, Decimal]:
-    """Spend per batch or user: the trajectories' cost plus the judge's cost of their reviews."""
-    from apps.reviews.models import Review
+# The costs spent on trajectories besides their own, as (model with cost_usd and finished_at, its
+# field naming the trajectory): the apps above fill it from their AppConfig.ready (apps.reviews:
+# the judge's calls, Review.cost_usd).
+_other_spend: list[tuple[Any, str]] = []
 
+
+def register_spend(model: Any, trajectory_field: str) -> None:
+    """Count `model`'s cost_usd (its rows of a trajectory, by `trajectory_field`) against the
+    budgets of that trajectory's batch and user, and the day it finished; once per model."""
+    if (model, trajectory_field) not in _other_spend:
+        _other_spend.append((model, trajectory_field))
+
+
+def _spent_by(column: str, ids: list[int]) -> dict[int, Decimal]:
+    """Spend per batch or user: the trajectories' cost plus the costs registered for them (the
+    judge's cost of their reviews)."""
     out: dict[int, Decimal] = {}
-    for model, path in ((Trajectory, column), (Review, f"trajectory__{column}")):
+    sources = [(Trajectory, column)] + [(model, f"{path}__{column}") for model, path in _other_spend]
+    for model, path in sources:
         rows = model.objects.filter(**{f"{path}__in": ids}).order_by().values_list(path).annotate(spent=Sum("cost_usd"))
         for pk, spent in rows:
             out[pk] = out.get(pk, ZERO) + (spent or ZERO)
@@ -122,11 +136,9 @@ def _spent_by(column: str, ids: list[int]) -> dict[int, Decimal]:
 
 
 def _spent_today() -> Decimal:
-    from apps.reviews.models import Review
-
     since = _day_start()
     return sum((model.objects.filter(finished_at__gte=since).aggregate(s=Sum("cost_usd"))["s"] or ZERO
-                for model in (Trajectory, Review)), ZERO)
+                for model in (Trajectory, *(model for model, _ in _other_spend))), ZERO)
 
 
 def _take_snapshot() -> Snapshot:
@@ -269,8 +281,6 @@ def parse_budget(value: Any, *, field_name: str = "budget_usd") -> Decimal | Non
 
 
 def _after_change() -> None:
-    from apps.tasks.services import dispatch_rollouts
-
     invalidate()
     # A raised budget frees queued trajectories: a job now, and one after every process's
     # snapshot has been refreshed (a job elsewhere may still read the old one).
@@ -314,42 +324,3 @@ def user_set_budget(*, user: Any, budget_usd: Any, actor: Any) -> UserBudget | N
             "before": None if before is None else str(before), "budget_usd": None if amount is None else str(amount)})
         transaction.on_commit(_after_change)
     return row
-
-
-# -- reads -----------------------------------------------------------------------------------
-
-
-def accepted_q() -> Q:
-    """Accepted trajectories: a human verdict "accept" where a human reviewed it, else a success."""
-    from django.db.models import Exists, OuterRef
-
-    from apps.reviews.models import Review
-
-    human = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN, status=Review.Status.DONE)
-    return Q(Exists(human.filter(verdict=Review.Verdict.ACCEPT))) | (
-        ~Q(Exists(human)) & Q(outcome=Trajectory.Outcome.SUCCESS))
-
-
-def batch_spend(batch: Batch) -> dict[str, Any]:
-    """A batch's budget, stored spend (top-level trajectories — sub-episodes are in their parent's
-    cost — plus the judge's calls, also shown apart as judge_usd), what is left, accepted trajectories and the cost per accepted one (decimals as strings)."""
-    from apps.reviews.models import Review
-
-    rows = Trajectory.objects.filter(task__batch=batch)
-    judge = Review.objects.filter(trajectory__task__batch=batch).aggregate(s=Sum("cost_usd"))["s"] or ZERO
-    spent = (rows.aggregate(s=Sum("cost_usd"))["s"] or ZERO) + judge
-    accepted = rows.filter(accepted_q()).count()
-    budget = batch.budget_usd
-
-    def money(value: Decimal | None) -> str | None:
-        return None if value is None else str(value.quantize(MICRO))
-
-    return {
-        "budget_usd": money(budget),
-        "spent_usd": money(spent),
-        "judge_usd": money(judge),
-        "remaining_usd": None if budget is None else money(max(ZERO, budget - spent)),
-        "over_budget": budget is not None and spent >= budget,
-        "accepted": accepted,
-        "cost_per_accepted_usd": money(spent / accepted) if accepted else None,
-    }

@@ -12,9 +12,10 @@
                                 losses (reap_dead_workers / trajectory_reap)
     on_worker_start()           django-q2's post_spawn: a worker that starts re-queues what its
                                 dead predecessors on this host held and dispatches a job
-    ensure_schedules()          register the reaper's and the sandbox reconciler's Schedules (idempotent); called from
-                                post_migrate (apps.tasks.apps), so `make worker` and every deploy
-                                that migrates has it, and again by `manage.py synthesize`
+    ensure_schedules()          register the reaper's Schedule and the other apps' (the registry of
+                                trajplatform.schedules; idempotent); called from post_migrate
+                                (apps.tasks.apps), so `make worker` and every deploy that migrates
+                                has them, and again by `manage.py synthesize`
 
 Delivery may be doubled and workers may die, so:
 
@@ -61,12 +62,10 @@ import functools
 import gc
 import json
 import logging
-import os
 import secrets
 import socket
 import threading
 import time
-from pathlib import Path
 from collections import Counter
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -81,10 +80,10 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.engines import agent
-from apps.engines.llm import LLMClient, cache_identity, resolve_providers
+from apps.engines.llm import cache_identity, get_llm_client
 from apps.tasks import budgets
 from apps.tasks.models import Task, Trajectory, TrajectoryLog
-from trajplatform.schedules import ensure_schedule
+from trajplatform.schedules import ensure_periodic, ensure_schedule, schedules_migrated
 from apps.tasks.services import (
     dispatch_rollouts,
     trajectories_finish,
@@ -96,6 +95,7 @@ from apps.tasks.services import (
 )
 from apps.engines.sandboxes.records import records_destroyed
 from trajplatform.redaction import install_log_filter, redact
+from trajplatform.workers import _live_runners, _live_runners_lock, holder_alive, worker_name
 
 logger = logging.getLogger("apps.tasks.jobs")
 install_log_filter("apps.tasks.jobs")
@@ -144,25 +144,6 @@ def _episode_runner() -> Callable[..., Any]:
     return run_episode if run_episode is not None else agent.run_episode
 
 
-# -- the LLM client: one per process (per provider configuration) ---------------------------
-
-_llm_clients: dict[tuple[Any, ...], Any] = {}
-_llm_lock = threading.Lock()
-
-
-def get_llm_client() -> Any:
-    """The process's LLMClient for the configured providers (its async clients are per loop).
-
-    apps.engines.llm (and the openai SDK, ~0.5 s to import) is imported with this module, which
-    a worker process imports once, not on the job's event loop before its first rollout."""
-    providers = tuple(resolve_providers())
-    with _llm_lock:
-        client = _llm_clients.get(providers)
-        if client is None:
-            client = _llm_clients[providers] = LLMClient(list(providers))
-        return client
-
-
 # -- claims, heartbeats, housekeeping (synchronous; run in the ORM threads) --------------------
 
 
@@ -183,53 +164,6 @@ class Claim:
         """The agent's should_cancel: the task has a cancel request, or the claim was taken away.
         Async (and free of I/O) on purpose: the agent runs sync callbacks in a thread."""
         return self.cancel or self.lost
-
-
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# The names of the RolloutRunners running in this process (host:pid:token): a claim with this
-# process's pid but another token was left by a dead process whose pid this one reuses.
-_live_runners: set[str] = set()
-_live_runners_lock = threading.Lock()
-
-
-def _process_started_at(pid: int) -> float | None:
-    """When process `pid` started (epoch seconds), from /proc; None if unknown (or it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":  # a zombie: dead, only not waited for yet
-            return float("inf")
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def holder_alive(worker: str, claimed_at: Any) -> bool:
-    """Whether the process that claimed a trajectory as `worker` (host:pid:token, on this host)
-    may still run: its pid exists and that process is not younger than the claim. A pid
-    reused by a later process (in a restarted container pids start over) counts as dead."""
-    try:
-        pid = int(worker.split(":")[1])
-    except (IndexError, ValueError):
-        return True  # not a name this module wrote: leave it to the heartbeat
-    if pid == os.getpid():
-        with _live_runners_lock:
-            return worker in _live_runners
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # someone else's process: it exists
-    started = _process_started_at(pid)
-    if started is None or claimed_at is None:
-        return True
-    return started <= claimed_at.timestamp() + 1.0  # /proc's boot time has a 1 s resolution
 
 
 def claimable(*, due: bool = True) -> Any:
@@ -999,14 +933,19 @@ def on_worker_start(**kwargs: Any) -> dict[str, int]:
     return result
 
 
-def ensure_schedules(*, minutes: int = REAP_EVERY_MINUTES, using: str = "default") -> Any:
-    """Register the rollout reaper's, the sandbox reconciler's, the pipeline and the export reapers' Schedules
-    (idempotent; run after every migrate); returns the rollout reaper's."""
-    from apps.datasets.jobs import ensure_export_schedules
-    from apps.engines.jobs import ensure_sandbox_schedules
-    from apps.engines.pipelines.jobs import ensure_pipeline_schedules
+def register_rollout_schedules(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    """After `migrate` (post_migrate of apps.tasks): make sure the rollout reaper and the other
+    apps' periodic jobs are scheduled (idempotent). Done here rather than by hand so that every
+    database the worker cluster serves has them: `make worker` migrates first, and so does every
+    deploy. `manage.py synthesize` calls `ensure_schedules()` as well."""
+    if not schedules_migrated(using):
+        return  # django_q not migrated on this database (e.g. `migrate tasks` alone)
+    ensure_schedules(using=using)
 
-    ensure_sandbox_schedules(using=using)
-    ensure_pipeline_schedules(using=using)
-    ensure_export_schedules(using=using)
+
+def ensure_schedules(*, minutes: int = REAP_EVERY_MINUTES, using: str = "default") -> Any:
+    """Register the rollout reaper's Schedule and those the other apps registered
+    (trajplatform.schedules.register_periodic: the sandbox reconciler, the pipeline and the export
+    reapers); idempotent, run after every migrate; returns the rollout reaper's."""
+    ensure_periodic(using=using)
     return ensure_schedule(name=REAP_SCHEDULE_NAME, func=REAP_FUNC, minutes=minutes, using=using)

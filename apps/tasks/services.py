@@ -1,18 +1,30 @@
 """Writes to tasks, batches and trajectories. Every change is one transaction with its audit row."""
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 from datetime import timedelta
+from decimal import Decimal
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Max
 from django.utils import timezone
+from django_q.models import Schedule
 
-from apps.tasks.models import Batch, Task
+from apps.engines.llm import check_models
+from apps.tasks.importers import validate_task
+from apps.tasks.models import Batch, Task, Trajectory, TrajectoryLog
+from apps.tasks.selectors import batch_status_counts
+from apps.tasks.signals import iteration_finished
 from trajplatform import artifacts
 from trajplatform.audit import audit_record
+from trajplatform.realtime import send_to_groups
+from trajplatform.schedules import enqueue
 from trajplatform.redaction import secret_values, storable, storable_count, unstorable_fields
+from trajplatform.webhooks import webhook_emit
 
 
 class TransitionError(Exception):
@@ -33,8 +45,6 @@ def task_cancel(*, task: Task, actor: Any, reason: str = "") -> Task:
         task.finished_at = timezone.now()
         task.save(update_fields=["status", "cancel_requested", "finished_at", "updated_at"])
         audit_record("tasks.task_cancel", actor=actor, target=task, data={"from": previous, "reason": reason})
-        from trajplatform.webhooks import webhook_emit
-
         webhook_emit("task.finished", {"task": task.pk, "status": task.status, "iteration": task.current_iteration,
                                        "reason": reason or "cancelled"})
     return task
@@ -201,8 +211,6 @@ def trajectory_log_append(
     The websocket message is {"type": "log.lines", "trajectory": id, "lines": [line.as_message()]}.
     Raises Trajectory.DoesNotExist for an unknown trajectory.
     """
-    from apps.tasks.models import Trajectory
-
     if not lines:
         return []
     created = trajectory_logs_append(batches={trajectory_id: lines})
@@ -230,9 +238,6 @@ ROLLOUT_JOB = "apps.tasks.jobs.run_rollouts"
 def dispatch_rollouts(*, jobs: int = 1, delay_s: float = 0) -> None:
     """Enqueue `jobs` run_rollouts jobs on the django-q2 broker (call it from on_commit); with
     delay_s, one job as a one-off django-q2 Schedule that runs then (and deletes itself)."""
-    from django_q.models import Schedule
-    from trajplatform.schedules import enqueue
-
     if delay_s > 0:
         Schedule.objects.create(
             func=ROLLOUT_JOB, schedule_type=Schedule.ONCE, repeats=-1,
@@ -246,8 +251,6 @@ def dispatch_rollouts(*, jobs: int = 1, delay_s: float = 0) -> None:
 def _jobs_for(trajectory_count: int) -> int:
     """How many rollout jobs keep the cluster busy: each one runs ROLLOUT_CONCURRENCY at a time
     and claims more as slots free, so more jobs than worker processes add nothing."""
-    from django.conf import settings
-
     per_job = max(1, settings.ROLLOUT_CONCURRENCY)
     workers = max(1, int(settings.Q_CLUSTER.get("workers") or 1))
     return max(1, min(-(-trajectory_count // per_job), workers))
@@ -267,8 +270,6 @@ def _check_startable(task: Task) -> None:
 
 def _new_iteration(task: Task, now: Any) -> list["Trajectory"]:
     """Unsaved queued trajectories for the locked task's next iteration (config frozen now)."""
-    from apps.tasks.models import Trajectory
-
     iteration = task.current_iteration + 1
     snapshot = task.config_snapshot()
     trajectories = [
@@ -299,8 +300,6 @@ def task_start_iteration(*, task: Task, actor: Any = None) -> list["Trajectory"]
     iteration, while iterations remain). A task already running is left alone (repeat call:
     no-op, no audit row). The rollout job is enqueued after commit.
     """
-    from apps.tasks.models import Trajectory
-
     _check_llm_models([task.model])
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
@@ -326,8 +325,6 @@ ENQUEUE_CHUNK_SIZE = 500
 def _check_llm_models(task_models: Iterable[str]) -> None:
     """Before any trajectory is queued: the configured models (and the tasks' own) must be ones
     the providers still serve; a retired name is an llm.ModelConfigError naming its replacement."""
-    from apps.engines.llm import check_models
-
     check_models(list(task_models))
 
 
@@ -338,8 +335,6 @@ def tasks_enqueue(*, batch: Batch | None = None, tasks: Any = None, actor: Any =
     skipped, so calling it twice starts nothing twice. One audit row for the whole call (the
     batch as target when given), then enough rollout jobs on commit to occupy the workers.
     """
-    from apps.tasks.models import Trajectory
-
     if (batch is None) == (tasks is None):
         raise ValueError("pass exactly one of batch= or tasks=")
     queryset = Task.objects.filter(batch=batch) if batch is not None else tasks
@@ -386,10 +381,6 @@ def _storable_result_fields(result: Any, error: str) -> tuple[dict[str, Any], di
     redacted, NUL bytes and lone surrogates replaced with U+FFFD: trajplatform.redaction.storable),
     and how many characters were replaced per column. A step whose own text had replacements
     carries the count under "replaced_chars", so an export says where the U+FFFD came from."""
-    from decimal import Decimal
-
-    from apps.tasks.models import Trajectory
-
     secrets = secret_values()
     replaced: dict[str, int] = {}
 
@@ -525,8 +516,6 @@ _EPISODE_FIELDS = ("messages", "tools", "steps", "verifier_output", "config_snap
 def _store_subepisodes(parent: Any, results: list[Any], now: Any) -> None:
     """Inside the finishing transaction: a stored episode's sub-episodes (EpisodeResult.subepisodes)
     as its child trajectories, theirs under them; final, never claimed (Trajectory.parent)."""
-    from apps.tasks.models import Trajectory
-
     for result in results:
         values, _ = _storable_result_fields(result, "")
         child = Trajectory.all_objects.create(
@@ -543,8 +532,6 @@ def _store_subepisodes(parent: Any, results: list[Any], now: Any) -> None:
 def _maybe_finish_iteration(task: Task | None, iteration: int) -> None:
     """Inside a transaction, `task` read under select_for_update in it: if every trajectory of
     this (current) iteration is final, move the task on."""
-    from apps.tasks.models import Trajectory
-
     if task is None or task.status != Task.Status.RUNNING or task.current_iteration != iteration:
         return
     if Trajectory.objects.filter(task=task, iteration=iteration).exclude(status__in=Trajectory.FINAL).exists():
@@ -557,14 +544,12 @@ def on_iteration_finished(task: Task, *, outcomes: "Counter[str] | None" = None)
 
     Called (inside the finishing transaction, with the task row locked and running) when the
     last trajectory of the current iteration reaches a final state. The review job
-    (apps.reviews.jobs.review_iteration, enqueued on commit) scores the iteration's
+    (apps.reviews.jobs.review_iteration, enqueued on commit by the receiver of
+    apps.tasks.signals.iteration_finished) scores the iteration's
     trajectories and then completes the task, fails it, or proposes changes and starts the
     next iteration (see apps.reviews.services.iteration_conclude). `outcomes` (outcome or
     status -> count) when the caller has just read them.
     """
-    from apps.reviews.jobs import enqueue_review
-    from apps.tasks.models import Trajectory
-
     if outcomes is None:
         rows = Trajectory.objects.filter(task=task, iteration=task.current_iteration).values_list("status", "outcome")
         outcomes = Counter(outcome or status for status, outcome in rows)
@@ -577,7 +562,7 @@ def on_iteration_finished(task: Task, *, outcomes: "Counter[str] | None" = None)
         data={"iteration": task.current_iteration, "outcomes": dict(sorted(outcomes.items())), "status": task.status},
     )
     task_id, iteration = task.pk, task.current_iteration
-    transaction.on_commit(lambda: enqueue_review(task_id, iteration))
+    transaction.on_commit(lambda: iteration_finished.send(sender=Task, task_id=task_id, iteration=iteration))
     return task
 
 
@@ -589,8 +574,6 @@ def trajectory_reap(*, trajectory_id: int, max_worker_losses: int, stale_before:
     most max; backoff_s = (base, max)) and behind every trajectory queued before; after
     `max_worker_losses` losses finish it as an error. Returns "requeued", "abandoned" or "" (it
     moved on meanwhile: finished, re-claimed, or its heartbeat advanced)."""
-    from apps.tasks.models import Trajectory
-
     if not dead_worker and stale_before is None:
         raise ValueError("trajectory_reap needs dead_worker or stale_before")
     with transaction.atomic():
@@ -654,8 +637,6 @@ def trajectory_retry(*, trajectory_id: int, claim_token: str, reason: str, delay
     """Queue a running trajectory this worker holds again after a retryable error (LLM 5xx or
     429, a lost sandbox), claimable after delay_s; None if the claim was lost. The caller
     checks the attempt budget; the failed attempt's episode is not kept (its log lines are)."""
-    from apps.tasks.models import Trajectory
-
     reason = storable(reason)
     now = timezone.now()
     with transaction.atomic():
@@ -689,10 +670,6 @@ def trajectory_logs_append(
     own "log.lines" message after commit.
     Trajectories that no longer exist are skipped.
     """
-    from django.db.models import Max
-
-    from apps.tasks.models import Trajectory, TrajectoryLog
-
     secrets = secret_values()
     # Made storable (secrets redacted, NUL and lone surrogates replaced: a line is never dropped
     # for its bytes) before the transaction: on SQLite the write lock is the whole database's.
@@ -726,31 +703,6 @@ def trajectory_logs_append(
     return created
 
 
-def send_to_groups(groups: dict[str, Any], message: Callable[[Any], dict[str, Any]]) -> None:
-    """Send `message(key)` to each channels group of {group name: key} (call it after commit).
-
-    With the in-memory layer, which lives in this process only, groups nobody here has joined
-    are skipped before their message is built (all of them, in a worker process: consumers
-    elsewhere tail the database instead)."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import InMemoryChannelLayer, get_channel_layer
-
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    if isinstance(layer, InMemoryChannelLayer):
-        groups = {group: key for group, key in groups.items() if layer.groups.get(group)}
-    messages = [(group, message(key)) for group, key in groups.items()]
-    if not messages:
-        return
-
-    async def send_all() -> None:  # one hop into async code for all the groups
-        for group, body in messages:
-            await layer.group_send(group, body)
-
-    async_to_sync(send_all)()
-
-
 # --- live batch progress (the batch page's websocket) ---------------------------------------
 
 
@@ -761,8 +713,6 @@ def batch_group_name(batch_id: int) -> str:
 
 def batch_progress_message(batch_id: int) -> dict[str, Any]:
     """{"type": "batch.progress", "batch", "counts": {status: n, every status}, "total", "final"}."""
-    from apps.tasks.selectors import batch_status_counts
-
     counts = batch_status_counts(batch_id)
     return {"type": "batch.progress", "batch": batch_id, "counts": counts, "total": sum(counts.values()),
             "final": sum(counts[s] for s in Task.FINAL)}
@@ -814,8 +764,6 @@ class TaskCreateResult:
 
 
 def _validated_items(items: list[Any], allowed_scenes: Any) -> list[dict[str, Any]]:
-    from apps.tasks.importers import validate_task
-
     errors: list[tuple[str, str]] = []
     rows: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
@@ -911,10 +859,6 @@ def trajectory_attach_episode(*, task: Task, result: Any, source: dict[str, Any]
     then finished (`trajectories_finish`: the iteration ends and its review is enqueued on commit).
     `source` (what ran it: scene, task, trajectory) is stored in the audit row. Refused
     (TransitionError) unless the task's current iteration has exactly one trajectory, still queued."""
-    import secrets
-
-    from apps.tasks.models import Trajectory
-
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
         rows = list(Trajectory.objects.filter(task=task, iteration=task.current_iteration).values_list("pk", "status"))
@@ -962,3 +906,12 @@ def batch_retry(*, batch: Batch, actor: Any, reason: str = "") -> int:
             .order_by("pk")
         ]
         return tasks_enqueue(tasks=Task.objects.filter(pk__in=ids), actor=actor) if ids else 0
+
+
+def task_saved(sender: Any, instance: Task, created: bool, update_fields: Any = None, **kwargs: Any) -> None:
+    """post_save of Task (connected in apps.tasks.apps): a task saved with its status: its batch's
+    progress group hears of it after commit. A signal because a dozen services in tasks and
+    reviews save a task's status; the bulk writes (tasks_enqueue, tasks_create) call
+    batch_progress_changed themselves."""
+    if created or update_fields is None or "status" in update_fields:
+        batch_progress_changed([instance.batch_id])

@@ -414,7 +414,7 @@ def test_a_running_run_stops_between_stages_when_cancelled(model: Any) -> None:
 
 
 def scene_without_pipeline() -> str:
-    from apps.engines.registry import SCENES
+    from apps.engines.scenes import SCENES
 
     return next(scene for scene in SCENES if scene not in pipelines.PIPELINES)
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.engines import jobs
-from apps.engines.scenes.code_exec.runtime import CodeExecRuntime
+from apps.engines.code_exec import CodeExecRuntime
 from apps.engines.models import SandboxRecord
 from apps.engines.sandboxes import SandboxSpec, acquire
 from apps.engines.sandboxes.pool import fill_pool, pool_key, pooled_spec, pools

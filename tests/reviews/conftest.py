@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from apps.engines import llm
 from apps.engines.llm import reset_limiters
 from apps.engines.offline_model import OfflineModelServer, running_offline_model
 from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
@@ -34,11 +35,9 @@ def offline_model(tmp_path: Path) -> Iterator[OfflineModelServer]:
             LLM_BASE_URL="", LLM_API_KEY="", LLM_MODEL="", LLM_PROVIDERS="", LLM_MAX_RETRIES=0,
             OFFLINE_MODEL_URL=server.url, CACHES={**settings.CACHES, "llm": cache}):
         reset_limiters()
-        from apps.tasks import jobs
-
-        jobs._llm_clients.clear()
+        llm._llm_clients.clear()
         yield server
-        jobs._llm_clients.clear()
+        llm._llm_clients.clear()
     reset_limiters()
 
 

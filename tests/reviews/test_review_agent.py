@@ -224,6 +224,7 @@ def test_the_judge_s_cost_is_stored_on_its_review_and_counts_against_the_batch_b
     from apps.engines.offline_model import MODEL_NAME
     from apps.reviews.jobs import review_one
     from apps.reviews.models import Review
+    from apps.reviews.selectors import batch_spend
     from apps.tasks import budgets
     from apps.tasks.models import Batch
     from trajplatform.audit import AuditEvent
@@ -238,7 +239,7 @@ def test_the_judge_s_cost_is_stored_on_its_review_and_counts_against_the_batch_b
     audit = AuditEvent.objects.get(action="reviews.review_store", target_id=str(review.pk))
     assert Decimal(audit.data["cost_usd"]) == usage_cost
 
-    spend = budgets.batch_spend(batch)
+    spend = batch_spend(batch)
     assert Decimal(spend["judge_usd"]) == usage_cost
     assert Decimal(spend["spent_usd"]) == Decimal("0.01") + usage_cost
     # A budget the episode alone has not spent is spent once the judge's cost is added: the batch's

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from apps.engines.llm import ChatResult
 from apps.engines.runtime import RUNTIMES, SceneRuntime, ToolResult, current_episode, register_runtime
+from apps.reviews.selectors import batch_spend
 from apps.tasks import budgets, jobs
 from apps.tasks.models import Batch, Task, Trajectory, TrajectoryLog, UserBudget
 from apps.tasks.services import task_start_iteration
@@ -139,7 +140,7 @@ def test_a_batch_over_budget_stops_its_running_episode_at_the_next_model_call_an
     assert report["claimed"] == 2 and report["success"] == 2
     first.refresh_from_db()
     assert first.outcome == "error" and first.attempts == 1  # the stopped one is not re-run
-    assert budgets.batch_spend(batch)["spent_usd"] == "0.250000"
+    assert batch_spend(batch)["spent_usd"] == "0.250000"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -228,7 +229,7 @@ def test_a_sub_episode_s_calls_count_against_the_budget_and_stop_the_whole_episo
     child = parent.subtrajectories().get()
     assert child.cost_usd == Decimal("0.03") and child.outcome_reason.startswith("budget:")
     # The parent's cost includes the child's: the spend counts it once.
-    assert budgets.batch_spend(batch)["spent_usd"] == "0.040000"
+    assert batch_spend(batch)["spent_usd"] == "0.040000"
 
 
 @pytest.mark.django_db

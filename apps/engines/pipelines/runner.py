@@ -122,7 +122,7 @@ class Runner:
     @property
     def llm(self) -> Any:
         if self._llm is None:
-            from apps.tasks.jobs import get_llm_client
+            from apps.engines.llm import get_llm_client
 
             self._llm = get_llm_client()
         return self._llm

@@ -47,7 +47,7 @@ PLATFORM_PYTHON_PATH = "/opt/trajplatform/site-packages"
 # the directory `make install` fills (SANDBOX_MCP_PACKAGES) bound read-only at PLATFORM_MCP_PATH:
 # python/ (requirements-mcp.lock: mcp-server-time, -git, -fetch; on PYTHONPATH after the
 # platform's packages) and, where npm was found, node/node_modules (mcp-npm/package-lock.json).
-# Our own servers (apps/engines/scenes/toucan/servers: `python3 -m sqlite_server`) are bound read-only at
+# Our own servers (apps/engines/toucan/servers: `python3 -m sqlite_server`) are bound read-only at
 # PLATFORM_MCP_BUILTIN_PATH, also on PYTHONPATH.
 PLATFORM_MCP_PROFILE = "trajplatform-mcp"
 PLATFORM_MCP_PATH = "/opt/trajplatform/mcp"

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.reviews.selectors import batch_spend
+from apps.tasks.budgets import parse_budget
 from apps.tasks.models import Batch, Task, Trajectory
+from apps.tasks.selectors import batch_status_counts
 from trajplatform.api import BlankChoicesMixin, RedactedOutputMixin, StrictSerializerMixin
 
 
@@ -35,14 +40,10 @@ class BatchDetailSerializer(BatchSerializer):
     def get_budget(self, batch: Batch) -> dict[str, Any]:
         """Budget, stored spend, what is left, accepted trajectories and the cost per accepted one
         (USD as decimal strings; budget null: none)."""
-        from apps.tasks.budgets import batch_spend
-
         return batch_spend(batch)
 
     @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
     def get_progress(self, batch: Batch) -> dict[str, Any]:
-        from apps.tasks.selectors import batch_status_counts
-
         counts = batch_status_counts(batch)
         total = sum(counts.values())
         done = sum(counts.get(s, 0) for s in Task.FINAL)
@@ -55,10 +56,6 @@ class BudgetField(serializers.Field):
     """US dollars as a number or a decimal string (apps.tasks.budgets.parse_budget); null: none."""
 
     def to_internal_value(self, data: Any) -> Any:
-        from django.core.exceptions import ValidationError
-
-        from apps.tasks.budgets import parse_budget
-
         try:
             return parse_budget(data)
         except ValidationError as exc:
@@ -142,8 +139,6 @@ class TaskCreateSerializer(StrictSerializerMixin, serializers.Serializer):
     notes = serializers.CharField(required=False, allow_blank=True, max_length=2000)
 
     def validate_tasks(self, value: list[Any]) -> list[Any]:
-        from django.conf import settings
-
         if len(value) > settings.API_MAX_TASKS_PER_REQUEST:
             raise serializers.ValidationError(
                 f"at most {settings.API_MAX_TASKS_PER_REQUEST} tasks per request (got {len(value)}); "
