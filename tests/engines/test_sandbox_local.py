@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import pwd
 import shutil
 import signal
 import socket
@@ -48,8 +50,27 @@ def test_it_refuses_without_bubblewrap_and_says_how_to_fix_it(db: Any, no_bubble
     assert record.state == SandboxRecord.State.FAILED and "bubblewrap" in record.last_error
 
 
-def test_unisolated_mode_must_be_asked_for_and_is_recorded(db: Any, no_bubblewrap: Any, settings: Any) -> None:
+def unused_uid() -> int:
+    """A uid that no account and no process of this machine has. Unisolated, the sandbox's
+    RLIMIT_NPROC counts every process of its uid on the machine: as `nobody` the limit was used up
+    by other sandboxes' processes (other test runs, a worker) and the command failed with "Cannot fork"."""
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            taken.update(int(uid) for uid in status.read_text().split("Uid:", 1)[1].split("\n", 1)[0].split())
+        except (OSError, IndexError, ValueError):
+            continue
+    return next(uid for uid in range(64000, 65000) if uid not in taken)
+
+
+def test_unisolated_mode_must_be_asked_for_and_is_recorded(db: Any, no_bubblewrap: Any, settings: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     settings.SANDBOX_ALLOW_UNISOLATED = True
+    uid = unused_uid()
+    if bwrap._sandbox_user()[2]:  # as root the commands drop to the sandbox user: one of the test's own
+        monkeypatch.setattr(bwrap, "_sandbox_user", lambda: (uid, uid, True))
+    else:
+        uid = os.getuid()
     with get_backend("local").create(SandboxSpec(memory_mb=256)) as sandbox:
         assert sandbox.downgrades[0].startswith("UNISOLATED: bubblewrap is not installed")
         record = SandboxRecord.objects.get(external_id=sandbox.id)
@@ -61,7 +82,7 @@ def test_unisolated_mode_must_be_asked_for_and_is_recorded(db: Any, no_bubblewra
         )
         assert sandbox.read_file("sub/hello.txt") == b"hi"
     # Still not root and still limited, but with no namespaces at all.
-    assert result.stdout.split() == ["65534", "hi", str(SandboxSpec().pids)]
+    assert result.stdout.split() == [str(uid), "hi", str(SandboxSpec().pids)]
 
 
 @pytest.mark.parametrize("placement", ["cgroup thread", "join per command"])
