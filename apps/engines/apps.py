@@ -6,7 +6,11 @@ class EnginesConfig(AppConfig):
     label = "engines"
 
     def ready(self) -> None:
+        # The sandbox layer imports no app; it reports to the reporter installed here, which
+        # keeps the SandboxRecord rows, in every process that loads the apps.
+        from apps.engines import sandbox_records  # deferred: AppConfig.ready pattern (needs the app registry)
         from trajplatform.schedules import register_periodic  # deferred: AppConfig.ready pattern (django_q's models load first)
 
+        sandbox_records.install()
         register_periodic("apps.engines.jobs.ensure_sandbox_schedules")
         register_periodic("apps.engines.pipelines.jobs.ensure_pipeline_schedules")
