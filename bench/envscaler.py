@@ -50,8 +50,8 @@ def main() -> int:
     from fastmcp import Client
     from fastmcp.client.transports import StdioTransport
 
-    from apps.engines.envscaler import server as env_server
-    from apps.engines.envscaler.runtime import SERVER_ENV, SERVER_PATH, SERVER_SOURCE, SPEC_PATH, server_spec
+    from apps.engines.scenes.envscaler import server as env_server
+    from apps.engines.scenes.envscaler.runtime import SERVER_ENV, SERVER_PATH, SERVER_SOURCE, SPEC_PATH, server_spec
     from apps.engines.mcp.session import McpSession as EnvSession
     from apps.engines.sandboxes import PLATFORM_PYTHON_PROFILE, SandboxSpec
     from apps.engines.sandboxes.local import LocalBackend

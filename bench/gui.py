@@ -60,7 +60,7 @@ def setup_django() -> None:
 
 
 def bench_runtime() -> type:
-    from apps.engines.gui.runtime import GuiRuntime
+    from apps.engines.scenes.gui.runtime import GuiRuntime
     from apps.engines.runtime import current_episode
 
     class Measured(GuiRuntime):

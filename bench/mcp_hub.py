@@ -108,7 +108,7 @@ def median_ms(values: list[float]) -> float:
 def bundled_records() -> list[Any]:
     """The bundled servers' checked records (the npm ones only when their packages are installed)."""
     from apps.engines.sandboxes.local import platform_mcp_packages
-    from apps.engines.toucan.registry import load_records, parse_record
+    from apps.engines.scenes.toucan.registry import load_records, parse_record
 
     records = [parse_record(r) for r in load_records(ROOT / "examples" / "toucan" / "servers.json")]
     if (Path(platform_mcp_packages()) / "node" / "node_modules").is_dir():
@@ -127,7 +127,7 @@ class Bare:
             platform_mcp_packages,
             platform_python_packages,
         )
-        from apps.engines.toucan.registry import resolved_spec
+        from apps.engines.scenes.toucan.registry import resolved_spec
 
         self.root = Path(tempfile.mkdtemp(prefix="ws-", dir=tmp))
         self.fixtures = copy.deepcopy(record.fixtures)
@@ -154,7 +154,7 @@ class Bare:
         self.client: Any = None
 
     def install(self) -> None:
-        from apps.engines.toucan.fixtures import install_fixtures
+        from apps.engines.scenes.toucan.fixtures import install_fixtures
 
         install_fixtures(self.workspace, self.fixtures)
 
@@ -190,7 +190,7 @@ class InSandbox:
 
     def __init__(self, backend: Any, record: Any):
         from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, SandboxSpec
-        from apps.engines.toucan.registry import resolved_spec
+        from apps.engines.scenes.toucan.registry import resolved_spec
 
         self.record = record
         self.spec = resolved_spec(record.spec, record.secrets, record.fixtures)
@@ -201,7 +201,7 @@ class InSandbox:
         self.hub: Any = None
 
     def install(self) -> None:
-        from apps.engines.toucan.fixtures import install_fixtures
+        from apps.engines.scenes.toucan.fixtures import install_fixtures
 
         install_fixtures(self.sandbox, self.record.fixtures)
 
@@ -381,7 +381,7 @@ def synthetic_questions(n: int, seed: int = 22) -> list[tuple[str, str]]:
 
 def bench_dedup(n: int) -> None:
     from apps.datasets.dedup import sentence_embedder
-    from apps.engines.toucan import questions
+    from apps.engines.scenes.toucan import questions
 
     batch = synthetic_questions(n)
     load_s = timed(lambda: sentence_embedder(["warm up the model"]))

@@ -45,8 +45,8 @@ def main() -> int:
     import django
 
     django.setup()
-    from apps.engines.mobile.device import DeviceChannel, Endpoint
-    from apps.engines.mobile.sim import initial_state, start_simulator
+    from apps.engines.scenes.mobile_agent.device import DeviceChannel, Endpoint
+    from apps.engines.scenes.mobile_agent.sim import initial_state, start_simulator
 
     people = [{"display_name": f"Person {n}", "number": f"555-01{n:02d}"} for n in range(12)]
     starts, firsts, stops = [], [], []

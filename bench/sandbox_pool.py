@@ -87,7 +87,7 @@ def run_pass(episodes: int, model_ms: float, *, warm: bool) -> dict[str, list[fl
     from apps.engines import agent
     from apps.engines.agent import run_episode
     from apps.engines.sandboxes import acquire
-    from apps.engines.sandboxes.pool import fill_pool
+    from apps.engines.sandbox_records import fill_pool
 
     settings.SANDBOX_POOL_IMAGES = f"{IMAGE}=1" if warm else ""
     acquired: list[float] = []

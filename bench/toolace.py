@@ -124,7 +124,7 @@ def cost_report(repeats: int) -> None:
     from django.conf import settings
 
     from apps.engines.sandboxes import SandboxSpec, get_backend
-    from apps.engines.toolace import gates
+    from apps.engines.scenes.toolace import gates
 
     spec = importlib.util.spec_from_file_location("toolace_build", ROOT / "examples" / "toolace" / "build.py")
     demo = importlib.util.module_from_spec(spec)

@@ -143,7 +143,7 @@ class _Sandbox:
 @pytest.mark.django_db
 def test_a_browser_screenshot_past_the_limits_is_named_on_the_step_and_not_stored(
         artifact_store: Path, settings: Any) -> None:
-    from apps.engines.gui.runtime import GuiRuntime, _Live
+    from apps.engines.scenes.gui.runtime import GuiRuntime, _Live
 
     runtime, live = GuiRuntime(), _Live(hub=_BrowserHub())  # type: ignore[arg-type]
     sandbox = _Sandbox(bomb_png(30000, 30000))

@@ -14,7 +14,7 @@ import pytest
 
 from trajplatform.pyparse import parse_python
 
-SOURCE = (Path(__file__).resolve().parent.parent / "apps" / "engines" / "envscaler" / "importer.py").read_text()
+SOURCE = (Path(__file__).resolve().parent.parent / "apps" / "engines" / "scenes" / "envscaler" / "importer.py").read_text()
 
 
 class _Finalized:

@@ -174,13 +174,13 @@ DOMAIN_ERRORS: tuple[tuple[str, int, str], ...] = (
     ("apps.tasks.services.TaskCreateError", 400, "invalid"),
     ("apps.tasks.services.BatchNameTaken", 409, "conflict"),
     ("apps.engines.llm.ModelConfigError", 409, "llm_config"),  # a retired / unserved model: nothing queued
-    ("apps.engines.scenes.SceneConfigError", 400, "invalid"),
+    ("apps.engines.registry.SceneConfigError", 400, "invalid"),
     ("apps.datasets.models.ImmutableVersionError", 409, "conflict"),
     ("apps.reviews.services.AlreadyDecided", 409, "conflict"),
     ("apps.reviews.services.DecisionError", 400, "invalid"),
     ("apps.datasets.spec.DatasetError", 400, "invalid"),
     ("apps.datasets.selectors.NotFound", 404, "not_found"),
-    ("apps.engines.envscaler.importer.EnvScalerImportError", 400, "invalid"),
+    ("apps.engines.scenes.envscaler.importer.EnvScalerImportError", 400, "invalid"),
     ("apps.datasets.raw_import.RawImportError", 400, "invalid"),
     ("trajplatform.api.IdempotencyConflict", 409, "idempotency_conflict"),
 )

@@ -423,7 +423,7 @@ HEALTH_LLM_TIMEOUT_S = env_float("HEALTH_LLM_TIMEOUT_S", 2.0)
 HEALTH_QUEUE_STALE_S = env_float("HEALTH_QUEUE_STALE_S", 120.0)
 PLATFORM_SKILLS_URL = env_str("PLATFORM_SKILLS_URL")  # VibeDataBot; set: only its active skills' scenes
 PLATFORM_SKILLS_TIMEOUT_S = env_float("PLATFORM_SKILLS_TIMEOUT_S", 5.0)
-# EnvScaler scene (apps/engines/envscaler): the sandbox image/profile whose python3 has fastmcp
+# EnvScaler scene (apps/engines/scenes/envscaler): the sandbox image/profile whose python3 has fastmcp
 # (local: the profile binding SANDBOX_PYTHON_PACKAGES read-only; empty = this interpreter's
 # site-packages), how long the in-sandbox MCP server may take to start, and import validation.
 ENVSCALER_SANDBOX_IMAGE = env_str("ENVSCALER_SANDBOX_IMAGE", "trajplatform-python")

@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 
 logger = logging.getLogger(__name__)
 

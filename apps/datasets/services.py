@@ -26,7 +26,7 @@ from apps.datasets.exporters.vision import card_images
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
 from apps.datasets.selectors import trajectories_with_reviews
 from apps.datasets.spec import LATER_DEFAULTS, DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
-from apps.engines.web.selectors import task_corpus_licences
+from apps.engines.corpora import scene_corpus_licences
 from apps.tasks.models import Task, Trajectory
 from trajplatform.audit import audit_record
 
@@ -282,7 +282,8 @@ def _card(
         },
         "exporter_versions": exporter_versions,
         # the documents web-scene episodes read (the offline corpora), with the licences they are under
-        "licences": task_corpus_licences(sorted({r.task_id for r in members})),
+        "licences": scene_corpus_licences(
+            Task.objects.filter(pk__in={r.task_id for r in members}).values_list("scene", "scene_config")),
         "excluded": excluded,
         "excluded_reasons": card_stats.counts_by(
             kind for e in excluded for kind in card_stats.reason_kinds(e["reason"])),

@@ -35,7 +35,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from apps.datasets.decontam import DecontamError
 from apps.datasets.decontam import validate_spec as validate_decontam
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 from apps.tasks.models import Batch
 from trajplatform.redaction import unstorable_fields
 

@@ -213,7 +213,7 @@ class BuilderForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        from apps.engines.scenes import SCENE_CHOICES
+        from apps.engines.registry import SCENE_CHOICES
 
         self.fields["scenes"].choices = SCENE_CHOICES
 

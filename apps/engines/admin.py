@@ -13,10 +13,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from apps.engines.models import PipelineRun, SandboxRecord, StageRun
+from apps.engines.models import Corpus, PipelineRun, SandboxRecord, StageRun
 from apps.engines.pipelines import services as pipeline_services
 from apps.engines.sandboxes.base import SandboxError
-from apps.engines.sandboxes.records import sandbox_destroy_records
+from apps.engines.sandbox_records import sandbox_destroy_records
 from trajplatform.admin import (
     ActionsOnlyMixin,
     AuditTrailMixin,
@@ -250,6 +250,24 @@ class StageRunAdmin(ViewOnlyMixin, IdSearchMixin, ReadableJSONMixin, admin.Model
 
 
 # The MCP server registry's page lives with the toucan scene.
-from apps.engines.toucan import admin as _toucan_admin  # noqa: E402,F401
-# Corpora (the offline web) live with the web toolset.
-from apps.engines.web import admin as _web_admin  # noqa: E402,F401
+from apps.engines.scenes.toucan import admin as _toucan_admin  # noqa: E402,F401
+
+
+@admin.register(Corpus)
+class CorpusAdmin(ActionsOnlyMixin, ReadableJSONMixin, AuditTrailMixin, admin.ModelAdmin):
+    list_display = ("name", "pages", "links", "size_mb", "licence_list", "built_at")
+    search_fields = ("name",)
+    json_fields = ("sources", "inputs", "licences")
+    readonly_fields = ("name", "path", "sha256", "pages", "links", "bytes", "sources", "inputs", "licences",
+                       "build_seconds", "built_at", "created_at", "recent_audit_events")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # building reads packages and writes a file: manage.py corpus_build
+
+    @admin.display(description="MB")
+    def size_mb(self, obj: Corpus) -> str:
+        return f"{obj.bytes / 1e6:.1f}"
+
+    @admin.display(description="licences")
+    def licence_list(self, obj: Corpus) -> str:
+        return ", ".join(sorted({entry.get("licence", "?") for entry in obj.licences}))

@@ -1,7 +1,7 @@
 """Engine jobs (django-q2): the sandbox reconciler, the warm-pool refill, and their schedule.
 
 Both jobs are safe to run twice or concurrently: every destroy is a compare-and-swap on
-the SandboxRecord row (see `apps.engines.sandboxes.records`), and the pool is claimed the
+the SandboxRecord row (see `apps.engines.sandbox_records`), and the pool is claimed the
 same way. Register the schedule once per deployment with `ensure_sandbox_schedules()`
 (idempotent; e.g. from a post-migrate hook or a setup command).
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-
-from apps.engines.sandboxes import pool, records
+from apps.engines import sandbox_records
+from apps.engines.sandboxes.pool import pool_size
 from trajplatform.schedules import ensure_schedule
 
 logger = logging.getLogger("apps.engines.jobs")
@@ -26,11 +26,11 @@ RECONCILE_EVERY_MINUTES = 2
 
 def reconcile_sandboxes() -> dict[str, Any]:
     """Destroy sandboxes no live row owns, whose owner finished or whose TTL passed; refill the pool."""
-    report = records.reconcile_sandboxes()
+    report = sandbox_records.reconcile_sandboxes()
     result: dict[str, Any] = report.as_dict()
-    if pool.pool_size():
+    if pool_size():
         try:
-            result["pool"] = pool.fill_pool()
+            result["pool"] = sandbox_records.fill_pool()
         except Exception as exc:  # the reaping above already happened; report, do not lose it
             logger.exception("sandbox pool refill failed")
             result["errors"].append(f"pool: {exc}")
@@ -42,9 +42,9 @@ def reconcile_sandboxes() -> dict[str, Any]:
 
 def fill_sandbox_pool() -> dict[str, int]:
     """Top the warm sandbox pool up to SANDBOX_POOL_SIZE (no-op when it is full or disabled)."""
-    if not pool.pool_size():
+    if not pool_size():
         return {"created": 0, "trimmed": 0, "size": 0}
-    return pool.fill_pool()
+    return sandbox_records.fill_pool()
 
 
 def ensure_sandbox_schedules(*, minutes: int = RECONCILE_EVERY_MINUTES, using: str = "default") -> Any:

@@ -4,7 +4,7 @@ The row exists before the backend is asked for the sandbox (state `creating`), s
 that crashes mid-create still leaves a trace, and the sandbox carries the row's id as a
 label. The reconciler (`apps.engines.jobs.reconcile_sandboxes`) compares rows with what the
 backends report and destroys what nobody owns. Rows change only through
-`apps.engines.sandboxes.records`; the admin shows them read-only.
+`apps.engines.sandbox_records`; the admin shows them read-only.
 """
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ class StageRun(models.Model):
 
 
 class McpServer(models.Model):
-    """One registered MCP server (the toucan scene's registry; apps/engines/toucan/registry.py).
+    """One registered MCP server (the toucan scene's registry; apps/engines/scenes/toucan/registry.py).
 
     `spec` is the hub's `McpServerSpec` as JSON (launch argv/env/cwd/transport, package, deny
     and platform tools) with secrets only as `${NAME}` references to `secrets`, which are names
@@ -257,7 +257,7 @@ class McpServer(models.Model):
 class Corpus(models.Model):
     """One built offline-web corpus (apps/engines/web/corpus.py): where its file is and what it holds.
 
-    Written by `apps.engines.web.services.corpus_register` after `manage.py corpus_build` (one
+    Written by `apps.engines.corpora.corpus_build` after `manage.py corpus_build` (one
     audit row per build); the admin shows rows read-only. `licences` (one entry per source: name,
     licence, attribution, copyright file) travel into the data card of a dataset built on it.
     """

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.engines.sandboxes.base import in_thread
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 
 
 class ToolError(Exception):
@@ -306,15 +306,15 @@ class SceneRuntime:
 
 # scene id -> "module:Class"; imported on first use so the registry costs nothing to load.
 RUNTIMES: dict[str, str] = {
-    "code_exec": "apps.engines.code_exec:CodeExecRuntime",
-    "envscaler": "apps.engines.envscaler.runtime:EnvScalerRuntime",
-    "toucan": "apps.engines.toucan.runtime:ToucanRuntime",
-    "toolace": "apps.engines.toolace.runtime:ToolAceRuntime",
-    "deep_search": "apps.engines.deep_search.runtime:DeepSearchRuntime",
-    "gui": "apps.engines.gui.runtime:GuiRuntime",
-    "mobile_agent": "apps.engines.mobile.runtime:MobileRuntime",
-    "multi_agent": "apps.engines.multi_agent:MultiAgentRuntime",
-    "search2qa": "apps.engines.search2qa.runtime:Search2QARuntime",
+    "code_exec": "apps.engines.scenes.code_exec.runtime:CodeExecRuntime",
+    "envscaler": "apps.engines.scenes.envscaler.runtime:EnvScalerRuntime",
+    "toucan": "apps.engines.scenes.toucan.runtime:ToucanRuntime",
+    "toolace": "apps.engines.scenes.toolace.runtime:ToolAceRuntime",
+    "deep_search": "apps.engines.scenes.deep_search.runtime:DeepSearchRuntime",
+    "gui": "apps.engines.scenes.gui.runtime:GuiRuntime",
+    "mobile_agent": "apps.engines.scenes.mobile_agent.runtime:MobileRuntime",
+    "multi_agent": "apps.engines.scenes.multi_agent.runtime:MultiAgentRuntime",
+    "search2qa": "apps.engines.scenes.search2qa.runtime:Search2QARuntime",
 }
 _instances: dict[str, SceneRuntime] = {}
 

@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from apps.engines.envscaler.importer import EnvScalerImportError, ItemError, envscaler_import
+from apps.engines.scenes.envscaler.importer import EnvScalerImportError, ItemError, envscaler_import
 from trajplatform import json_limits
 
 MAX_UPLOAD_BYTES = 16 << 20

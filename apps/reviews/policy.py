@@ -198,7 +198,7 @@ def current_value(task: Any, field: str) -> Any:
 
 def check_value(task: Any, field: str, value: Any) -> None:
     """Raise ValidationError unless `value` is a valid value of `field` on this task."""
-    from apps.engines.scenes import SCENES
+    from apps.engines.registry import SCENES
 
     if field.startswith(SCENE_PREFIX):
         key = field[len(SCENE_PREFIX):]

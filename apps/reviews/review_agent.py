@@ -361,7 +361,7 @@ def run_checks(trajectory: Any) -> dict[str, Any]:
         sum(len(v) for v in hits.values()), "; ".join(f"{k} in steps {v}" for k, v in sorted(hits.items()))
     )
 
-    # multi_agent: the steps that ran a role (apps/engines/multi_agent.py) carry `subagent`.
+    # multi_agent: the steps that ran a role (apps/engines/scenes/multi_agent/runtime.py) carry `subagent`.
     delegated: dict[str, list[int]] = {}
     unanswered = []
     for step in steps:

@@ -35,7 +35,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.engines.scenes import SCENE_CHOICES
+from apps.engines.registry import SCENE_CHOICES
 from apps.reviews import selectors, services
 from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES

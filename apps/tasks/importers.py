@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator
 
-from apps.engines.scenes import SCENES, SceneConfigError, validate_scene_config
+from apps.engines.registry import SCENES, SceneConfigError, validate_scene_config
 from trajplatform.redaction import unstorable_fields, unstorable_reason
 
 ADP = "adp"

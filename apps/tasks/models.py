@@ -16,7 +16,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from apps.engines.scenes import SCENE_CHOICES
+from apps.engines.registry import SCENE_CHOICES
 
 
 class Batch(models.Model):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 from collections import Counter
 from datetime import timedelta
 from decimal import Decimal
@@ -718,31 +719,37 @@ def batch_progress_message(batch_id: int) -> dict[str, Any]:
             "final": sum(counts[s] for s in Task.FINAL)}
 
 
+# Per thread (a transaction and its on-commit callbacks run in one): batch id -> the tokens of the
+# pending callbacks that may send its counts. The first of them to run after commit sends and
+# removes the batch, so the others of that commit find nothing to send; a token whose callback
+# was rolled back (with its transaction or savepoint) never runs, and goes with the next send.
+_progress_pending = threading.local()
+
+
 def batch_progress_changed(batch_ids: Iterable[int | None]) -> None:
     """A task or trajectory of these batches changed state: after commit, each batch's group gets
     its counts once, however many changes the transaction made (a batch cancel saves every task)."""
     ids = {pk for pk in batch_ids if pk}
     if not ids:
         return
-    connection = transaction.get_connection()
+    pending: dict[int, set[object]] | None = getattr(_progress_pending, "batches", None)
+    if pending is None:
+        pending = _progress_pending.batches = {}
+    token = object()
+    for pk in ids:
+        pending.setdefault(pk, set()).add(token)
 
-    def send(queued: set[int]) -> None:
-        send_to_groups({batch_group_name(pk): pk for pk in sorted(queued)}, batch_progress_message)
+    def send() -> None:
+        due = sorted(pk for pk in ids if token in pending.get(pk, ()))
+        for pk in due:
+            del pending[pk]
+        if due:
+            send_to_groups({batch_group_name(pk): pk for pk in due}, batch_progress_message)
 
     # robust: the change is committed whatever happens to its event (a broker down, a thread
     # running an event loop, where async_to_sync refuses): a failed send is logged, not raised.
-    if not connection.in_atomic_block:
-        transaction.on_commit(lambda: send(ids), robust=True)  # runs now
-        return
-    # One callback per transaction: Django gives a transaction (and a rolled-back savepoint)
-    # a new run_on_commit list, so a list that is still the same means the same transaction.
-    pending = getattr(connection, "batch_progress_pending", None)
-    if pending is not None and pending[1] is connection.run_on_commit:
-        pending[0].update(ids)
-        return
-    queued = set(ids)
-    connection.batch_progress_pending = (queued, connection.run_on_commit)
-    transaction.on_commit(lambda: send(queued), robust=True)
+    # Outside a transaction it runs now.
+    transaction.on_commit(send, robust=True)
 
 
 # --- creating tasks (the API) -----------------------------------------------------------------

@@ -24,7 +24,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from apps.engines.scenes import SCENE_CHOICES
+from apps.engines.registry import SCENE_CHOICES
 from apps.tasks.consumers import MAX_ID, MAX_SEQ
 from apps.reviews.models import Review
 from apps.tasks.models import Trajectory, TrajectoryLog

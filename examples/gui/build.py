@@ -4,7 +4,7 @@ offline model's script, recorded by running a reference solver in the pinned bro
     .venv/bin/python examples/gui/build.py        # after a pin changes (playwright, chromium, miniwob)
 
 Writes examples/tasks/gui.jsonl. For every task it opens the page exactly as the platform does
-(apps/engines/gui/server.py's Browser: same seed, same start, same viewport), lets a solver
+(apps/engines/scenes/gui/server.py's Browser: same seed, same start, same viewport), lets a solver
 pick its actions from the accessibility snapshot (refs) or, for vision tasks, from the element
 boxes (a point of the screenshot), replays them through the same tool code, and keeps the
 task only when the page's own reward (MiniWoB's raw reward, the site's state check) says it is
@@ -25,13 +25,13 @@ from typing import Any, Awaitable, Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(REPO / "apps" / "engines" / "gui"))
+sys.path.insert(0, str(REPO / "apps" / "engines" / "scenes" / "gui"))
 sys.path.insert(0, str(REPO))
 
-import server  # noqa: E402  (apps/engines/gui/server.py, run here as in the sandbox)
+import server  # noqa: E402  (apps/engines/scenes/gui/server.py, run here as in the sandbox)
 import sites  # noqa: E402
 
-from apps.engines.gui import checks  # noqa: E402
+from apps.engines.scenes.gui import checks  # noqa: E402
 
 OUT = REPO / "examples" / "tasks" / "gui.jsonl"
 

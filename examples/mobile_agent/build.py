@@ -5,7 +5,7 @@
 
 Writes examples/tasks/mobile_agent.jsonl. Each solution is written here as actions on elements
 named by a selector (text, resource id or description); the build replays it on a fresh simulated
-device (apps/engines/mobile/sim) through adbutils and records the element *indices* the agent
+device (apps/engines/scenes/mobile_agent/sim) through adbutils and records the element *indices* the agent
 would see, step by step, as the task's reference_solution (the offline model's script). So the
 scripts follow the simulator's layout; rebuild after changing it. Like the reference's ten: toggle
 Wi-Fi, Bluetooth, airplane mode, brightness, a contact with a non-ASCII name (simulator-only: a
@@ -177,9 +177,9 @@ def _matches(element: Any, on: dict[str, str]) -> bool:
 
 def record(row: dict[str, Any]) -> dict[str, Any]:
     """Replay the solution on a fresh simulated device; the offline model's script with element indices."""
-    from apps.engines.mobile.device import KEY_BACK, KEY_ENTER, KEY_HOME, DeviceChannel, Endpoint
-    from apps.engines.mobile.runtime import _app
-    from apps.engines.mobile.sim import initial_state, start_simulator
+    from apps.engines.scenes.mobile_agent.device import KEY_BACK, KEY_ENTER, KEY_HOME, DeviceChannel, Endpoint
+    from apps.engines.scenes.mobile_agent.runtime import _app
+    from apps.engines.scenes.mobile_agent.sim import initial_state, start_simulator
 
     config = row["config"]
     sim = start_simulator(initial_state(config.get("initial_state")))

@@ -42,7 +42,7 @@ def ev(url: str, quote: str) -> dict[str, str]:
     return {"url": url, "quote": quote}
 
 
-def slug(seed: str) -> str:  # apps.engines.search2qa.prompts.seed_slug, without importing Django
+def slug(seed: str) -> str:  # apps.engines.scenes.search2qa.prompts.seed_slug, without importing Django
     return re.sub(r"[^a-z0-9]+", "-", seed.lower()).strip("-")[:60] or "seed"
 
 
@@ -200,7 +200,7 @@ def check() -> list[str]:
     import django
 
     django.setup()
-    from apps.engines.search2qa.gates import quote_score
+    from apps.engines.scenes.search2qa.gates import quote_score
     from apps.engines.web.corpus import Corpus
 
     corpus = Corpus.named("debian-docs")

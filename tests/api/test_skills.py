@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 from trajplatform import skills
 from trajplatform.skills import SkillManifestUnavailable, fetch_manifest, load_skills
 

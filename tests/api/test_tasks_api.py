@@ -301,7 +301,7 @@ def test_an_import_into_a_taken_batch_name_is_refused_and_writes_nothing(make_ta
 
 
 def test_an_envscaler_upload_without_a_name_gets_a_free_generated_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from apps.engines.envscaler import importer
+    from apps.engines.scenes.envscaler import importer
     from apps.tasks.services import BatchNameTaken
 
     rows = [{"scene": "envscaler", "prompt": "book a slot", "scene_config": {"env_name": "clinic"}}]

@@ -28,7 +28,7 @@ from apps.engines.models import SandboxRecord
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
 from apps.engines.sandboxes import SandboxUnavailable, get_backend
 from apps.engines.sandboxes.local import LocalBackend
-from apps.engines.sandboxes.records import records_destroyed
+from apps.engines.sandbox_records import records_destroyed
 from apps.tasks.models import Task
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from apps.engines.code_exec import parse_test_summary, score
+from apps.engines.scenes.code_exec.runtime import parse_test_summary, score
 from apps.engines.models import SandboxRecord
 from apps.engines.sandboxes import ExecResult
 from apps.tasks.models import Trajectory

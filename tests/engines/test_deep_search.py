@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.engines.deep_search.verify import contains_answer, exact_match, normalize_answer, token_f1
+from apps.engines.scenes.deep_search.verify import contains_answer, exact_match, normalize_answer, token_f1
 from apps.engines.offline_model import running_offline_model
 from apps.engines.runtime import get_runtime
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (fixture)

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 
 from apps.engines.agent import run_episode
-from apps.engines.envscaler.runtime import EnvScalerRuntime
+from apps.engines.scenes.envscaler.runtime import EnvScalerRuntime
 from apps.engines.offline_model import running_offline_model
 from apps.engines.runtime import get_runtime
 from apps.engines.sandboxes import get_backend

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 import pytest
 from django.test import override_settings
 
-from apps.engines.gui.runtime import GuiRuntime, browser_config
-from apps.engines.gui.server import PageServer, miniwob_config
+from apps.engines.scenes.gui.runtime import GuiRuntime, browser_config
+from apps.engines.scenes.gui.server import PageServer, miniwob_config
 from apps.engines.mcp import McpSessionError
 from apps.engines.runtime import InfrastructureError, SetupError, ToolError, register_runtime
 from apps.engines.sandboxes.local import LocalBackend
@@ -251,7 +251,7 @@ def test_the_social_media_script_replays_when_the_pages_images_are_slow(monkeypa
 
     import miniwob
 
-    from apps.engines.gui.server import Browser
+    from apps.engines.scenes.gui.server import Browser
 
     respond = PageServer.respond
     monkeypatch.setattr(PageServer, "respond", lambda self, raw: (
@@ -319,7 +319,7 @@ def test_a_browser_crash_mid_episode_is_an_infrastructure_error(artifact_root: P
         with scripted(CLICK_PROMPT, call("browser_click", element="Ok", ref="e7"), call("finish", answer="x")) as (_, llm):
             result = run(config, llm)
     finally:
-        register_runtime("gui", "apps.engines.gui.runtime:GuiRuntime")
+        register_runtime("gui", "apps.engines.scenes.gui.runtime:GuiRuntime")
     assert result.outcome == "error" and result.error_kind == "infrastructure" and result.retryable, result.outcome_reason
     assert "browser" in result.outcome_reason
     assert issubclass(McpSessionError, InfrastructureError)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from apps.engines.gui import checks, sites
-from apps.engines.gui.server import PageServer, allowed, miniwob_config
+from apps.engines.scenes.gui import checks, sites
+from apps.engines.scenes.gui.server import PageServer, allowed, miniwob_config
 from apps.engines.sandboxes import SandboxSpec, SandboxSpecUnsupported, cgroups
 from apps.engines.sandboxes.base import SandboxError
 from apps.engines.sandboxes.local import LocalBackend

@@ -14,11 +14,11 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from apps.engines.mobile.runtime import check_config
-from apps.engines.mobile.sim import initial_state, start_simulator
+from apps.engines.scenes.mobile_agent.runtime import check_config
+from apps.engines.scenes.mobile_agent.sim import initial_state, start_simulator
 from apps.engines.offline_model import running_offline_model
 from apps.engines.sandboxes import get_backend
-from apps.engines.scenes import SceneConfigError, validate_scene_config
+from apps.engines.registry import SceneConfigError, validate_scene_config
 from tests.engines.opensandbox_fake import FakeOpenSandbox
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 - llm_env is a fixture
 from tests.engines.test_gui import artifact_root  # noqa: F401 - a fixture
@@ -223,7 +223,7 @@ def test_redroid_behind_an_http_proxy_endpoint_is_refused_with_the_reason(opensa
 def test_the_simulator_stops_with_an_episode_that_ends_before_verify(monkeypatch: pytest.MonkeyPatch):
     import gc
 
-    from apps.engines.mobile import runtime as mobile_runtime
+    from apps.engines.scenes.mobile_agent import runtime as mobile_runtime
 
     started = []
 

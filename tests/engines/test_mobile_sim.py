@@ -12,8 +12,8 @@ import adbutils
 import pytest
 from PIL import Image
 
-from apps.engines.mobile.sim import initial_state, start_simulator
-from apps.engines.mobile.sim.apps import evaluate
+from apps.engines.scenes.mobile_agent.sim import initial_state, start_simulator
+from apps.engines.scenes.mobile_agent.sim.apps import evaluate
 
 assert adbutils.__version__ == "2.12.0"
 
@@ -137,7 +137,7 @@ def test_calculator_keys_and_arithmetic(sim):
 
 
 def test_the_device_channel_types_shell_and_input_special_characters_verbatim(sim):
-    from apps.engines.mobile.device import DeviceChannel, Endpoint
+    from apps.engines.scenes.mobile_agent.device import DeviceChannel, Endpoint
 
     channel = DeviceChannel(Endpoint(sim.host, sim.port, sim.serial), mode="device")
     channel.launch("org.trajplatform.notes")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from apps.engines.offline_model import running_offline_model
-from apps.engines.scenes import SceneConfigError, validate_scene_config
+from apps.engines.registry import SceneConfigError, validate_scene_config
 from apps.tasks import jobs
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import task_start_iteration, trajectories_finish

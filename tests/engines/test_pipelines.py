@@ -21,6 +21,7 @@ from django.urls import reverse
 
 from apps.engines import pipelines
 from apps.engines.llm import LLMClient, Provider
+from apps.engines.management.commands import synthesize_pipeline as pipeline_command
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
 from apps.engines.offline_model import script_key
@@ -414,7 +415,7 @@ def test_a_running_run_stops_between_stages_when_cancelled(model: Any) -> None:
 
 
 def scene_without_pipeline() -> str:
-    from apps.engines.scenes import SCENES
+    from apps.engines.registry import SCENES
 
     return next(scene for scene in SCENES if scene not in pipelines.PIPELINES)
 
@@ -655,6 +656,30 @@ def test_the_command_without_wait_queues_the_run_for_the_workers(tmp_path: Path,
     assert "queued for the worker cluster" in output and f"/admin/engines/pipelinerun/{run.pk}/change/" in output
 
 
+# `synthesize_pipeline --wait` polls (every IDLE_POLL_S) for as long as another holder keeps the run,
+# as it must for a cluster worker. In a test nothing else ever frees it: a run left held (a claim
+# by a name that looks alive, or a claim that keeps failing) made the command poll for ever, and the
+# module hung after one failure. The command's run_pipeline fails after this many unclaimed polls.
+MAX_UNCLAIMED_POLLS = 40  # 20 s at IDLE_POLL_S = 0.5
+
+
+@pytest.fixture(autouse=True)
+def command_wait_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = pipeline_jobs.run_pipeline
+    unclaimed = {"n": 0}
+
+    def run_pipeline(run_id: int, **kw: Any) -> dict[str, Any]:
+        result = real(run_id, **kw)
+        unclaimed["n"] = 0 if result.get("claimed") else unclaimed["n"] + 1
+        if unclaimed["n"] > MAX_UNCLAIMED_POLLS:
+            run = PipelineRun.objects.get(pk=run_id)
+            raise AssertionError(f"pipeline run #{run_id} stayed {run.status} (worker {run.worker!r}) for "
+                                 f"{MAX_UNCLAIMED_POLLS} polls: nothing in this test will free it")
+        return result
+
+    monkeypatch.setattr(pipeline_jobs, "run_pipeline", run_pipeline)
+
+
 @pytest.fixture
 def offline_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     from tests.tasks.test_synthesize import offline_only
@@ -818,3 +843,20 @@ def test_the_command_waits_for_a_run_another_worker_holds_and_follows_hand_overs
     output = pipeline_cmd(SCENE, "--seeds", str(seeds_file), "--wait", "--generate-only", "--start-offline-model",
                           "--solutions", str(scripts))
     assert len(calls) == 3 and ": completed;" in output and PipelineRun.objects.get().tasks_created == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(90)
+def test_the_command_fails_instead_of_waiting_for_ever_on_a_run_nothing_frees(
+        tmp_path: Path, offline_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline_jobs, "claim_run", lambda run_id, worker: None)  # always "another worker has it"
+    monkeypatch.setattr(pipeline_command, "IDLE_POLL_S", 0.01)
+    seeds_file = tmp_path / "seeds.json"
+    seeds_file.write_text(json.dumps(seeds("s1")), encoding="utf-8")
+    scripts = tmp_path / "scripts.json"
+    scripts.write_text(json.dumps([GOOD["s1"]]), encoding="utf-8")
+    started = time.monotonic()
+    with pytest.raises(CommandError, match=r"stayed queued .* nothing in this test will free it"):
+        pipeline_cmd(SCENE, "--seeds", str(seeds_file), "--wait", "--generate-only", "--start-offline-model",
+                     "--solutions", str(scripts))
+    assert time.monotonic() - started < 30

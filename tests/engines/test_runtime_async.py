@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apps.engines.code_exec import CodeExecRuntime
+from apps.engines.scenes.code_exec.runtime import CodeExecRuntime
 from apps.engines.runtime import SceneRuntime, ToolError, ToolResult
 from apps.engines.sandboxes import SandboxSpec
 from apps.engines.sandboxes.local import LocalSandbox

@@ -165,7 +165,8 @@ def test_the_reconciler_and_the_pool_work_on_opensandbox_too(opensandbox_backend
     from django.utils import timezone
 
     from apps.engines import jobs
-    from apps.engines.sandboxes import acquire, records
+    from apps.engines import sandbox_records as records
+    from apps.engines.sandboxes import acquire
 
     settings.SANDBOX_BACKEND = "opensandbox"
     orphan = OpenSandboxBackend(records=False, url=fake.url, api_key=fake.api_key).create(SandboxSpec())

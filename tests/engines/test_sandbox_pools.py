@@ -1,4 +1,4 @@
-"""Warm pools per image (apps/engines/sandboxes/pool.py, SANDBOX_POOL_IMAGES) on the OpenSandbox
+"""Warm pools per image (apps/engines/sandboxes/pool.py's shapes, apps/engines/sandbox_records.py's rows, SANDBOX_POOL_IMAGES) on the OpenSandbox
 backend, against the loopback fake: the reconciler fills each pool, `acquire` hands out a warm
 sandbox of the spec's image (code_exec's spec for a task naming that image), other shapes get a
 fresh one, and a pool whose size was lowered or that was dropped is trimmed."""
@@ -10,10 +10,11 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from apps.engines import jobs
-from apps.engines.code_exec import CodeExecRuntime
+from apps.engines.scenes.code_exec.runtime import CodeExecRuntime
 from apps.engines.models import SandboxRecord
 from apps.engines.sandboxes import SandboxSpec, acquire
-from apps.engines.sandboxes.pool import fill_pool, pool_key, pooled_spec, pools
+from apps.engines.sandbox_records import fill_pool
+from apps.engines.sandboxes.pool import pool_key, pooled_spec, pools
 
 pytestmark = pytest.mark.usefixtures("sandbox_settings")
 

@@ -11,9 +11,18 @@ from django_q.models import Schedule
 
 from apps.engines import jobs
 from apps.engines.models import SandboxRecord
-from apps.engines.sandboxes import MANAGED_LABEL, RECORD_LABEL, SandboxSpec, acquire, records
+from apps.engines import sandbox_records as records
+from apps.engines.sandbox_records import fill_pool
+from apps.engines.sandboxes import (
+    MANAGED_LABEL,
+    RECORD_LABEL,
+    SandboxError,
+    SandboxReporter,
+    SandboxSpec,
+    acquire,
+    set_reporter,
+)
 from apps.engines.sandboxes.local import LocalBackend
-from apps.engines.sandboxes.pool import fill_pool
 from apps.tasks.models import Trajectory
 from tests.conftest import PASSWORD
 from trajplatform.audit import AuditEvent, audit_events_for
@@ -27,6 +36,51 @@ def _listed(backend: Any) -> set[str]:
 
 def _reap_events(record: SandboxRecord) -> list[AuditEvent]:
     return list(audit_events_for(record).filter(action="engines.sandbox_reap"))
+
+
+class _Recorder(SandboxReporter):
+    """A reporter that remembers what the sandbox layer told it (the layer imports no model)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def begin(self, *, backend: str, spec: SandboxSpec, trajectory: Any, pool_key: str) -> int:
+        self.events.append(("begin", backend))
+        return 7
+
+    def ready(self, *, record_id: int, sandbox: Any, pooled: bool) -> None:
+        self.events.append(("ready", record_id))
+
+    def failed(self, *, record_id: int, error: str) -> None:
+        self.events.append(("failed", record_id))
+
+    def destroyed(self, *, backend: str, external_id: str, reason: str) -> None:
+        self.events.append(("destroyed", reason))
+
+    def error(self, *, backend: str, external_id: str, error: str) -> None:
+        self.events.append(("error", error))
+
+    def claim(self, backend: Any, spec: SandboxSpec, trajectory: Any) -> Any:
+        self.events.append(("claim", trajectory))
+        return None
+
+
+def test_the_sandbox_layer_reports_to_the_installed_reporter_and_refuses_to_create_without_one() -> None:
+    recorder = _Recorder()
+    previous = set_reporter(recorder)
+    try:
+        sandbox = acquire(SandboxSpec(), trajectory=None, backend=LocalBackend())
+        assert sandbox.record_id == 7 and sandbox.labels[RECORD_LABEL] == "7"
+        sandbox.destroy()
+        assert recorder.events == [("claim", None), ("begin", "local"), ("ready", 7), ("destroyed", "destroyed")]
+
+        set_reporter(None)
+        with pytest.raises(SandboxError, match="no sandbox reporter is installed"):
+            LocalBackend().create(SandboxSpec())
+        assert LocalBackend(records=False).list() == []  # nothing was created unrecorded
+    finally:
+        set_reporter(previous)
+    assert isinstance(previous, records.RecordsReporter)  # EnginesConfig.ready installed the row writer
 
 
 def test_the_reconciler_destroys_sandboxes_past_their_ttl_once(local_backend: Any) -> None:

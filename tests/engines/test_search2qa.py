@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from apps.engines.offline_model import running_offline_model
-from apps.engines.search2qa import gates as G
+from apps.engines.scenes.search2qa import gates as G
 from apps.engines.offline_model import script_key
-from apps.engines.search2qa.prompts import stage_route
+from apps.engines.scenes.search2qa.prompts import stage_route
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (a fixture)
 from tests.engines.test_web_corpus import build_tiny_corpus
 from tests.engines.test_web_live import fake_web  # noqa: F401 (a fixture)

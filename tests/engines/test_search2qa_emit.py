@@ -14,7 +14,7 @@ from django_q.models import OrmQ
 
 from apps.datasets.exporters import export_records, load_records
 from apps.engines.offline_model import script_key
-from apps.engines.search2qa.prompts import stage_route
+from apps.engines.scenes.search2qa.prompts import stage_route
 from apps.reviews.jobs import REVIEW_JOB
 from apps.tasks.services import TransitionError, tasks_create, trajectory_attach_episode
 from apps.tasks.models import Batch, Task, Trajectory

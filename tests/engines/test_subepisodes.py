@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apps.engines.code_exec import CodeExecRuntime
+from apps.engines.scenes.code_exec.runtime import CodeExecRuntime
 from apps.engines.llm import cache_identity
 from apps.engines.offline_model import running_offline_model
 from apps.engines.runtime import (

@@ -28,9 +28,9 @@ from apps.engines.runtime import (
     get_runtime,
     register_runtime,
 )
-from apps.engines.toolace import gates
-from apps.engines.toolace.pipeline import build as build_pipeline
-from apps.engines.toolace.runtime import ToolAceRuntime
+from apps.engines.scenes.toolace import gates
+from apps.engines.scenes.toolace.pipeline import build as build_pipeline
+from apps.engines.scenes.toolace.runtime import ToolAceRuntime
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 - llm_env is a fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
@@ -357,8 +357,8 @@ def test_mt_that_never_agrees_with_the_real_outputs_scores_zero() -> None:
 
 
 def test_stale_values_come_from_json_leaves_or_tokens_with_digits() -> None:
-    from apps.engines.toolace import mt
-    from apps.engines.toolace.rules import Context
+    from apps.engines.scenes.toolace import mt
+    from apps.engines.scenes.toolace.rules import Context
 
     assert mt.simulated_values('{"id": "R-20", "total": 300, "ok": true}') == {"R-20", "300"}
     assert mt.simulated_values("Booked EV-201 for 2026-11-19.") == {"EV-201", "2026-11-19"}

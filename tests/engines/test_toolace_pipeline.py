@@ -14,7 +14,7 @@ from apps.engines.offline_model import running_offline_model
 from apps.engines.pipelines import PipelineError
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines import services as pipeline_services
-from apps.engines.toolace.pipeline import build as build_pipeline
+from apps.engines.scenes.toolace.pipeline import build as build_pipeline
 from tests.engines.test_agent import client, config_for, llm_env, run  # noqa: F401 - llm_env is a fixture
 from tests.engines.test_toolace import SCRIPTS, demo
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from apps.engines.toucan import quality, questions
-from apps.engines.toucan.questions import QcUnparseable, QuestionRejected
+from apps.engines.scenes.toucan import quality, questions
+from apps.engines.scenes.toucan.questions import QcUnparseable, QuestionRejected
 
 TIME = {"name": "time", "description": "Time and time zone conversion.", "rank": 1,
         "labels": {"primary_label": "Time", "featured": True},
@@ -357,7 +357,7 @@ def test_a_state_check_runs_its_probe_and_a_failing_probe_fails_it() -> None:
 
 
 def test_the_scene_schema_takes_order_and_relax_and_refuses_other_values() -> None:
-    from apps.engines.scenes import SCENES
+    from apps.engines.registry import SCENES
 
     validator = SCENES["toucan"].validator()
     base = {"target_servers": ["time"], "target_tools": ["time__convert_time"]}

@@ -18,9 +18,9 @@ from apps.engines import runtime as runtime_registry
 from apps.engines.models import McpServer
 from apps.engines.runtime import get_runtime
 from apps.engines.sandboxes import get_backend
-from apps.engines.toucan import quality, questions
-from apps.engines.toucan.registry import load_records, parse_record, take_snapshot
-from apps.engines.toucan.runtime import ToucanRuntime
+from apps.engines.scenes.toucan import quality, questions
+from apps.engines.scenes.toucan.registry import load_records, parse_record, take_snapshot
+from apps.engines.scenes.toucan.runtime import ToucanRuntime
 from tests.engines.test_agent import (  # noqa: F401 - llm_env is a fixture
     assert_no_sandbox_left,
     call,
@@ -82,7 +82,7 @@ def test_the_runtime_is_registered_and_offers_the_servers_tools_named_server__to
 def test_registry_labels_drive_featured_and_power_law_sampling(registered: Any) -> None:
     import random
 
-    from apps.engines.toucan.pipeline import server_records
+    from apps.engines.scenes.toucan.pipeline import server_records
 
     records = {r["name"]: r for r in server_records()}
     assert (records["time"]["rank"], records["time"]["labels"]["featured"]) == (1, True)

@@ -10,8 +10,7 @@ from django.core.management import CommandError, call_command
 
 from apps.engines.models import Corpus
 from apps.engines.web import corpus as C
-from apps.engines.web.selectors import corpus_licences
-from apps.engines.web.services import corpus_inputs
+from apps.engines.corpora import corpus_inputs, corpus_licences
 from tests.engines.test_web_corpus import debian_corpus, write_tiny_jsonl, write_tiny_site
 from trajplatform.audit import AuditEvent
 
@@ -163,7 +162,7 @@ def test_a_failed_build_leaves_the_older_corpus_and_its_row(corpus_dir, tmp_path
     def refuse(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("apps.engines.web.services.audit_record", refuse)  # fails while registering it
+    monkeypatch.setattr("apps.engines.corpora.audit_record", refuse)  # fails while registering it
     with pytest.raises(CommandError, match="No space left"):
         call_command("corpus_build", "tiny", "--from", str(site), "--base-url", "https://tiny.example/",
                      "--licence", "MIT", stdout=io.StringIO())

@@ -115,7 +115,7 @@ def test_hard_coding_the_visible_tests_outputs_scores_zero_when_the_verifier_has
 
 
 def test_a_run_that_reports_fewer_tests_than_the_verifier_declares_scores_zero() -> None:
-    from apps.engines.code_exec import declared_tests, score
+    from apps.engines.scenes.code_exec.runtime import declared_tests, score
     from apps.engines.sandboxes import ExecResult
 
     files = ROW["config"]["verifier"]["files"]

@@ -1,7 +1,7 @@
 """deep_search twins: a bundled multi-hop question (examples/tasks/deep_search.jsonl, over the Debian
 corpus) answered right, but without the research that makes the answer a sourced one.
 
-The scene's verdict (apps/engines/deep_search/runtime.py): Search-R1's exact match of the answer,
+The scene's verdict (apps/engines/scenes/deep_search/runtime.py): Search-R1's exact match of the answer,
 gated by the process conditions `sources_opened` (every cited page was opened in the episode) and
 `answer_in_sources` (a cited, opened page holds the answer); `decided_by` names the one that set
 the reward.

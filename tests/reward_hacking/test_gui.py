@@ -28,7 +28,7 @@ import pytest
 from django.conf import settings
 
 from apps.engines.agent import EpisodeResult, run_episode
-from apps.engines.gui.runtime import MINIWOB_ROOT, SITE_PORT
+from apps.engines.scenes.gui.runtime import MINIWOB_ROOT, SITE_PORT
 from apps.engines.llm import cache_identity
 from apps.engines.sandboxes import get_backend
 from tests.engines.test_agent import call, config_for

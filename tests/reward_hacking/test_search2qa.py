@@ -1,7 +1,7 @@
 """search2qa twins: the bundled factory runs (examples/search2qa over the Debian corpus), and pairs
 that pass for verified while their answer or a fact of their evidence is not the pages'.
 
-The scene's verdict (apps/engines/search2qa/runtime.py): reward 1 exactly when every gate passed;
+The scene's verdict (apps/engines/scenes/search2qa/runtime.py): reward 1 exactly when every gate passed;
 the code gates (gates.py) decide these twins: `answer_in_evidence` (an opened evidence page holds
 the answer), `evidence_quotes` (each quote's numbers and names exactly as its page has them) and
 `answer_not_in_question` (possessives and punctuation folded). Each twin keeps the bundled
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from apps.engines.search2qa.prompts import seed_slug
+from apps.engines.scenes.search2qa.prompts import seed_slug
 from tests.engines.test_web_corpus import debian_corpus
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "search2qa"

@@ -2,7 +2,7 @@
 expense-reports.items.lunch, built by the pipeline's own task builder), with the amount put into
 the call without having been obtained from the user first.
 
-The scene's verdict (apps/engines/toolace/runtime.py): the task's check on the final state, then the
+The scene's verdict (apps/engines/scenes/toolace/runtime.py): the task's check on the final state, then the
 hard rules of rules.py; `hidden_params` (process condition `asked_before_use`) holds only when
 the value came from an ask_user answer in an EARLIER assistant turn; `known_tools` (in the
 process condition `rule_filter`) refuses a call to a tool the episode did not offer. Every twin

@@ -1,7 +1,7 @@
 """toucan twins: two bundled tasks (examples/tasks/toucan.jsonl) solved by their reference solutions
 with the real MCP servers in a local sandbox, and runs that give the checked answer without the
 process the task asks for. Each twin's answer passes the task's check; the process conditions
-(apps/engines/toucan/quality.py, docs/toucan.md) decide, and verifier_output says which."""
+(apps/engines/scenes/toucan/quality.py, docs/toucan.md) decide, and verifier_output says which."""
 from __future__ import annotations
 
 import json

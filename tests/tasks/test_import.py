@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 from apps.tasks import selectors
 from apps.tasks.importers import check_file
 from apps.tasks.models import Batch, Task

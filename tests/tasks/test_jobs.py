@@ -113,14 +113,14 @@ def log_lines(trajectory: Trajectory) -> list[tuple[str, str]]:
 def test_start_iteration_queues_samples_with_frozen_config_and_enqueues_a_job_on_commit(
         make_task, django_capture_on_commit_callbacks):
     task = make_task(samples_per_iteration=3, temperature=0.3, priority=8)
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+    with django_capture_on_commit_callbacks(execute=True):
         trajectories = task_start_iteration(task=task)
+        assert not OrmQ.objects.exists()  # the job is enqueued on commit
     task.refresh_from_db()
     assert task.status == Task.Status.RUNNING and task.current_iteration == 1 and task.started_at is not None
     assert [(t.iteration, t.sample_index, t.status) for t in Trajectory.objects.filter(task=task).order_by("sample_index")] == [
         (1, 0, "queued"), (1, 1, "queued"), (1, 2, "queued")]
     assert all(t.config_snapshot == task.config_snapshot() and t.queued_at for t in trajectories)
-    assert len(callbacks) == 1
     assert [row.task["func"] for row in OrmQ.objects.all()] == [ROLLOUT_JOB]
     event = audit_events_for(task).get()
     assert event.action == "tasks.iteration_start"
@@ -482,17 +482,7 @@ def test_an_unstorable_result_is_recorded_as_an_error_not_left_running(make_task
 
 
 @pytest.mark.django_db(transaction=True)
-def test_episodes_ending_together_are_stored_in_one_hand_over_and_a_bad_one_fails_alone(
-    make_task, fake_agent, monkeypatch
-):
-    handovers: list[int] = []
-    finish_together = jobs.finish_together
-
-    def counted(items, sandboxes=None):
-        handovers.append(len(items))
-        return finish_together(items, sandboxes)
-
-    monkeypatch.setattr(jobs, "finish_together", counted)
+def test_episodes_ending_together_are_each_stored_and_a_bad_one_fails_alone(make_task, fake_agent):
     gate: dict[str, Any] = {"started": 0}
 
     async def together(*, trajectory, **kwargs):
@@ -509,8 +499,6 @@ def test_episodes_ending_together_are_stored_in_one_hand_over_and_a_bad_one_fail
     task = started(make_task, samples_per_iteration=6)
     report = jobs.run_rollouts(concurrency=6)
 
-    # The six in one hand-over; then the bad one's error, stored in its place, in another.
-    assert handovers == [6, 1], handovers
     assert report["success"] == 5
     by_sample = {t.sample_index: t for t in task.trajectories.all()}
     assert by_sample[2].outcome == "error"
@@ -524,21 +512,65 @@ def test_episodes_ending_together_are_stored_in_one_hand_over_and_a_bad_one_fail
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_job_freezes_what_existed_before_it_and_collects_young_objects_less_often(make_task, fake_agent):
-    import gc
+def test_the_sandboxes_a_job_s_episodes_destroyed_are_marked_with_their_ends(make_task, monkeypatch):
+    from types import SimpleNamespace
 
-    seen: dict[str, Any] = {}
+    from apps.engines.models import SandboxRecord
 
-    async def look(**kwargs):
-        seen["thresholds"], seen["frozen"] = gc.get_threshold(), gc.get_freeze_count()
+    records = {}
+
+    async def destroying(*, trajectory, on_sandbox_destroyed, **kwargs):
+        sandbox = SimpleNamespace(backend_name="local", id=f"sb-{trajectory.sample_index}")
+        on_sandbox_destroyed(sandbox)  # as run_episode does once its sandbox is gone
         return FakeResult()
 
-    fake_agent(look)
-    started(make_task)
-    before = gc.get_threshold()
-    jobs.run_rollouts()
-    assert seen["thresholds"] == jobs.JOB_GC_THRESHOLDS and seen["frozen"] > 1000
-    assert gc.get_threshold() == before and gc.get_freeze_count() == 0  # as it was, after the job
+    task = started(make_task, samples_per_iteration=3)
+    for trajectory in task.trajectories.all():
+        records[trajectory.sample_index] = SandboxRecord.objects.create(
+            backend="local", external_id=f"sb-{trajectory.sample_index}", state="ready", trajectory=trajectory)
+    monkeypatch.setattr(jobs, "run_episode", destroying)
+    report = jobs.run_rollouts(concurrency=3)
+    assert report["success"] == 3
+    for record in records.values():
+        record.refresh_from_db()
+        assert (record.state, record.destroy_reason) == ("destroyed", "destroyed")
+        assert record.destroyed_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch_progress_is_sent_once_per_batch_per_commit_and_not_for_a_rolled_back_change(monkeypatch):
+    from django.db import transaction
+
+    from apps.tasks import services
+
+    sent: list[list[str]] = []
+    monkeypatch.setattr(services, "send_to_groups", lambda groups, message: sent.append(sorted(groups)))
+
+    with transaction.atomic():
+        services.batch_progress_changed([1, None])
+        services.batch_progress_changed([1, 2])
+        services.batch_progress_changed([2])
+        assert sent == []  # not before the commit
+    assert sorted(group for call in sent for group in call) == ["batch-1", "batch-2"]
+
+    sent.clear()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.batch_progress_changed([3])
+        raise RuntimeError("roll back")
+    with transaction.atomic():
+        services.batch_progress_changed([1])
+        try:
+            with transaction.atomic():  # a savepoint rolled back: its change is not sent
+                services.batch_progress_changed([4])
+                raise RuntimeError("roll back the savepoint")
+        except RuntimeError:
+            pass
+    assert sent == [["batch-1"]]
+
+    sent.clear()
+    services.batch_progress_changed([5])  # no transaction: at once
+    services.batch_progress_changed([5])
+    assert sent == [["batch-5"], ["batch-5"]]
 
 
 # -- cancel ------------------------------------------------------------------------------------
@@ -996,15 +1028,3 @@ def test_migrate_registers_the_pipeline_reaper_too():
     from apps.engines.pipelines import jobs as pipeline_jobs
 
     assert Schedule.objects.filter(name=pipeline_jobs.REAP_SCHEDULE_NAME, func=pipeline_jobs.REAP_FUNC).exists()
-
-
-def test_the_sandbox_pool_starts_its_threads_before_the_loop_needs_them() -> None:
-    pool = jobs._ThreadPool(max_workers=5, thread_name_prefix="test-start")
-    try:
-        pool.start_threads()
-        assert len(pool._threads) == 5
-        pool.start_threads()  # already full: a no-op
-        assert len(pool._threads) == 5
-        assert pool.submit(lambda: 42).result(5) == 42
-    finally:
-        pool.shutdown(wait=True)

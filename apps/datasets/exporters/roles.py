@@ -1,6 +1,6 @@
 """Multi-agent exports: each trainable role's own view, and AgentJet's per-agent timelines.
 
-A multi_agent trajectory (apps/engines/multi_agent.py) is the lead's episode; every other
+A multi_agent trajectory (apps/engines/scenes/multi_agent/runtime.py) is the lead's episode; every other
 role's work is a sub-episode stored as a child trajectory, which the canonical record carries
 under `subtrajectories` (records.py; nested ones under theirs). Exports:
 

@@ -14,7 +14,7 @@ response_quality_assessment follows Toucan's step 4 output: `completeness` and `
 mapped to 1 + round(4 * score / 100); null when the rubric has no such dimension or the
 trajectory has no done review), `overall_score` (their mean, null without either),
 `desired_tools_used_percentage` and `order_correctness` (Toucan's tool-call accuracy, computed
-in code on the stored steps: apps/engines/toucan/quality.py) and `rule_filter` (Toucan's step 3.2
+in code on the stored steps: apps/engines/scenes/toucan/quality.py) and `rule_filter` (Toucan's step 3.2
 rules on the stored steps and final answer). Any scene's trajectory renders; only the toucan
 scene's tasks carry target tools and a question quality assessment (empty / null otherwise).
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.engines.toucan import quality
-from apps.engines.toucan.questions import QC_DIMENSIONS
+from apps.engines.scenes.toucan import quality
+from apps.engines.scenes.toucan.questions import QC_DIMENSIONS
 
 from .chat import function_specs, render_messages, validate_messages, validate_tools
 

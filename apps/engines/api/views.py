@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.engines.api import serializers as s
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 from trajplatform.api import ErrorSerializer, LimitedJSONParser
 from trajplatform.skills import enabled_scene_ids, skill_for
 
@@ -61,7 +61,7 @@ class EnvScalerUploadView(APIView):
     @extend_schema(request=s.EnvScalerUploadSerializer,
                    responses={201: s.EnvScalerUploadResponseSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
-        from apps.engines.envscaler.importer import envscaler_import
+        from apps.engines.scenes.envscaler.importer import envscaler_import
         from apps.tasks.services import tasks_enqueue
 
         if "envscaler" not in enabled_scene_ids():

@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 # scene -> "module:function" building its Pipeline from a run's config.
 PIPELINES: dict[str, str] = {
-    "toucan": "apps.engines.toucan.pipeline:build",
-    "toolace": "apps.engines.toolace.pipeline:build",
+    "toucan": "apps.engines.scenes.toucan.pipeline:build",
+    "toolace": "apps.engines.scenes.toolace.pipeline:build",
 }
 
 
@@ -136,7 +136,7 @@ def pipeline_for(scene: str, config: dict[str, Any] | None = None) -> Pipeline:
     """The scene's registered Pipeline for this config; PipelineError for a scene without one."""
     target = PIPELINES.get(scene)
     if target is None:
-        from apps.engines.scenes import SCENES
+        from apps.engines.registry import SCENES
 
         if scene not in SCENES:
             raise PipelineError(f"unknown scene {scene!r}; scenes: {', '.join(SCENES)}")

@@ -16,15 +16,13 @@ One small synchronous interface, two backends:
   cgroups.py finds and manages the cgroups; etc.py builds the sandbox's own /etc.
 - `opensandbox` (opensandbox.py): the OpenSandbox server at OPENSANDBOX_URL, via its SDK.
 
-Every sandbox the platform creates has a SandboxRecord row (records.py); the reconciler
-job destroys sandboxes nobody owns or whose TTL passed. `acquire()` hands out a sandbox
-from the warm pool (pool.py, SANDBOX_POOL_SIZE) when one fits, else creates one.
+The backends report every sandbox's life to the installed `SandboxReporter` (base.py); the
+engine app's reporter keeps a SandboxRecord row per sandbox (apps.engines.sandbox_records),
+whose reconciler job destroys sandboxes nobody owns or whose TTL passed. `acquire()`
+(backends.py) hands out a sandbox from the warm pool (pool.py's shapes, SANDBOX_POOL_SIZE)
+when one fits, else creates one. This package imports no app.
 """
 from __future__ import annotations
-
-from typing import Any
-
-from django.conf import settings
 
 from apps.engines.sandboxes.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -44,13 +42,14 @@ from apps.engines.sandboxes.base import (
     SandboxFileNotFound,
     SandboxInfo,
     SandboxNotFound,
+    SandboxReporter,
     SandboxSpec,
     SandboxSpecUnsupported,
     SandboxUnavailable,
     StdioCommand,
+    set_reporter,
 )
-
-BACKENDS = ("local", "opensandbox")
+from apps.engines.sandboxes.backends import BACKENDS, acquire, get_backend
 
 __all__ = [
     "BACKENDS",
@@ -71,31 +70,12 @@ __all__ = [
     "SandboxFileNotFound",
     "SandboxInfo",
     "SandboxNotFound",
+    "SandboxReporter",
     "SandboxSpecUnsupported",
     "SandboxSpec",
     "SandboxUnavailable",
     "StdioCommand",
     "acquire",
     "get_backend",
+    "set_reporter",
 ]
-
-
-def get_backend(name: str | None = None, **options: Any) -> SandboxBackend:
-    """The backend called `name` (default: the SANDBOX_BACKEND setting). Cheap: no I/O happens here."""
-    name = name or settings.SANDBOX_BACKEND or "local"
-    if name == "local":
-        from apps.engines.sandboxes.local import LocalBackend
-
-        return LocalBackend(**options)
-    if name == "opensandbox":
-        from apps.engines.sandboxes.opensandbox import OpenSandboxBackend
-
-        return OpenSandboxBackend(**options)
-    raise SandboxUnavailable(f"unknown sandbox backend {name!r}; SANDBOX_BACKEND must be one of {', '.join(BACKENDS)}")
-
-
-def acquire(spec: SandboxSpec | None = None, *, trajectory: Any = None, backend: SandboxBackend | None = None) -> Sandbox:
-    """A ready sandbox for `spec`, owned by `trajectory`: from the warm pool if one fits, else new."""
-    from apps.engines.sandboxes.pool import acquire as pool_acquire
-
-    return pool_acquire(spec, trajectory=trajectory, backend=backend)

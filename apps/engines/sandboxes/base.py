@@ -3,8 +3,11 @@
 Everything here is backend-neutral and synchronous but for `Sandbox.arun`, the awaitable
 twin of `run`. A backend subclasses `SandboxBackend` (`_create`, `_get`, `_list`, `_destroy`)
 and `Sandbox` (`_run`, `_write_file`, `_read_file`); the public methods
-here validate arguments, normalise paths and results and keep the `SandboxRecord` rows in
-step, so the two backends behave the same to callers.
+here validate arguments, normalise paths and results and tell the installed
+`SandboxReporter` about every sandbox's life (created, ready, failed, destroyed, errors), so
+the two backends behave the same to callers. The sandbox layer writes no database rows: the
+engine app installs the reporter that keeps the SandboxRecord rows (apps.engines.sandbox_records,
+from EnginesConfig.ready), so every process records the same rows.
 """
 from __future__ import annotations
 
@@ -15,12 +18,9 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 from django.db import close_old_connections
-
-if TYPE_CHECKING:  # pragma: no cover
-    from apps.engines.models import SandboxRecord
 
 logger = logging.getLogger("apps.engines.sandboxes")
 
@@ -47,7 +47,7 @@ PLATFORM_PYTHON_PATH = "/opt/trajplatform/site-packages"
 # the directory `make install` fills (SANDBOX_MCP_PACKAGES) bound read-only at PLATFORM_MCP_PATH:
 # python/ (requirements-mcp.lock: mcp-server-time, -git, -fetch; on PYTHONPATH after the
 # platform's packages) and, where npm was found, node/node_modules (mcp-npm/package-lock.json).
-# Our own servers (apps/engines/toucan/servers: `python3 -m sqlite_server`) are bound read-only at
+# Our own servers (apps/engines/scenes/toucan/servers: `python3 -m sqlite_server`) are bound read-only at
 # PLATFORM_MCP_BUILTIN_PATH, also on PYTHONPATH.
 PLATFORM_MCP_PROFILE = "trajplatform-mcp"
 PLATFORM_MCP_PATH = "/opt/trajplatform/mcp"
@@ -697,7 +697,7 @@ class Sandbox(ABC):
 
     def destroy(self, *, record: bool = True) -> None:
         """Kill everything running in the sandbox and delete it; safe to call twice. With
-        record=False the caller marks its SandboxRecord (records.record_destroyed) itself."""
+        record=False the caller marks its SandboxRecord (sandbox_records.records_destroyed) itself."""
         self._run_cleanups()
         if self.destroyed:
             return
@@ -733,8 +733,8 @@ class Sandbox(ABC):
 class SandboxBackend(ABC):
     """Creates, finds, lists and destroys sandboxes of one kind.
 
-    `records=False` skips the SandboxRecord rows (the benchmark and low-level tests);
-    everything the platform runs keeps them, so the reconciler can find leaked sandboxes.
+    `records=False` tells no reporter, so no SandboxRecord rows (the benchmark and low-level
+    tests); everything the platform runs keeps them, so the reconciler can find leaked sandboxes.
     """
 
     name: ClassVar[str] = ""
@@ -754,37 +754,32 @@ class SandboxBackend(ABC):
         trajectory: Any = None,
         pool_key: str = "",
     ) -> Sandbox:
-        """A new, ready sandbox; its SandboxRecord row is written before the backend is asked."""
+        """A new, ready sandbox; the reporter hears of it (its row is written) before the backend is asked."""
         spec = spec or SandboxSpec()
-        record: "SandboxRecord | None" = None
+        reporter = self.reporter()
+        record_id: int | None = None
         labels = {**spec.labels, MANAGED_LABEL: "true"}
-        if self.records:
-            from apps.engines.sandboxes import records
-
-            record = records.record_begin(backend=self.name, spec=spec, trajectory=trajectory, pool_key=pool_key)
-            labels[RECORD_LABEL] = str(record.pk)
+        if reporter is not None:
+            record_id = reporter.begin(backend=self.name, spec=spec, trajectory=trajectory, pool_key=pool_key)
+            labels[RECORD_LABEL] = str(record_id)
         try:
             sandbox = self._create(spec, labels)
         except Exception as exc:
-            if record is not None:
-                from apps.engines.sandboxes import records
-
-                records.record_failed(record_id=record.pk, error=str(exc) or type(exc).__name__)
+            if reporter is not None:
+                reporter.failed(record_id=record_id, error=str(exc) or type(exc).__name__)
             raise
         if sandbox.downgrades:
             logger.warning(
                 "sandbox %s:%s runs with downgraded isolation: %s", self.name, sandbox.id, "; ".join(sandbox.downgrades)
             )
-        if record is not None:
-            from apps.engines.sandboxes import records
-
+        if reporter is not None:
             try:
-                records.record_ready(record_id=record.pk, sandbox=sandbox, pooled=bool(pool_key))
+                reporter.ready(record_id=record_id, sandbox=sandbox, pooled=bool(pool_key))
             except Exception:
                 # The row is the only thing that lets the reconciler tell this sandbox is owned.
                 self._destroy(sandbox.id)
                 raise
-            sandbox.record_id = record.pk
+            sandbox.record_id = record_id
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox:
@@ -807,11 +802,21 @@ class SandboxBackend(ABC):
         if not isinstance(sandbox_id, str) or not sandbox_id:
             return False
         existed = self._destroy(sandbox_id)
-        if self.records and record:
-            from apps.engines.sandboxes import records
-
-            records.record_destroyed(backend=self.name, external_id=sandbox_id, reason=reason)
+        reporter = self.reporter()
+        if reporter is not None and record:
+            reporter.destroyed(backend=self.name, external_id=sandbox_id, reason=reason)
         return existed
+
+    def reporter(self) -> "SandboxReporter | None":
+        """Whom this backend tells about its sandboxes: the installed reporter, None with records=False."""
+        if not self.records:
+            return None
+        if _reporter is None:
+            raise SandboxError(
+                "no sandbox reporter is installed, so this sandbox would have no record; the engine app "
+                "installs one when Django starts (apps.engines.sandbox_records), or pass records=False"
+            )
+        return _reporter
 
     def check(self) -> list[str]:
         """Problems that would stop `create` here (empty list: ready), without creating anything."""
@@ -830,3 +835,47 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     def _destroy(self, sandbox_id: str) -> bool: ...
+
+
+# --- the reporter: who keeps the records of sandboxes -------------------------------------
+
+
+class SandboxReporter(ABC):
+    """What a backend tells about its sandboxes, and the warm pool `acquire` asks first.
+
+    The engine app's implementation (apps.engines.sandbox_records.RecordsReporter) keeps one
+    SandboxRecord row per sandbox; `set_reporter` installs it once per process."""
+
+    @abstractmethod
+    def begin(self, *, backend: str, spec: SandboxSpec, trajectory: Any, pool_key: str) -> int:
+        """A sandbox is about to be created; returns the id of its record (put on it as a label)."""
+
+    @abstractmethod
+    def ready(self, *, record_id: int, sandbox: Sandbox, pooled: bool) -> None:
+        """The backend made it; raise to refuse it (the backend then destroys it)."""
+
+    @abstractmethod
+    def failed(self, *, record_id: int, error: str) -> None:
+        """Creating it failed with `error`."""
+
+    @abstractmethod
+    def destroyed(self, *, backend: str, external_id: str, reason: str) -> None:
+        """The backend destroyed the sandbox `external_id`."""
+
+    @abstractmethod
+    def error(self, *, backend: str, external_id: str, error: str) -> None:
+        """An infrastructure error seen on a live sandbox (the console shows the latest)."""
+
+    @abstractmethod
+    def claim(self, backend: SandboxBackend, spec: SandboxSpec, trajectory: Any) -> Sandbox | None:
+        """A warm sandbox of `spec`'s shape now owned by `trajectory`, or None (then one is created)."""
+
+
+_reporter: SandboxReporter | None = None
+
+
+def set_reporter(reporter: SandboxReporter | None) -> SandboxReporter | None:
+    """Install the process's reporter (None: none); returns the one it replaces."""
+    global _reporter
+    previous, _reporter = _reporter, reporter
+    return previous

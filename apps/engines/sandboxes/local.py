@@ -85,7 +85,7 @@ SANDBOX_ID_RE = re.compile(r"^lsb-[0-9a-f]{16}$")
 PROFILES = ("default", "debian", "python", "python3", PLATFORM_PYTHON_PROFILE, PLATFORM_MCP_PROFILE)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 # The platform's own MCP servers, which PLATFORM_MCP_PROFILE binds read-only (their source, no copy).
-MCP_BUILTIN_SERVERS = str(Path(__file__).resolve().parents[1] / "toucan" / "servers")
+MCP_BUILTIN_SERVERS = str(Path(__file__).resolve().parents[1] / "scenes" / "toucan" / "servers")
 FILE_OP_TIMEOUT = 120.0
 # After a kill, how long we keep reading for the pipes to close before giving up on them.
 DRAIN_AFTER_KILL = 5.0

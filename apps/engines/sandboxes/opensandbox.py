@@ -297,10 +297,9 @@ class OpenSandbox(Sandbox):
             message = "execd kept the command stream open past the deadline and an interrupt; connection dropped"
             logger.warning("sandbox %s: %s", self.id, message)
             self._drop_handle()
-            if self.backend.records:
-                from apps.engines.sandboxes import records
-
-                records.record_error(backend=self.backend.name, external_id=self.id, error=message)
+            reporter = self.backend.reporter()
+            if reporter is not None:
+                reporter.error(backend=self.backend.name, external_id=self.id, error=message)
 
     # -- services: execd gives background commands no stdin, so a long-lived process is
     # reached over HTTP on a port, through the endpoint the lifecycle API resolves for it.

@@ -10,7 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.engines.scenes import SCENE_CHOICES
+from apps.engines.registry import SCENE_CHOICES
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Batch, Task, Trajectory

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.engines.web.corpus import CorpusError
-from apps.engines.web.services import corpus_build
+from apps.engines.corpora import corpus_build
 
 HELP = """\
 Build the corpus NAME (a read-only SQLite FTS5 index at WEB_CORPUS_DIR/NAME.sqlite) that the web

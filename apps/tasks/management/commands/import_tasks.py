@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, DjangoHelpFormatter
 from django.urls import reverse
 
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 from apps.tasks.importers import ADP_TASK_TYPE_SCENES, ImportSummary, InvalidImport, check_file, iter_tasks
 from apps.tasks.selectors import batch_imported_from
 from apps.tasks.services import BatchNameTaken, batch_free_name, batch_import, tasks_enqueue

@@ -21,7 +21,7 @@ from django.db import connection
 from django.db.models import Avg, Count, Max, Q, Sum
 from django.urls import reverse
 
-from apps.engines.scenes import SCENES
+from apps.engines.registry import SCENES
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.selectors import batch_imported_from, batch_status_counts
 

@@ -1,4 +1,8 @@
-"""Writes about corpora: building one and registering it (one audit row per build).
+"""The corpus table's services and selectors: building and registering a corpus (one audit row
+per build), and the licences a data card names.
+
+The web toolset (apps.engines.web) builds and reads the corpus files and imports no app; this
+module is the engine app's side that keeps the `Corpus` rows.
 
 `corpus_build(name, inputs, ...)` reads the inputs, writes the corpus file (apps.engines.web.corpus)
 and registers it in the `Corpus` table: the file is written to a temporary name, then the row and
@@ -10,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -97,3 +102,41 @@ def corpus_build(*, name: str, inputs: list[str], base_url: str = "", licence: s
                             skipped=skipped, publish=publish)
     return registered[0], report
 
+
+
+# --- reads (data cards) -------------------------------------------------------------------------
+
+
+def corpus_licences(names: list[str]) -> list[dict[str, str]]:
+    """The licences of the registered corpora among `names` (a selector for data cards), each once."""
+    seen: set[tuple[str, str]] = set()
+    out: list[dict[str, str]] = []
+    for row in Corpus.objects.filter(name__in=names).order_by("name"):
+        for entry in row.licences:
+            key = (row.name, entry.get("source", ""))
+            if key not in seen:
+                seen.add(key)
+                out.append({"corpus": row.name, **entry})
+    return out
+
+
+# Scenes whose tasks read the web toolset's `scene_config.web`.
+WEB_SCENES = ("deep_search", "search2qa")
+
+
+def scene_corpora(scene_configs: Iterable[tuple[str, dict[str, Any] | None]]) -> list[str]:
+    """The corpora episodes of these (scene, scene_config) pairs search (their scene_config.web;
+    the default corpus when a web scene's task names none and uses the corpus backend)."""
+    names: set[str] = set()
+    for scene, scene_config in scene_configs:
+        if scene not in WEB_SCENES:
+            continue
+        web = (scene_config or {}).get("web") or {}
+        if web.get("backend", "corpus") == "corpus":
+            names.add(web.get("corpus") or settings.WEB_CORPUS_DEFAULT)
+    return sorted(names)
+
+
+def scene_corpus_licences(scene_configs: Iterable[tuple[str, dict[str, Any] | None]]) -> list[dict[str, str]]:
+    """The licences of the corpora these tasks' (scene, scene_config) pairs search (a data card's `licences`)."""
+    return corpus_licences(scene_corpora(scene_configs))

@@ -36,8 +36,8 @@ from typing import Any
 
 from apps.engines.mcp import McpServerSpec
 from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError
-from apps.engines.toucan import questions
-from apps.engines.toucan.questions import PlanError, QcUnparseable, QuestionRejected
+from apps.engines.scenes.toucan import questions
+from apps.engines.scenes.toucan.questions import PlanError, QcUnparseable, QuestionRejected
 
 NAME = "toucan"
 RUN_CONFIG_KEYS = ("dedup_threshold", "qc_thresholds", "min_chars", "max_chars", "model", "concurrency")

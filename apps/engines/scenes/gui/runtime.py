@@ -46,9 +46,9 @@ from typing import Any
 from django.conf import settings
 
 from apps.engines.agent import image_parts, is_vision
-from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
-from apps.engines.gui import checks
-from apps.engines.gui.server import AGENT_TOOLS, PLATFORM_TOOLS, miniwob_config
+from apps.engines.scenes.code_exec.runtime import TOOLS as CODE_EXEC_TOOLS
+from apps.engines.scenes.gui import checks
+from apps.engines.scenes.gui.server import AGENT_TOOLS, PLATFORM_TOOLS, miniwob_config
 from apps.engines.mcp import EpisodeHubs, McpHub, McpServerSpec
 from apps.engines.runtime import InfrastructureError, SceneRuntime, SetupError, ToolResult
 from apps.engines.sandboxes import PLATFORM_PYTHON_PROFILE, Sandbox, SandboxSpec

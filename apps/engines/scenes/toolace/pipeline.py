@@ -50,7 +50,7 @@ from typing import Any
 from django.db import close_old_connections
 
 from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template
-from apps.engines.toolace.gates import GateError, combine_suites, operations_for_server, suite_gate, task_gates
+from apps.engines.scenes.toolace.gates import GateError, combine_suites, operations_for_server, suite_gate, task_gates
 
 NAME = "toolace"
 RUN_CONFIG_KEYS = ("model", "concurrency", "user_simulator", "refine_rounds", "max_steps", "cross", "max_cross_pairs")

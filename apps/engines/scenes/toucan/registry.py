@@ -50,7 +50,7 @@ from apps.engines.mcp.session import McpSessionError
 from apps.engines.models import McpServer
 from apps.engines.runtime import ToolError
 from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, SandboxError, SandboxSpec, get_backend
-from apps.engines.toucan.fixtures import FixtureError, install_fixtures, validate_fixtures, with_pages
+from apps.engines.scenes.toucan.fixtures import FixtureError, install_fixtures, validate_fixtures, with_pages
 from trajplatform.audit import audit_record
 from trajplatform.redaction import redact, storable
 

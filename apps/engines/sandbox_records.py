@@ -1,8 +1,10 @@
-"""Writes to SandboxRecord: the row lifecycle, operator destroys and the reconciler.
+"""Writes to SandboxRecord: the row lifecycle, the warm pool, operator destroys and the reconciler.
 
-The backends call `record_begin` / `record_ready` / `record_failed` / `record_destroyed`
-around their own work (see `SandboxBackend.create` and `.destroy`); those are bookkeeping
-and write no audit rows. Decisions someone (or the reconciler) takes about a sandbox —
+The sandbox layer writes no rows itself: it reports to a `SandboxReporter`, and
+`RecordsReporter` here turns the reports into `record_begin` / `record_ready` /
+`record_failed` / `record_destroyed` / `record_error` and claims warm sandboxes from the
+pool's rows. EnginesConfig.ready installs it (`install()`), so every process that loads the
+apps writes the same rows. Those are bookkeeping and write no audit rows. Decisions someone (or the reconciler) takes about a sandbox —
 destroying it from the console, reaping it — go through `sandbox_destroy_records` and
 `reconcile_sandboxes`, which audit each sandbox they destroy.
 
@@ -15,17 +17,28 @@ import logging
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from apps.engines.models import SandboxRecord
-from apps.engines.sandboxes.base import MANAGED_LABEL, SandboxError, SandboxSpec
+from apps.engines.sandboxes import (
+    MANAGED_LABEL,
+    RECORD_LABEL,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxNotFound,
+    SandboxReporter,
+    SandboxSpec,
+    get_backend,
+    set_reporter,
+)
+from apps.engines.sandboxes.pool import pool_key, pools
 from trajplatform.audit import audit_record
-
-if TYPE_CHECKING:  # pragma: no cover
-    from apps.engines.sandboxes.base import Sandbox, SandboxBackend
+from trajplatform.schedules import enqueue
 
 logger = logging.getLogger("apps.engines.sandboxes")
 
@@ -71,7 +84,7 @@ def record_begin(*, backend: str, spec: SandboxSpec, trajectory: Any = None, poo
     )
 
 
-def record_ready(*, record_id: int, sandbox: "Sandbox", pooled: bool = False) -> None:
+def record_ready(*, record_id: int, sandbox: Sandbox, pooled: bool = False) -> None:
     """The backend answered: store its id, labels, expiry and downgrades; `creating` -> ready/pooled."""
     updated = SandboxRecord.objects.filter(pk=record_id, state=SandboxRecord.State.CREATING).update(
         state=SandboxRecord.State.POOLED if pooled else SandboxRecord.State.READY,
@@ -120,7 +133,7 @@ def record_error(*, backend: str, external_id: str, error: str) -> None:
 # --- decisions (audited) ------------------------------------------------------------------------
 
 
-def _destroy_one(record: SandboxRecord, *, backend: "SandboxBackend", reason: str, action: str, actor: Any) -> bool:
+def _destroy_one(record: SandboxRecord, *, backend: SandboxBackend, reason: str, action: str, actor: Any) -> bool:
     """Destroy one live row's sandbox; the row, the audit event and the backend agree, or it raises."""
     from_state = record.state
     if record.external_id:
@@ -149,10 +162,8 @@ def sandbox_destroy_records(
     *, records: Iterable[SandboxRecord], actor: Any, reason: str = "destroyed by an operator"
 ) -> int:
     """Destroy the sandboxes of the given rows (console action); returns how many this call destroyed."""
-    from apps.engines.sandboxes import get_backend
-
     destroyed = 0
-    backends: dict[str, "SandboxBackend"] = {}
+    backends: dict[str, SandboxBackend] = {}
     for record in records:
         if record.state not in SandboxRecord.LIVE:
             continue
@@ -188,7 +199,7 @@ class ReconcileReport:
         }
 
 
-def reconcile_backend(backend: "SandboxBackend", *, now=None, report: ReconcileReport | None = None) -> ReconcileReport:
+def reconcile_backend(backend: SandboxBackend, *, now=None, report: ReconcileReport | None = None) -> ReconcileReport:
     """Destroy what the database does not own or whose TTL passed, on one backend.
 
     1. live rows past `expires_at`                              -> destroyed ("ttl")
@@ -198,8 +209,8 @@ def reconcile_backend(backend: "SandboxBackend", *, now=None, report: ReconcileR
                                                                  -> destroyed, a row records it
     5. live rows whose sandbox the backend no longer has         -> marked destroyed ("vanished")
     """
-    from apps.tasks.models import Trajectory
-
+    # The owner's model through the row's foreign key: this layer sits below apps.tasks.
+    owner_final = list(SandboxRecord._meta.get_field("trajectory").related_model.FINAL)
     now = now or timezone.now()
     report = report or ReconcileReport()
     name = backend.name
@@ -216,7 +227,7 @@ def reconcile_backend(backend: "SandboxBackend", *, now=None, report: ReconcileR
         report.expired += reap(record, "ttl passed")
 
     finished = live_records(name).filter(
-        state=SandboxRecord.State.READY, trajectory__status__in=list(Trajectory.FINAL)
+        state=SandboxRecord.State.READY, trajectory__status__in=owner_final
     ).select_related("trajectory")
     for record in finished:
         report.owner_finished += reap(record, f"owning trajectory {record.trajectory_id} is {record.trajectory.status}")
@@ -291,8 +302,6 @@ def reconcile_backend(backend: "SandboxBackend", *, now=None, report: ReconcileR
 
 def backends_to_reconcile() -> list[str]:
     """The configured backend plus any backend that still has live rows."""
-    from django.conf import settings
-
     names = {settings.SANDBOX_BACKEND}
     names |= set(SandboxRecord.objects.filter(state__in=SandboxRecord.LIVE).values_list("backend", flat=True).distinct())
     return sorted(names)
@@ -300,8 +309,6 @@ def backends_to_reconcile() -> list[str]:
 
 def reconcile_sandboxes(*, backend_names: Iterable[str] | None = None, now=None) -> ReconcileReport:
     """One reconciler pass over every relevant backend (see `reconcile_backend`)."""
-    from apps.engines.sandboxes import get_backend
-
     report = ReconcileReport()
     for name in backend_names or backends_to_reconcile():
         try:
@@ -311,3 +318,114 @@ def reconcile_sandboxes(*, backend_names: Iterable[str] | None = None, now=None)
             logger.exception("sandbox reconciler: backend %s failed", name)
             report.errors.append(f"{name}: {exc}")
     return report
+
+
+# --- the warm pool ------------------------------------------------------------------------------
+
+
+def claim_pooled(backend: SandboxBackend, spec: SandboxSpec, trajectory: Any) -> Sandbox | None:
+    """A warm sandbox of `spec`'s shape, now owned by `trajectory` (a refill is queued), or None
+    when no pool of this shape is configured or it has none left."""
+    key = pool_key(backend.name, spec)
+    if not any(size and key == pool_key(backend.name, shape) for shape, size in pools()):
+        return None
+    sandbox = _claim(backend, key, spec, trajectory)
+    if sandbox is not None:
+        _queue_refill()
+    return sandbox
+
+
+def _claim(backend: SandboxBackend, key: str, spec: SandboxSpec, trajectory: Any) -> Sandbox | None:
+    candidates = live_records(backend.name).filter(state=SandboxRecord.State.POOLED, pool_key=key)
+    for record in candidates.order_by("created_at")[:10]:
+        now = timezone.now()
+        expires_at = now + spec.ttl if spec.ttl else None
+        won = SandboxRecord.objects.filter(pk=record.pk, state=SandboxRecord.State.POOLED).update(
+            state=SandboxRecord.State.READY, pool_key="", claimed_at=now, expires_at=expires_at,
+            trajectory_id=getattr(trajectory, "pk", trajectory), labels=dict(spec.labels),
+        )
+        if not won:
+            continue  # another worker took it
+        try:
+            sandbox = backend.get(record.external_id)
+            labels = {**spec.labels, MANAGED_LABEL: "true", RECORD_LABEL: str(record.pk)}
+            sandbox._relabel(labels, expires_at, dict(spec.env))
+        except (SandboxNotFound, SandboxError) as exc:
+            logger.warning("warm sandbox %s unusable (%s); destroying it", record, exc)
+            try:
+                backend.destroy(record.external_id, reason=f"unusable from the pool: {exc}")
+            except SandboxError:
+                pass
+            continue
+        SandboxRecord.objects.filter(pk=record.pk).update(labels=sandbox.labels)
+        sandbox.record_id = record.pk
+        return sandbox
+    return None
+
+
+def _queue_refill() -> None:
+    try:
+        enqueue("apps.engines.jobs.fill_sandbox_pool", task_name="engines.fill_sandbox_pool")
+    except Exception:  # the reconciler's pass refills too; never fail a rollout over this
+        logger.exception("could not queue a sandbox pool refill")
+
+
+def fill_pool(backend: SandboxBackend | None = None) -> dict[str, int]:
+    """Create or destroy pooled sandboxes until each pool holds its configured size (a pool no
+    longer configured holds none); returns counts over all pools."""
+    backend = backend or get_backend()
+    configured = pools()
+    sizes = {pool_key(backend.name, shape): (shape, size) for shape, size in configured}
+    live = live_records(backend.name).filter(
+        state__in=[SandboxRecord.State.POOLED, SandboxRecord.State.CREATING]).exclude(pool_key="")
+    for key in set(live.values_list("pool_key", flat=True)) - set(sizes):
+        sizes[key] = (None, 0)  # a pool no longer configured: trim it all
+    created = trimmed = 0
+    for key, (shape, size) in sizes.items():
+        pooled = live.filter(pool_key=key)
+        have = pooled.count()
+        for _ in range(max(0, size - have)):
+            try:
+                backend.create(shape, pool_key=key)
+                created += 1
+            except SandboxError:
+                logger.exception("filling the sandbox pool of %s failed", shape.image or "the default image")
+                break
+        if have > size:
+            for record in pooled.filter(state=SandboxRecord.State.POOLED).order_by("created_at")[: have - size]:
+                if SandboxRecord.objects.filter(pk=record.pk, state=SandboxRecord.State.POOLED).update(
+                    state=SandboxRecord.State.READY, pool_key=""
+                ):
+                    backend.destroy(record.external_id, reason="pool shrunk")
+                    trimmed += 1
+    return {"created": created, "trimmed": trimmed, "size": sum(size for _, size in configured)}
+
+
+# --- the reporter the sandbox layer talks to ------------------------------------------------------
+
+
+class RecordsReporter(SandboxReporter):
+    """Keeps a SandboxRecord row per sandbox and claims warm sandboxes from the pool's rows."""
+
+    def begin(self, *, backend: str, spec: SandboxSpec, trajectory: Any, pool_key: str) -> int:
+        return record_begin(backend=backend, spec=spec, trajectory=trajectory, pool_key=pool_key).pk
+
+    def ready(self, *, record_id: int, sandbox: Sandbox, pooled: bool) -> None:
+        record_ready(record_id=record_id, sandbox=sandbox, pooled=pooled)
+
+    def failed(self, *, record_id: int, error: str) -> None:
+        record_failed(record_id=record_id, error=error)
+
+    def destroyed(self, *, backend: str, external_id: str, reason: str) -> None:
+        record_destroyed(backend=backend, external_id=external_id, reason=reason)
+
+    def error(self, *, backend: str, external_id: str, error: str) -> None:
+        record_error(backend=backend, external_id=external_id, error=error)
+
+    def claim(self, backend: SandboxBackend, spec: SandboxSpec, trajectory: Any) -> Sandbox | None:
+        return claim_pooled(backend, spec, trajectory)
+
+
+def install() -> None:
+    """Make the sandbox layer of this process report to the SandboxRecord rows (EnginesConfig.ready)."""
+    set_reporter(RecordsReporter())

@@ -10,7 +10,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from apps.engines.models import McpServer
-from apps.engines.toucan.registry import McpRegistryError, mcp_server_resnapshot, mcp_server_set_enabled
+from apps.engines.scenes.toucan.registry import McpRegistryError, mcp_server_resnapshot, mcp_server_set_enabled
 from trajplatform.admin import ActionsOnlyMixin, AuditTrailMixin, ReadableJSONMixin, pretty_json
 
 

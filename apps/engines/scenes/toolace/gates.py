@@ -8,7 +8,7 @@ envscaler's server.py and sandbox_gate.py into a fresh sandbox and runs `sandbox
 (one sandbox per call, per suite). Every reason starts with the gate's name, which the benchmark
 counts rejections by:
 
-* `suite.static`: envscaler's static checks of an environment (apps/engines/envscaler/importer.py),
+* `suite.static`: envscaler's static checks of an environment (apps/engines/scenes/envscaler/importer.py),
   plus every operation's `example` arguments valid against its schema, declared `errors` named;
 * `suite.sandbox`: envscaler's in-sandbox validation (the class by name, every operation's
   signature, the seeded `init_config` constructing);
@@ -36,8 +36,8 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 
 from apps.engines.ask_user import FactsError, parse_facts
-from apps.engines.envscaler.importer import ItemError, _check_env
-from apps.engines.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOURCE
+from apps.engines.scenes.envscaler.importer import ItemError, _check_env
+from apps.engines.scenes.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOURCE
 from apps.engines.sandboxes import SandboxError, SandboxSpec, get_backend
 from trajplatform.pyparse import parse_python
 

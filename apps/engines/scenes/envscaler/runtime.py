@@ -23,7 +23,7 @@ Every exchange with the server is recorded (`mcp_calls` on the steps, the verifi
 `verifier_output`); with config `replay_of=<trajectory uuid>` the hub answers from that
 trajectory's records and no server starts (docs/mcp.md).
 
-scene_config: see apps/engines/scenes.py (env_name, class_name, env_description, code,
+scene_config: see apps/engines/registry.py (env_name, class_name, env_description, code,
 operations, init_config, check_func, task_id, image); written by the importer (importer.py).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
+from apps.engines.scenes.code_exec.runtime import TOOLS as CODE_EXEC_TOOLS
 from apps.engines.mcp import EpisodeHubs, McpCallTimeout, McpHub, McpServerSpec, McpSessionError, McpStartError
 from apps.engines.runtime import SceneRuntime, SetupError, ToolError, ToolResult
 from apps.engines.sandboxes import WORKDIR, Sandbox, SandboxSpec
@@ -109,7 +109,7 @@ def server_spec(scene: dict[str, Any]) -> dict[str, Any]:
 def mcp_spec(config: dict[str, Any]) -> McpServerSpec:
     """The environment's server as the hub starts it."""
     return McpServerSpec(
-        name="envscaler", namespace="", package={"kind": "module", "name": "apps.engines.envscaler.server"},
+        name="envscaler", namespace="", package={"kind": "module", "name": "apps.engines.scenes.envscaler.server"},
         argv=[PYTHON, SERVER_PATH, "serve", SPEC_PATH],
         http_argv=[PYTHON, "-c", HTTP_LAUNCHER, SERVER_PATH, SPEC_PATH, "{host}", "{port}"],
         port=settings.ENVSCALER_MCP_PORT, host=settings.ENVSCALER_MCP_HOST, env=dict(SERVER_ENV),

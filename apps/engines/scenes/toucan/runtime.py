@@ -2,9 +2,9 @@
 
 Per episode: a fresh sandbox of the `trajplatform-mcp` profile (the platform's packages and the
 bundled MCP servers' packages, read-only), each target server's fixtures laid down in it (files,
-the seed git repo, pages served on the sandbox's loopback: apps/engines/toucan/fixtures.py), then
+the seed git repo, pages served on the sandbox's loopback: apps/engines/scenes/toucan/fixtures.py), then
 every target server started in it by the MCP hub (apps/engines/mcp/), as its registry row says
-(apps/engines/toucan/registry.py; secrets filled in at start, never stored).
+(apps/engines/scenes/toucan/registry.py; secrets filled in at start, never stored).
 
 The agent sees the union of the servers' offered tools, named `<server>__<tool>` with the schemas
 of the registry's snapshot (the server's own tools/list at registration; the loop needs the tools
@@ -15,13 +15,13 @@ error the agent reads, a call without an answer in time a timed-out step, and ea
 the exchange (`server`, `mcp_tool`, `is_error`, `mcp_calls`). A server that dies mid-episode is
 an InfrastructureError: the episode ends as the platform's failure, not the agent's.
 
-verify: apps/engines/toucan/quality.py on the calls this runtime executed and the final answer
+verify: apps/engines/scenes/toucan/quality.py on the calls this runtime executed and the final answer
 (the task's check AND the process conditions: the rule filter, every target tool called
 successfully, in order; without a check Toucan's tool-call accuracy as a proxy), the state
 check's probe run in the sandbox. With config `replay_of=<trajectory uuid>` the hub answers from
 that trajectory's recorded responses and starts nothing; a state check is then not re-run.
 
-scene_config (apps/engines/scenes.py): target_servers (registered names), target_tools
+scene_config (apps/engines/registry.py): target_servers (registered names), target_tools
 (`<server>__<tool>`), order (strict | any), relax, check, difficulty, question_quality_assessment,
 generation, image.
 """
@@ -34,11 +34,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.engines.code_exec import TOOLS as CODE_EXEC_TOOLS
+from apps.engines.scenes.code_exec.runtime import TOOLS as CODE_EXEC_TOOLS
 from apps.engines.mcp import EpisodeHubs, McpHub, McpServerSpec
 from apps.engines.runtime import SceneRuntime, SetupError, ToolResult
 from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, WORKDIR, Sandbox, SandboxSpec
-from apps.engines.toucan import quality
+from apps.engines.scenes.toucan import quality
 
 SCENE = "toucan"
 DEFAULT_TIMEOUT_S = 600.0
@@ -73,7 +73,7 @@ class Server:
 
 def _read_servers(names: list[str]) -> list[Server]:
     from apps.engines.models import McpServer
-    from apps.engines.toucan.registry import McpRegistryError, hub_spec
+    from apps.engines.scenes.toucan.registry import McpRegistryError, hub_spec
 
     rows = {row.name: row for row in McpServer.objects.filter(name__in=names)}
     missing = [n for n in names if n not in rows]
@@ -175,7 +175,7 @@ class ToucanRuntime(SceneRuntime):
         return SandboxSpec(image=image, labels={"scene": SCENE}, ttl=lifetime, network=network)
 
     def setup(self, sandbox: Sandbox, config: dict[str, Any]) -> None:
-        from apps.engines.toucan.fixtures import FixtureError, install_fixtures
+        from apps.engines.scenes.toucan.fixtures import FixtureError, install_fixtures
 
         servers = registered_servers(list(scene_config(config).get("target_servers") or []))
         hub = McpHub.for_episode([s.spec for s in servers], config)

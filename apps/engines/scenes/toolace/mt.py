@@ -28,7 +28,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from apps.engines.ask_user import ASK_USER
-from apps.engines.toolace.rules import Context, _scalars
+from apps.engines.scenes.toolace.rules import Context, _scalars
 
 WRITE_DIALOGUE = "write_dialogue"
 DEFAULT_REFINE_ROUNDS = 2

@@ -78,7 +78,7 @@ def check_config(scene_config: dict[str, Any]) -> list[tuple[str, str]]:
     scene exists, has an engine and is not multi_agent; role names are unique; the lead is a
     role; the base config is valid for the base scene."""
     from apps.engines.runtime import has_runtime
-    from apps.engines.scenes import SCENES, SceneConfigError, validate_scene_config
+    from apps.engines.registry import SCENES, SceneConfigError, validate_scene_config
 
     errors: list[tuple[str, str]] = []
     base = scene_config.get("base_scene")

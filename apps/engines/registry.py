@@ -93,7 +93,7 @@ SCENES: dict[str, Scene] = {
             "ToolACE (synthetic tool use)",
             "Tool-calling dialogues over synthesized tool suites that execute (an envscaler environment in "
             "the sandbox), with a simulated user answering clarification turns; agent or ToolACE-MT mode "
-            "(apps/engines/toolace, docs/toolace.md).",
+            "(apps/engines/scenes/toolace, docs/toolace.md).",
             _obj(
                 {
                     # the suite as an envscaler environment (see "envscaler")
@@ -127,7 +127,7 @@ SCENES: dict[str, Scene] = {
             "Search2QA (multi-hop QA synthesis)",
             "A QA factory: explore the web from a seed and propose a multi-hop question, evolve it "
             "(long-to-short), check it in code, test it on a no-tool and a deep_search solver, and emit a "
-            "deep_search task with the passing solver's run (apps/engines/search2qa, docs/search2qa.md).",
+            "deep_search task with the passing solver's run (apps/engines/scenes/search2qa, docs/search2qa.md).",
             _obj(
                 {
                     "seed": {"type": "string", "minLength": 1},
@@ -161,11 +161,11 @@ SCENES: dict[str, Scene] = {
                     "target_tools": {"type": "array", "uniqueItems": True,
                                      "items": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*__.+$"}},
                     "difficulty": {"enum": ["easy", "medium", "hard"]},
-                    # apps/engines/toucan/quality.py: the target tools' order, conditions that do not gate the reward
+                    # apps/engines/scenes/toucan/quality.py: the target tools' order, conditions that do not gate the reward
                     "order": {"enum": ["strict", "any"]},
                     "relax": {"type": "array", "uniqueItems": True,
                               "items": {"enum": ["rule_filter", "target_tools", "tool_order"]}},
-                    # apps/engines/toucan/quality.py: an answer check or a state check (a probe in the sandbox)
+                    # apps/engines/scenes/toucan/quality.py: an answer check or a state check (a probe in the sandbox)
                     "check": {"oneOf": [
                         _obj({"type": {"const": "answer"}, "expected": {"type": ["string", "number"]},
                               "match": {"enum": ["exact", "contains", "number"]},
@@ -186,7 +186,7 @@ SCENES: dict[str, Scene] = {
             "mobile_agent",
             "Mobile agent (Android)",
             "An agent operates Android apps (AndroidWorld's actions) on a simulated device or a real one "
-            "through adbutils; checks on the device's state decide (apps/engines/mobile, docs/mobile_agent.md).",
+            "through adbutils; checks on the device's state decide (apps/engines/scenes/mobile_agent, docs/mobile_agent.md).",
             _obj(
                 {
                     "mode": {"enum": ["simulated", "device"]},  # explicit: never a fallback from one to the other
@@ -215,7 +215,7 @@ SCENES: dict[str, Scene] = {
                 },
                 required=("mode",),
             ),
-            check="apps.engines.mobile.runtime:check_config",
+            check="apps.engines.scenes.mobile_agent.runtime:check_config",
         ),
         Scene(
             "gui",
@@ -234,7 +234,7 @@ SCENES: dict[str, Scene] = {
                     "port": {"type": "integer", "minimum": 1024, "maximum": 65535},
                     "start_url": {"type": "string", "pattern": "^https?://"},
                     "allowed_origins": {**_STR_LIST, "minItems": 1},
-                    # apps/engines/gui/checks.py: one check or a list that must all pass
+                    # apps/engines/scenes/gui/checks.py: one check or a list that must all pass
                     "check": {"oneOf": [
                         {"type": "object", "required": ["type"], "properties": {
                             "type": {"enum": ["miniwob", "js", "url", "program_html", "answer", "site_state"]}}},
@@ -259,7 +259,7 @@ SCENES: dict[str, Scene] = {
             "Deep search",
             "Multi-step research with web tools (search / open / find over the offline corpus or the live "
             "web) ending in a sourced answer graded by normalised exact match, or a report with checked "
-            "citations (apps/engines/deep_search, docs/web.md).",
+            "citations (apps/engines/scenes/deep_search, docs/web.md).",
             _obj(
                 {
                     "expected_answer": _STR,
@@ -286,7 +286,7 @@ SCENES: dict[str, Scene] = {
             "Multi-agent",
             "Several roles act in one base scene's environment (its sandbox, tools and verifier): a lead "
             "delegates to roles run as sub-episodes, or leads a round-robin discussion; each role's view "
-            "is stored as a child trajectory (apps/engines/multi_agent.py, docs/multi_agent.md).",
+            "is stored as a child trajectory (apps/engines/scenes/multi_agent/runtime.py, docs/multi_agent.md).",
             _obj(
                 {
                     "base_scene": _STR,
@@ -311,7 +311,7 @@ SCENES: dict[str, Scene] = {
             ),
             defaults={"protocol": "delegate", "base_config": {}},
             required_params=("base_scene", "roles", "lead"),
-            check="apps.engines.multi_agent:check_config",
+            check="apps.engines.scenes.multi_agent.runtime:check_config",
         ),
     ]
 }

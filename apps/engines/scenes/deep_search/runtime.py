@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.engines.deep_search.verify import check_sources, exact_match, normalize_answer, token_f1, word_count
+from apps.engines.scenes.deep_search.verify import check_sources, exact_match, normalize_answer, token_f1, word_count
 from apps.engines.runtime import SceneRuntime, ToolError, ToolResult, current_episode
 from apps.engines.web import episode_toolset, opened_urls, web_tools, web_toolset
 from apps.engines.web.toolset import WebToolset, check_web_config, web_settings

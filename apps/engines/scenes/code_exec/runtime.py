@@ -2,7 +2,7 @@
 
 Tools: run_shell(command), write_file(path, content), read_file(path), finish(answer).
 
-scene_config (validated by apps/engines/scenes.py):
+scene_config (validated by apps/engines/registry.py):
 
     {"image": "python:3.11",                       # OpenSandbox image / local profile
      "setup_files": {"data/input.csv": "..."},     # written before the first turn

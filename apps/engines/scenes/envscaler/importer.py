@@ -38,9 +38,9 @@ from django.db import transaction
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from apps.engines.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOURCE
+from apps.engines.scenes.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOURCE
 from apps.engines.sandboxes import SandboxError, SandboxSpec, get_backend
-from apps.engines.scenes import validate_scene_config
+from apps.engines.registry import validate_scene_config
 from trajplatform.audit import audit_record
 from trajplatform.pyparse import parse_python
 

@@ -30,11 +30,11 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from apps.engines.ask_user import ASK_USER, ASK_USER_TOOL, DEFAULT_LLM_PROMPT, FactsError, LLMSimulator, answer
-from apps.engines.envscaler.runtime import FINISH_TOOL, EnvScalerRuntime, scene_config
+from apps.engines.scenes.envscaler.runtime import FINISH_TOOL, EnvScalerRuntime, scene_config
 from apps.engines.llm import LLMError
 from apps.engines.runtime import InfrastructureError, ToolError, ToolResult, current_episode
-from apps.engines.toolace import mt
-from apps.engines.toolace.rules import Context, check_rules
+from apps.engines.scenes.toolace import mt
+from apps.engines.scenes.toolace.rules import Context, check_rules
 
 MODES = ("agent", "mt")
 FINISH_OUTPUT = "finish accepted; the episode ends"

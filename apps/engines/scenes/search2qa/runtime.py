@@ -7,7 +7,7 @@ same loop (`current_episode().run_subepisode`, apps/engines/runtime.py), in this
 
 1. evolve x max_evolutions: a sub-episode (web tools + `evolve_qa`) per round, long-to-short;
    a round that ends without `evolve_qa` or changes the answer fails the `evolution` gate;
-2. the code gates on the last pair (apps/engines/search2qa/gates.py): answer not in the
+2. the code gates on the last pair (apps/engines/scenes/search2qa/gates.py): answer not in the
    question, a short answer, every evidence url opened during the run (explore and evolve
    rounds), every quote in its page (fuzzy >= quote_match, its numbers and names exactly),
    >= min_sources distinct pages, the answer in an opened evidence page;
@@ -15,7 +15,7 @@ same loop (`current_episode().run_subepisode`, apps/engines/runtime.py), in this
 4. difficulty (`difficulty_check`): `no_tool`: a sub-episode with only `answer` must miss the
    answer (normalised exact match); `full`: also a deep_search sub-episode (the deep_search
    scene's own runtime and verifier, same web config) must pass;
-5. emit: when every gate passed, a `deep_search` task (apps/engines/search2qa/emit.py) with the
+5. emit: when every gate passed, a `deep_search` task (apps/engines/scenes/search2qa/emit.py) with the
    expected answer, aliases, sources and web config, in the output batch, the passing solver's
    run stored as its first trajectory.
 
@@ -35,9 +35,9 @@ from typing import Any
 
 from apps.engines.llm import llm_route
 from apps.engines.runtime import SceneRuntime, SetupError, ToolResult, current_episode
-from apps.engines.search2qa import emit as E
-from apps.engines.search2qa import gates as G
-from apps.engines.search2qa import prompts as P
+from apps.engines.scenes.search2qa import emit as E
+from apps.engines.scenes.search2qa import gates as G
+from apps.engines.scenes.search2qa import prompts as P
 from apps.engines.web.toolset import episode_toolset, opened_urls, web_tools, web_toolset
 
 SCENE = "search2qa"

@@ -18,7 +18,7 @@ token of the page's aligned stretch, up to punctuation ("1,000" is "1000", "Jean
 Paul"), so a quote whose year, number or name was changed fails however close its wording is
 (`changed` lists those tokens; its score is then 0).
 
-Answers are compared in deep_search's normal form (apps/engines/deep_search/verify.py: Search-R1's,
+Answers are compared in deep_search's normal form (apps/engines/scenes/deep_search/verify.py: Search-R1's,
 with Unicode punctuation deleted too), so the factory and the solver it checks agree; containment
 (the answer in a page, in the question, in the no-tool solver's reply) is `contains_answer`,
 which also reads punctuation as a word break: "Alan Kay's team" holds "Alan Kay".
@@ -30,9 +30,9 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
-from apps.engines.deep_search.verify import contains_answer, is_punctuation
-from apps.engines.deep_search.verify import exact_match as exact_match  # re-exported: one normal form
-from apps.engines.deep_search.verify import normalize_answer as normalize_answer
+from apps.engines.scenes.deep_search.verify import contains_answer, is_punctuation
+from apps.engines.scenes.deep_search.verify import exact_match as exact_match  # re-exported: one normal form
+from apps.engines.scenes.deep_search.verify import normalize_answer as normalize_answer
 from apps.engines.web.corpus import url_key
 
 Gate = dict[str, Any]
