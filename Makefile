@@ -24,7 +24,7 @@ export FASTMCP_SHOW_SERVER_BANNER := false
 export ADBUTILS_ADB_PATH ?= /bin/false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-test apt-run apt-test apt-demo migrate demo serve worker offline-model test test-sqlite test-postgres test-redis _pytest check clean
+.PHONY: help install install-test apt-run apt-test apt-demo migrate demo serve worker offline-model test test-sqlite test-postgres test-redis _pytest check lint-imports clean
 
 help:
 	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks"
@@ -207,30 +207,47 @@ check: install
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
 
+# Each pass is bounded as a whole (TEST_PASS_TIMEOUT seconds; each test by pytest-timeout too,
+# pyproject.toml): on expiry pytest gets SIGINT (it tears down and prints where it was), SIGKILL
+# 60 s later, and the pass fails saying so. TEST_WORKERS: pytest-xdist workers per pass (0: none).
+TEST_PASS_TIMEOUT ?= 1500
+TEST_WORKERS ?= 0
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+TEST_PASS ?= pytest
+
 test: install-test
-	@t0=$$(date +%s); \
+	@t0=$$(date +%s); times=$$(mktemp); export TEST_TIMES=$$times; \
 	$(MAKE) --no-print-directory test-sqlite && \
 	$(MAKE) --no-print-directory test-postgres && \
 	$(MAKE) --no-print-directory test-redis; rc=$$?; \
+	cat $$times; rm -f $$times; \
 	echo "make test: the three passes took $$(( $$(date +%s) - t0 )) s (exit $$rc)"; exit $$rc
 
-# pytest exit 5 means no test ran: that is a failure here, not a pass.
+# pytest exit 5 means no test ran: that is a failure here, not a pass. Each pass prints its
+# duration (and adds it to $$TEST_TIMES, which `make test` lists at the end).
 define run_pytest
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	@set +e; t0=$$(date +%s); \
+	timeout --foreground -s INT -k 60 $(TEST_PASS_TIMEOUT) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 124 ] || [ $$rc -eq 137 ]; then \
+	  echo "the $(TEST_PASS) pass ran longer than TEST_PASS_TIMEOUT=$(TEST_PASS_TIMEOUT) s and was stopped" >&2; rc=1; fi; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; rc=1; fi; \
+	echo "$(TEST_PASS) pass: $$(( $$(date +%s) - t0 )) s (exit $$rc)" | tee -a "$${TEST_TIMES:-/dev/null}"; exit $$rc
 endef
 
+test-sqlite: TEST_PASS = sqlite
 test-sqlite:
 	@echo "== test suite on SQLite =="
 	$(call run_pytest)
 
-# The provider conformance suite and the reward-hacking suite test the agent loop's wire rules and
-# the scenes' verifiers, not the database: they run once, in the SQLite pass.
+# Every test that touches the database carries the `db` marker (tests/conftest.py adds it; a test
+# holding database access without it fails): the PostgreSQL pass runs those, the others ran once
+# in the SQLite pass. The provider conformance suite and the reward-hacking suite test the agent
+# loop's wire rules and the scenes' verifiers, not the database: they run once, in the SQLite pass.
 ONCE_TESTS := tests/providers tests/reward_hacking
 test-postgres:
-	@echo "== test suite on PostgreSQL =="
-	tests/tools/with-postgres $(MAKE) --no-print-directory _pytest \
-	  PYTEST_ARGS="$(foreach d,$(ONCE_TESTS),--ignore=$(d)) $(PYTEST_ARGS)"
+	@echo "== test suite on PostgreSQL (the tests marked db) =="
+	tests/tools/with-postgres $(MAKE) --no-print-directory _pytest TEST_PASS=postgres \
+	  PYTEST_ARGS="-m db $(foreach d,$(ONCE_TESTS),--ignore=$(d)) $(PYTEST_ARGS)"
 
 # The production path (docs/production.md): a throwaway PostgreSQL and Redis, django-q2's Redis
 # broker, channels-redis, the caches in Redis; tests/production starts real worker clusters.
@@ -240,11 +257,16 @@ REDIS_TESTS := tests/production tests/tasks/test_livelog.py tests/tasks/test_liv
 	tests/api/test_webhooks.py tests/api/test_errors.py tests/engines/test_llm.py
 test-redis:
 	@echo "== production path: PostgreSQL + Redis =="
-	tests/tools/with-postgres tests/tools/with-redis $(MAKE) --no-print-directory _pytest \
-	  PYTEST_ARGS="$(REDIS_TESTS) $(PYTEST_ARGS)"
+	tests/tools/with-postgres tests/tools/with-redis $(MAKE) --no-print-directory _pytest TEST_PASS=redis \
+	  TEST_WORKERS=0 PYTEST_ARGS="$(REDIS_TESTS) $(PYTEST_ARGS)"
 
 _pytest:
 	$(call run_pytest)
+
+# The layering contracts of .importlinter (issue 37): no module cycle, the engine core imports no app,
+# the apps' domain modules import downward only, the pages above them all.
+lint-imports: $(VENV)/.installed
+	PYTHONPATH=. $(VENV)/bin/lint-imports
 
 clean:
 	rm -rf var/static var/test_db_*.sqlite3*

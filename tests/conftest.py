@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
+from django.db.backends.base.base import BaseDatabaseWrapper
+from pytest_django.plugin import blocking_manager_key
 
 _batch_numbers = itertools.count(1)  # fixture batches need unique names
 
@@ -72,6 +74,55 @@ def make_task(db: Any) -> Callable[..., Any]:
         return Task.objects.create(**fields)
 
     return _make
+
+
+# The fixtures through which a test reaches the test database: pytest-django's own (every fixture
+# that depends on the database has one of them in its closure) and live_server (whose database
+# pytest-django opens from an autouse fixture).
+DB_FIXTURES = frozenset({
+    "db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+    "_django_db_helper", "django_db_setup", "live_server",
+})
+DB_MARKER = "db"
+
+
+def touches_database(item: pytest.Item) -> bool:
+    """Whether the test uses the database: the django_db marker, or a database fixture anywhere in
+    its fixture closure (through the fixtures it requests, autouse ones included)."""
+    return (item.get_closest_marker("django_db") is not None
+            or not DB_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that touches the database `db`: the PostgreSQL pass runs `-m db`, the SQLite
+    pass runs everything. Tests that reach the database another way (a subprocess running
+    manage.py on the test database) carry `pytest.mark.db` themselves; the guard below fails a
+    test that got database access without the marker."""
+    for item in items:
+        if item.get_closest_marker(DB_MARKER) is None and touches_database(item):
+            item.add_marker(DB_MARKER)
+
+
+def _database_unblocked(config: pytest.Config) -> bool:
+    blocker = config.stash.get(blocking_manager_key, None)
+    return blocker is not None and BaseDatabaseWrapper.ensure_connection != blocker._blocking_wrapper
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test holding database access (its fixtures unblocked it, even through getfixturevalue)
+    without the `db` marker would be left out of the PostgreSQL pass: it fails instead."""
+    _fail_unless_marked(item)
+    result = yield
+    _fail_unless_marked(item)
+    return result
+
+
+def _fail_unless_marked(item: pytest.Item) -> None:
+    if item.get_closest_marker(DB_MARKER) is None and _database_unblocked(item.config):
+        pytest.fail(f"{item.nodeid} has database access but no `db` marker: the PostgreSQL pass "
+                    "(-m db) would leave it out; request the database through a fixture statically "
+                    "or mark it with pytest.mark.db", pytrace=False)
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
