@@ -12,5 +12,9 @@ class EnginesConfig(AppConfig):
         from trajplatform.schedules import register_periodic  # deferred: AppConfig.ready pattern (django_q's models load first)
 
         sandbox_records.install()
+        # Scenes import no app; the tasks they read and emit go through the task store installed here.
+        from apps.engines.pipelines import emit  # deferred: AppConfig.ready pattern (imports the tasks app)
+
+        emit.install()
         register_periodic("apps.engines.jobs.ensure_sandbox_schedules")
         register_periodic("apps.engines.pipelines.jobs.ensure_pipeline_schedules")

@@ -16,7 +16,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from apps.engines.scenes.envscaler.importer import EnvScalerImportError, ItemError, envscaler_import
+from apps.engines.pipelines.envscaler import envscaler_import
+from apps.engines.scenes.envscaler.importer import EnvScalerImportError, ItemError
 from trajplatform import json_limits
 
 MAX_UPLOAD_BYTES = 16 << 20

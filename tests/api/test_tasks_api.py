@@ -301,12 +301,13 @@ def test_an_import_into_a_taken_batch_name_is_refused_and_writes_nothing(make_ta
 
 
 def test_an_envscaler_upload_without_a_name_gets_a_free_generated_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.engines.pipelines.envscaler import envscaler_import
     from apps.engines.scenes.envscaler import importer
     from apps.tasks.services import BatchNameTaken
 
     rows = [{"scene": "envscaler", "prompt": "book a slot", "scene_config": {"env_name": "clinic"}}]
     monkeypatch.setattr(importer, "validate_inputs", lambda **kw: [dict(r) for r in rows])
-    names = [importer.envscaler_import(metadata=[], scenarios=[], actor=None).name for _ in range(2)]
+    names = [envscaler_import(metadata=[], scenarios=[], actor=None).name for _ in range(2)]
     assert names == ["envscaler: clinic", "envscaler: clinic (2)"]
     with pytest.raises(BatchNameTaken):
-        importer.envscaler_import(metadata=[], scenarios=[], actor=None, batch_name="envscaler: clinic")
+        envscaler_import(metadata=[], scenarios=[], actor=None, batch_name="envscaler: clinic")

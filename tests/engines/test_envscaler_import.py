@@ -16,7 +16,8 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 
-from apps.engines.scenes.envscaler.importer import EnvScalerImportError, envscaler_import
+from apps.engines.pipelines.envscaler import envscaler_import
+from apps.engines.scenes.envscaler.importer import EnvScalerImportError
 from apps.tasks.models import Batch, Task
 from trajplatform.audit import AuditEvent
 

@@ -61,7 +61,7 @@ class EnvScalerUploadView(APIView):
     @extend_schema(request=s.EnvScalerUploadSerializer,
                    responses={201: s.EnvScalerUploadResponseSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
-        from apps.engines.scenes.envscaler.importer import envscaler_import
+        from apps.engines.pipelines.envscaler import envscaler_import
         from apps.tasks.services import tasks_enqueue
 
         if "envscaler" not in enabled_scene_ids():

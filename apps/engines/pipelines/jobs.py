@@ -4,7 +4,7 @@
 running, with a fresh claim token) and is a no-op when another worker holds it. Between stage
 runs it sends a heartbeat and reads the cancel flag; a worker that lost its claim (the reaper
 gave the run to another) stops without writing more. The reaper re-queues a running run whose
-worker process on this host is gone (apps.tasks.jobs.holder_alive, as for rollouts) or that sent
+worker process on this host is gone (trajplatform.workers.holder_alive, as for rollouts) or that sent
 no heartbeat for PIPELINE_STALE_S, and re-dispatches queued runs no job seems to serve.
 """
 from __future__ import annotations
@@ -22,14 +22,20 @@ from django.utils import timezone
 from apps.engines.models import PipelineRun
 from apps.engines.pipelines import PipelineError, pipeline_for
 from apps.engines.pipelines.runner import Runner, StageFailed, Stopped, run_counts
-from apps.engines.pipelines.services import (
+# The reaper's schedule is registered by the services (a run's creation makes sure it ticks); named
+# here too, beside the job it schedules (EnginesConfig.ready registers jobs.ensure_pipeline_schedules).
+from apps.engines.pipelines.services import (  # noqa: F401 (REAP_*, ensure_pipeline_schedules: re-exported)
+    REAP_EVERY_MINUTES,
+    REAP_FUNC,
+    REAP_SCHEDULE_NAME,
     enqueue_run,
+    ensure_pipeline_schedules,
     pipeline_run_finish,
     pipeline_run_hand_over,
     pipeline_run_requeue,
 )
 from apps.tasks import jobs as rollout_jobs
-from trajplatform.schedules import ensure_schedule
+from trajplatform.workers import _live_runners, _live_runners_lock, holder_alive, worker_name
 
 logger = logging.getLogger("apps.engines.pipelines")
 
@@ -39,9 +45,6 @@ HEARTBEAT_S = 5.0
 # noticed at once through its pid, without waiting for it.
 PIPELINE_STALE_S = 900.0
 PIPELINE_MAX_CLAIMS = 5
-REAP_SCHEDULE_NAME = "engines.reap_pipeline_runs"
-REAP_FUNC = "apps.engines.pipelines.jobs.reap_pipeline_runs"
-REAP_EVERY_MINUTES = 1
 HANDED_OVER = "handed_over"  # run_pipeline's status when the job's time budget ran out
 
 
@@ -83,11 +86,11 @@ def claim_run(run_id: int, worker: str) -> _Claim | None:
 
 def run_pipeline(run_id: int, *, llm: Any = None) -> dict[str, Any]:
     """Run one queued pipeline run to its end; a no-op if it is not queued (double delivery)."""
-    worker = f"{rollout_jobs.worker_name()}:{secrets.token_hex(4)}"
+    worker = f"{worker_name()}:{secrets.token_hex(4)}"
     # holder_alive() knows this process's live claims by name: the reaper of this process must
     # not take a run the job is still running, and must take it once the job is gone.
-    with rollout_jobs._live_runners_lock:
-        rollout_jobs._live_runners.add(worker)
+    with _live_runners_lock:
+        _live_runners.add(worker)
     try:
         # A redelivered message for a run whose worker died: take it back now, not at the next reaper tick.
         _reap(PipelineRun.objects.filter(pk=run_id))
@@ -96,8 +99,8 @@ def run_pipeline(run_id: int, *, llm: Any = None) -> dict[str, Any]:
             return {"claimed": False}
         return _execute(claim, llm)
     finally:
-        with rollout_jobs._live_runners_lock:
-            rollout_jobs._live_runners.discard(worker)
+        with _live_runners_lock:
+            _live_runners.discard(worker)
 
 
 def _execute(claim: _Claim, llm: Any) -> dict[str, Any]:
@@ -146,7 +149,7 @@ def _reap(runs: Any, *, dispatch: bool = False) -> dict[str, int]:
     host = socket.gethostname()
     running = runs.filter(status=PipelineRun.Status.RUNNING)
     for pk, worker, started_at, heartbeat_at in list(running.values_list("pk", "worker", "started_at", "heartbeat_at")):
-        if worker.startswith(f"{host}:") and not rollout_jobs.holder_alive(worker, started_at):
+        if worker.startswith(f"{host}:") and not holder_alive(worker, started_at):
             reason = f"its worker {worker} is gone"
         elif heartbeat_at is None or heartbeat_at < stale_before:
             reason = f"no heartbeat from {worker} for {PIPELINE_STALE_S:.0f} s"
@@ -157,7 +160,3 @@ def _reap(runs: Any, *, dispatch: bool = False) -> dict[str, int]:
             report[outcome] += 1
     return report
 
-
-def ensure_pipeline_schedules(*, minutes: int = REAP_EVERY_MINUTES, using: str = "default") -> Any:
-    """Register the pipeline reaper's django-q2 Schedule (idempotent); returns it."""
-    return ensure_schedule(name=REAP_SCHEDULE_NAME, func=REAP_FUNC, minutes=minutes, using=using)

@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from apps.engines import agent
-from apps.engines.llm import canonical_json, llm_route
+from apps.engines.llm import canonical_json, get_llm_client, llm_route
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.pipelines import (
     TASK_STAGE,
@@ -38,6 +38,7 @@ from apps.engines.pipelines import (
     Stage,
     stage_route,
 )
+from apps.tasks.services import TaskCreateError, tasks_create
 
 DEFAULT_CONCURRENCY = 8  # model calls / episodes of one stage at once (run config "concurrency")
 ALL_ITEMS = "*"  # the item key of a scope="all" stage's one StageRun
@@ -122,8 +123,6 @@ class Runner:
     @property
     def llm(self) -> Any:
         if self._llm is None:
-            from apps.engines.llm import get_llm_client
-
             self._llm = get_llm_client()
         return self._llm
 
@@ -353,8 +352,6 @@ class Runner:
 
     def _emit_task(self, item: Item) -> StageRun:
         """Create the item's task through the task service, linked to this StageRun."""
-        from apps.tasks.services import TaskCreateError, tasks_create
-
         task_item = dict(self.pipeline.task(item.key, item.state))
         task_item.setdefault("external_id", f"{self.pipeline.name}-{item.key}")
         row = self._start(_TASK_STAGE_SPEC, len(self.pipeline.stages), item.key, {"task": task_item})

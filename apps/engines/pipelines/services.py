@@ -10,9 +10,16 @@ from django.utils import timezone
 
 from apps.engines.models import PipelineRun
 from apps.engines.pipelines import PipelineError, pipeline_for
+from apps.engines.pipelines.runner import Runner
+from apps.tasks.models import Batch
 from trajplatform.audit import audit_record
+from trajplatform.schedules import enqueue, ensure_schedule
 
+# The jobs (apps.engines.pipelines.jobs) by dotted path: the jobs module writes through this one.
 JOB_FUNC = "apps.engines.pipelines.jobs.run_pipeline"
+REAP_FUNC = "apps.engines.pipelines.jobs.reap_pipeline_runs"
+REAP_SCHEDULE_NAME = "engines.reap_pipeline_runs"
+REAP_EVERY_MINUTES = 1
 MAX_SEEDS = 100_000
 MAX_CONCURRENCY = 64  # model calls / episodes of one stage at once
 
@@ -21,22 +28,21 @@ class TransitionError(Exception):
     """A status change that the run's current status does not allow."""
 
 
-def _ensure_reaper_schedule() -> None:
-    from apps.engines.pipelines.jobs import ensure_pipeline_schedules
+def ensure_pipeline_schedules(*, minutes: int = REAP_EVERY_MINUTES, using: str = "default") -> Any:
+    """Register the pipeline reaper's django-q2 Schedule (idempotent); returns it."""
+    return ensure_schedule(name=REAP_SCHEDULE_NAME, func=REAP_FUNC, minutes=minutes, using=using)
 
+
+def _ensure_reaper_schedule() -> None:
     ensure_pipeline_schedules()
 
 
 def enqueue_run(run_id: int) -> None:
     """Queue the worker job for a run (call on commit); a run already claimed makes it a no-op."""
-    from trajplatform.schedules import enqueue
-
     enqueue(JOB_FUNC, run_id, task_name=f"pipeline-run-{run_id}")
 
 
 def _check_batch_name(name: str, user: Any) -> None:
-    from apps.tasks.models import Batch
-
     batch = Batch.objects.filter(name=name).first()
     if batch is not None and (batch.source_format != "pipeline" or batch.created_by_id != getattr(user, "pk", None)):
         raise PipelineError(f"a batch named {name!r} already exists (#{batch.pk}) and is not this user's "
@@ -64,8 +70,6 @@ def pipeline_run_create(
     with transaction.atomic():
         run = PipelineRun(scene=scene, name=pipeline.name, seeds=seeds, config=config, batch_name=batch_name,
                           created_by=user, item_count=len(seeds), queued_at=now)
-        from apps.engines.pipelines.runner import Runner
-
         Runner(run, pipeline).items()  # seed keys: unique and usable, or PipelineError before any write
         run.save()
         audit_record("engines.pipeline_start", actor=actor, target=run,

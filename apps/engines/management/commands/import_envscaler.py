@@ -11,7 +11,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from apps.engines.management.commands.offline_model import DEFAULT_SOLUTION_DIRS
-from apps.engines.scenes.envscaler.importer import EnvScalerImportError, envscaler_import, input_digest
+from apps.engines.pipelines.envscaler import envscaler_import
+from apps.engines.scenes.envscaler.importer import EnvScalerImportError, input_digest
 from apps.tasks.management.commands.synthesize import Command as SynthesizeCommand
 from apps.tasks.management.commands.synthesize import quiet_loggers
 from apps.tasks.models import Batch

@@ -17,8 +17,10 @@ from django.db import connection
 from django.urls import reverse
 
 from apps.engines.models import PipelineRun, StageRun
-from apps.engines.pipelines import PIPELINES, PipelineError, pipeline_for
+from apps.engines.pipelines import PIPELINES, PipelineError, pipeline_for, services
+from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines.runner import ALL_ITEMS, run_counts
+from apps.tasks.jobs import ensure_schedules
 from apps.tasks.management.commands.synthesize import BAR_WIDTH, IDLE_POLL_S, PROGRESS_EVERY_S, SERVE_URL
 from apps.tasks.management.commands.synthesize import Command as SynthesizeCommand
 from apps.tasks.management.commands.synthesize import quiet_loggers
@@ -153,8 +155,6 @@ class Command(SynthesizeCommand):
                                        f"with `manage.py synthesize_pipeline {scene} --resume {run.pk} --wait` or the "
                                        "admin's Resume action")
                 if run.batch is not None and not options["generate_only"]:
-                    from apps.tasks.jobs import ensure_schedules
-
                     ensure_schedules()  # tasks_create started the tasks; their rollouts run here
                     self._run_here(run.batch, options["concurrency"] or settings.ROLLOUT_CONCURRENCY)
             finally:
@@ -182,8 +182,6 @@ class Command(SynthesizeCommand):
 
     def _create_or_resume(self, scene: str, seeds: list[Any], config: dict[str, Any], user: Any,
                           options: dict[str, Any], *, start: bool) -> PipelineRun:
-        from apps.engines.pipelines import services
-
         try:
             if options["resume"] is not None:
                 run = PipelineRun.objects.filter(pk=options["resume"], scene=scene).first()
@@ -203,16 +201,14 @@ class Command(SynthesizeCommand):
     # -- running here
 
     def _run_pipeline_here(self, run: PipelineRun) -> PipelineRun:
-        from apps.engines.pipelines.jobs import HANDED_OVER, ensure_pipeline_schedules, run_pipeline
-
-        ensure_pipeline_schedules()
+        pipeline_jobs.ensure_pipeline_schedules()
         done, failures = threading.Event(), []
 
         def drive() -> None:
             try:
                 while True:
-                    result = run_pipeline(run.pk)
-                    if result.get("status") == HANDED_OVER:
+                    result = pipeline_jobs.run_pipeline(run.pk)  # the module's: tests wrap it
+                    if result.get("status") == pipeline_jobs.HANDED_OVER:
                         continue  # the job's time budget ran out: carry on in a fresh job
                     if result["claimed"] or PipelineRun.objects.filter(pk=run.pk, status__in=PipelineRun.FINAL).exists():
                         break

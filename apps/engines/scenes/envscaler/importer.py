@@ -1,6 +1,8 @@
-"""Importing EnvScaler environments and scenarios: validation with per-item errors, then one batch.
+"""Validating EnvScaler environments and scenarios, with per-item errors, into task rows.
 
-    batch = envscaler_import(metadata=[...], scenarios=[...], actor=user, batch_name="clinic")
+    rows = validate_inputs(metadata=[...], scenarios=[...])   # EnvScalerImportError: every problem
+
+The import itself (one batch of these rows, audited) is apps.engines.pipelines.envscaler.envscaler_import.
 
 Inputs are the reference's two JSON documents (parsed):
 
@@ -19,10 +21,9 @@ name, operation names, JSON schemas. The rest runs inside a sandbox (server.py v
 the class is looked up by name among the classes the code defines, every declared
 operation must exist on it with a matching signature, each task's init_config must be
 accepted by its constructor (and construct), and each check function must compile to a
-one-argument `check`. Any error anywhere: EnvScalerImportError with every error, and
-nothing is written. Otherwise one batch with one task per scenario (the environment
-embedded in each task's scene_config, so a trajectory's frozen config replays on its
-own), its `tasks.batch_import` audit row and an `engines.envscaler_import` row.
+one-argument `check`. Any error anywhere: EnvScalerImportError with every error.
+Otherwise one task row per scenario, the environment embedded in each task's scene_config,
+so a trajectory's frozen config replays on its own.
 """
 from __future__ import annotations
 
@@ -34,14 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from apps.engines.scenes.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOURCE
 from apps.engines.sandboxes import SandboxError, SandboxSpec, get_backend
 from apps.engines.registry import validate_scene_config
-from trajplatform.audit import audit_record
 from trajplatform.pyparse import parse_python
 
 SCENE = "envscaler"
@@ -280,7 +279,7 @@ def _sandbox_validate(envs: dict[str, dict[str, Any]], scenarios: list[dict[str,
             for e in report.get("errors", [])]
 
 
-# --- the service --------------------------------------------------------------------------------------
+# --- the rows -----------------------------------------------------------------------------------------
 
 
 def validate_inputs(*, metadata: Any, scenarios: Any) -> list[dict[str, Any]]:
@@ -332,27 +331,3 @@ def input_digest(metadata: Any, scenarios: Any) -> str:
     canonical = json.dumps({"metadata": metadata, "scenarios": scenarios}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
-
-def envscaler_import(*, metadata: Any, scenarios: Any, actor: Any, batch_name: str | None = None,
-                     source_name: str = "", dry_run: bool = False) -> Any:
-    """Validate EnvScaler metadata + scenarios and create one batch of envscaler tasks, all or nothing.
-
-    Raises EnvScalerImportError (with every per-item error) and writes nothing when anything is
-    invalid. With dry_run the validated task rows are returned instead of a batch.
-    """
-    from apps.tasks.services import batch_free_name, batch_import
-
-    rows = validate_inputs(metadata=metadata, scenarios=scenarios)
-    if dry_run:
-        return rows
-    envs = sorted({row["scene_config"]["env_name"] for row in rows})
-    digest = input_digest(metadata, scenarios)
-    with transaction.atomic():
-        # A name given is the batch's (taken: BatchNameTaken); a generated one gets " (2)", ... if needed.
-        name = batch_name or batch_free_name(f"envscaler: {', '.join(envs)}")
-        batch = batch_import(rows=rows, name=name, source_name=source_name or "envscaler upload",
-                             source_sha256=digest, source_format="envscaler", actor=actor)
-        audit_record("engines.envscaler_import", actor=actor, target=batch, data={
-            "environments": envs, "task_count": len(rows), "source_sha256": digest,
-        })
-    return batch

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from apps.engines.pipelines import stage_route as pipeline_route
+from apps.engines.generation import stage_route as pipeline_route
 
 STAGES = ("explore", "evolve", "no_tool", "uniqueness", "solve")
 

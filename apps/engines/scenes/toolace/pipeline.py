@@ -49,7 +49,7 @@ from typing import Any
 
 from django.db import close_old_connections
 
-from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template
+from apps.engines.generation import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template
 from apps.engines.scenes.toolace.gates import GateError, combine_suites, operations_for_server, suite_gate, task_gates
 
 NAME = "toolace"

@@ -8,7 +8,7 @@ servers (all of them, or those it names):
     {"id": "time-git", "servers": ["time", "git"], "mode": "multi_server", "allocation": "random",
      "num_tools": 2, "total": 3, "seed": 7}
 
-Stages, per item (apps/engines/pipelines/):
+Stages, per item (declared with apps/engines/generation.py, run by apps/engines/pipelines/):
 
 1. plan (code, fan-out): the seed's question plans, drawn with random.Random(seed["seed"]) (default:
    a hash of the seed's id), so a run is reproducible; each plan becomes an item "<seed id>.q<i>".
@@ -35,7 +35,7 @@ import random
 from typing import Any
 
 from apps.engines.mcp import McpServerSpec
-from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError
+from apps.engines.generation import CodeStage, Drop, LLMStage, Pipeline, PipelineError, task_store
 from apps.engines.scenes.toucan import questions
 from apps.engines.scenes.toucan.questions import PlanError, QcUnparseable, QuestionRejected
 
@@ -101,11 +101,9 @@ def plan_stage(inputs: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _earlier_questions(servers: list[str]) -> list[str]:
     """Questions of existing toucan tasks for exactly this set of servers."""
-    from apps.tasks.models import Task
-
     wanted = sorted(servers)
-    return [prompt for prompt, scene in Task.objects.filter(scene="toucan").values_list("prompt", "scene_config")
-            .iterator() if sorted((scene or {}).get("target_servers") or []) == wanted]
+    return [prompt for prompt, scene in task_store().task_prompts("toucan")
+            if sorted((scene or {}).get("target_servers") or []) == wanted]
 
 
 def build(config: dict[str, Any]) -> Pipeline:

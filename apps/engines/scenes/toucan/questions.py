@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from apps.engines.mcp.spec import SEPARATOR
-from apps.engines.pipelines import Template
+from apps.engines.generation import Template
 
 TEMPLATE_VERSION = "1"
 MODES = ("single_server", "multi_server")
