@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +14,10 @@ from django.core.management import call_command
 from django_q.models import OrmQ
 
 from apps.datasets.exporters import export_records, load_records
+from apps.engines import generation
 from apps.engines.offline_model import script_key
+from apps.engines.runtime import EpisodeContext, SetupError, enter_episode, leave_episode
+from apps.engines.scenes.search2qa import emit
 from apps.engines.scenes.search2qa.prompts import stage_route
 from apps.reviews.jobs import REVIEW_JOB
 from apps.tasks.services import TransitionError, tasks_create, trajectory_attach_episode
@@ -149,3 +153,66 @@ def test_an_episode_is_attached_only_to_a_single_queued_trajectory(make_user: An
 
 def test_stage_keys_name_the_stage_the_seed_and_the_round() -> None:
     assert script_key(stage_route("evolve", "Ada Lovelace", 2)) == "[pipeline:search2qa/evolve key=seed=ada-lovelace round=2]"
+
+
+class RecordingStore:
+    """A task store that keeps what the scene hands it (a test double of apps.engines.pipelines.emit)."""
+
+    def __init__(self) -> None:
+        self.emitted: list[dict[str, Any]] = []
+
+    def task_prompts(self, scene: str) -> Any:
+        return iter(())
+
+    def task_config(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {"scene": item["scene"], "prompt": item["prompt"]}
+
+    def emit(self, item: dict[str, Any], **how: Any) -> dict[str, Any]:
+        self.emitted.append({"item": item, **how})
+        return {"task_id": 7, "external_id": item["external_id"], "batch": how["batch_name"](None), "created": True,
+                "trajectory_id": None, "trajectory_uuid": None}
+
+
+@pytest.fixture
+def in_episode() -> Any:
+    token = enter_episode(EpisodeContext(SimpleNamespace(trajectory=None)))
+    yield
+    leave_episode(token)
+
+
+def test_the_scene_writes_no_task_itself_it_hands_the_pair_to_the_installed_task_store(in_episode: Any) -> None:
+    store = RecordingStore()
+    previous = generation.set_task_store(store)
+    try:
+        item = {"external_id": "search2qa-1", "scene": "deep_search", "prompt": QUESTION, "config": {}}
+        gates = [{"name": "short_answer", "passed": True}, {"name": "uniqueness", "passed": False}]
+        emitted = emit.emit_task({"scene_config": {}}, item, None, gates)
+        [handed] = store.emitted
+        assert handed["item"] is item and handed["source"] == "search2qa" and handed["attach"] is None
+        assert handed["trajectory"] is None
+        assert (handed["batch_name"](None), handed["batch_name"]("s2q")) == ("search2qa-output", "s2q-qa")
+        assert emitted["passed_gates"] == ["short_answer"] and emitted["batch"] == "search2qa-output"
+        emit.emit_task({"scene_config": {"output_batch": "mine"}}, item, None, gates)
+        assert store.emitted[-1]["batch_name"]("s2q") == "mine"
+        assert emit.solver_config(item) == {"scene": "deep_search", "prompt": QUESTION}
+        assert not Task.objects.exists()
+    finally:
+        generation.set_task_store(previous)
+
+
+def test_an_invalid_emitted_task_is_a_setup_error_naming_the_field_and_writes_nothing(in_episode: Any) -> None:
+    item = {"external_id": "search2qa-1", "scene": "deep_search", "config": {}}  # no prompt
+    with pytest.raises(SetupError, match="the emitted deep_search task is invalid: prompt: required field is missing"):
+        emit.solver_config(item)
+    with pytest.raises(SetupError, match="the emitted deep_search task is invalid: prompt: required field"):
+        emit.emit_task({"scene_config": {}}, item, None, [])
+    assert not Task.objects.exists() and not Batch.objects.exists()
+
+
+def test_without_an_installed_task_store_the_scene_says_so() -> None:
+    previous = generation.set_task_store(None)
+    try:
+        with pytest.raises(RuntimeError, match="no task store is installed"):
+            generation.task_store()
+    finally:
+        generation.set_task_store(previous)
