@@ -29,6 +29,7 @@ from typing import Any, Callable
 import django_filters
 from django import forms
 from django.conf import settings
+from django.core.cache import caches
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -37,6 +38,7 @@ from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from django.views.defaults import page_not_found, server_error
 from django_filters.fields import IsoDateTimeField
 from rest_framework import exceptions, serializers
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
@@ -148,8 +150,6 @@ class TokenRateThrottle(SimpleRateThrottle):
 
     @property
     def cache(self) -> Any:  # type: ignore[override]
-        from django.core.cache import caches
-
         return caches["api"]
 
     def get_rate(self) -> str:
@@ -230,8 +230,7 @@ def _message_of(detail: Any) -> str:
 
 def error_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's EXCEPTION_HANDLER: every error as {"error": {"code", "message", "details"}}."""
-    # Imported here: rest_framework.views reads the settings that name this module.
-    from rest_framework.views import exception_handler as drf_exception_handler
+    from rest_framework.views import exception_handler as drf_exception_handler  # deferred: rest_framework.views reads REST_FRAMEWORK, which names this module (import cycle at start-up)
 
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or None)
@@ -298,16 +297,12 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
     """JSON 404 under /api/ and for /health-style endpoints; Django's page elsewhere."""
     if request.path.startswith("/api/"):
         return json_error_response(request, 404, "not_found", "Not found.")
-    from django.views.defaults import page_not_found
-
     return page_not_found(request, exception)
 
 
 def handler500(request: HttpRequest) -> Any:
     if request.path.startswith("/api/"):
         return json_error_response(request, 500, "server_error", "Internal server error; it has been logged.")
-    from django.views.defaults import server_error
-
     return server_error(request)
 
 

@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from trajplatform.admin import ReadableJSONMixin, ViewOnlyMixin
+from trajplatform.admin_base import ReadableJSONMixin, ViewOnlyMixin
 from trajplatform.api_models import ApiToken, api_token_create, api_token_revoke
 from trajplatform.webhooks import (
     EVENTS, WebhookDelivery, WebhookEndpoint, webhook_endpoint_create, webhook_endpoint_delete, webhook_redeliver,

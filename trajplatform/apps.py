@@ -11,19 +11,18 @@ def _sync_roles_after_migrate(sender: AppConfig, **kwargs: Any) -> None:
     with_models = [config for config in apps.get_app_configs() if config.models_module is not None]
     if sender.label != with_models[-1].label:
         return
-    from trajplatform.permissions import sync_role_groups
+    from trajplatform.permissions import sync_role_groups  # deferred: AppConfig module (auth's models load after it)
 
     sync_role_groups()
 
 
 def _register_webhook_sweep(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
-    from django.db import connections
-    from django_q.models import Schedule
+    from trajplatform.schedules import schedules_migrated  # deferred: AppConfig module (django_q's models load after it)
 
-    if Schedule._meta.db_table not in connections[using].introspection.table_names():
+    if not schedules_migrated(using):
         return
-    from trajplatform.artifacts import ensure_sweep_schedule
-    from trajplatform.webhooks import ensure_webhook_schedule
+    from trajplatform.artifacts import ensure_sweep_schedule  # deferred: AppConfig module (models load after it)
+    from trajplatform.webhooks import ensure_webhook_schedule  # deferred: AppConfig module (models load after it)
 
     ensure_webhook_schedule(using=using)
     ensure_sweep_schedule(using=using)
@@ -36,14 +35,7 @@ class TrajplatformConfig(AppConfig):
     verbose_name = "Platform"
 
     def ready(self) -> None:
-        from trajplatform import checks  # noqa: F401  (registers the deploy checks)
+        from trajplatform import checks  # noqa: F401  # deferred: AppConfig.ready pattern (registers the deploy checks)
 
         post_migrate.connect(_sync_roles_after_migrate, dispatch_uid="trajplatform.sync_roles")
         post_migrate.connect(_register_webhook_sweep, sender=self, dispatch_uid="trajplatform.webhook_sweep")
-        from django.conf import settings
-
-        if settings.PLATFORM_SKILLS_URL:
-            # VibeDataBot's skill manifest decides the enabled scenes; unreachable: refuse to start.
-            from trajplatform.skills import load_skills
-
-            load_skills()

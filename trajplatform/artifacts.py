@@ -21,6 +21,9 @@ Every image kept (PNG, JPEG, WebP, GIF) is measured from its header first
 (trajplatform.images.measure): more than IMAGE_MAX_BYTES bytes or IMAGE_MAX_PIXELS pixels, or
 bytes that are not the declared type, are refused with an ArtifactError before anything is
 written, and the stored width/height are the measured ones, not what the caller said.
+
+`step_screenshot(record)` is what the console draws for a step (its last image and the
+acted-on element), for every page that shows steps.
 """
 from __future__ import annotations
 
@@ -31,10 +34,15 @@ from datetime import timedelta
 from typing import Any, Iterable
 
 from django.core.files.base import ContentFile
+from django.core.files.storage import storages
 from django.db import IntegrityError, models, transaction
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
+from django.urls import reverse
 from django.utils import timezone
+
+from trajplatform import images
+from trajplatform.schedules import ensure_schedule
 
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 URL_PREFIX = "artifact:"
@@ -85,8 +93,6 @@ class ArtifactUse(models.Model):
 
 
 def storage() -> Any:
-    from django.core.files.storage import storages
-
     return storages["artifacts"]
 
 
@@ -97,8 +103,6 @@ def file_name(sha: str, mime: str) -> str:
 def store(data: bytes, mime: str, *, width: int | None = None, height: int | None = None) -> dict[str, Any]:
     """Keep `data` (once per content) and return its reference for a step or a message; an image
     is measured first and refused (ArtifactError, nothing written) past the image limits."""
-    from trajplatform import images
-
     if not isinstance(data, (bytes, bytearray)) or not data:
         raise ArtifactError("an artifact needs non-empty bytes")
     if len(data) > MAX_BYTES:
@@ -203,8 +207,6 @@ SWEEP_JOB = "trajplatform.artifacts.sweep"
 
 def ensure_sweep_schedule(using: str = "default") -> None:
     """Register the hourly sweep of artifacts no stored episode took (idempotent; run after migrate)."""
-    from trajplatform.schedules import ensure_schedule
-
     ensure_schedule(name=SWEEP_SCHEDULE, func=SWEEP_JOB, minutes=60, using=using)
 
 
@@ -215,3 +217,25 @@ def _released(sender: Any, instance: ArtifactUse, **kwargs: Any) -> None:
     # robust: a storage that fails to delete a file is logged; the trajectory's deletion stands.
     artifact_id = instance.artifact_id
     transaction.on_commit(lambda: delete_unused([artifact_id]), robust=True)
+
+
+def step_screenshot(record: Any) -> dict[str, Any] | None:
+    """What the console draws for a step: its last image and the acted-on element's box (or
+    point), as percentages of the image so the drawing scales with it; None without an image."""
+    if not isinstance(record, dict) or not isinstance(record.get("images"), list) or not record["images"]:
+        return None
+    ref = record["images"][-1]
+    if not isinstance(ref, dict) or not isinstance(ref.get("artifact"), str) or not SHA_RE.match(ref["artifact"]):
+        return None
+    shot: dict[str, Any] = {"url": reverse("artifact", args=[ref["artifact"]]), "width": ref.get("width"),
+                            "height": ref.get("height")}
+    action = record.get("action") if isinstance(record.get("action"), dict) else {}
+    width, height = ref.get("width"), ref.get("height")
+    if isinstance(width, (int, float)) and isinstance(height, (int, float)) and width > 0 and height > 0:
+        box, point = action.get("box"), action.get("point")
+        if isinstance(box, dict) and all(isinstance(box.get(k), (int, float)) for k in ("x", "y", "width", "height")):
+            shot["box"] = {"left": 100 * box["x"] / width, "top": 100 * box["y"] / height,
+                           "width": 100 * box["width"] / width, "height": 100 * box["height"] / height}
+        if isinstance(point, dict) and all(isinstance(point.get(k), (int, float)) for k in ("x", "y")):
+            shot["point"] = {"left": 100 * point["x"] / width, "top": 100 * point["y"] / height}
+    return shot

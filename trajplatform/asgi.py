@@ -7,15 +7,18 @@ from django.urls import path
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trajplatform.settings")
 django_asgi_app = get_asgi_application()
 
+try:
+    from daphne.http_protocol import WebRequest  # noqa: E402
+except ImportError:  # another ASGI server
+    WebRequest = None
+
 
 def _leave_request_bodies_to_django() -> None:
     """Twisted (under daphne) parses every multipart/form-data POST body itself, for a
     `request.args` daphne never reads, and answers one it cannot parse with a bare 400 (no
     content type, no body) before Django sees it: the API's JSON errors never got a say. With
     the parse off, Django parses the body and answers a malformed one in the error envelope."""
-    try:
-        from daphne.http_protocol import WebRequest
-    except ImportError:  # another ASGI server
+    if WebRequest is None:  # another ASGI server
         return
     # twisted.web.http.Request.__init__ sets this from its parsePOSTFormSubmission argument.
     WebRequest._parsePOSTFormSubmission = property(lambda self: False, lambda self, value: None)

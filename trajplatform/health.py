@@ -29,6 +29,13 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
+from django_q.brokers import get_broker
+from django_q.models import Schedule
+from django_q.status import Stat
+
+from apps.engines.llm import resolve_providers
+from apps.engines.sandboxes import get_backend
+from apps.engines.sandboxes.cgroups import CONTROLLERS
 
 # /metrics: prometheus-client, every value read from the database at scrape time (metrics.py);
 # METRICS_WINDOW_S and render_metrics are re-exported for their callers here.
@@ -48,8 +55,6 @@ def check_database() -> dict[str, Any]:
 
 def _overdue_schedules(stale_s: float) -> tuple[int, Any]:
     """(how many repeating schedules are overdue by more than stale_s, the oldest next_run)."""
-    from django_q.models import Schedule
-
     cutoff = timezone.now() - timedelta(seconds=stale_s)
     repeating = Schedule.objects.exclude(schedule_type=Schedule.ONCE).exclude(repeats=0)
     overdue = repeating.filter(next_run__lt=cutoff)
@@ -58,9 +63,6 @@ def _overdue_schedules(stale_s: float) -> tuple[int, Any]:
 
 
 def check_queue() -> dict[str, Any]:
-    from django_q.brokers import get_broker
-    from django_q.status import Stat
-
     broker = get_broker()
     if not broker.ping():
         return {"status": "down", "detail": f"the django-q2 broker ({broker.info()}) does not answer"}
@@ -84,10 +86,6 @@ def check_queue() -> dict[str, Any]:
 
 
 def check_sandbox() -> dict[str, Any]:
-    from apps.engines.sandboxes import get_backend
-
-    from apps.engines.sandboxes.cgroups import CONTROLLERS
-
     problems = get_backend().check()
     # A missing cgroup controller is a recorded downgrade (rlimits still apply), not an outage.
     downgrades = tuple(f"{c}:" for c in CONTROLLERS) if settings.SANDBOX_BACKEND == "local" else ()
@@ -100,9 +98,7 @@ def check_sandbox() -> dict[str, Any]:
 
 
 def check_llm() -> dict[str, Any]:
-    import httpx
-
-    from apps.engines.llm import resolve_providers
+    import httpx  # deferred: heavy (httpx), only for this check
 
     provider = resolve_providers()[0]
     offline = provider.name == "offline"

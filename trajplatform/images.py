@@ -40,7 +40,7 @@ class ImageSize:
 
 def measure(data: bytes, mime: str) -> ImageSize:
     """The image's size from its header, within IMAGE_MAX_BYTES and IMAGE_MAX_PIXELS (ImageError otherwise)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # deferred: heavy (Pillow), only when an image is measured
 
     if mime not in FORMATS:
         raise ImageError(f"the image type {mime} is not one of {', '.join(FORMATS)}")

@@ -31,8 +31,15 @@ from django.db import connection
 from django.db.models import Count, IntegerField, JSONField, Q, Sum
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
+from django_q.brokers import get_broker
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+
+from apps.datasets.models import ExportJob
+from apps.engines.models import SandboxRecord
+from apps.tasks.jobs import claimable
+from apps.tasks.models import Task, Trajectory
+from trajplatform.webhooks import WebhookDelivery
 
 logger = logging.getLogger("trajplatform.metrics")
 
@@ -99,8 +106,6 @@ def _llm_records() -> RawSQL:
 
 
 def _column(name: str) -> str:
-    from apps.tasks.models import Trajectory
-
     quote = connection.ops.quote_name
     return f"{quote(Trajectory._meta.db_table)}.{quote(name)}"
 
@@ -109,8 +114,6 @@ class LLMWindow:
     """Model calls of the trajectories finished in the window, read from their steps."""
 
     def __init__(self, now: Any):
-        from apps.tasks.models import Trajectory
-
         since = now - timedelta(seconds=METRICS_WINDOW_S)
         # Only each step's `llm` record leaves the database, not the steps (their outputs are most
         # of a trajectory's bytes): 2,000 trajectories of 30 steps took 1.2-1.4 s when whole.
@@ -147,17 +150,9 @@ class PlatformCollector:
     """Reads every metric from the database when collected (see the module docstring)."""
 
     def collect(self) -> Iterator[Metric]:
-        from apps.datasets.models import ExportJob
-        from apps.engines.models import SandboxRecord
-        from apps.tasks.jobs import claimable
-        from apps.tasks.models import Task, Trajectory
-        from trajplatform.webhooks import WebhookDelivery
-
         now = timezone.now()
         since = now - timedelta(seconds=METRICS_WINDOW_S)
         try:
-            from django_q.brokers import get_broker
-
             depth = float(get_broker().queue_size())
         except Exception as exc:
             logger.warning("metrics: queue depth unavailable: %s", exc)

@@ -8,6 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps as global_apps
+from django.contrib.auth import get_user_model, password_validation
+from django.contrib.auth.models import Group
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
+from django.db import transaction
+
+from trajplatform.audit import audit_record
+
 ROLES = ("viewer", "reviewer", "approver", "admin")
 
 # Apps whose models the console shows.
@@ -54,8 +63,6 @@ def role_permission_keys(role: str, all_keys: set[str]) -> set[str]:
 def sync_role_groups(apps: Any = None) -> None:
     """Create the four groups and set their permissions exactly; safe to run repeatedly."""
     if apps is None:
-        from django.apps import apps as global_apps
-
         apps = global_apps
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
@@ -81,13 +88,6 @@ def highest_role(user: Any) -> str | None:
 
 def grant_role(*, user: Any, role: str, actor: Any) -> Any:
     """Give `user` staff access and exactly one role group (other groups kept); needs auth.change_user."""
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Group
-    from django.core.exceptions import PermissionDenied
-    from django.db import transaction
-
-    from trajplatform.audit import audit_record
-
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
     if actor is None or not actor.has_perm("auth.change_user"):
@@ -120,11 +120,6 @@ def user_account_save(*, user: Any, actor: Any, created: bool, changed: list[str
     """Save an account edited in the admin (a new one, or its name, email, active flag or
     password) and write its audit row; no-op for an unchanged existing account. Roles, staff
     and superuser status change only through `grant_role`."""
-    from django.core.exceptions import PermissionDenied
-    from django.db import transaction
-
-    from trajplatform.audit import audit_record
-
     if actor is None or not actor.has_perm("auth.add_user" if created else "auth.change_user"):
         raise PermissionDenied("editing accounts needs the auth.change_user permission")
     if not created and not changed:
@@ -139,14 +134,6 @@ def user_account_save(*, user: Any, actor: Any, created: bool, changed: list[str
 
 def bootstrap_admin(*, username: str, email: str | None = None, password: str) -> tuple[Any, bool]:
     """Create or update a superuser in the admin group with this password; returns (user, created)."""
-    from django.contrib.auth import get_user_model, password_validation
-    from django.contrib.auth.models import Group
-    from django.core.exceptions import ValidationError
-    from django.core.validators import validate_email
-    from django.db import transaction
-
-    from trajplatform.audit import audit_record
-
     User = get_user_model()
     username = User.normalize_username((username or "").strip())
     if not username:

@@ -38,6 +38,12 @@ import re
 import threading
 from typing import Any
 
+try:  # redaction works without Django too; then there are no settings to read or change
+    from django.conf import settings
+    from django.core.signals import setting_changed  # django.test.signals' setting_changed, without django.test
+except ImportError:  # pragma: no cover
+    settings = setting_changed = None
+
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8
 
@@ -128,9 +134,7 @@ def _environ_unchanged(snapshot: dict[Any, Any]) -> bool:
 
 def _settings_configured() -> bool:
     try:
-        from django.conf import settings
-
-        return bool(settings.configured)
+        return settings is not None and bool(settings.configured)
     except Exception:
         return False
 
@@ -159,9 +163,7 @@ def _collect_secret_values() -> list[str]:
         if _SECRET_NAME.search(name):
             values.add(value)
     try:
-        from django.conf import settings
-
-        if settings.configured:
+        if settings is not None and settings.configured:
             for name in dir(settings):
                 if name.isupper() and _SECRET_NAME.search(name):
                     value = getattr(settings, name, None)
@@ -172,12 +174,8 @@ def _collect_secret_values() -> list[str]:
     return sorted((v for v in values if v and len(v) >= MIN_SECRET_LENGTH), key=len, reverse=True)
 
 
-try:  # django.test.signals.setting_changed is this same signal, without importing django.test
-    from django.core.signals import setting_changed
-
+if setting_changed is not None:
     setting_changed.connect(forget_cached_secrets, dispatch_uid="trajplatform.redaction.forget_cached_secrets")
-except ImportError:  # redaction works without Django too; then nothing can change settings
-    pass
 
 
 def redact_text(text: str, secrets: list[str] | None = None, *, labels: bool = True) -> str:

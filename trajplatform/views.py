@@ -19,6 +19,8 @@ from django.template import loader
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from apps.reviews import selectors as review_selectors
+from apps.tasks.models import Task, Trajectory
 from trajplatform import api
 from trajplatform.permissions import highest_role
 
@@ -47,9 +49,6 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
     """The operator overview: what is running, failing, waiting for people."""
-    from apps.reviews import selectors as review_selectors
-    from apps.tasks.models import Task, Trajectory
-
     task_counts = dict(Task.objects.order_by().values_list("status").annotate(n=Count("id")))
     running = Trajectory.objects.filter(status=Trajectory.Status.RUNNING).count()
     return render(request, "home.html", {

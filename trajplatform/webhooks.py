@@ -49,14 +49,18 @@ import time
 import uuid
 from datetime import timedelta
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
+from django_q.models import Schedule
 
+from trajplatform.audit import audit_record
 from trajplatform.redaction import redact, storable
+from trajplatform.schedules import enqueue, ensure_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +126,6 @@ def _address_problem(ip: IPAddress) -> str | None:
 
 def _split(url: str) -> tuple[str, str, int]:
     """(scheme, host, port) of an http(s) URL, or WebhookTargetError."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -243,8 +245,6 @@ def webhook_endpoint_create(
     """Register a callback URL for the caller's token (one transaction, one audit row).
 
     Raises WebhookTargetError for a URL deliveries may not go to (`resolve_target`)."""
-    from trajplatform.audit import audit_record
-
     check_target(url)  # DNS before the transaction: it may take seconds
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.create(
@@ -257,8 +257,6 @@ def webhook_endpoint_create(
 
 def webhook_endpoint_delete(*, endpoint: WebhookEndpoint, actor: Any) -> None:
     """Remove a callback URL (its delivery history goes with it)."""
-    from trajplatform.audit import audit_record
-
     with transaction.atomic():
         audit_record("api.webhook_endpoint_delete", actor=actor, target=endpoint, data={"url": endpoint.url})
         endpoint.delete()
@@ -318,15 +316,11 @@ def webhook_emit(event: str, data: dict[str, Any]) -> None:
 
 def enqueue_deliveries(ids: Iterable[int]) -> None:
     """One webhook_deliver job per delivery id (call after commit)."""
-    from trajplatform.schedules import enqueue
-
     for pk in ids:
         enqueue(DELIVER_JOB, pk, group="webhooks")
 
 
 def _schedule_retry(delivery_id: int, delay_s: float) -> None:
-    from django_q.models import Schedule
-
     Schedule.objects.create(
         func=DELIVER_JOB, args=repr(delivery_id), schedule_type=Schedule.ONCE, repeats=-1,
         next_run=timezone.now() + timedelta(seconds=delay_s),
@@ -357,7 +351,7 @@ def _send_pinned(url: str, *, content: bytes, headers: dict[str, str], check: bo
     """POST to `url`, connecting only to an address `resolve_target` just checked (check=False:
     the operator's WEBHOOK_URL, resolved but not checked). The URL's host stays in the Host
     header, TLS SNI and certificate check, so nothing re-resolves the name after the check."""
-    import httpx
+    import httpx  # deferred: heavy (httpx), loaded only when a delivery is sent
 
     try:
         addresses = resolve_target(url, allow_private=None if check else True)
@@ -385,7 +379,7 @@ def _post(delivery: WebhookDelivery, secret: str, attempt: int) -> tuple[int | N
     """Send one attempt; (status code or None, error text, response excerpt). Raises
     WebhookTargetError when the target resolves to an address deliveries may not go to (nothing
     is sent)."""
-    import httpx
+    import httpx  # deferred: heavy (httpx), loaded only when a delivery is sent
 
     body = delivery.body.encode("utf-8")
     headers = {
@@ -461,8 +455,6 @@ def webhook_deliver(delivery_id: int) -> str:
 
 def webhook_redeliver(*, deliveries: Any, actor: Any) -> int:
     """Give failed deliveries (a queryset) one more attempt each, now; returns how many."""
-    from trajplatform.audit import audit_record
-
     with transaction.atomic():
         ids = list(deliveries.filter(status=WebhookDelivery.Status.FAILED).values_list("pk", flat=True))
         if not ids:
@@ -501,6 +493,4 @@ def webhook_sweep() -> int:
 
 def ensure_webhook_schedule(using: str = "default") -> None:
     """Register the every-minute sweep (idempotent; run after migrate)."""
-    from trajplatform.schedules import ensure_schedule
-
     ensure_schedule(name=SWEEP_SCHEDULE, func=SWEEP_JOB, minutes=1, using=using)

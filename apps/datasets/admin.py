@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString
 
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
 from apps.datasets.services import PUBLISH_PERMISSION, dataset_version_publish
-from trajplatform.admin import (
+from trajplatform.admin_base import (
     ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ViewOnlyMixin, change_link, truncated_column,
 )
 

@@ -1,5 +1,6 @@
-"""Console pages for sandboxes (read-only rows, a destroy action through the service) and for
-generation pipeline runs (read-only, their stage runs inline, Start / Cancel / Resume through services)."""
+"""Console pages for sandboxes (read-only rows, a destroy action through the service), for
+generation pipeline runs (read-only, their stage runs inline, Start / Cancel / Resume through services)
+and for corpora (read-only rows: a corpus changes only through `manage.py corpus_build`)."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -17,7 +18,7 @@ from apps.engines.models import Corpus, PipelineRun, SandboxRecord, StageRun
 from apps.engines.pipelines import services as pipeline_services
 from apps.engines.sandboxes.base import SandboxError
 from apps.engines.sandbox_records import sandbox_destroy_records
-from trajplatform.admin import (
+from trajplatform.admin_base import (
     ActionsOnlyMixin,
     AuditTrailMixin,
     IdSearchMixin,

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class EnginesConfig(AppConfig):
@@ -18,3 +19,8 @@ class EnginesConfig(AppConfig):
         emit.install()
         register_periodic("apps.engines.jobs.ensure_sandbox_schedules")
         register_periodic("apps.engines.pipelines.jobs.ensure_pipeline_schedules")
+        if settings.PLATFORM_SKILLS_URL:
+            # VibeDataBot's skill manifest decides the enabled scenes; unreachable: refuse to start.
+            from trajplatform.skills import load_skills  # deferred: AppConfig.ready pattern (imports every scene)
+
+            load_skills()

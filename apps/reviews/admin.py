@@ -23,7 +23,7 @@ from apps.reviews import policy, services
 from apps.reviews.models import PolicyRule, Proposal, Review
 from apps.tasks.models import Task
 from apps.tasks.services import TransitionError
-from trajplatform.admin import (
+from trajplatform.admin_base import (
     ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link, truncated_column,
 )
 

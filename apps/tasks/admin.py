@@ -26,7 +26,7 @@ from apps.tasks.services import (
     BatchNameTaken, TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue,
     tasks_create, tasks_enqueue,
 )
-from trajplatform.admin import (
+from trajplatform.admin_base import (
     ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ReadOnlyInline, truncated_column,
 )
 

@@ -29,7 +29,7 @@ from apps.tasks.consumers import MAX_ID, MAX_SEQ
 from apps.reviews.models import Review
 from apps.tasks.models import Trajectory, TrajectoryLog
 from trajplatform import json_limits
-from trajplatform.artifact_views import step_screenshot
+from trajplatform.artifacts import step_screenshot
 
 VIEW_PERMISSION = "tasks.view_trajectory"
 LIST_PAGE_SIZE = 50
@@ -59,7 +59,7 @@ class Action:
     diff: str = ""
     new_file: bool = False
     state_diff: str = ""
-    screenshot: dict[str, Any] | None = None  # trajplatform.artifact_views.step_screenshot
+    screenshot: dict[str, Any] | None = None  # trajplatform.artifacts.step_screenshot
 
 
 @dataclass

@@ -22,7 +22,7 @@ from apps.engines.registry import SceneConfigError, validate_scene_config
 from tests.engines.opensandbox_fake import FakeOpenSandbox
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 - llm_env is a fixture
 from tests.engines.test_gui import artifact_root  # noqa: F401 - a fixture
-from trajplatform.artifact_views import step_screenshot
+from trajplatform.artifacts import step_screenshot
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "mobile_agent.jsonl"
 ROWS = [json.loads(line) for line in DEMO.read_text(encoding="utf-8").splitlines() if line.strip()]

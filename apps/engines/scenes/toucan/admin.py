@@ -11,7 +11,7 @@ from django.utils.safestring import SafeString
 
 from apps.engines.models import McpServer
 from apps.engines.scenes.toucan.registry import McpRegistryError, mcp_server_resnapshot, mcp_server_set_enabled
-from trajplatform.admin import ActionsOnlyMixin, AuditTrailMixin, ReadableJSONMixin, pretty_json
+from trajplatform.admin_base import ActionsOnlyMixin, AuditTrailMixin, ReadableJSONMixin, pretty_json
 
 
 @admin.register(McpServer)
