@@ -13,7 +13,8 @@ class EnginesConfig(AppConfig):
         from trajplatform.schedules import register_periodic  # deferred: AppConfig.ready pattern (django_q's models load first)
 
         sandbox_records.install()
-        # Scenes import no app; the tasks they read and emit go through the task store installed here.
+        # Scenes import no app: the rows they read and the tasks they emit go through the
+        # platform store installed here (apps.engines.generation.platform_store).
         from apps.engines.pipelines import emit  # deferred: AppConfig.ready pattern (imports the tasks app)
 
         emit.install()

@@ -1,5 +1,5 @@
 """What a scene that makes tasks declares, on the engine core's side: its generation pipeline's
-stages, and the task store it reads existing tasks from and hands the tasks it makes to.
+stages, and the platform store it reads rows from and hands the tasks it makes to.
 
 A scene imports only the engine core, so it describes its work as plain data and functions:
 
@@ -10,10 +10,11 @@ A scene imports only the engine core, so it describes its work as plain data and
   item by raising `Drop(reason)`, and `Pipeline.task` turns a surviving item into a task-file
   item. The pipelines layer (apps.engines.pipelines) runs it, stores every stage run and
   creates the tasks through the tasks services.
-* `task_store()`: the platform's `TaskStore`, installed once by the engine app (AppConfig.ready)
-  from the pipelines layer: a pipeline's dedup reads the prompts of existing tasks through it,
-  and a scene that emits a task from inside its episode (search2qa) hands it over; the store
-  reads and writes through the tasks app.
+* `platform_store()`: the `PlatformStore`, installed once by the engine app (AppConfig.ready)
+  from the pipelines layer: a pipeline reads the registered MCP servers and the prompts of
+  existing tasks through it (toucan's plan and dedup), and a scene that emits a task from
+  inside its episode (search2qa) hands it over; the store reads the apps' models and writes
+  through the tasks services.
 """
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ class Pipeline:
                 raise PipelineError(f"stage {stage.name!r}: a scope='all' stage cannot fan out")
 
 
-# -- the task store -----------------------------------------------------------------------------
+# -- the platform store --------------------------------------------------------------------------
 
 
 class TaskSpecError(ValueError):
@@ -131,12 +132,16 @@ class TaskSpecError(ValueError):
         super().__init__("; ".join(f"{f}: {r}" for f, r in problems))
 
 
-class TaskStore(Protocol):
-    """The platform's tasks as a scene sees them: what exists, and a way to add one while an
-    episode runs."""
+class PlatformStore(Protocol):
+    """The platform's rows as a scene sees them: the tasks and MCP servers that exist, and a way
+    to add a task while an episode runs. Everything read is plain data."""
 
     def task_prompts(self, scene: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """(prompt, scene_config) of every existing task of the scene."""
+
+    def mcp_servers(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """The registered, enabled MCP servers (all, or those of `names` that are), by name:
+        {"name", "spec" (an McpServerSpec's dict), "labels", "tools" (the snapshot)}."""
 
     def task_config(self, item: dict[str, Any]) -> dict[str, Any]:
         """The episode config a task made of this task-file item runs with (its config
@@ -152,19 +157,19 @@ class TaskStore(Protocol):
         invalid item."""
 
 
-_store: TaskStore | None = None
+_store: PlatformStore | None = None
 
 
-def set_task_store(store: TaskStore | None) -> TaskStore | None:
-    """Install the platform's task store (the engine app does, once); returns the previous one."""
+def set_platform_store(store: PlatformStore | None) -> PlatformStore | None:
+    """Install the platform store (the engine app does, once); returns the previous one."""
     global _store
     previous, _store = _store, store
     return previous
 
 
-def task_store() -> TaskStore:
-    """The installed task store; RuntimeError when none is (the engine app is not loaded)."""
+def platform_store() -> PlatformStore:
+    """The installed platform store; RuntimeError when none is (the engine app is not loaded)."""
     if _store is None:
-        raise RuntimeError("no task store is installed: the apps.engines app installs the pipelines' "
-                           "store when Django starts")
+        raise RuntimeError("no platform store is installed: the apps.engines app installs it "
+                           "(apps.engines.pipelines.emit) when Django starts")
     return _store

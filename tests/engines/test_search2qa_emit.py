@@ -156,13 +156,16 @@ def test_stage_keys_name_the_stage_the_seed_and_the_round() -> None:
 
 
 class RecordingStore:
-    """A task store that keeps what the scene hands it (a test double of apps.engines.pipelines.emit)."""
+    """A platform store that keeps what the scene hands it (a test double of apps.engines.pipelines.emit)."""
 
     def __init__(self) -> None:
         self.emitted: list[dict[str, Any]] = []
 
     def task_prompts(self, scene: str) -> Any:
         return iter(())
+
+    def mcp_servers(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        return []
 
     def task_config(self, item: dict[str, Any]) -> dict[str, Any]:
         return {"scene": item["scene"], "prompt": item["prompt"]}
@@ -180,9 +183,9 @@ def in_episode() -> Any:
     leave_episode(token)
 
 
-def test_the_scene_writes_no_task_itself_it_hands_the_pair_to_the_installed_task_store(in_episode: Any) -> None:
+def test_the_scene_writes_no_task_itself_it_hands_the_pair_to_the_installed_platform_store(in_episode: Any) -> None:
     store = RecordingStore()
-    previous = generation.set_task_store(store)
+    previous = generation.set_platform_store(store)
     try:
         item = {"external_id": "search2qa-1", "scene": "deep_search", "prompt": QUESTION, "config": {}}
         gates = [{"name": "short_answer", "passed": True}, {"name": "uniqueness", "passed": False}]
@@ -197,7 +200,7 @@ def test_the_scene_writes_no_task_itself_it_hands_the_pair_to_the_installed_task
         assert emit.solver_config(item) == {"scene": "deep_search", "prompt": QUESTION}
         assert not Task.objects.exists()
     finally:
-        generation.set_task_store(previous)
+        generation.set_platform_store(previous)
 
 
 def test_an_invalid_emitted_task_is_a_setup_error_naming_the_field_and_writes_nothing(in_episode: Any) -> None:
@@ -209,10 +212,10 @@ def test_an_invalid_emitted_task_is_a_setup_error_naming_the_field_and_writes_no
     assert not Task.objects.exists() and not Batch.objects.exists()
 
 
-def test_without_an_installed_task_store_the_scene_says_so() -> None:
-    previous = generation.set_task_store(None)
+def test_without_an_installed_platform_store_the_scene_says_so() -> None:
+    previous = generation.set_platform_store(None)
     try:
-        with pytest.raises(RuntimeError, match="no task store is installed"):
-            generation.task_store()
+        with pytest.raises(RuntimeError, match="no platform store is installed"):
+            generation.platform_store()
     finally:
-        generation.set_task_store(previous)
+        generation.set_platform_store(previous)

@@ -1,8 +1,8 @@
-"""The platform's task store (apps.engines.generation.TaskStore): the existing tasks a scene's
-pipeline reads, and the tasks a scene emits while its episode runs, through the tasks app.
+"""The platform store (apps.engines.generation.PlatformStore): the rows a scene's pipeline reads
+(registered MCP servers, existing tasks), and the tasks a scene emits while its episode runs.
 
 search2qa emits a deep_search task per verified pair, with the passing solver run attached as
-its first trajectory. The store validates the item as a task file's (`validate_task`), creates
+its first trajectory. For an emitted task the store validates the item as a task file's (`validate_task`), creates
 it with `tasks_create` (validation, audit rows; a pair made again finds its task by external id)
 and attaches the run with `trajectory_attach_episode`, in one transaction, on behalf of the
 creator of the emitting trajectory's task.
@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator
 
 from django.db import connections, transaction
 
-from apps.engines.generation import TaskSpecError, set_task_store
+from apps.engines.generation import TaskSpecError, set_platform_store
+from apps.engines.models import McpServer
 from apps.tasks.importers import validate_task
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import tasks_create, trajectory_attach_episode
@@ -41,11 +42,18 @@ def _in_own_thread(fn: Callable[[], Any]) -> Any:
         return pool.submit(work).result()
 
 
-class TasksStore:
-    """The TaskStore the engine app installs: reads apps.tasks.models, writes through apps.tasks.services."""
+class DatabaseStore:
+    """The PlatformStore the engine app installs: reads the models, writes through apps.tasks.services."""
 
     def task_prompts(self, scene: str) -> Iterator[tuple[str, dict[str, Any]]]:
         return Task.objects.filter(scene=scene).values_list("prompt", "scene_config").iterator()
+
+    def mcp_servers(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        rows = McpServer.objects.filter(enabled=True).order_by("name")
+        if names:
+            rows = rows.filter(name__in=names)
+        return [{"name": row.name, "spec": row.spec, "labels": row.labels or {}, "tools": list(row.tools or [])}
+                for row in rows]
 
     def task_config(self, item: dict[str, Any]) -> dict[str, Any]:
         return Task(**_validated_fields(item)).config_snapshot()
@@ -76,5 +84,5 @@ class TasksStore:
 
 
 def install() -> None:
-    """Make this the platform's task store (EnginesConfig.ready, in every process)."""
-    set_task_store(TasksStore())
+    """Make this the platform store (EnginesConfig.ready, in every process)."""
+    set_platform_store(DatabaseStore())

@@ -5,14 +5,14 @@
     emitted = emit_task(search2qa_config, item, solver, gates)
 
 The deep_search solver of the difficulty stage runs with exactly the config the emitted task will
-have (the task store's `task_config` of the item: the config snapshot of the task it validates
+have (the platform store's `task_config` of the item: the config snapshot of the task it validates
 to), so the run that passed is a rollout of that task, and it is stored as the task's first
 trajectory: it is reviewed, exported and paired like any other rollout. Without a solver run
 (difficulty_check off or no_tool) the task is created and queued for the workers like any new
 task.
 
-The scene writes nothing itself: it hands the item to the platform's task store
-(apps.engines.generation.task_store(), installed by the engine app: apps/engines/pipelines/emit.py),
+The scene writes nothing itself: it hands the item to the platform store
+(apps.engines.generation.platform_store(), installed by the engine app: apps/engines/pipelines/emit.py),
 which creates it through the tasks services (validation, audit rows) in the output batch
 (`scene_config.output_batch`, default "<search2qa batch>-qa"), with external id
 `search2qa-<sha256 of the normalised question and answer>`: a pair made again (a retried or
@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from apps.engines.generation import TaskSpecError, task_store
+from apps.engines.generation import TaskSpecError, platform_store
 from apps.engines.runtime import SetupError, current_episode
 from apps.engines.scenes.search2qa.gates import normalize_answer
 from apps.engines.web.toolset import web_settings
@@ -74,7 +74,7 @@ def task_item(config: dict[str, Any], qa: dict[str, Any], made: dict[str, Any]) 
 def solver_config(item: dict[str, Any]) -> dict[str, Any]:
     """The config of the deep_search solver sub-episode: the emitted task's config snapshot."""
     try:
-        return task_store().task_config(item)
+        return platform_store().task_config(item)
     except TaskSpecError as exc:
         raise SetupError(f"the emitted deep_search task is invalid: {exc}") from None
 
@@ -92,7 +92,7 @@ def emit_task(config: dict[str, Any], item: dict[str, Any], solver: Any, gates: 
         return f"{source_batch}-qa" if source_batch else DEFAULT_BATCH
 
     try:
-        emitted = task_store().emit(item, source=EMIT_SOURCE, trajectory=current_episode().trajectory,
+        emitted = platform_store().emit(item, source=EMIT_SOURCE, trajectory=current_episode().trajectory,
                                     attach=solver, batch_name=batch_name)
     except TaskSpecError as exc:  # nothing was written
         raise SetupError(f"the emitted deep_search task is invalid: {exc}") from None

@@ -35,7 +35,7 @@ import random
 from typing import Any
 
 from apps.engines.mcp import McpServerSpec
-from apps.engines.generation import CodeStage, Drop, LLMStage, Pipeline, PipelineError, task_store
+from apps.engines.generation import CodeStage, Drop, LLMStage, Pipeline, PipelineError, platform_store
 from apps.engines.scenes.toucan import questions
 from apps.engines.scenes.toucan.questions import PlanError, QcUnparseable, QuestionRejected
 
@@ -49,28 +49,24 @@ QC_SCHEMA = {"type": "object", "required": list(questions.QC_DIMENSIONS)}
 
 def server_records(names: list[str] | None = None) -> list[dict[str, Any]]:
     """The registered, enabled servers as questions.py's server records (offered tools only)."""
-    from apps.engines.models import McpServer
-
-    rows = McpServer.objects.filter(enabled=True).order_by("name")
-    if names:
-        rows = rows.filter(name__in=names)
-    found = list(rows)
-    missing = sorted(set(names or []) - {row.name for row in found})
+    found = platform_store().mcp_servers(names)
+    missing = sorted(set(names or []) - {server["name"] for server in found})
     if missing:
         raise PlanError(f"the MCP servers {', '.join(missing)} are not registered or are disabled")
     records = []
-    for row in found:
-        spec = McpServerSpec.from_dict(row.spec)
-        labels = row.labels or {}
-        package = row.package
-        about = [labels.get("description") or f"{package.get('name', row.name)} {package.get('version', '')}".strip()]
+    for server in found:
+        spec = McpServerSpec.from_dict(server["spec"])
+        labels = server["labels"]
+        package = dict(server["spec"].get("package") or {})
+        name = package.get("name", server["name"])
+        about = [labels.get("description") or f"{name} {package.get('version', '')}".strip()]
         if labels.get("primary"):
             about.append(", ".join([labels["primary"], *labels.get("secondary", [])]))
-        record = {"name": row.name, "description": "; ".join(about),
+        record = {"name": server["name"], "description": "; ".join(about),
                   "labels": {"primary_label": labels.get("primary", ""),
                              "secondary_labels": list(labels.get("secondary", [])),
                              "featured": bool(labels.get("featured", False))},
-                  "tools": [t for t in row.tools or [] if spec.offers(t["name"])]}
+                  "tools": [t for t in server["tools"] if spec.offers(t["name"])]}
         if labels.get("rank"):
             record["rank"] = labels["rank"]
         records.append(record)
@@ -102,7 +98,7 @@ def plan_stage(inputs: dict[str, Any]) -> list[dict[str, Any]]:
 def _earlier_questions(servers: list[str]) -> list[str]:
     """Questions of existing toucan tasks for exactly this set of servers."""
     wanted = sorted(servers)
-    return [prompt for prompt, scene in task_store().task_prompts("toucan")
+    return [prompt for prompt, scene in platform_store().task_prompts("toucan")
             if sorted((scene or {}).get("target_servers") or []) == wanted]
 
 
