@@ -84,7 +84,7 @@ class TimedModel:
 def run_pass(episodes: int, model_ms: float, *, warm: bool) -> dict[str, list[float]]:
     from django.conf import settings
 
-    from apps.engines import agent
+    from apps.engines import lease
     from apps.engines.agent import run_episode
     from apps.engines.sandboxes import acquire
     from apps.engines.sandbox_records import fill_pool
@@ -99,7 +99,7 @@ def run_pass(episodes: int, model_ms: float, *, warm: bool) -> dict[str, list[fl
         finally:
             acquired.append((time.perf_counter() - started) * 1000)
 
-    agent.acquire = timed_acquire
+    lease.acquire = timed_acquire  # the agent's sandbox lease acquires through it
     out: dict[str, list[float]] = {"acquire_ms": [], "first_tool_waited_ms": [], "episode_ms": []}
     config = {"scene": "code_exec", "prompt": "say ready", "scene_config": {"image": IMAGE},
               "max_steps": 4, "timeout_s": 120}
@@ -122,7 +122,7 @@ def run_pass(episodes: int, model_ms: float, *, warm: bool) -> dict[str, list[fl
             out["first_tool_waited_ms"].append(max(0.0, (ready[0] - model.first_answer) * 1000))
         out["acquire_ms"] = acquired
     finally:
-        agent.acquire = acquire
+        lease.acquire = acquire
         settings.SANDBOX_POOL_IMAGES = ""
         fill_pool()
     return out

@@ -8,9 +8,10 @@ Scenes plug in through `apps.engines.runtime` (tools, prompt, sandbox spec, set-
 execution, verification); the loop is the same for all of them:
 
 * Native function calling: the scene's tools are offered; each tool call becomes one step.
-  A reply without a tool call is read with `parse_json_action` (a {"tool": ..., "arguments":
-  ...} object, fenced or bare), so models without tool support work on the same loop; with
-  config `tool_mode: "json"` no tools are sent and the prompt asks for that JSON instead.
+  A reply without a tool call is read with `parse_json_action` (apps.engines.textactions: a
+  {"tool": ..., "arguments": ...} object, fenced or bare), so models without tool support work
+  on the same loop; with config `tool_mode: "json"` no tools are sent and the prompt asks for
+  that JSON instead.
   Text-path results go back as a user message, since the model made no tool call to answer.
   A reply with neither gets one corrective turn; a second one in a row ends the episode as an
   error (kind "model_output").
@@ -34,12 +35,12 @@ execution, verification); the loop is the same for all of them:
   if the model had said it. `error_kind` and `retryable` tell the worker what happened.
 * After finish the scene's verifier runs (if the task has one): reward 1.0 is a success,
   less a failure with the reward kept; no verifier means success with reward None.
-* The sandbox is created per episode and destroyed in every case (its SandboxRecord is
-  marked by the destroy, or by the caller when it passes `on_sandbox_destroyed`, as a
-  worker does to write it with the episode's result). Tool calls are awaited through the
-  runtime's `aexecute_tool` (code_exec's run_shell awaits `Sandbox.arun`, which runs the
-  command in a worker thread); the other sandbox calls are synchronous and run in worker threads
-  (asyncio.to_thread), so one event loop can run many episodes; so do sync `on_event` /
+* The sandbox is created per episode and destroyed in every case (apps.engines.lease; its
+  SandboxRecord is marked by the destroy, or by the caller when it passes
+  `on_sandbox_destroyed`, as a worker does to write it with the episode's result). Tool calls
+  are awaited through the runtime's `aexecute_tool` (code_exec's run_shell awaits
+  `Sandbox.arun`, which runs the command in a worker thread); the other sandbox calls are
+  synchronous and run in worker threads (asyncio.to_thread), so one event loop can run many episodes; so do sync `on_event` /
   `should_cancel` callables (async ones are awaited).
 
 * Model answers are cached under `cache_key_extra` (the worker passes the trajectory's UUID):
@@ -68,8 +69,8 @@ last of all, "result" events, live, in order.
   limit, "tokenizer" or "estimate", the messages elided before that call).
 
 What is recorded: `messages` are the conversation as it happened (OpenAI format; the
-assistant's reasoning is kept there as `reasoning_content`), `steps` one
-record per tool call with the real exit code (None when no process ran or it was killed on
+assistant's reasoning is kept there as `reasoning_content`), `steps` one record per tool call
+(apps.engines.steps.Step) with the real exit code (None when no process ran or it was killed on
 its deadline), duration, truncation and the model call that produced it. Tool output is
 capped at MAX_TOOL_OUTPUT_CHARS (head and tail, with a marker) before the model sees it,
 and the step keeps exactly what the model saw. Configured secrets and key shapes are
@@ -84,7 +85,6 @@ import inspect
 import json
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -108,19 +108,19 @@ from apps.engines.runtime import (
     leave_episode,
 )
 from apps.engines.runtime import in_thread as _in_thread  # sandbox I/O and sync callbacks
-from apps.engines.sandboxes import (
-    SandboxError,
-    SandboxNotFound,
-    SandboxSpecUnsupported,
-    SandboxUnavailable,
-    acquire,
-    get_backend,
-)
+from apps.engines.lease import LOST, SandboxLease, lost
+from apps.engines.sandboxes import SandboxError
+from apps.engines.steps import ERROR, FAILURE, SUCCESS, Step, Stop
+from apps.engines.textactions import JsonAction, corrective_message, json_action_instructions, parse_json_action
+from trajplatform import artifacts
 from trajplatform.redaction import redact
 
 logger = logging.getLogger(__name__)
 
-SUCCESS, FAILURE, ERROR = "success", "failure", "error"
+# What other modules and the tests import from here (the names below come from its parts).
+__all__ = ["ERROR", "FAILURE", "SUCCESS", "EpisodeResult", "JsonAction", "budget_check", "image_parts", "is_vision",
+           "json_action_instructions", "parse_json_action", "run_episode", "truncate_text"]
+
 TOOL_MODES = ("native", "json")
 
 DEFAULT_MAX_STEPS = 15
@@ -130,32 +130,10 @@ MAX_TOOL_OUTPUT_CHARS = 8000
 OBSERVATION_CHARS = 2000
 EVENT_TEXT_CHARS = 200
 EVENT_DATA_CHARS = 2000
-# How long the liveness probe after an unexplained sandbox error may take.
-PROBE_TIMEOUT_S = 15.0
-# Sandboxes an event loop makes (and sets up) at once. A worker starting a hundred episodes
-# together would otherwise run a hundred creations (database rows, directories, cgroups) in
-# as many threads, all wanting the interpreter lock the loop needs to send the first model
-# requests; a few at a time finish as soon, the model answers the first turn meanwhile.
-# The same for destroying them: episodes that end together would queue their destroys'
-# database writes behind each other and ahead of storing their results.
-SANDBOXES_AT_ONCE = {"start": 4, "destroy": 4}
-_sandbox_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
 # The worker's cost-budget check for the episode running in this context (None: no budgets):
 # called with the episode's cost so far before each model call, returns why it may not go on ("").
 budget_check: contextvars.ContextVar[Callable[[Decimal], str] | None] = contextvars.ContextVar(
     "budget_check", default=None)
-
-
-def _sandbox_slot(what: str) -> asyncio.Semaphore:
-    """This event loop's semaphore for sandbox "start" or "destroy" (SANDBOXES_AT_ONCE)."""
-    slots = _sandbox_slots.setdefault(asyncio.get_running_loop(), {})
-    if what not in slots:
-        slots[what] = asyncio.Semaphore(SANDBOXES_AT_ONCE[what])
-    return slots[what]
 
 
 @functools.lru_cache(maxsize=256)
@@ -204,14 +182,6 @@ class EpisodeResult:
     config: dict[str, Any] = field(default_factory=dict)  # a sub-episode's config
 
 
-class _Stop(Exception):
-    """Ends the loop with an outcome (raised from deep inside a turn)."""
-
-    def __init__(self, outcome: str, reason: str, *, kind: str = "", retryable: bool = False):
-        super().__init__(reason)
-        self.outcome, self.reason, self.kind, self.retryable = outcome, reason, kind, retryable
-
-
 # --- helpers ----------------------------------------------------------------------------------
 
 
@@ -230,103 +200,6 @@ def _short(text: Any, limit: int = EVENT_TEXT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-@dataclass(frozen=True)
-class JsonAction:
-    """A tool call written as JSON in a text reply; `span` is where it sat in the text."""
-
-    name: str
-    arguments: Any  # a dict, or the raw string the model gave
-    span: tuple[int, int]
-
-
-_NAME_KEYS = ("tool", "name", "tool_name", "action", "function")
-_ARGS_KEYS = ("arguments", "args", "parameters", "input", "action_input", "tool_input")
-
-
-def _as_action(obj: Any) -> tuple[str, Any] | None:
-    if not isinstance(obj, dict):
-        return None
-    if isinstance(obj.get("function"), dict):  # {"function": {"name", "arguments"}} (OpenAI shape)
-        obj = obj["function"]
-    name = next((obj[k] for k in _NAME_KEYS if isinstance(obj.get(k), str) and obj[k].strip()), None)
-    if name is None:
-        return None
-    arguments = next((obj[k] for k in _ARGS_KEYS if k in obj), {})
-    if isinstance(arguments, str):
-        try:
-            parsed = json.loads(arguments) if arguments.strip() else {}
-            arguments = parsed if isinstance(parsed, dict) else arguments
-        except json.JSONDecodeError:
-            pass  # kept as given: the loop reports it like any malformed arguments
-    return name.strip(), arguments
-
-
-def parse_json_action(text: str | None) -> JsonAction | None:
-    """The first JSON tool call in a text reply, or None.
-
-    Accepted: an object with a tool name under "tool" / "name" / "tool_name" / "action" and
-    its arguments under "arguments" / "args" / "parameters" / "input" / "action_input"
-    (an object or a JSON string), or {"function": {"name", "arguments"}}; in a ```json (or
-    plain ```) fenced block, which wins, or bare in the text.
-    """
-    if not text or "{" not in text:
-        return None
-    decoder = json.JSONDecoder()
-    candidates: list[int] = []
-    fence = 0
-    while (start := text.find("```", fence)) >= 0:
-        end = text.find("```", start + 3)
-        if end < 0:
-            break
-        brace = text.find("{", start, end)
-        if brace >= 0:
-            candidates.append(brace)
-        fence = end + 3
-    fenced = set(candidates)
-    candidates += [i for i, ch in enumerate(text) if ch == "{" and i not in fenced]
-    for position in candidates:
-        try:
-            obj, end = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
-            continue
-        action = _as_action(obj)
-        if action is not None:
-            span_start, span_end = position, end
-            # Take the fence with it, so the thought is the text around the action.
-            before = text.rfind("```", 0, position)
-            if before >= 0 and text[before + 3:position].strip().lower() in ("", "json"):
-                after = text.find("```", end)
-                if after >= 0 and not text[end:after].strip():
-                    span_start, span_end = before, after + 3
-            return JsonAction(action[0], action[1], (span_start, span_end))
-    return None
-
-
-def json_action_instructions(tools: list[dict[str, Any]]) -> str:
-    """The prompt section that asks a model without tool support for JSON actions."""
-    lines = [
-        "## How to call a tool",
-        "Reply with exactly one JSON object per message, in a ```json block, naming one tool and its arguments:",
-        '```json\n{"tool": "<tool name>", "arguments": {"<argument>": "<value>"}}\n```',
-        "You may write your reasoning before the block. Available tools and their arguments (JSON schema):",
-    ]
-    for tool in tools:
-        fn = tool.get("function", {})
-        lines.append(f"- {fn.get('name')}: {fn.get('description', '')} "
-                     f"arguments: {json.dumps(fn.get('parameters', {}), ensure_ascii=False)}")
-    return "\n".join(lines)
-
-
-def _corrective_message(tool_names: list[str], tool_mode: str) -> str:
-    names = ", ".join(tool_names)
-    if tool_mode == "json":
-        return ("Your reply did not contain a tool call. Every reply must contain exactly one JSON action, "
-                'e.g. ```json\n{"tool": "finish", "arguments": {"answer": "..."}}\n```'
-                f"\nAvailable tools: {names}. Call finish when you are done.")
-    return (f"Your reply did not call a tool. Every reply must call one of the tools ({names}); "
-            "call finish(answer) when you are done.")
-
-
 def is_vision(config: dict[str, Any]) -> bool:
     """Whether the episode's model sees images (config or scene_config `vision: true`)."""
     return bool(config.get("vision") or (config.get("scene_config") or {}).get("vision"))
@@ -339,8 +212,6 @@ def image_parts(refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _inline_artifacts(messages: list[dict[str, Any]], cache: dict[str, str]) -> list[dict[str, Any]]:
     """The API's copy of the messages with each `artifact:<sha>` image URL as a data: URL."""
-    from trajplatform import artifacts
-
     out = []
     for message in messages:
         content = message.get("content")
@@ -395,7 +266,6 @@ class _Episode:
         self.in_agent_loop = False  # the agent loop runs (a sub-episode's wall clock is bounded by it)
         self.subepisodes: dict[str, int] = {}  # label -> how many ran (their cache identities)
         self.ended = False  # run() is over, however it ended: its sub-episodes stop at their next turn
-        self.on_sandbox_destroyed = on_sandbox_destroyed
         self.llm = llm
         self.sandbox_backend = sandbox_backend
         self.cache_key_extra = cache_key_extra
@@ -409,9 +279,10 @@ class _Episode:
         self.trajectory = trajectory
         self.result = EpisodeResult()
         self.runtime: SceneRuntime | None = None
-        self.sandbox: Any = shared_sandbox
-        self.owns_sandbox = shared_sandbox is None  # a sub-episode in its parent's sandbox does not
-        self.sandbox_task: asyncio.Task[None] | None = None
+        # A sub-episode in its parent's sandbox (shared_sandbox) neither makes nor destroys one.
+        self.lease = SandboxLease(backend=sandbox_backend, trajectory=trajectory, emit=self.emit,
+                                  shared=shared_sandbox, on_destroyed=on_sandbox_destroyed)
+        self.result.sandbox = self.lease.info
         self.tool_mode = "native"
         self.validators: dict[str, Draft202012Validator] = {}
         self.max_steps = int(config.get("max_steps") or DEFAULT_MAX_STEPS)
@@ -463,16 +334,15 @@ class _Episode:
         entered = enter_episode(self.context)
         try:
             await self._run()
-        except _Stop as stop:
+        except Stop as stop:
             self._end(stop.outcome, stop.reason, kind=stop.kind, retryable=stop.retryable)
         except Exception as exc:
             logger.exception("episode failed inside the platform")
             self._end(ERROR, f"internal error: {type(exc).__name__}: {exc}", kind="internal")
         finally:
             self.ended = True
-            if self.sandbox_task is not None and not self.sandbox_task.done():
-                await asyncio.wait([self.sandbox_task])  # it may still hand over a sandbox to destroy
-            await self._destroy_sandbox()
+            await self.lease.settled()
+            await self.lease.destroy()
             leave_episode(entered)
         result = self.result
         result.duration_ms = int((time.monotonic() - started) * 1000)
@@ -502,17 +372,17 @@ class _Episode:
         try:
             self.runtime = runtime = get_runtime(scene)
         except NoEngineError as exc:
-            raise _Stop(ERROR, str(exc), kind="config") from None
+            raise Stop(ERROR, str(exc), kind="config") from None
         self.tool_mode = config.get("tool_mode") or "native"
         if self.tool_mode not in TOOL_MODES:
-            raise _Stop(ERROR, f"tool_mode must be one of {', '.join(TOOL_MODES)}, got {self.tool_mode!r}", kind="config")
+            raise Stop(ERROR, f"tool_mode must be one of {', '.join(TOOL_MODES)}, got {self.tool_mode!r}", kind="config")
         if not isinstance(config.get("prompt"), str) or not config["prompt"].strip():
-            raise _Stop(ERROR, "the task has no prompt", kind="config")
+            raise Stop(ERROR, "the task has no prompt", kind="config")
         if self.replay_of and self.parent is None:  # a sub-episode gets its parent's identity
             try:
                 self.cache_key_extra = cache_identity(self.replay_of)
             except ValueError:
-                raise _Stop(ERROR, f"replay_of must be a trajectory's UUID, got {self.replay_of!r}",
+                raise Stop(ERROR, f"replay_of must be a trajectory's UUID, got {self.replay_of!r}",
                             kind="config") from None
             self.replay_of = self.cache_key_extra["trajectory"]
             await self.emit("system", f"explicit replay of trajectory {self.replay_of}'s recorded model answers",
@@ -521,7 +391,7 @@ class _Episode:
         try:
             tools = runtime.tools(config)
         except SetupError as exc:  # e.g. the task names an MCP server that is not registered
-            raise _Stop(ERROR, f"the scene's tools could not be listed: {exc}", kind="config") from None
+            raise Stop(ERROR, f"the scene's tools could not be listed: {exc}", kind="config") from None
         self.result.tools = tools
         self.validators = {
             t["function"]["name"]: _validator(t["function"].get("parameters") or {"type": "object"}) for t in tools
@@ -536,11 +406,11 @@ class _Episode:
             "token_budget": self.budget or None,
         })
         if await self.cancel_requested():
-            raise _Stop(ERROR, "cancelled", kind="cancelled")
+            raise Stop(ERROR, "cancelled", kind="cancelled")
         # The sandbox is made and set up while the model answers the first turn (neither needs
         # the other); the first tool call waits for it. If it fails first, that model call is
         # cancelled (see _call_model).
-        self.sandbox_task = asyncio.create_task(self._start_sandbox(runtime))
+        self.lease.start(runtime, config)
         if type(runtime).initial_observation is not SceneRuntime.initial_observation:
             await self._initial_observation(runtime)
         self.deadline = time.monotonic() + self.timeout
@@ -559,13 +429,13 @@ class _Episode:
     async def _initial_observation(self, runtime: SceneRuntime) -> None:
         """The runtime's look at the environment before the first model turn (gui's start page):
         its text appended to the task's prompt, its images (vision only) a user message after it."""
-        await self._sandbox_ready()
+        await self.lease.ready()
         try:
             observed = await _in_thread(runtime.initial_observation, self.sandbox, self.config)
-        except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
-            raise self._lost(exc, "taking the initial observation") from None
+        except LOST as exc:
+            raise lost(exc, "taking the initial observation") from None
         except SetupError as exc:
-            raise _Stop(ERROR, f"sandbox set-up failed: {exc}", kind="config") from None
+            raise Stop(ERROR, f"sandbox set-up failed: {exc}", kind="config") from None
         if not observed:
             return
         parts = [{"type": "text", "text": observed}] if isinstance(observed, str) else list(observed)
@@ -579,10 +449,10 @@ class _Episode:
                 {"type": "text", "text": "[the start page]"}, *images]})
             self.observations.append(len(self.result.messages) - 1)
 
-    async def _sandbox_ready(self) -> None:
-        """Wait for the sandbox; raises what made or set it up raised (a _Stop)."""
-        if self.sandbox_task is not None:
-            await self.sandbox_task
+    @property
+    def sandbox(self) -> Any:
+        """The episode's sandbox (None before it is made, or for a scene without one)."""
+        return self.lease.sandbox
 
     def _system_prompt(self, runtime: SceneRuntime, tools: list[dict[str, Any]]) -> str:
         parts = [runtime.system_prompt(self.config).strip()]
@@ -593,89 +463,6 @@ class _Episode:
             parts.append(f"## Hints\n{extra}")
         return "\n\n".join(parts)
 
-    # -- sandbox
-
-    async def _start_sandbox(self, runtime: SceneRuntime) -> None:
-        async with _sandbox_slot("start"):
-            await self._start_sandbox_now(runtime)
-
-    async def _start_sandbox_now(self, runtime: SceneRuntime) -> None:
-        if not self.owns_sandbox:
-            return  # a sub-episode working in its parent's sandbox, which is set up
-        try:
-            spec = runtime.sandbox_spec(self.config)
-        except SandboxError as exc:
-            raise _Stop(ERROR, f"invalid sandbox settings: {exc}", kind="config") from None
-        if spec is None:
-            return
-        backend = self.sandbox_backend
-        try:
-            if isinstance(backend, str):
-                backend = get_backend(backend)
-            self.sandbox = await _in_thread(acquire, spec, trajectory=self.trajectory, backend=backend)
-        except SandboxSpecUnsupported as exc:
-            await self.emit("error", f"sandbox not available for this task: {exc}", {"error_kind": "config"})
-            raise _Stop(ERROR, f"sandbox not available for this task: {exc}", kind="config") from None
-        except Exception as exc:
-            if not isinstance(exc, (SandboxError, OSError)):
-                logger.exception("sandbox creation failed")
-            await self.emit("error", f"sandbox creation failed: {exc}", {"error_kind": "infrastructure"})
-            raise _Stop(ERROR, f"infrastructure: sandbox creation failed: {exc}", kind="infrastructure",
-                         retryable=True) from None
-        sandbox = self.sandbox
-        self.result.sandbox = {
-            "id": sandbox.id, "backend": sandbox.backend_name, "record_id": sandbox.record_id,
-            "downgrades": list(sandbox.downgrades), "destroyed": False,
-        }
-        await self.emit("system", f"sandbox {sandbox.backend_name}:{sandbox.id} ready", dict(self.result.sandbox))
-        try:
-            await _in_thread(runtime.setup, sandbox, self.config)
-        except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
-            raise self._lost(exc, "during set-up") from None
-        except (SetupError, SandboxError) as exc:
-            await self.emit("error", f"set-up failed: {exc}", {"error_kind": "config"})
-            raise _Stop(ERROR, f"set-up failed: {exc}", kind="config") from None
-        await self.emit("system", "set-up done", {})
-
-    async def _destroy_sandbox(self) -> None:
-        sandbox = self.sandbox
-        if sandbox is None or not self.owns_sandbox:
-            return
-        try:
-            # Shielded: a hard cancel of the episode still lets the destroy run to its end.
-            async with _sandbox_slot("destroy"):
-                destroying = asyncio.ensure_future(_in_thread(sandbox.destroy, record=self.on_sandbox_destroyed is None))
-                if self.on_sandbox_destroyed is not None:
-                    # From the future, so that a cancelled episode still reports it once it is gone.
-                    destroying.add_done_callback(self._report_destroyed)
-                await asyncio.shield(destroying)
-            self.result.sandbox["destroyed"] = True
-            await self.emit("system", f"sandbox {sandbox.id} destroyed", {"id": sandbox.id})
-        except Exception as exc:
-            # The reconciler reaps it (its TTL and its finished owner); say so, don't hide it.
-            logger.warning("destroying sandbox %s failed: %s", sandbox.id, exc)
-            self.result.sandbox["destroy_error"] = str(exc)
-
-    def _report_destroyed(self, destroying: asyncio.Future[Any]) -> None:
-        assert self.on_sandbox_destroyed is not None  # only added then
-        if not destroying.cancelled() and destroying.exception() is None:
-            try:
-                self.on_sandbox_destroyed(self.sandbox)
-            except Exception:
-                logger.exception("on_sandbox_destroyed failed; the reconciler will mark sandbox %s", self.sandbox.id)
-
-    def _lost(self, exc: BaseException, when: str) -> _Stop:
-        # An InfrastructureError names its own trouble (a tool server, a sub-episode's LLM): not the sandbox.
-        what = "failed" if isinstance(exc, InfrastructureError) else "sandbox lost"
-        return _Stop(ERROR, f"infrastructure: {what} {when}: {exc}", kind="infrastructure", retryable=True)
-
-    async def _sandbox_alive(self) -> bool:
-        try:
-            await _in_thread(self.sandbox.run, "true", timeout=PROBE_TIMEOUT_S)
-            return True
-        except SandboxError:
-            return False
-
     # -- the loop
 
     async def _loop(self, runtime: SceneRuntime) -> None:
@@ -684,11 +471,11 @@ class _Episode:
         while True:
             if await self.cancel_requested():
                 await self.emit("system", "cancel requested; stopping", {})
-                raise _Stop(ERROR, "cancelled", kind="cancelled")
+                raise Stop(ERROR, "cancelled", kind="cancelled")
             if self.turns >= self.max_steps:
-                raise _Stop(FAILURE, f"max_steps ({self.max_steps}) reached without finish")
+                raise Stop(FAILURE, f"max_steps ({self.max_steps}) reached without finish")
             if self.budget and self.result.total_tokens >= self.budget:
-                raise _Stop(FAILURE, f"token budget ({self.budget}) exhausted without finish: "
+                raise Stop(FAILURE, f"token budget ({self.budget}) exhausted without finish: "
                                      f"{self.result.total_tokens} tokens used")
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
@@ -728,11 +515,11 @@ class _Episode:
 
             if not calls and action is None:
                 if corrected:
-                    raise _Stop(ERROR, "model output: the reply had no tool call, again after a corrective turn",
+                    raise Stop(ERROR, "model output: the reply had no tool call, again after a corrective turn",
                                 kind="model_output")
                 corrected = True
                 tool_names = [t["function"]["name"] for t in self.result.tools]
-                messages.append({"role": "user", "content": _corrective_message(tool_names, self.tool_mode)})
+                messages.append({"role": "user", "content": corrective_message(tool_names, self.tool_mode)})
                 await self.emit("system", "the reply had no tool call; corrective turn", {"turn": self.turns, "text": content})
                 continue
             corrected = False
@@ -778,8 +565,8 @@ class _Episode:
                 self.finished = False
                 await self.emit("system", f"the user follows up: {follow_up}", {"turn": self.turns, "text": follow_up})
 
-    def _wall_clock(self) -> _Stop:
-        return _Stop(FAILURE, f"wall-clock timeout ({self.timeout:g}s) reached without finish")
+    def _wall_clock(self) -> Stop:
+        return Stop(FAILURE, f"wall-clock timeout ({self.timeout:g}s) reached without finish")
 
     def _provider(self, name: str | None = None) -> Any:
         """The configured provider of that name, else the one asked first (the task's or role's
@@ -816,7 +603,7 @@ class _Episode:
                 self.result.messages, tools, counter=self.counter, limit=limit, elidable=elidable,
                 sent=lambda messages: api_messages(messages, profile))
         except context_budget.ContextOverflow as exc:
-            raise _Stop(ERROR, f"config: the episode does not fit the context of {spec.name} "
+            raise Stop(ERROR, f"config: the episode does not fit the context of {spec.name} "
                                f"({spec.context_window} tokens, {spec.max_output} kept for the answer): {exc}",
                         kind="config") from None
         self.sent_tokens = (tokens, self.counter.correction)
@@ -839,7 +626,7 @@ class _Episode:
         check = budget_check.get()
         if check is not None and (reason := check(self.cost_so_far())):
             await self.emit("error", f"budget: {reason}", {"error_kind": "budget"})
-            raise _Stop(ERROR, f"budget: {reason}", kind="budget")
+            raise Stop(ERROR, f"budget: {reason}", kind="budget")
         config = self.config
         profile = self._profile()
         tools = self.result.tools if self.tool_mode == "native" else None
@@ -866,12 +653,12 @@ class _Episode:
             ),
             remaining,
         ))
-        sandbox = self.sandbox_task
-        if sandbox is not None and not sandbox.done():
+        starting = self.lease.task
+        if starting is not None and not starting.done():
             try:
-                await asyncio.wait([call, sandbox], return_when=asyncio.FIRST_COMPLETED)
-                if sandbox.done() and sandbox.exception() is not None:
-                    await sandbox  # raises its _Stop
+                await asyncio.wait([call, starting], return_when=asyncio.FIRST_COMPLETED)
+                if self.lease.failed():
+                    await starting  # raises its Stop
             except BaseException:
                 call.cancel()  # no sandbox (or the episode is stopping): no use for the answer
                 await asyncio.wait([call])
@@ -885,7 +672,7 @@ class _Episode:
                 "error_kind": "llm", "type": type(err).__name__, "retryable": err.retryable,
                 "status_code": err.status_code, "attempts": err.attempts,
             })
-            raise _Stop(ERROR, f"LLM error: {type(err).__name__}: {err}", kind="llm", retryable=err.retryable) from None
+            raise Stop(ERROR, f"LLM error: {type(err).__name__}: {err}", kind="llm", retryable=err.retryable) from None
         self.count_model_call(chat)
         counted, correction = self.sent_tokens
         if self.counter is not None and correction:
@@ -927,7 +714,7 @@ class _Episode:
             config["max_tokens"] = min(int(config.get("max_tokens") or left_tokens), left_tokens)
         shared = None
         if share_sandbox and config.get("scene") == self.config.get("scene"):
-            await self._sandbox_ready()
+            await self.lease.ready()
             shared = self.sandbox
         parent_emit = self.emit
 
@@ -964,7 +751,7 @@ class _Episode:
             setattr(self.result, key, getattr(self.result, key) + getattr(result, key))
         self.left_cache = self.left_cache or child.left_cache
         if result.error_kind == "budget":  # the whole episode is over budget, not only the role
-            raise _Stop(ERROR, result.outcome_reason, kind="budget")
+            raise Stop(ERROR, result.outcome_reason, kind="budget")
         return result
 
     def _parse_arguments(self, name: str, raw: Any) -> tuple[Any, str | None, str]:
@@ -996,12 +783,11 @@ class _Episode:
         return args, None, ""
 
     def _record_skipped(self, call: dict[str, Any], fn: dict[str, Any], common: dict[str, Any], output: str) -> None:
-        self.result.steps.append({
-            "index": len(self.result.steps), "turn": self.turns, "tool_call_id": call.get("id"),
-            "tool": fn.get("name") or "", "arguments": fn.get("arguments"), "format": "native",
-            **common, "thought": "", "output": output, "exit_code": None, "duration_ms": 0,
-            "truncated": False, "timed_out": False, "error": "skipped: finish was called earlier in the turn",
-        })
+        step = Step(index=len(self.result.steps), turn=self.turns, tool_call_id=call.get("id"),
+                    tool=fn.get("name") or "", arguments=fn.get("arguments"), format="native",
+                    **{**common, "thought": ""}, output=output)
+        step.update(error="skipped: finish was called earlier in the turn")
+        self.result.steps.append(step.to_record())
 
     async def _step(
         self, runtime: SceneRuntime, call_id: str | None, name: str, raw_args: Any, common: dict[str, Any], fmt: str
@@ -1011,15 +797,12 @@ class _Episode:
         args, error, error_kind = self._parse_arguments(name, raw_args)
         # The arguments as parsed whenever they are JSON (a schema violation keeps its object),
         # the raw text only when they are not; `error_kind` says which check the step is for.
-        step: dict[str, Any] = {
-            "index": index, "turn": self.turns, "tool_call_id": call_id, "tool": name,
-            "arguments": args, "format": fmt, **common,
-            "output": "", "exit_code": None, "duration_ms": 0, "truncated": False, "timed_out": False,
-        }
+        step = Step(index=index, turn=self.turns, tool_call_id=call_id, tool=name, arguments=args, format=fmt,
+                    **common)
         if error_kind:
-            step["error_kind"] = error_kind
-        await self.emit("action", f"{name}({_short(json.dumps(step['arguments'], ensure_ascii=False), 160)})",
-                        {"index": index, "tool": name, "arguments": step["arguments"]})
+            step.update(error_kind=error_kind)
+        await self.emit("action", f"{name}({_short(json.dumps(args, ensure_ascii=False), 160)})",
+                        {"index": index, "tool": name, "arguments": args})
         result: ToolResult | None = None
         if error is None and runtime.is_finish(name):
             self.finished = True
@@ -1031,22 +814,22 @@ class _Episode:
                 # Answered (so the turn stays well-formed); the loop stops before the next call.
                 error = "not executed: the episode's wall-clock limit was reached"
         if error is None and result is None:
-            await self._sandbox_ready()
+            await self.lease.ready()
             try:
                 result = await runtime.aexecute_tool(
                     name, args, self.sandbox, self.config, timeout=min(self.step_timeout, remaining),
                 )
             except ToolError as exc:
                 error = str(exc)
-                step.update({k: v for k, v in exc.extra.items() if k not in step})  # ToolError(extra=...)
-            except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
+                step.update(**{k: v for k, v in exc.extra.items() if k not in step})  # ToolError(extra=...)
+            except LOST as exc:
                 raise await self._step_lost(step, exc) from None
             except SandboxError as exc:
-                if self.sandbox is None or not await self._sandbox_alive():
+                if not await self.lease.alive():
                     raise await self._step_lost(step, exc) from None
                 error = str(exc)  # the sandbox is fine: it refused what the agent asked
         if error is not None:
-            step["error"] = error
+            step.update(error=error)
             output = f"error: {error}"
         else:
             assert result is not None
@@ -1054,40 +837,40 @@ class _Episode:
             step.update(exit_code=result.exit_code, duration_ms=result.duration_ms,
                         truncated=result.truncated, timed_out=result.timed_out, **result.extra)
             if result.images:
-                step["images"] = list(result.images)
+                step.update(images=list(result.images))
                 self.turn_images.extend(result.images)
         output, cut = truncate_text(redact(output, labels=False))
-        step["output"] = output
-        step["truncated"] = bool(step["truncated"] or cut)
-        self.result.steps.append(step)
+        step.output = output
+        step.truncated = bool(step.truncated or cut)
+        self.result.steps.append(step.to_record())
         await self.emit("output", output.split("\n", 1)[0] if error is None else output, {
-            "index": index, "tool": name, "exit_code": step["exit_code"], "duration_ms": step["duration_ms"],
-            "truncated": step["truncated"], "timed_out": step["timed_out"], "error": step.get("error"),
+            "index": index, "tool": name, "exit_code": step.exit_code, "duration_ms": step.duration_ms,
+            "truncated": step.truncated, "timed_out": step.timed_out, "error": step.get("error"),
             "output": output[:EVENT_DATA_CHARS],
         })
         return output
 
-    async def _step_lost(self, step: dict[str, Any], exc: BaseException) -> _Stop:
+    async def _step_lost(self, step: Step, exc: BaseException) -> Stop:
         """Record the step the sandbox died in (its tool call stays unanswered) and end."""
         step.update(error=f"infrastructure: {exc}", error_kind="infrastructure")
-        self.result.steps.append(step)
+        self.result.steps.append(step.to_record())
         what = "infrastructure failure" if isinstance(exc, InfrastructureError) else "sandbox lost"
-        await self.emit("error", f"{what}: {exc}", {"error_kind": "infrastructure", "index": step["index"]})
-        return self._lost(exc, f"in step {step['index']} ({step['tool']})")
+        await self.emit("error", f"{what}: {exc}", {"error_kind": "infrastructure", "index": step.index})
+        return lost(exc, f"in step {step.index} ({step.tool})")
 
     # -- after finish
 
     async def _verify(self, runtime: SceneRuntime) -> None:
-        await self._sandbox_ready()
+        await self.lease.ready()
         await self.emit("system", f"finish: {self.result.final_answer}", {
             "final_answer": self.result.final_answer[:EVENT_DATA_CHARS]})
         try:
             reward, output = await _in_thread(runtime.verify, self.sandbox, self.config, self.result.final_answer)
-        except (SandboxNotFound, SandboxUnavailable, InfrastructureError) as exc:
-            raise self._lost(exc, "during verification") from None
+        except LOST as exc:
+            raise lost(exc, "during verification") from None
         except (SetupError, SandboxError) as exc:
             await self.emit("error", f"verifier could not run: {exc}", {"error_kind": "config"})
-            raise _Stop(ERROR, f"verifier could not run: {exc}", kind="config") from None
+            raise Stop(ERROR, f"verifier could not run: {exc}", kind="config") from None
         output = dict(output or {})
         for key in ("stdout", "stderr"):
             if isinstance(output.get(key), str):
@@ -1126,7 +909,7 @@ async def run_episode(
     backend name, or None for SANDBOX_BACKEND; `trajectory` owns the sandbox's record.
     With `on_sandbox_destroyed`, destroying the sandbox leaves its SandboxRecord to the caller:
     the callback gets the destroyed sandbox (called on the loop, so it must not block) and the
-    caller marks the record (records.records_destroyed), as a worker does together with storing
+    caller marks the record (sandbox_records.records_destroyed), as a worker does together with storing
     results, in its one ORM thread, instead of from many threads waiting on SQLite's lock."""
     episode = _Episode(
         config=config, llm=llm, sandbox_backend=sandbox_backend, cache_key_extra=cache_key_extra,

@@ -121,6 +121,11 @@ def assert_no_sandbox_left(backend: Any) -> None:
     assert not SandboxRecord.objects.filter(state__in=SandboxRecord.LIVE).exists()
 
 
+# A stored step's keys, in order (then what the step adds: error_kind, a tool's own keys, error, images).
+STEP_KEYS = ["index", "turn", "tool_call_id", "tool", "arguments", "format", "thought", "observation", "llm",
+             "output", "exit_code", "duration_ms", "truncated", "timed_out"]
+
+
 def roles(result: EpisodeResult) -> list[str]:
     return [m["role"] for m in result.messages]
 
@@ -360,6 +365,8 @@ def test_parallel_tool_calls_are_one_turn_and_calls_after_finish_are_not_execute
     assert [(s["tool"], s["turn"]) for s in result.steps] == [
         ("write_file", 1), ("write_file", 1), ("finish", 2), ("run_shell", 2)]
     assert result.steps[3]["error"].startswith("skipped") and result.steps[3]["exit_code"] is None
+    # The stored step's keys in their order (apps.engines.steps.Step.to_record); a skipped call adds its error.
+    assert [list(s) for s in result.steps] == [STEP_KEYS, STEP_KEYS, STEP_KEYS, [*STEP_KEYS, "error"]]
     assert roles(result)[-2:] == ["tool", "tool"]  # every tool call is answered
     assert_no_sandbox_left(local)
 
@@ -538,6 +545,7 @@ def test_malformed_tool_arguments_are_fed_back_and_the_agent_recovers(local: Any
     assert result.outcome == "success"
     bad = result.steps[0]
     assert "not valid JSON" in bad["error"] and bad["output"].startswith("error: ")
+    assert list(bad) == [*STEP_KEYS, "error_kind", "error"]
     assert bad["exit_code"] is None and isinstance(bad["arguments"], str)  # the raw text the model sent
     assert result.messages[3]["role"] == "tool" and result.messages[3]["content"] == bad["output"]
     assert "error" not in result.steps[1] and result.steps[1]["output"].startswith("wrote 2 bytes")
@@ -730,7 +738,7 @@ def test_the_wall_clock_limit_clips_a_command_and_fails_the_run(local: Any) -> N
 
 
 def test_a_scene_without_an_engine_is_an_honest_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from apps.engines import runtime as registry
+    from apps.engines import registry
 
     monkeypatch.delitem(registry.RUNTIMES, "gui")  # a registered scene whose engine is not there
     monkeypatch.setattr(registry, "_instances", {})
@@ -847,6 +855,7 @@ def test_a_server_without_parsers_gets_its_think_blocks_and_text_tool_calls_out_
                                   "content": result.steps[0]["output"]}
     assert [s["format"] for s in result.steps] == ["hermes_text", "hermes_text"]
     assert result.steps[0]["thought"] == "Writing." and result.steps[0]["reasoning_content"] == "Write it first."
+    assert list(result.steps[0]) == [*STEP_KEYS[:9], "reasoning_content", "provider_tool_call_id", *STEP_KEYS[9:]]
     stored = json.dumps(result.messages)
     assert "<think>" not in stored and "<tool_call>" not in stored
     # Qwen3's template drops earlier thinking: the profile sends none back.
