@@ -138,7 +138,7 @@ def main() -> int:
     setup_django()
     from apps.engines.llm import LLMClient, Provider
     from apps.engines.offline_model import MODEL_NAME, running_offline_model
-    from apps.engines.runtime import register_runtime
+    from apps.engines.registry import register_runtime
     from apps.engines.sandboxes.local import LocalBackend
     from trajplatform import artifacts
 

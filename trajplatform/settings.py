@@ -421,6 +421,8 @@ if WEBHOOK_URL and not WEBHOOK_SECRET:
     raise ImproperlyConfigured("WEBHOOK_URL is set but WEBHOOK_SECRET is empty: deliveries must be signed")
 HEALTH_LLM_TIMEOUT_S = env_float("HEALTH_LLM_TIMEOUT_S", 2.0)
 HEALTH_QUEUE_STALE_S = env_float("HEALTH_QUEUE_STALE_S", 120.0)
+# Scene packages outside apps/engines/scenes (each with a scene.py: docs/new-scene.md), comma-separated.
+SCENE_PACKAGES = env_list("SCENE_PACKAGES", "")
 PLATFORM_SKILLS_URL = env_str("PLATFORM_SKILLS_URL")  # VibeDataBot; set: only its active skills' scenes
 PLATFORM_SKILLS_TIMEOUT_S = env_float("PLATFORM_SKILLS_TIMEOUT_S", 5.0)
 # EnvScaler scene (apps/engines/scenes/envscaler): the sandbox image/profile whose python3 has fastmcp

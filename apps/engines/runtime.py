@@ -1,4 +1,11 @@
-"""What a scene gives the shared agent loop (apps/engines/agent.py), and the registry of them.
+"""What a scene is to the platform: its declaration (`Scene`) and its runtime (`SceneRuntime`),
+the part of it the shared agent loop (apps/engines/agent.py) runs.
+
+Each scene package (apps/engines/scenes/<id>/) declares itself in its scene.py as one `Scene`:
+id, texts, config schema, runtime ("module:Class"), review rubric, pipeline, export formats, docs
+page. The scene registry (apps/engines/registry.py, above the scenes) collects the declarations
+and installs itself here as the scene directory, so that the loop and a scene that composes
+others (multi_agent) find a runtime by scene id through this module, which imports no scene.
 
 A scene runtime provides tools, a system prompt, a sandbox spec, set-up, tool execution and
 verification; it never runs its own copy of the loop. Its methods are synchronous (the
@@ -66,13 +73,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from jsonschema import Draft202012Validator
 
 from apps.engines.sandboxes.base import in_thread
-from apps.engines.registry import SCENES
 
 
 class ToolError(Exception):
@@ -304,45 +311,100 @@ class SceneRuntime:
         return answer if isinstance(answer, str) else str(answer)
 
 
-# scene id -> "module:Class"; imported on first use so the registry costs nothing to load.
-RUNTIMES: dict[str, str] = {
-    "code_exec": "apps.engines.scenes.code_exec.runtime:CodeExecRuntime",
-    "envscaler": "apps.engines.scenes.envscaler.runtime:EnvScalerRuntime",
-    "toucan": "apps.engines.scenes.toucan.runtime:ToucanRuntime",
-    "toolace": "apps.engines.scenes.toolace.runtime:ToolAceRuntime",
-    "deep_search": "apps.engines.scenes.deep_search.runtime:DeepSearchRuntime",
-    "gui": "apps.engines.scenes.gui.runtime:GuiRuntime",
-    "mobile_agent": "apps.engines.scenes.mobile_agent.runtime:MobileRuntime",
-    "multi_agent": "apps.engines.scenes.multi_agent.runtime:MultiAgentRuntime",
-    "search2qa": "apps.engines.scenes.search2qa.runtime:Search2QARuntime",
+# -- the declaration ---------------------------------------------------------------------------
+
+# The review rubric's criteria most scenes share (the judge scores each criterion 0-100).
+GENERIC_RUBRIC: dict[str, str] = {
+    "tool_usage": "chooses fitting tools and calls them with correct arguments",
+    "reasoning": "thoughts are relevant, correct and lead to the actions",
+    "error_handling": "notices failed commands or tool errors and recovers from them",
+    "completeness": "the task is fully solved and the final answer states the result",
 }
-_instances: dict[str, SceneRuntime] = {}
+EFFICIENCY_CRITERION = {"efficiency": "reaches the goal without wasted or repeated steps"}
+TOOL_SELECTION_CRITERION = {"tool_selection": "picks the right tool for each sub-goal"}
 
 
-def register_runtime(scene_id: str, target: str | type[SceneRuntime]) -> None:
-    """Register a runtime class (or its "module:Class" path) for a scene id."""
-    _instances.pop(scene_id, None)
-    if isinstance(target, str):
-        RUNTIMES[scene_id] = target
-    else:
-        RUNTIMES[scene_id] = f"{target.__module__}:{target.__qualname__}"
-        _instances[scene_id] = target()
+@dataclass(frozen=True)
+class Scene:
+    """Everything the platform needs about one scene, declared in its package's scene.py as `SCENE`.
+
+    `check`: rules the schema cannot say, "module:function" given the config (schema-valid,
+    defaults filled in) and returning (field, reason) pairs. `runtime`: "module:Class" of its
+    SceneRuntime. `check`, `runtime` and `pipeline` ("module:function" building its generation
+    Pipeline from a run's config) are imported on first use. `rubric`: the judge's criteria;
+    `rubric_version` changes whenever they do (judge answers are cached per scene@version).
+    `export_formats`: the export formats made for this scene's records (a format some scenes
+    declare takes only their records). `docs`: the scene's page. `order`: its place in the
+    scene lists (the console, the API's /scenes, model choices)."""
+
+    id: str
+    title: str
+    description: str
+    config_schema: dict[str, Any]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    required_params: tuple[str, ...] = ()
+    check: str = ""
+    runtime: str = ""
+    rubric: dict[str, str] = field(default_factory=lambda: dict(GENERIC_RUBRIC))
+    rubric_version: str = "1"
+    pipeline: str | None = None
+    export_formats: tuple[str, ...] = ()
+    docs: str = ""
+    order: int = 1000
+
+    def validator(self) -> Draft202012Validator:
+        return Draft202012Validator(self.config_schema)
 
 
-def has_runtime(scene_id: str) -> bool:
-    return scene_id in RUNTIMES
+class SceneConfigError(ValueError):
+    """A scene config that does not match its scene's schema; `errors` is a list of (field, reason)."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+
+
+# JSON-schema pieces the declarations share.
+STR: dict[str, Any] = {"type": "string"}
+STR_LIST: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+FILES: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}, "description": "path -> file content"}
+
+
+def schema_object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A closed JSON object: these properties only."""
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+# -- the scene directory -------------------------------------------------------------------------
+
+class SceneDirectory(Protocol):
+    """What the loop and composing scenes ask of the scene registry (apps.engines.registry)."""
+
+    def scene_ids(self) -> list[str]: ...
+    def get_runtime(self, scene_id: str) -> SceneRuntime: ...
+    def has_runtime(self, scene_id: str) -> bool: ...
+    def validate_scene_config(self, scene_id: str, config: Any) -> dict[str, Any]: ...
+
+
+_directory: SceneDirectory | None = None
+
+
+def install_scene_directory(directory: SceneDirectory) -> None:
+    """Called by the scene registry when it loads (apps.engines.registry)."""
+    global _directory
+    _directory = directory
+
+
+def scene_directory() -> SceneDirectory:
+    if _directory is None:
+        raise NoEngineError("no scene registry loaded (apps.engines.registry installs it on import)")
+    return _directory
 
 
 def get_runtime(scene_id: str) -> SceneRuntime:
     """The runtime of a scene; NoEngineError("scene X has no engine yet") when there is none."""
-    if scene_id in _instances:
-        return _instances[scene_id]
-    target = RUNTIMES.get(scene_id)
-    if target is None:
-        if scene_id in SCENES:
-            raise NoEngineError(f"scene {scene_id} has no engine yet")
-        raise NoEngineError(f"unknown scene {scene_id!r}; valid scenes: {', '.join(SCENES)}")
-    module_name, _, class_name = target.partition(":")
-    runtime = getattr(importlib.import_module(module_name), class_name)()
-    _instances[scene_id] = runtime
-    return runtime
+    return scene_directory().get_runtime(scene_id)
+
+
+def has_runtime(scene_id: str) -> bool:
+    return scene_directory().has_runtime(scene_id)

@@ -48,84 +48,13 @@ from django.core.exceptions import ValidationError
 from jsonschema import Draft202012Validator
 
 from apps.engines.llm import LLMError, get_llm_client, llm_route
+from apps.engines.registry import RUBRICS, rubric_for, rubric_id  # noqa: F401 (RUBRICS: each scene declares its rubric)
 from apps.reviews import policy
 
-RUBRIC_VERSION = "1"
-# A scene whose rubric changed after its first release has its own version (judge answers are
-# cached per scene@version, so a changed rubric is judged afresh).
-RUBRIC_VERSIONS: dict[str, str] = {"toucan": "2"}  # 2: conciseness (Toucan's response check)
-
-
-def rubric_id(scene: str) -> str:
-    return f"{scene}@{RUBRIC_VERSIONS.get(scene, RUBRIC_VERSION)}"
 # The judge's calls are routed so (apps.engines.llm.llm_route): the offline stand-in knows them by
 # the header; a real model's prompt carries no marker.
 JUDGE_ROUTE = "judge"
 EVIDENCE_OPEN, EVIDENCE_CLOSE = "<evidence>", "</evidence>"
-
-GENERIC = {
-    "tool_usage": "chooses fitting tools and calls them with correct arguments",
-    "reasoning": "thoughts are relevant, correct and lead to the actions",
-    "error_handling": "notices failed commands or tool errors and recovers from them",
-    "completeness": "the task is fully solved and the final answer states the result",
-}
-_EFFICIENCY = {"efficiency": "reaches the goal without wasted or repeated steps"}
-_TOOL_SELECTION = {"tool_selection": "picks the right tool for each sub-goal"}
-RUBRICS: dict[str, dict[str, str]] = {
-    "code_exec": GENERIC,
-    "envscaler": {
-        **_TOOL_SELECTION,
-        "tool_execution": "calls succeed: valid arguments, correct order, state changes as intended",
-        "reasoning": GENERIC["reasoning"],
-        "completeness": "the environment ends in the state the task asks for",
-        **_EFFICIENCY,
-    },
-    "mobile_agent": {
-        "ui_understanding": "reads the screen / UI tree correctly (elements, state, navigation)",
-        "action_accuracy": "taps, swipes and text input hit the intended elements with correct values",
-        "reasoning": GENERIC["reasoning"],
-        "completeness": "the app ends in the state the task asks for",
-        **_EFFICIENCY,
-    },
-    "gui": {
-        "ui_understanding": "reads the page correctly (elements, state, navigation)",
-        "action_accuracy": "clicks and input hit the intended elements with correct values",
-        "reasoning": GENERIC["reasoning"],
-        "completeness": GENERIC["completeness"],
-    },
-    "toolace": {
-        **_TOOL_SELECTION,
-        "param_accuracy": "arguments are complete and correct; missing ones are asked for, not invented",
-        "reasoning": GENERIC["reasoning"],
-        "error_handling": GENERIC["error_handling"],
-        "completeness": GENERIC["completeness"],
-    },
-    "toucan": {
-        **_TOOL_SELECTION,
-        "tool_execution": "MCP tool calls succeed and their results are used",
-        "reasoning": GENERIC["reasoning"],
-        "completeness": GENERIC["completeness"],
-        "conciseness": "the final answer gives what was asked, without padding, repetition or unneeded calls",
-        "multi_tool": "combines several tools where the question needs it",
-    },
-    "search2qa": {
-        "search_quality": "queries and crawls find relevant, trustworthy sources",
-        "answer_accuracy": "the answer is correct, single and supported by the sources",
-        "cross_source_reasoning": "facts from several sources are combined correctly",
-        "reasoning": GENERIC["reasoning"],
-        "completeness": GENERIC["completeness"],
-    },
-    "deep_search": {
-        "search_quality": "queries and reading find relevant, trustworthy sources",
-        "answer_accuracy": "the answer is correct and supported by the sources",
-        "reasoning": GENERIC["reasoning"],
-        "completeness": GENERIC["completeness"],
-    },
-    "multi_agent": {
-        **GENERIC,
-        "coordination": "sub-agents get clear sub-tasks and their results are combined",
-    },
-}
 
 CHECK_PENALTIES: dict[str, tuple[float, float]] = {
     # check id -> (penalty per occurrence, cap)
@@ -174,10 +103,6 @@ _RESERVED_DOMAIN = re.compile(r"@(?:[A-Za-z0-9-]+\.)*(?:example\.(?:com|org|net)
 STEP_TEXT_CHARS = 600
 ARGUMENT_CHARS = 400
 HEAD_STEPS, TAIL_STEPS = 40, 10
-
-
-def rubric_for(scene: str) -> dict[str, str]:
-    return RUBRICS.get(scene, GENERIC)
 
 
 # -- deterministic checks ------------------------------------------------------------------------

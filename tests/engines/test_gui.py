@@ -20,7 +20,8 @@ from django.test import override_settings
 from apps.engines.scenes.gui.runtime import GuiRuntime, browser_config
 from apps.engines.scenes.gui.server import PageServer, miniwob_config
 from apps.engines.mcp import McpSessionError
-from apps.engines.runtime import InfrastructureError, SetupError, ToolError, register_runtime
+from apps.engines.registry import register_runtime
+from apps.engines.runtime import InfrastructureError, SetupError, ToolError
 from apps.engines.sandboxes.local import LocalBackend
 from tests.engines.test_agent import call, config_for, llm_env, run, scripted  # noqa: F401 - llm_env is a fixture
 from tests.engines.test_envscaler_runtime import _bwraps_using

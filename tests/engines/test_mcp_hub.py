@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from apps.engines import runtime as runtime_registry
+from apps.engines import registry as runtime_registry
 from apps.engines.scenes.envscaler.runtime import SERVER_ENV
 from apps.engines.llm import cache_identity
 from apps.engines.mcp import (

@@ -13,15 +13,8 @@ import pytest
 from apps.engines.scenes.code_exec.runtime import CodeExecRuntime
 from apps.engines.llm import cache_identity
 from apps.engines.offline_model import running_offline_model
-from apps.engines.runtime import (
-    RUNTIMES,
-    EpisodeContext,
-    SceneRuntime,
-    ToolError,
-    ToolResult,
-    current_episode,
-    register_runtime,
-)
+from apps.engines.registry import RUNTIMES, register_runtime
+from apps.engines.runtime import EpisodeContext, SceneRuntime, ToolError, ToolResult, current_episode
 from apps.engines.sandboxes import get_backend
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (fixture)
 

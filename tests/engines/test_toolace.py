@@ -19,15 +19,8 @@ from apps.engines import ask_user
 from apps.engines.offline_model import running_offline_model
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines import services as pipeline_services
-from apps.engines.runtime import (
-    RUNTIMES,
-    SceneRuntime,
-    ToolResult,
-    _instances,
-    current_episode,
-    get_runtime,
-    register_runtime,
-)
+from apps.engines.registry import RUNTIMES, _instances, get_runtime, register_runtime
+from apps.engines.runtime import SceneRuntime, ToolResult, current_episode
 from apps.engines.scenes.toolace import gates
 from apps.engines.scenes.toolace.pipeline import build as build_pipeline
 from apps.engines.scenes.toolace.runtime import ToolAceRuntime

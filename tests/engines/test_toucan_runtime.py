@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from apps.engines import runtime as runtime_registry
+from apps.engines import registry as runtime_registry
 from apps.engines.models import McpServer
 from apps.engines.runtime import get_runtime
 from apps.engines.sandboxes import get_backend

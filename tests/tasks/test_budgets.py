@@ -12,7 +12,8 @@ import pytest
 from django.utils import timezone
 
 from apps.engines.llm import ChatResult
-from apps.engines.runtime import RUNTIMES, SceneRuntime, ToolResult, current_episode, register_runtime
+from apps.engines.registry import RUNTIMES, register_runtime
+from apps.engines.runtime import SceneRuntime, ToolResult, current_episode
 from apps.reviews.selectors import batch_spend
 from apps.tasks import budgets, jobs
 from apps.tasks.models import Batch, Task, Trajectory, TrajectoryLog, UserBudget

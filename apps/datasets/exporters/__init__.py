@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import orjson
 from django.conf import settings
 
+from apps.engines.registry import export_scenes
 from trajplatform.redaction import redact, secret_values
 
 from . import aitw, dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
@@ -50,7 +51,8 @@ class Exporter:
     one_per_task: bool = False  # RL task shapes: the first renderable record of each task
     # Pairwise formats: one task's records, ctx -> ([(line, [source records])], excluded).
     render_group: Callable[[list[dict[str, Any]], dict[str, Any]], Any] | None = None
-    # A scene's own format (its records only; others are listed as excluded with the reason).
+    # A scene's own format (its records only; others are listed as excluded with the reason): the
+    # scenes whose declaration names it (apps/engines/scenes/<id>/scene.py export_formats).
     scenes: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
@@ -102,13 +104,15 @@ _ALL = [
              "conversations user/assistant/tool with calls in bracket syntax [f(a=1, b=\"x\")] (validated by parsing "
              "them back), clarifications as plain turns", toolace.render_toolace, toolace.validate_toolace),
     Exporter("qa", "1", False, "QA pairs (search2qa / deep_search): question, answer, aliases, sources, gates, "
-             "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True, scenes=qa.SCENES),
+             "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True,
+             scenes=export_scenes("qa")),
     Exporter("qa-verl", "1", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
              "answer and extra_info {aliases, sources, gates}", qa.render_qa_verl, qa.validate_qa_verl,
-             one_per_task=True, scenes=qa.SCENES),
+             one_per_task=True, scenes=export_scenes("qa-verl")),
     Exporter("multiagent-agentjet", "1", False, "multi_agent episodes in AgentJet's shape: per-agent timelines "
              "(messages with author llm|env and loss_mask) tagged by role, the shared reward (roles.py)",
-             roles.render_agentjet_multiagent, roles.validate_agentjet_multiagent, scenes=("multi_agent",)),
+             roles.render_agentjet_multiagent, roles.validate_agentjet_multiagent,
+             scenes=export_scenes("multiagent-agentjet")),
     Exporter("dpo-step-trl", "1", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
              "= the single assistant turns where they first diverge, tools, metadata (both ids, prefix length, "
              "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),
@@ -122,19 +126,19 @@ _ALL = [
              _interchange("validate_adp")),
     Exporter("aitw", "1", False, "Android in the Wild-style action records of mobile_agent episodes (aitw.py): "
              "per step the screen (artifact, UI annotations) and AitW's action type, normalised touch/lift, "
-             "typed text", aitw.render_aitw, aitw.validate_aitw, scenes=("mobile_agent",)),
+             "typed text", aitw.render_aitw, aitw.validate_aitw, scenes=export_scenes("aitw")),
     Exporter("reward-score", "1", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
              "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
     Exporter("sft-openai-vision", "1", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
              "parts of user messages (files next to the JSONL or data: URLs, option images)",
              vision.render_sft_openai_vision, vision.validate_sft_openai_vision,
-             scenes=("gui", "mobile_agent")),
+             scenes=export_scenes("sft-openai-vision")),
     Exporter("sharegpt-vision", "1", False, "LLaMA-Factory ShareGPT with an images column and one <image> token "
              "per image in its turn", vision.render_sharegpt_vision, vision.validate_sharegpt_vision,
-             scenes=("gui", "mobile_agent")),
+             scenes=export_scenes("sharegpt-vision")),
     Exporter("trl-vision", "1", False, "TRL vision SFT: messages of content parts ({type: image} placeholders), "
              "images list, tools", vision.render_trl_vision, vision.validate_trl_vision,
-             scenes=("gui", "mobile_agent")),
+             scenes=export_scenes("trl-vision")),
 ]
 FORMATS: dict[str, Exporter] = {e.name: e for e in _ALL}
 

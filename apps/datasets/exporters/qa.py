@@ -27,7 +27,6 @@ from .chat import RenderError, dumps_compact
 from .formats import _keys, _task_prompt, _tools, validate_verl
 
 Line = dict[str, Any]
-SCENES = ("search2qa", "deep_search")  # Exporter.scenes: other scenes' records are excluded with the reason
 KEYS = {"question", "answer", "aliases", "sources", "gates", "metadata"}
 
 

@@ -17,9 +17,9 @@ becomes a task through `apps.tasks.services.tasks_create` (validation, audit row
 `StageRun` that emitted it. See docs/pipelines.md; the runner is `apps.engines.pipelines.runner`,
 writes are in `.services`, the worker job and its reaper in `.jobs`.
 
-A scene declares its pipeline with the classes of `apps.engines.generation` (engine core) and
-registers it in `PIPELINES` as "module:function"; the function takes the run's config and returns
-a `Pipeline`.
+A scene builds its pipeline with the classes of `apps.engines.generation` (engine core) and
+declares it in its scene.py as `pipeline="module:function"` (`PIPELINES`, from the scene registry);
+the function takes the run's config and returns a `Pipeline`.
 """
 from __future__ import annotations
 
@@ -40,17 +40,10 @@ from apps.engines.generation import (
     Template,
     stage_route,
 )
-from apps.engines.registry import SCENES
+from apps.engines.registry import PIPELINES, SCENES
 
 __all__ = ["PIPELINES", "TASK_STAGE", "CodeStage", "Drop", "EpisodeStage", "LLMStage", "Pipeline", "PipelineError",
            "Stage", "Template", "pipeline_for", "stage_route"]
-
-# scene -> "module:function" building its Pipeline from a run's config.
-PIPELINES: dict[str, str] = {
-    "toucan": "apps.engines.scenes.toucan.pipeline:build",
-    "toolace": "apps.engines.scenes.toolace.pipeline:build",
-}
-
 
 def pipeline_for(scene: str, config: dict[str, Any] | None = None) -> Pipeline:
     """The scene's registered Pipeline for this config; PipelineError for a scene without one."""

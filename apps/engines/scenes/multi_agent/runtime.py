@@ -38,12 +38,14 @@ from typing import Any
 
 from apps.engines.runtime import (
     InfrastructureError,
+    SceneConfigError,
     SceneRuntime,
     SetupError,
     ToolError,
     ToolResult,
     current_episode,
     get_runtime,
+    scene_directory,
 )
 
 SCENE = "multi_agent"
@@ -74,23 +76,22 @@ def acting_role(config: dict[str, Any]) -> str:
 
 
 def check_config(scene_config: dict[str, Any]) -> list[tuple[str, str]]:
-    """Cross-field rules the JSON schema cannot say (scenes.py runs it on import): the base
+    """Cross-field rules the JSON schema cannot say (the registry runs it on import): the base
     scene exists, has an engine and is not multi_agent; role names are unique; the lead is a
     role; the base config is valid for the base scene."""
-    from apps.engines.runtime import has_runtime
-    from apps.engines.registry import SCENES, SceneConfigError, validate_scene_config
-
+    scenes = scene_directory()
     errors: list[tuple[str, str]] = []
     base = scene_config.get("base_scene")
     if base == SCENE:
         errors.append(("config.base_scene", "a multi_agent task cannot compose multi_agent"))
-    elif base not in SCENES:
-        errors.append(("config.base_scene", f"unknown scene {base!r}; one of: {', '.join(s for s in SCENES if s != SCENE)}"))
-    elif not has_runtime(base):
+    elif base not in scenes.scene_ids():
+        errors.append(("config.base_scene",
+                       f"unknown scene {base!r}; one of: {', '.join(s for s in scenes.scene_ids() if s != SCENE)}"))
+    elif not scenes.has_runtime(base):
         errors.append(("config.base_scene", f"scene {base} has no engine yet"))
     else:
         try:
-            validate_scene_config(base, scene_config.get("base_config") or {})
+            scenes.validate_scene_config(base, scene_config.get("base_config") or {})
         except SceneConfigError as exc:
             errors += [(f"config.base_config{field[len('config'):]}", reason) for field, reason in exc.errors]
     names = [r.get("name") for r in scene_config.get("roles") or []]
