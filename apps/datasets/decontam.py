@@ -33,6 +33,7 @@ import orjson
 from django.conf import settings
 
 from apps.datasets import dedup as dedup_mod
+from apps.tasks.models import Trajectory
 
 KEYS = ("test_sets", "ngram", "ngram_threshold", "embedding", "cosine_threshold")
 TEXT_FIELDS = ("question", "prompt", "problem", "instruction", "input", "query", "text", "answer", "solution",
@@ -233,8 +234,6 @@ def _embedding_matches(members: list[Member], items: list[Item], spec: dict[str,
 
 def members_of(trajectory_ids: Sequence[int], chunk: int = 500) -> Iterable[Member]:
     """The prompt and answer texts of these trajectories, read in chunks."""
-    from apps.tasks.models import Trajectory
-
     for start in range(0, len(trajectory_ids), chunk):
         rows = Trajectory.objects.filter(pk__in=trajectory_ids[start:start + chunk]).values_list(
             "pk", "task__prompt", "final_answer", "messages")

@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from django.conf import settings
+
 EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
 ACTION_VALUE_CHARS = 64
 _WS = re.compile(r"\s+")
@@ -153,8 +155,6 @@ def _load_model() -> Any:
 
 def sentence_embedder(texts: Sequence[str]) -> Any:
     """Embed texts with the bundled all-MiniLM-L6-v2 (unit-length rows, float32)."""
-    from django.conf import settings
-
     model = _load_model()
     return model.encode(
         list(texts), batch_size=settings.DATASET_EMBED_BATCH, normalize_embeddings=True,

@@ -29,14 +29,14 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from trajplatform.safefiles import UnsafePathError, atomic_output, open_regular, private_directory
-from trajplatform.schedules import ensure_schedule
-
-from apps.datasets import services
+from apps.datasets import exporters, services
 from apps.datasets.models import DatasetVersion, ExportJob
 from apps.datasets.selectors import member_rows
 from apps.datasets.spec import DatasetError
 from apps.tasks.models import Trajectory
+from trajplatform.safefiles import UnsafePathError, atomic_output, open_regular, private_directory
+from trajplatform.schedules import ensure_schedule
+from trajplatform.workers import holder_alive
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,8 @@ def _chunks(rows: list[tuple[int, int, str]], size: int) -> list[list[tuple[int,
 @functools.cache
 def _supports_start_index() -> bool:
     """Whether export_records accepts options["start_index"] (the first line's index)."""
-    from apps.datasets.exporters import export_records
-
     try:
-        export_records("raw", iter(()), io.BytesIO(), options={"start_index": 0})
+        exporters.export_records("raw", iter(()), io.BytesIO(), options={"start_index": 0})
     except ValueError:
         return False
     return True
@@ -117,8 +115,6 @@ def write_export(
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the export file at `path` (resuming from `path.parts/`); returns its facts."""
-    from apps.datasets.exporters import export_records, load_records
-
     exporter = services.check_exportable(version, fmt, split)
     rows = member_rows(version, split)
     options = dict(options or {})
@@ -166,7 +162,7 @@ def write_export(
         _check_hashes(chunk)
         with atomic_output(data, force=True) as out:
             chunk_options = {**options, "start_index": lines} if _supports_start_index() else options
-            result = export_records(fmt, load_records([r[0] for r in chunk]), out, options=chunk_options)
+            result = exporters.export_records(fmt, exporters.load_records([r[0] for r in chunk]), out, options=chunk_options)
         # The meta file marks the chunk complete; written after its data is on disk.
         _write_json_atomic(meta, {"lines": result.lines, "excluded": list(result.excluded),
                                   "bytes": data.stat().st_size})
@@ -228,8 +224,6 @@ def _export_worker_gone(job: ExportJob) -> str:
     """Why a running job's worker is gone ("" while it may still run): its process on this host
     has exited (or its pid now belongs to a younger process), or, from any host, it has run past
     django-q2's job timeout, after which the cluster has killed it."""
-    from apps.tasks.jobs import holder_alive
-
     host, _, pid = job.worker.partition(":")
     if host == socket.gethostname() and pid != str(os.getpid()) and not holder_alive(job.worker, job.started_at):
         return f"its worker {job.worker} is gone"

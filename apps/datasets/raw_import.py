@@ -11,6 +11,7 @@ Imported tasks are `completed`: they are data, not work for the queue.
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,9 +23,17 @@ import orjson
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 
+from apps.datasets.exporters.chat import RenderError
 from apps.datasets.exporters.formats import validate_raw
 from apps.datasets.exporters.records import TASK_FIELDS, TIMESTAMP_FIELDS, review_columns
+from apps.datasets.interchange import Image, InterchangeError, to_raw_lines
+from apps.reviews.models import Review
+from apps.tasks.models import Batch, Task, Trajectory
+from apps.tasks.services import BatchNameTaken, batch_create
+from trajplatform import artifacts
 from trajplatform.audit import audit_record
 
 MAX_ERRORS = 1000
@@ -93,9 +102,6 @@ class _Checker:
     """First pass: everything that could make the write fail, per line, without writing."""
 
     def __init__(self, batch_name: str | None) -> None:
-        from apps.reviews.models import Review
-        from apps.tasks.models import Task, Trajectory
-
         self.Task, self.Trajectory, self.Review = Task, Trajectory, Review
         self.batch_name = batch_name
         self.tasks: dict[int, tuple[int, dict[str, Any]]] = {}  # source task id -> (line, definition)
@@ -235,10 +241,6 @@ def _hashing(fp: IO[bytes], digest: Any) -> Iterator[bytes]:
 
 def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None = None) -> RawImportResult:
     """Import a raw export (JSONL) all or nothing; raises RawImportError listing every bad line."""
-    from apps.reviews.models import Review
-    from apps.tasks.models import Batch, Task, Trajectory
-    from apps.tasks.services import BatchNameTaken, batch_create
-
     if actor is not None and getattr(actor, "is_authenticated", False) and not actor.has_perm(IMPORT_PERMISSION):
         raise PermissionDenied(f"importing trajectories needs the {IMPORT_PERMISSION} permission (admin role): "
                                "an import writes tasks, outcomes and human verdicts as they are in the file")
@@ -333,3 +335,61 @@ def _flush(pending: list[tuple[Any, dict[str, Any]]], checker: _Checker, Traject
             reviews.append(Review(trajectory=trajectory, kind=kind, reviewer=reviewer, **values))
     Review.objects.bulk_create(reviews, batch_size=CHUNK)
     return len(reviews)
+
+
+# --- other tools' formats (apps.datasets.interchange) ------------------------------------------
+
+
+def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: str | None = None,
+                       outcome: str | None = None, scene: str | None = None) -> Any:
+    """Import a file of trajectories — ours (`raw`) or another tool's (ATIF / ADP / mini-swe-agent,
+    converted to raw lines first) — through the raw importer: all or nothing, one audit row; then
+    store the images the file carried and record which stored artifacts the new trajectories use.
+    `path_or_file` is a path or a binary file object (an upload); RawImportError lists the problems."""
+    images: dict[str, Image] = {}
+    if fmt != "raw":
+        if isinstance(path_or_file, (str, Path)):
+            path = Path(path_or_file)
+            if not path.is_file():
+                raise RawImportError([f"{path}: no such file"])
+            data, label = path.read_bytes(), str(path)
+        else:
+            data, label = path_or_file.read(), str(getattr(path_or_file, "name", "") or "upload")
+        try:
+            raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene, images=images)
+        except InterchangeError as exc:
+            raise RawImportError(exc.errors) from None
+        except RenderError as exc:
+            raise RawImportError([str(exc)]) from None
+        path_or_file = io.BytesIO(raw)
+        path_or_file.name = f"{Path(label).stem}.{fmt}"
+    # Images are stored only once the raw importer has accepted the file, inside its transaction:
+    # a refused file leaves nothing behind, a storage failure undoes the import.
+    with transaction.atomic():
+        result = trajectories_import(path_or_file=path_or_file, actor=actor, batch_name=batch_name)
+        _keep_images(images, result.batches)
+    return result
+
+
+def _keep_images(images: dict[str, Image], batches: list[Any]) -> None:
+    """Store the imported images and record the stored artifacts the new trajectories' messages and
+    steps name (screenshots of our own exports come back with their uses, so deleting the original
+    episode keeps them); on failure, remove the files this call wrote (their rows roll back)."""
+    files = artifacts.storage()
+    written: list[str] = []
+    try:
+        for sha, image in images.items():
+            name = artifacts.file_name(sha, image.mime)
+            if not files.exists(name):
+                written.append(name)
+            artifacts.store(image.data, image.mime, width=image.width, height=image.height)
+        # only rows whose JSON names an artifact are read back (the database does the scan)
+        rows = (Trajectory.objects.filter(task__batch__in=batches)
+                .annotate(messages_text=Cast("messages", TextField()), steps_text=Cast("steps", TextField()))
+                .filter(Q(messages_text__contains="artifact") | Q(steps_text__contains="artifact"))
+                .only("pk", "messages", "steps"))
+        artifacts.link_trajectories({t.pk: [t.messages, t.steps] for t in rows.iterator(chunk_size=500)})
+    except Exception:
+        for name in written:
+            files.delete(name)
+        raise

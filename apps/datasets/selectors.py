@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Subquery
 
-from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
 from apps.reviews.models import Review
 from apps.tasks.models import Trajectory
 
@@ -121,8 +121,6 @@ def export_checksums(version: DatasetVersion) -> list[dict[str, Any]]:
 
 def template_checks(version: DatasetVersion) -> list[dict[str, Any]]:
     """The data card's chat-template section: every check of the version's exports, newest first."""
-    from apps.datasets.models import TemplateCheck
-
     return [
         {"id": c.pk, "export": c.export_id, "format": c.format, "template": c.template,
          "template_sha256": c.template_sha256, "records": c.records, "passed": c.passed, "failed": c.failed,

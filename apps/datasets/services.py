@@ -20,15 +20,19 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.datasets import card as card_stats
-from apps.datasets import dedup as dedup_mod
+from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, templates
+from apps.datasets.exporters import FORMATS
 from apps.datasets.exporters.vision import card_images
-from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
 from apps.datasets.selectors import trajectories_with_reviews
 from apps.datasets.spec import LATER_DEFAULTS, DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
 from apps.engines.corpora import scene_corpus_licences
+from apps.reviews.models import Correction
 from apps.tasks.models import Task, Trajectory
+from trajplatform import schedules
 from trajplatform.audit import audit_record
+from trajplatform.realtime import send_to_groups
+from trajplatform.webhooks import webhook_emit
 
 __all__ = [
     "DatasetError", "FilterSpecError", "ExportError", "dataset_version_create", "dataset_version_publish",
@@ -61,8 +65,6 @@ def _require(actor: Any, permission: str, what: str) -> None:
 
 def exporter_formats() -> dict[str, Any]:
     """The registered exporters (imported lazily: the module is large and optional at start-up)."""
-    from apps.datasets.exporters import FORMATS
-
     return FORMATS
 
 
@@ -123,8 +125,6 @@ def _with_corrections(spec: dict[str, Any], qs: Any) -> Any:
     if not spec.get("prefer_corrections"):
         yield from qs.iterator(chunk_size=2000)
         return
-    from apps.reviews.models import Correction
-
     latest = dict(Correction.objects.filter(original__in=_scope(spec)).order_by("created_at", "id")
                   .values_list("original_id", "corrected_id"))
     frontier = set(latest.values())
@@ -432,8 +432,6 @@ def dataset_version_create(
 def _decontaminate(members: list[_Row], decontam_spec: dict[str, Any], excluded: list[dict[str, Any]],
                    embedder: dedup_mod.Embedder | None, progress: Progress | None) -> tuple[list[_Row], dict[str, Any]]:
     """(members left, the card's decontam section); matches are appended to excluded (stage decontam)."""
-    from apps.datasets import decontam
-
     try:
         found = decontam.check(decontam.members_of([r.trajectory_id for r in members]), decontam_spec,
                                embedder=embedder)
@@ -576,8 +574,6 @@ def export_states_message(version_id: int) -> dict[str, Any]:
 
 def export_state_changed(version_id: int) -> None:
     """An export of this version was created or changed state: after commit, its group hears."""
-    from apps.tasks.services import send_to_groups
-
     transaction.on_commit(lambda: send_to_groups({export_group_name(version_id): version_id}, export_states_message),
                           robust=True)  # the change stands whatever happens to its event: logged, not raised
 
@@ -617,9 +613,7 @@ def export_requeue(*, job_id: int, reason: str, max_claims: int) -> str:
 
 
 def _enqueue_export(job_id: int) -> None:
-    from trajplatform.schedules import enqueue
-
-    enqueue(EXPORT_JOB, job_id, group="dataset-exports")
+    schedules.enqueue(EXPORT_JOB, job_id, group="dataset-exports")
 
 
 def export_finish(*, job: ExportJob, sha256: str, lines: int, bytes: int, members: int,
@@ -656,8 +650,6 @@ def export_fail(*, job: ExportJob, error: str) -> ExportJob:
 
 def _export_ready(job: ExportJob) -> None:
     """The export.ready webhook (delivered after commit) for a job that just finished or failed."""
-    from trajplatform.webhooks import webhook_emit
-
     webhook_emit("export.ready", {
         "export": job.pk, "dataset": job.version.dataset.name, "version": job.version.number, "format": job.format,
         "split": job.split, "status": job.status, "sha256": job.sha256, "lines": job.lines, "bytes": job.bytes,
@@ -679,9 +671,6 @@ def template_check_run(*, job: ExportJob, template_name: str, actor: Any, by_nam
     template that cannot be loaded; the check itself reads the file outside the transaction.
     by_name (the API): only a name in DATASET_CHAT_TEMPLATE_DIR, never a path.
     """
-    from apps.datasets import templates
-    from apps.datasets.models import TemplateCheck
-
     _require(actor, EXPORT_PERMISSION, "checking an export against a chat template")
     if job.status != ExportJob.Status.DONE:
         raise ExportError(f"export #{job.pk} is {job.status}; only a finished export can be checked")

@@ -80,7 +80,7 @@ def test_the_service_refuses_a_user_without_the_permission_even_from_the_command
         exported: tuple[list[int], Path], make_user: Any) -> None:
     from django.core.exceptions import PermissionDenied
 
-    from apps.datasets.interchange import interchange_import
+    from apps.datasets.raw_import import interchange_import
 
     _, path = exported
     with pytest.raises(PermissionDenied, match="tasks.add_trajectory"):

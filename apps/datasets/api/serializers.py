@@ -6,6 +6,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob
+from apps.datasets.selectors import export_checksums, template_checks
 from trajplatform.api import INT64_MAX, LimitedJSONField, StrictSerializerMixin
 
 
@@ -48,13 +49,9 @@ class VersionDetailSerializer(VersionSerializer):
         read_only_fields = fields
 
     def get_exports(self, version: DatasetVersion) -> list[dict[str, Any]]:
-        from apps.datasets.selectors import export_checksums
-
         return export_checksums(version)
 
     def get_template_checks(self, version: DatasetVersion) -> list[dict[str, Any]]:
-        from apps.datasets.selectors import template_checks
-
         return template_checks(version)
 
 

@@ -14,7 +14,8 @@ from rest_framework.views import APIView
 
 from apps.datasets import selectors, services
 from apps.datasets.api import serializers as s
-from apps.datasets.models import ExportJob
+from apps.datasets.models import DatasetVersion, ExportJob
+from apps.datasets.raw_import import interchange_import
 from apps.tasks.api.views import ERRORS
 from trajplatform.api import ErrorSerializer, get_object_or_404
 
@@ -45,8 +46,6 @@ class VersionListView(GenericAPIView):
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
-            from apps.datasets.models import DatasetVersion
-
             return DatasetVersion.objects.none()
         return selectors.versions_of(selectors.dataset_get(self.kwargs["name"]))
 
@@ -155,8 +154,6 @@ class TrajectoryImportView(APIView):
     @extend_schema(request={"multipart/form-data": s.TrajectoryImportSerializer},
                    responses={201: s.TrajectoryImportResultSerializer, 415: ErrorSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
-        from apps.datasets.interchange import interchange_import
-
         body = s.TrajectoryImportSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data

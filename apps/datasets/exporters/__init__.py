@@ -26,6 +26,8 @@ from typing import Any, BinaryIO
 import orjson
 from django.conf import settings
 
+from apps.datasets.interchange.adp import render_adp, validate_adp
+from apps.datasets.interchange.atif import render_atif, validate_atif
 from apps.engines.registry import export_scenes
 from trajplatform.redaction import redact, secret_values
 
@@ -57,17 +59,6 @@ class Exporter:
 
     def __repr__(self) -> str:
         return f"<Exporter {self.name} v{self.version}>"
-
-
-def _interchange(name: str) -> Callable[..., Any]:
-    """A function of apps.datasets.interchange, imported when called (that package imports this one)."""
-    def call(*args: Any) -> Any:
-        from apps.datasets import interchange
-
-        return getattr(interchange, name)(*args)
-
-    call.__name__ = name
-    return call
 
 
 _ALL = [
@@ -120,10 +111,9 @@ _ALL = [
              "outcome), tools", kto.render_kto, kto.validate_kto),
     Exporter("atif", "1", False, "Harbor's Agent Trajectory Interchange Format (ATIF-v1.4), one trajectory per "
              "line: steps with tool_calls and observation results, final_metrics, our record in extra.trajplatform",
-             _interchange("render_atif"), _interchange("validate_atif")),
+             render_atif, validate_atif),
     Exporter("adp", "1", False, "neulab's Agent Data Protocol (1.2.0): text_observation / api_action / "
-             "message_action content, our record in details.trajplatform", _interchange("render_adp"),
-             _interchange("validate_adp")),
+             "message_action content, our record in details.trajplatform", render_adp, validate_adp),
     Exporter("aitw", "1", False, "Android in the Wild-style action records of mobile_agent episodes (aitw.py): "
              "per step the screen (artifact, UI annotations) and AitW's action type, normalised touch/lift, "
              "typed text", aitw.render_aitw, aitw.validate_aitw, scenes=export_scenes("aitw")),

@@ -7,13 +7,10 @@ from typing import Any
 
 import orjson
 
+from apps.datasets.record_schema import RenderError
 from apps.engines.ask_user import ASK_USER
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
-class RenderError(ValueError):
-    """A record that cannot be expressed in a format; the message is the exclusion reason."""
 
 
 def dumps_compact(value: Any) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from apps.datasets.record_schema import key_problems as _keys
+
 from .chat import (
     RenderError,
     dumps_compact,
@@ -22,14 +24,6 @@ from .chat import (
 from .records import RAW_SCHEMA_VERSION
 
 Line = dict[str, Any]
-
-
-def _keys(obj: Any, required: set[str], optional: set[str] = frozenset(), where: str = "line") -> list[str]:
-    if not isinstance(obj, dict):
-        return [f"{where}: must be an object"]
-    problems = [f"{where}.{k}: missing" for k in sorted(required - obj.keys())]
-    problems += [f"{where}.{k}: unexpected field" for k in sorted(obj.keys() - required - optional)]
-    return problems
 
 
 def _nonempty(obj: dict[str, Any], *keys: str) -> list[str]:

@@ -15,17 +15,13 @@ from itertools import islice
 from typing import Any
 
 import orjson
-from django.db.models import QuerySet, TextField
+from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
-RAW_SCHEMA_VERSION = "trajplatform.raw/1"
+from apps.datasets.record_schema import RAW_SCHEMA_VERSION, TASK_FIELDS
+from apps.reviews.models import Preference, Review
+from apps.tasks.models import Trajectory
 
-# Task columns that define the task (its status and iteration counter are bookkeeping).
-TASK_FIELDS = (
-    "scene", "prompt", "external_id", "scene_config", "expected_tools", "model", "temperature", "top_p",
-    "max_steps", "step_timeout_s", "timeout_s", "max_tokens", "system_prompt_extra", "max_iterations",
-    "quality_threshold", "samples_per_iteration", "priority",
-)
 TRAJECTORY_FIELDS = (
     "iteration", "sample_index", "status", "messages", "tools", "steps", "final_answer", "outcome",
     "outcome_reason", "reward", "verifier_output", "model", "config_snapshot", "prompt_tokens",
@@ -74,8 +70,6 @@ def json_values(queryset: QuerySet, fields: Iterable[str]) -> Iterator[dict[str,
 
 def review_columns() -> tuple[list[str], list[str]]:
     """(auto fields, human fields) restricted to the columns the Review model has today."""
-    from apps.reviews.models import Review
-
     have = {f.name for f in Review._meta.concrete_fields}
     return [f for f in AUTO_REVIEW_FIELDS if f in have], [f for f in HUMAN_REVIEW_FIELDS if f in have]
 
@@ -86,8 +80,6 @@ def _iso(value: Any) -> Any:
 
 def _latest_reviews(ids: list[int]) -> dict[int, dict[str, Any]]:
     """trajectory id -> {"auto": latest done automatic review, "human": latest human review}."""
-    from apps.reviews.models import Review
-
     auto_fields, human_fields = review_columns()
     wanted = sorted(set(auto_fields) | set(human_fields) | {"kind", "status"})
     queryset = Review.objects.filter(trajectory_id__in=ids).order_by("trajectory_id", "-created_at", "-id")
@@ -106,10 +98,6 @@ def _latest_reviews(ids: list[int]) -> dict[int, dict[str, Any]]:
 def _add_preferences(ids: list[int], out: dict[int, dict[str, Any]]) -> None:
     """People's picks between rollouts (the console's "prefer A over B") under reviews.preferences of
     both trajectories, newest first; records of trajectories without one keep their shape."""
-    from django.db.models import Q
-
-    from apps.reviews.models import Preference
-
     rows = (Preference.objects.filter(Q(chosen_id__in=ids) | Q(rejected_id__in=ids))
             .order_by("-created_at", "-id").values_list("chosen_id", "rejected_id", "reviewer__username", "created_at"))
     for chosen, rejected, reviewer, at in rows:
@@ -150,8 +138,6 @@ MAX_SUBTRAJECTORY_DEPTH = 4
 def _subtrajectories(parent_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     """parent id -> its sub-episodes' records (apps.tasks.models.Trajectory.parent), nested ones
     under theirs; one query per level of nesting."""
-    from apps.tasks.models import Trajectory
-
     out: dict[int, list[dict[str, Any]]] = {}
     found: dict[int, dict[str, Any]] = {}
     parents = list(parent_ids)
@@ -178,8 +164,6 @@ def load_records(trajectory_ids: Sequence[int], *, chunk_size: int = 500) -> Ite
     roles, apps/datasets/exporters/roles.py) carries them under `subtrajectories`; others have
     no such key, so their records are what they were. Ids that no longer exist are skipped.
     """
-    from apps.tasks.models import Trajectory
-
     if chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")
     fields = _row_fields()

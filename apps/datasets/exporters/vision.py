@@ -29,9 +29,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from django.db.models import Count, Sum
+
+from trajplatform import artifacts
+from trajplatform.artifacts import URL_PREFIX, Artifact, ArtifactUse
 from trajplatform.safefiles import atomic_output, private_directory
 
 from .chat import RenderError, dumps_compact, function_specs, parse_arguments, validate_tools
+from .formats import THINK_CLOSE, THINK_OPEN, validate_sharegpt
 
 IMAGE_MODES = ("files", "base64")
 IMAGE_TOKEN = "<image>"
@@ -43,8 +48,6 @@ SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _image_refs(content: Any) -> list[str]:
-    from trajplatform.artifacts import URL_PREFIX
-
     return [p["image_url"]["url"][len(URL_PREFIX):] for p in content
             if isinstance(p, dict) and p.get("type") == "image_url"
             and str((p.get("image_url") or {}).get("url", "")).startswith(URL_PREFIX)]
@@ -107,8 +110,6 @@ class ImageSink:
             raise RenderError("images='files' needs an image_dir (the export job sets one next to the JSONL)")
 
     def __call__(self, sha: str) -> str:
-        from trajplatform import artifacts
-
         try:
             artifact = artifacts.get(sha)
         except artifacts.ArtifactError as exc:
@@ -206,8 +207,6 @@ def validate_sft_openai_vision(obj: Any) -> list[str]:
 
 
 def render_sharegpt_vision(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
-    from .formats import THINK_CLOSE, THINK_OPEN
-
     sink = ImageSink(ctx)
     turns: list[tuple[dict[str, str], list[str]]] = []  # (turn, its images in order)
     system = ""
@@ -251,8 +250,6 @@ def render_sharegpt_vision(record: dict[str, Any], ctx: dict[str, Any]) -> dict[
 
 
 def validate_sharegpt_vision(obj: Any) -> list[str]:
-    from .formats import validate_sharegpt
-
     if not isinstance(obj, dict):
         return ["line: must be an object"]
     problems = validate_sharegpt({k: v for k, v in obj.items() if k != "images"})
@@ -332,10 +329,6 @@ def validate_trl_vision(obj: Any) -> list[str]:
 
 def card_images(trajectory_ids: list[int]) -> dict[str, int]:
     """The images a dataset's trajectories keep: trajectories with any, distinct images, their bytes."""
-    from django.db.models import Count, Sum
-
-    from trajplatform.artifacts import Artifact, ArtifactUse
-
     uses = ArtifactUse.objects.filter(trajectory_id__in=trajectory_ids)
     per = uses.aggregate(trajectories=Count("trajectory_id", distinct=True), uses=Count("id"))
     distinct = Artifact.objects.filter(uses__trajectory_id__in=trajectory_ids).distinct()

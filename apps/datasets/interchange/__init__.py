@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
-from django.db import transaction
 
-from ..exporters.chat import RenderError
+from apps.datasets.record_schema import RenderError
+
 from ._common import OUTCOMES, Image, InterchangeError
 from .adp import ADP_VERSION, ADP_VERSIONS, WEB_TEXT_MAX_CHARS, from_adp, render_adp, validate_adp
 from .atif import AGENT_NAME, AGENT_VERSION, ATIF_VERSION, ATIF_VERSIONS, from_atif, render_atif, validate_atif
@@ -54,7 +54,7 @@ from .mini_swe_agent import from_mini_swe_agent
 __all__ = [
     "ADP_VERSION", "ADP_VERSIONS", "AGENT_NAME", "AGENT_VERSION", "ATIF_VERSION", "ATIF_VERSIONS", "IMPORT_FORMATS",
     "MAX_ERRORS", "OUTCOMES", "READERS", "WEB_TEXT_MAX_CHARS", "Image", "InterchangeError", "from_adp", "from_atif",
-    "from_mini_swe_agent", "interchange_import", "render_adp", "render_atif", "to_raw_lines", "validate_adp",
+    "from_mini_swe_agent", "render_adp", "render_atif", "to_raw_lines", "validate_adp",
     "validate_atif",
 ]
 
@@ -118,66 +118,3 @@ def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = Non
     if errors:
         raise InterchangeError(errors[0], errors)
     return out.getvalue()
-
-
-def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: str | None = None,
-                       outcome: str | None = None, scene: str | None = None) -> Any:
-    """Import a file of trajectories — ours (`raw`) or another tool's (ATIF / ADP / mini-swe-agent,
-    converted to raw lines first) — through the raw importer: all or nothing, one audit row; then
-    store the images the file carried and record which stored artifacts the new trajectories use.
-    `path_or_file` is a path or a binary file object (an upload); RawImportError lists the problems."""
-    from apps.datasets.raw_import import RawImportError, trajectories_import
-
-    images: dict[str, Image] = {}
-    if fmt != "raw":
-        if isinstance(path_or_file, (str, Path)):
-            path = Path(path_or_file)
-            if not path.is_file():
-                raise RawImportError([f"{path}: no such file"])
-            data, label = path.read_bytes(), str(path)
-        else:
-            data, label = path_or_file.read(), str(getattr(path_or_file, "name", "") or "upload")
-        try:
-            raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene, images=images)
-        except InterchangeError as exc:
-            raise RawImportError(exc.errors) from None
-        except RenderError as exc:
-            raise RawImportError([str(exc)]) from None
-        path_or_file = io.BytesIO(raw)
-        path_or_file.name = f"{Path(label).stem}.{fmt}"
-    # Images are stored only once the raw importer has accepted the file, inside its transaction:
-    # a refused file leaves nothing behind, a storage failure undoes the import.
-    with transaction.atomic():
-        result = trajectories_import(path_or_file=path_or_file, actor=actor, batch_name=batch_name)
-        _keep_images(images, result.batches)
-    return result
-
-
-def _keep_images(images: dict[str, Image], batches: list[Any]) -> None:
-    """Store the imported images and record the stored artifacts the new trajectories' messages and
-    steps name (screenshots of our own exports come back with their uses, so deleting the original
-    episode keeps them); on failure, remove the files this call wrote (their rows roll back)."""
-    from django.db.models import Q, TextField
-    from django.db.models.functions import Cast
-
-    from apps.tasks.models import Trajectory
-    from trajplatform import artifacts
-
-    files = artifacts.storage()
-    written: list[str] = []
-    try:
-        for sha, image in images.items():
-            name = artifacts.file_name(sha, image.mime)
-            if not files.exists(name):
-                written.append(name)
-            artifacts.store(image.data, image.mime, width=image.width, height=image.height)
-        # only rows whose JSON names an artifact are read back (the database does the scan)
-        rows = (Trajectory.objects.filter(task__batch__in=batches)
-                .annotate(messages_text=Cast("messages", TextField()), steps_text=Cast("steps", TextField()))
-                .filter(Q(messages_text__contains="artifact") | Q(steps_text__contains="artifact"))
-                .only("pk", "messages", "steps"))
-        artifacts.link_trajectories({t.pk: [t.messages, t.steps] for t in rows.iterator(chunk_size=500)})
-    except Exception:
-        for name in written:
-            files.delete(name)
-        raise

@@ -8,9 +8,8 @@ from typing import Any, Iterator, NamedTuple
 
 import orjson
 
-from ..exporters.chat import RenderError
-from ..exporters.formats import _keys
-from ..exporters.records import RAW_SCHEMA_VERSION
+from apps.datasets.record_schema import RAW_SCHEMA_VERSION, TASK_FIELDS, RenderError, key_problems as _keys
+from apps.tasks.models import Task
 
 OUTCOMES = ("success", "failure")
 _KEPT_OUT = ("messages",)  # rebuilt from the steps / content
@@ -127,9 +126,6 @@ def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str,
              and (m.get("provenance") or {}).get("source") != "environment"]
     if not users:
         raise InterchangeError(f"{external_id}: no user message (the task)")
-    from apps.datasets.exporters.records import TASK_FIELDS
-    from apps.tasks.models import Task
-
     task = {f: Task._meta.get_field(f).get_default() for f in TASK_FIELDS}  # the defaults a new task gets
     task.update(scene=options.get("scene") or "code_exec", prompt=users[0]["content"], external_id=external_id[:200],
                 model=model[:200], batch="")

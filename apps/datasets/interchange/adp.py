@@ -9,10 +9,16 @@ import hashlib
 import re
 from typing import Any
 
-from ..exporters.chat import RenderError
-from ..exporters.formats import _keys
-from ._common import (Image, InterchangeError, _args_object, _args_text, _argument_texts, _as_written,
-                      _foreign_record, _head, _ours, _provenance, _restore_arguments, _turns)
+import lxml.etree
+import lxml.html
+
+from apps.datasets.record_schema import RenderError, key_problems as _keys
+from trajplatform import artifacts, images
+
+from ._common import (
+    Image, InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _head, _ours,
+    _provenance, _restore_arguments, _turns,
+)
 
 ADP_VERSION = "1.2.0"
 ADP_VERSIONS = ("1.0.0", "1.1.0", "1.2.0")
@@ -51,8 +57,6 @@ def _adp_images(parts: list[Any]) -> list[dict[str, Any]]:
     """A vision episode's image message (the page after a turn) as ADP image observations, the
     image inlined as a data: URL (ADP takes a path, a link or a data: URL; ours are in the store).
     The message's text label has no ADP field: `trajplatform_messages` keeps it."""
-    from trajplatform import artifacts
-
     items = []
     for part in parts:
         url = str(((part or {}).get("image_url") or {}).get("url", "")) if isinstance(part, dict) else ""
@@ -222,9 +226,6 @@ _BLOCK_TAGS = ("br", "p", "div", "li", "tr", "td", "th", "h1", "h2", "h3", "h4",
 
 def _html_text(html: str) -> str:
     """The visible text of a page (navigation included: a web agent acts on it), one block a line."""
-    import lxml.etree
-    import lxml.html
-
     try:
         root = lxml.html.fromstring(html)
     except (ValueError, lxml.etree.ParserError) as exc:
@@ -243,8 +244,6 @@ _DATA_URL = re.compile(r"^data:(image/[a-z]+);base64,(.*)$", re.S)
 
 def _image_data(content: Any) -> Image:
     """An ADP image the importer can keep: a data: URL of a PNG, JPEG, WebP or GIF (nothing is fetched)."""
-    from trajplatform import artifacts, images
-
     match = _DATA_URL.match(content) if isinstance(content, str) else None
     if match is None:
         raise InterchangeError(f"the image {str(content)[:80]!r} is a path or link; only images inlined as "

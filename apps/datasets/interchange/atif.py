@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..exporters.chat import RenderError
-from ._common import (InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record,
-                      _head, _ours, _provenance, _restore_arguments, _turns)
+from apps.datasets.record_schema import RenderError
+
+from ._common import (
+    InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _head, _ours,
+    _provenance, _restore_arguments, _turns,
+)
 
 ATIF_VERSION = "ATIF-v1.4"
 ATIF_VERSIONS = ("ATIF-v1.0", "ATIF-v1.1", "ATIF-v1.2", "ATIF-v1.3", "ATIF-v1.4", "ATIF-v1.5")

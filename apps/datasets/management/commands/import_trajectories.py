@@ -6,8 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.datasets.cli import resolve_user
-from apps.datasets.interchange import interchange_import
-from apps.datasets.raw_import import RawImportError
+from apps.datasets.raw_import import RawImportError, interchange_import
 
 MAX_ERRORS_SHOWN = 200
 
