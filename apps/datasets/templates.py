@@ -100,8 +100,8 @@ def _sha(text: str) -> str:
 
 @lru_cache(maxsize=16)
 def _byte_tokenizer(specials: tuple[str, ...]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # deferred: tokenizers, for the template check only
+    from transformers import PreTrainedTokenizerFast  # deferred: transformers (seconds to import)
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
@@ -114,7 +114,7 @@ def _byte_tokenizer(specials: tuple[str, ...]) -> Any:
 def tokenizer_for(template: ChatTemplate) -> Any:
     """The tokenizer the check encodes with (the template's own directory, else byte-level)."""
     if template.tokenizer_dir:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: transformers (seconds to import)
 
         return AutoTokenizer.from_pretrained(template.tokenizer_dir, local_files_only=True)
     return _byte_tokenizer(tuple(sorted(set(_CONTROL.findall(template.text)))))
