@@ -24,6 +24,9 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from apps.engines.registry import SCENES
+from apps.reviews.models import PolicyRule
+
 GREEN, YELLOW, RED, REFUSE = "green", "yellow", "red", "refuse"
 TIER_ORDER = {GREEN: 0, YELLOW: 1, RED: 2, REFUSE: 3}
 
@@ -83,8 +86,6 @@ class Rule:
 
 def rules() -> dict[str, Rule]:
     """The enabled rules by field, from the table (the defaults when the table is empty)."""
-    from apps.reviews.models import PolicyRule
-
     rows = list(PolicyRule.objects.values())
     source = rows if rows else DEFAULT_RULES
     table = {}
@@ -198,8 +199,6 @@ def current_value(task: Any, field: str) -> Any:
 
 def check_value(task: Any, field: str, value: Any) -> None:
     """Raise ValidationError unless `value` is a valid value of `field` on this task."""
-    from apps.engines.registry import SCENES
-
     if field.startswith(SCENE_PREFIX):
         key = field[len(SCENE_PREFIX):]
         config = dict(task.scene_config or {})

@@ -26,10 +26,12 @@ The loop, as decided here (README "Review loop"):
 """
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from statistics import mean
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -37,10 +39,12 @@ from django.utils import timezone
 
 from apps.reviews import policy
 from apps.reviews.models import Correction, Preference, Proposal, Review, ReviewClaim
+from apps.reviews.review_agent import Rejected, draft_proposals, overall_score
 from apps.tasks.models import Task, Trajectory
-from apps.tasks.services import TransitionError
+from apps.tasks.services import TransitionError, task_start_iteration
 from trajplatform.audit import audit_record
 from trajplatform.redaction import storable
+from trajplatform.webhooks import webhook_emit
 
 REVIEW_AGENT = "review-agent"
 DECISIONS = ("approve", "reject", "choose")
@@ -57,8 +61,6 @@ class AlreadyDecided(DecisionError):
 
 def webhook(event: str, data: dict[str, Any]) -> None:
     """Queue a webhook delivery inside the current transaction (delivered after commit)."""
-    from trajplatform.webhooks import webhook_emit
-
     webhook_emit(event, data)
 
 
@@ -93,8 +95,6 @@ def review_store(*, review: Review, checks: dict[str, Any], result: Any = None, 
 
     `result` is a review_agent.JudgeResult (status done, overall by the documented formula),
     `failure` a review_agent.JudgeFailed (status judge_failed, no score)."""
-    from apps.reviews.review_agent import overall_score
-
     now = timezone.now()
     if result is not None:
         fields: dict[str, Any] = {
@@ -144,8 +144,6 @@ def _finish(task: Task, status: str, reason: str, data: dict[str, Any], actor: A
 
 def _start_next(task: Task, actor: Any = None) -> None:
     """Inside the caller's transaction, with the task locked: run its next iteration."""
-    from apps.tasks.services import task_start_iteration
-
     if task.status != Task.Status.REVIEWING:
         task.status = Task.Status.REVIEWING
         task.save(update_fields=["status", "updated_at"])
@@ -157,8 +155,6 @@ def iteration_conclude(*, task_id: int, iteration: int) -> Task | None:
 
     A no-op (returns None) unless the task is reviewing this iteration and every finished
     trajectory of it has a scored review."""
-    from apps.reviews.review_agent import Rejected, draft_proposals
-
     with transaction.atomic():
         task = Task.objects.select_for_update().filter(pk=task_id).first()
         if task is None or task.status != Task.Status.REVIEWING or task.current_iteration != iteration:
@@ -557,10 +553,6 @@ def review_claim(*, trajectory: Trajectory, actor: Any) -> ReviewClaim:
     actor already gave a verdict, or when the trajectory has not finished. Claims past their expiry
     are marked expired here (listed in the audit row). Two reviewers racing for the last slot insert
     the same (trajectory, slot) under a partial unique constraint: one of them gets ClaimError."""
-    from datetime import timedelta
-
-    from django.conf import settings
-
     _require_reviewer(actor)
     per_item = max(1, settings.REVIEW_REVIEWERS_PER_ITEM)
     now = timezone.now()
