@@ -12,10 +12,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from apps.datasets import exporters
-from apps.datasets.jobs import export_run
 from apps.datasets.models import ExportJob
-from apps.datasets.services import dataset_version_create, dataset_version_publish, export_start
-from tests.datasets.version_data import loader_failing_on_call, make_trajectory, no_dedup
+from tests.datasets.test_export_jobs import published_version, run_export_job
+from tests.datasets.version_data import loader_failing_on_call
 from tests.test_images import artifact_store, png_bytes  # noqa: F401 (artifact_store is a fixture)
 
 pytestmark = pytest.mark.django_db
@@ -23,11 +22,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def version(make_task: Any, approver: Any) -> Any:
-    for i in range(3):
-        task = make_task(prompt=f"Write program number {i}")
-        make_trajectory(task, code=f"print({i})", score=90, reward=1.0)
-    v = dataset_version_create(dataset_name="hardening", actor=approver, filter_spec=no_dedup())
-    return dataset_version_publish(version=v, actor=approver)
+    return published_version(make_task, approver, "hardening", 3)
 
 
 @pytest.fixture
@@ -39,8 +34,7 @@ def victim(tmp_path: Path) -> Path:
 
 
 def _run(version: Any, out: Path, **kw: Any) -> ExportJob:
-    job = export_start(version=version, fmt="sft-openai", split="all", actor=None, enqueue=False, out_path=out, **kw)
-    return export_run(job.pk) or ExportJob.objects.get(pk=job.pk)
+    return run_export_job(version, "sft-openai", out_path=out, **kw)
 
 
 def test_dataset_export_replaces_a_link_planted_at_out_tmp_and_leaves_its_target(

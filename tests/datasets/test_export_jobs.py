@@ -24,16 +24,24 @@ from trajplatform.audit import AuditEvent
 pytestmark = pytest.mark.django_db
 
 
+def published_version(make_task: Any, approver: Any, name: str, tasks: int, *, prompt_end: str = "",
+                      failed_too: bool = False, **filters: Any) -> Any:
+    """A published version of dataset `name`: `tasks` code tasks with a good rollout each (and a
+    failed one with failed_too), no dedup, `filters` for the rest of the filter spec."""
+    for i in range(tasks):
+        task = make_task(prompt=f"Write program number {i}{prompt_end}")
+        make_trajectory(task, code=f"print({i})", score=90, reward=1.0)
+        if failed_too:
+            make_trajectory(task, code=f"print({i}) # wrong", outcome="failure", reward=0.0, score=30)
+    v = dataset_version_create(dataset_name=name, actor=approver, filter_spec=no_dedup(**filters))
+    return dataset_version_publish(version=v, actor=approver)
+
+
 @pytest.fixture
 def version(make_task: Any, approver: Any) -> Any:
     """Six tasks, two rollouts each (one good, one failed): pairs for DPO, lines for SFT."""
-    for i in range(6):
-        task = make_task(prompt=f"Write program number {i} ✓")
-        make_trajectory(task, code=f"print({i})", score=90, reward=1.0)
-        make_trajectory(task, code=f"print({i}) # wrong", outcome="failure", reward=0.0, score=30)
-    v = dataset_version_create(dataset_name="code", actor=approver,
-                               filter_spec=no_dedup(validation_fraction=0.3, split_seed=3))
-    return dataset_version_publish(version=v, actor=approver)
+    return published_version(make_task, approver, "code", 6, prompt_end=" ✓", failed_too=True,
+                             validation_fraction=0.3, split_seed=3)
 
 
 def _lines(path: str | Path) -> list[dict[str, Any]]:
@@ -44,7 +52,7 @@ def _sha(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _run(version: Any, fmt: str, split: str = "all", **kw: Any) -> ExportJob:
+def run_export_job(version: Any, fmt: str, split: str = "all", **kw: Any) -> ExportJob:
     job = export_start(version=version, fmt=fmt, split=split, actor=None, enqueue=False, **kw)
     return export_run(job.pk) or ExportJob.objects.get(pk=job.pk)
 
@@ -80,7 +88,7 @@ def test_the_job_writes_the_file_records_its_checksum_and_runs_once(version: Any
 @pytest.mark.parametrize("fmt", ["sft-openai", "sft-trl", "sharegpt", "raw"])
 @pytest.mark.parametrize("split", ["all", "train", "validation"])
 def test_card_counts_equal_the_lines_in_the_file(version: Any, fmt: str, split: str) -> None:
-    job = _run(version, fmt, split)
+    job = run_export_job(version, fmt, split)
     assert job.status == "done", job.error
     lines = _lines(job.path)
     assert job.lines == len(lines)
@@ -90,7 +98,7 @@ def test_card_counts_equal_the_lines_in_the_file(version: Any, fmt: str, split: 
 
 
 def test_dpo_pairs_stay_within_a_task_and_the_split(version: Any) -> None:
-    job = _run(version, "dpo-trl", "train")
+    job = run_export_job(version, "dpo-trl", "train")
     assert job.status == "done", job.error
     assert job.lines == version.counts["train"] // 2  # one pair per task (a good and a failed rollout)
     prompts = [json.dumps(line["prompt"], ensure_ascii=False) for line in _lines(job.path)]
@@ -98,9 +106,9 @@ def test_dpo_pairs_stay_within_a_task_and_the_split(version: Any) -> None:
 
 
 def test_re_exporting_a_version_gives_byte_identical_files(version: Any, tmp_path: Path) -> None:
-    first = _run(version, "sft-trl", "all")
-    again = _run(version, "sft-trl", "all", force=True)  # same server-side path, rewritten
-    elsewhere = _run(version, "sft-trl", "all", out_path=tmp_path / "copy.jsonl")
+    first = run_export_job(version, "sft-trl", "all")
+    again = run_export_job(version, "sft-trl", "all", force=True)  # same server-side path, rewritten
+    elsewhere = run_export_job(version, "sft-trl", "all", out_path=tmp_path / "copy.jsonl")
     assert first.sha256 == again.sha256 == elsewhere.sha256 == _sha(tmp_path / "copy.jsonl")
     # Without force, the finished export is returned instead of a new job.
     assert export_start(version=version, fmt="sft-trl", split="all", actor=None, enqueue=False).pk == again.pk
@@ -109,17 +117,17 @@ def test_re_exporting_a_version_gives_byte_identical_files(version: Any, tmp_pat
 def test_an_interrupted_export_resumes_from_its_finished_chunks(
         version: Any, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.DATASET_EXPORT_CHUNK = 4  # 12 members -> 3 chunks at task boundaries
-    reference = _run(version, "sft-openai", "all", out_path=tmp_path / "reference.jsonl")
+    reference = run_export_job(version, "sft-openai", "all", out_path=tmp_path / "reference.jsonl")
     real_load = exporters.load_records
     monkeypatch.setattr(exporters, "load_records", loader_failing_on_call(2, RuntimeError("worker lost")))
     out = tmp_path / "resumed.jsonl"
-    failed = _run(version, "sft-openai", "all", out_path=out)
+    failed = run_export_job(version, "sft-openai", "all", out_path=out)
     assert failed.status == "failed" and "worker lost" in failed.error
     assert not out.exists() and (tmp_path / "resumed.jsonl.parts").is_dir()
     assert AuditEvent.objects.filter(action="datasets.export_fail", target_id=str(failed.pk)).count() == 1
 
     monkeypatch.setattr(exporters, "load_records", real_load)
-    resumed = _run(version, "sft-openai", "all", out_path=out)
+    resumed = run_export_job(version, "sft-openai", "all", out_path=out)
     assert resumed.status == "done" and resumed.resumed_chunks == 1
     assert resumed.sha256 == reference.sha256 == _sha(out)
     assert not (tmp_path / "resumed.jsonl.parts").exists()
@@ -130,7 +138,7 @@ def test_a_trajectory_changed_after_freezing_fails_the_export_and_writes_no_file
     t = Trajectory.objects.get(pk=member.trajectory_id)
     t.final_answer = "edited later"
     t.save()
-    job = _run(version, "raw", "all")
+    job = run_export_job(version, "raw", "all")
     assert job.status == "failed" and f"trajectory #{t.pk} changed since the version was frozen" in job.error
     assert not Path(job.path).exists()
 
@@ -183,7 +191,7 @@ def test_the_reaper_puts_an_export_whose_worker_died_back_in_the_queue_and_it_re
     from apps.datasets import jobs
 
     settings.DATASET_EXPORT_CHUNK = 4  # 12 members -> 3 chunks
-    reference = _run(version, "sft-openai", "all", out_path=tmp_path / "reference.jsonl")
+    reference = run_export_job(version, "sft-openai", "all", out_path=tmp_path / "reference.jsonl")
     real_load = exporters.load_records
     monkeypatch.setattr(exporters, "load_records", loader_failing_on_call(2, _Killed()))
     out = tmp_path / "killed.jsonl"

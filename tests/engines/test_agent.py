@@ -10,11 +10,9 @@ import asyncio
 import itertools
 import json
 import re
-import threading
 import time
 import uuid
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +28,7 @@ from apps.engines.sandboxes import SandboxUnavailable, get_backend
 from apps.engines.sandboxes.local import LocalBackend
 from apps.engines.sandbox_records import records_destroyed
 from apps.tasks.models import Task
+from tests.engines.llm_servers import LoopbackServer, json_answer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sandbox_settings", "llm_env")]
 
@@ -144,55 +143,29 @@ class Events:
 # --- canned model: replies the scripted one never gives ---------------------------------------------
 
 
-class Canned(ThreadingHTTPServer):
+class Canned(LoopbackServer):
     """Answers chat completions with the given assistant messages in order; keeps the requests."""
-
-    daemon_threads = True
-    block_on_close = False
 
     def __init__(self, messages: list[dict[str, Any]]):
         self.messages = messages
         self.requests: list[dict[str, Any]] = []
-        super().__init__(("127.0.0.1", 0), _CannedHandler)
-        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _CannedHandler(BaseHTTPRequestHandler):
-    server: Canned
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        self.server.requests.append(body)
-        message = self.server.messages[min(len(self.server.requests), len(self.server.messages)) - 1]
-        payload = json.dumps({
+    def on_post(self, request: Any, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        self.requests.append(json.loads(raw))
+        message = self.messages[min(len(self.requests), len(self.messages)) - 1]
+        return json_answer({
             "id": "chatcmpl-canned", "object": "chat.completion", "created": 0, "model": "canned-model",
             "choices": [{"index": 0, "message": {"role": "assistant", **message},
                          "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        }).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        })
 
 
 @contextmanager
 def canned(*messages: dict[str, Any]) -> Iterator[tuple[Canned, LLMClient]]:
-    server = Canned(list(messages))
-    try:
-        yield server, LLMClient([Provider("canned", server.url, "canned-model", "")], limiters={})
-    finally:
-        server.shutdown()
-        server.server_close()
+    with canned_as("canned", *messages) as served:
+        yield served
 
 
 def native_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
@@ -815,8 +788,7 @@ def canned_as(profile: str, *messages: dict[str, Any], model: str = "canned-mode
     try:
         yield server, LLMClient([Provider(profile, server.url, model, "")], limiters={})
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def test_empty_and_repeated_tool_call_ids_are_replaced_so_every_result_pairs_with_its_call(local: Any) -> None:

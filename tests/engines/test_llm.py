@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 from unittest import mock
@@ -48,6 +47,7 @@ from apps.engines.llm import (
     resolve_providers,
 )
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
+from tests.engines.llm_servers import LoopbackServer, serve_each
 from trajplatform.redaction import REDACTED, redact
 
 EXAMPLES = Path(settings.BASE_DIR) / "examples" / "reference_solutions"
@@ -127,56 +127,24 @@ def fault(spec: str) -> dict[str, str]:
 # -- a canned-response endpoint -------------------------------------------------------------
 
 
-class Canned(ThreadingHTTPServer):
+class Canned(LoopbackServer):
     """Answers POSTs from a list of (status, headers, body); "{auth}" in a body is replaced by
     the request's Authorization header, like providers that quote a bad key back."""
-
-    daemon_threads = True
-    block_on_close = False
 
     def __init__(self, replies: list[tuple[int, dict[str, str], Any]]):
         self.replies = list(replies)
         self.count = 0
-        super().__init__(("127.0.0.1", 0), _CannedHandler)
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        super().__init__()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _CannedHandler(BaseHTTPRequestHandler):
-    server: Canned
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        status, headers, body = self.server.replies[min(self.server.count, len(self.server.replies) - 1)]
-        self.server.count += 1
-        payload = json.dumps(body).replace("{auth}", self.headers.get("Authorization", "")).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+    def on_post(self, request: Any, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        status, headers, body = self.replies[min(self.count, len(self.replies) - 1)]
+        self.count += 1
+        return status, headers, json.dumps(body).replace("{auth}", request.headers.get("Authorization", "")).encode()
 
 
 @pytest.fixture
 def canned() -> Iterator[Any]:
-    servers: list[Canned] = []
-
-    def make(*replies: tuple[int, dict[str, str], Any]) -> Canned:
-        servers.append(Canned(list(replies)))
-        return servers[-1]
-
-    yield make
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    yield from serve_each(lambda *replies: Canned(list(replies)))
 
 
 def completion(content: str | None, *, model: str, usage: tuple[int, int] = (10, 5), **message: Any) -> dict[str, Any]:

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ from apps.engines.llm import (
     ROUTE_HEADER, LLMClient, ModelConfigError, Provider, check_models, llm_route, reset_limiters, reset_model_lists,
     resolve_providers,
 )
+from tests.engines.llm_servers import LoopbackServer, json_answer, serve_each
 
 EXPECTED = {"deepseek", "openai", "gemini", "anthropic", "vllm", "vllm-noparser", "sglang", "sglang-noparser",
             "ollama", "moonshot", "zhipu", "openrouter", "offline"}
@@ -113,46 +112,20 @@ PROFILE_VARS = sorted({v for p in profiles.all_profiles().values()
                        for v in (p.key_var, p.url_var, p.model_var, p.optional_key_var) if v} - {"OFFLINE_MODEL_URL"})
 
 
-class Recorder(ThreadingHTTPServer):
+class Recorder(LoopbackServer):
     """Answers every chat completion with `reply` and records each request's body and headers."""
-
-    daemon_threads = True
-    block_on_close = False
 
     def __init__(self, reply: dict[str, Any], models: tuple[str, ...] = ()):
         self.reply, self.requests, self.models = reply, [], models
-        super().__init__(("127.0.0.1", 0), _RecorderHandler)
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        super().__init__()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+    def on_post(self, request: Any, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        self.requests.append({"body": json.loads(raw), "headers": {k.lower(): v for k, v in request.headers.items()}})
+        return json_answer(self.reply)
 
-
-class _RecorderHandler(BaseHTTPRequestHandler):
-    server: Recorder
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        self.server.requests.append({"body": body, "headers": {k.lower(): v for k, v in self.headers.items()}})
-        payload = json.dumps(self.server.reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.server.requests.append({"get": self.path})
-        payload = json.dumps({"object": "list", "data": [{"id": m} for m in self.server.models]}).encode()
-        self.send_response(200 if self.server.models else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+    def on_get(self, request: Any) -> tuple[int, dict[str, str], bytes]:
+        self.requests.append({"get": request.path})
+        return json_answer({"object": "list", "data": [{"id": m} for m in self.models]}, 200 if self.models else 404)
 
 
 def reply(model: str, usage: dict[str, Any], **message: Any) -> dict[str, Any]:
@@ -163,16 +136,7 @@ def reply(model: str, usage: dict[str, Any], **message: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def recorder() -> Iterator[Any]:
-    servers: list[Recorder] = []
-
-    def make(body: dict[str, Any], models: tuple[str, ...] = ()) -> Recorder:
-        servers.append(Recorder(body, models))
-        return servers[-1]
-
-    yield make
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    yield from serve_each(Recorder)
 
 
 @pytest.fixture(autouse=True)
