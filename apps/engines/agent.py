@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import inspect
 import json
 import logging
@@ -89,8 +88,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
-
-from jsonschema import Draft202012Validator
 
 from apps.engines import context_budget, profiles
 from apps.engines.llm import LLMClient, LLMError, cache_identity
@@ -112,6 +109,7 @@ from apps.engines.lease import LOST, SandboxLease, lost
 from apps.engines.sandboxes import SandboxError
 from apps.engines.steps import ERROR, FAILURE, SUCCESS, Step, Stop
 from apps.engines.textactions import JsonAction, corrective_message, json_action_instructions, parse_json_action
+from apps.engines.toolargs import ToolArguments
 from trajplatform import artifacts
 from trajplatform.redaction import redact
 
@@ -134,16 +132,6 @@ EVENT_DATA_CHARS = 2000
 # called with the episode's cost so far before each model call, returns why it may not go on ("").
 budget_check: contextvars.ContextVar[Callable[[Decimal], str] | None] = contextvars.ContextVar(
     "budget_check", default=None)
-
-
-@functools.lru_cache(maxsize=256)
-def _validator_for(schema_json: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(schema_json))
-
-
-def _validator(schema: dict[str, Any]) -> Draft202012Validator:
-    """A tool's argument validator; every episode of a scene offers the same tools."""
-    return _validator_for(json.dumps(schema, sort_keys=True))
 
 
 @dataclass
@@ -284,7 +272,7 @@ class _Episode:
                                   shared=shared_sandbox, on_destroyed=on_sandbox_destroyed)
         self.result.sandbox = self.lease.info
         self.tool_mode = "native"
-        self.validators: dict[str, Draft202012Validator] = {}
+        self.arguments = ToolArguments()
         self.max_steps = int(config.get("max_steps") or DEFAULT_MAX_STEPS)
         self.vision = is_vision(config)
         self.turn_images: list[dict[str, Any]] = []  # this turn's image observations (artifact refs)
@@ -393,9 +381,7 @@ class _Episode:
         except SetupError as exc:  # e.g. the task names an MCP server that is not registered
             raise Stop(ERROR, f"the scene's tools could not be listed: {exc}", kind="config") from None
         self.result.tools = tools
-        self.validators = {
-            t["function"]["name"]: _validator(t["function"].get("parameters") or {"type": "object"}) for t in tools
-        }
+        self.arguments = ToolArguments(tools)
         self.result.messages = [
             {"role": "system", "content": self._system_prompt(runtime, tools)},
             {"role": "user", "content": config["prompt"]},
@@ -754,34 +740,6 @@ class _Episode:
             raise Stop(ERROR, result.outcome_reason, kind="budget")
         return result
 
-    def _parse_arguments(self, name: str, raw: Any) -> tuple[Any, str | None, str]:
-        """(arguments, error, error kind): the arguments as parsed (the raw value when they are
-        not JSON), the error to tell the model or None, and what went wrong: "" (nothing),
-        "unknown_tool", "unparseable_arguments" (not JSON) or "invalid_arguments" (JSON that
-        breaks the tool's schema, a non-object included). The review checks count on the kind."""
-        args: Any = raw
-        not_json = ""
-        if isinstance(raw, dict):
-            args = raw
-        elif raw is None or (isinstance(raw, str) and not raw.strip()):
-            args = {}
-        elif isinstance(raw, str):
-            try:
-                args = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                not_json = f"the arguments of {name} are not valid JSON ({exc.msg} at character {exc.pos})"
-        if name not in self.validators:
-            return args, f"unknown tool {name!r}; available tools: {', '.join(self.validators)}", "unknown_tool"
-        if not_json:
-            return args, not_json, "unparseable_arguments"
-        if not isinstance(args, dict):
-            return args, f"the arguments of {name} must be a JSON object, got {type(args).__name__}", "invalid_arguments"
-        problems = sorted(self.validators[name].iter_errors(args), key=lambda e: list(e.absolute_path))
-        if problems:
-            where = "".join(f".{p}" for p in problems[0].absolute_path)
-            return args, f"invalid arguments for {name}{where}: {problems[0].message}", "invalid_arguments"
-        return args, None, ""
-
     def _record_skipped(self, call: dict[str, Any], fn: dict[str, Any], common: dict[str, Any], output: str) -> None:
         step = Step(index=len(self.result.steps), turn=self.turns, tool_call_id=call.get("id"),
                     tool=fn.get("name") or "", arguments=fn.get("arguments"), format="native",
@@ -794,7 +752,7 @@ class _Episode:
     ) -> str:
         """Execute one tool call, record its step, and return the text the model gets back."""
         index = len(self.result.steps)
-        args, error, error_kind = self._parse_arguments(name, raw_args)
+        args, error, error_kind = self.arguments.parse(name, raw_args)
         # The arguments as parsed whenever they are JSON (a schema violation keeps its object),
         # the raw text only when they are not; `error_kind` says which check the step is for.
         step = Step(index=index, turn=self.turns, tool_call_id=call_id, tool=name, arguments=args, format=fmt,
