@@ -183,6 +183,7 @@ def in_episode() -> Any:
     leave_episode(token)
 
 
+@pytest.mark.django_db  # no thread of its own writes: a rolled-back test, not the module's flushed one
 def test_the_scene_writes_no_task_itself_it_hands_the_pair_to_the_installed_platform_store(in_episode: Any) -> None:
     store = RecordingStore()
     previous = generation.set_platform_store(store)
@@ -203,6 +204,7 @@ def test_the_scene_writes_no_task_itself_it_hands_the_pair_to_the_installed_plat
         generation.set_platform_store(previous)
 
 
+@pytest.mark.django_db  # no thread of its own writes: a rolled-back test, not the module's flushed one
 def test_an_invalid_emitted_task_is_a_setup_error_naming_the_field_and_writes_nothing(in_episode: Any) -> None:
     item = {"external_id": "search2qa-1", "scene": "deep_search", "config": {}}  # no prompt
     with pytest.raises(SetupError, match="the emitted deep_search task is invalid: prompt: required field is missing"):
@@ -212,6 +214,7 @@ def test_an_invalid_emitted_task_is_a_setup_error_naming_the_field_and_writes_no
     assert not Task.objects.exists() and not Batch.objects.exists()
 
 
+@pytest.mark.django_db  # no thread of its own writes: a rolled-back test, not the module's flushed one
 def test_without_an_installed_platform_store_the_scene_says_so() -> None:
     previous = generation.set_platform_store(None)
     try:
