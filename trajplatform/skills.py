@@ -129,7 +129,7 @@ def parse_manifest(payload: Any) -> dict[str, SkillEntry]:
 
 def fetch_manifest(url: str, *, timeout_s: float | None = None) -> dict[str, SkillEntry]:
     """GET {url}/api/skills and parse it; raises SkillManifestUnavailable with the reason."""
-    import httpx
+    import httpx  # deferred: heavy (httpx), only when the manifest is fetched
 
     endpoint = url.rstrip("/") + "/api/skills"
     timeout = settings.PLATFORM_SKILLS_TIMEOUT_S if timeout_s is None else timeout_s

@@ -72,7 +72,7 @@ def tokenizer_file(model: str) -> str | None:
 
 @functools.lru_cache(maxsize=32)
 def _load_tokenizer(path: str) -> Any:
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # deferred: heavy (tokenizers), only when a tokenizer file is named
 
     return Tokenizer.from_file(path)
 

@@ -1,9 +1,11 @@
-"""Reads of tasks and batches shared by the admin, the API and commands."""
+"""Reads of tasks, batches and trajectories shared by the admin, the API, commands and replays."""
 from __future__ import annotations
+
+from typing import Any
 
 from django.db.models import Count
 
-from apps.tasks.models import Batch, Task
+from apps.tasks.models import Batch, Task, Trajectory
 
 
 def batch_status_counts(batch: Batch) -> dict[str, int]:
@@ -18,3 +20,9 @@ def batch_status_counts(batch: Batch) -> dict[str, int]:
 def batch_imported_from(*, name: str, source_sha256: str) -> Batch | None:
     """The earliest batch of this name imported from a file with this content, if any."""
     return Batch.objects.filter(name=name, source_sha256=source_sha256).order_by("id").first()
+
+
+def trajectory_replay_record(trajectory_uuid: str) -> dict[str, Any] | None:
+    """A stored trajectory's steps and verifier output by UUID, or None: what a replay of its
+    recorded tool and web responses reads (installed as the MCP records' reader)."""
+    return Trajectory.objects.filter(uuid=trajectory_uuid).values("steps", "verifier_output").first()

@@ -13,11 +13,13 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from apps.engines.llm import cache_identity
+from apps.engines.mcp import records as mcp_records
 from apps.engines.mcp.records import Recording
 from apps.engines.offline_model import running_offline_model
-from apps.engines.runtime import InfrastructureError, ToolError
+from apps.engines.runtime import InfrastructureError, SetupError, ToolError
 from apps.engines.web import live as L
 from apps.engines.web.toolset import WebToolset, web_toolset
+from apps.tasks.selectors import trajectory_replay_record
 from tests.engines.test_agent import call, client, config_for, llm_env, run  # noqa: F401 (fixture)
 from trajplatform import webhooks
 
@@ -261,3 +263,21 @@ def test_a_deep_search_episode_on_the_live_web_replays_without_the_web(fake_web,
     assert again.steps[1]["error"] == first.steps[1]["error"]  # the refusal replayed from its record
     assert [s.get("results") or s.get("content_sha256") for s in again.steps] == \
         [s.get("results") or s.get("content_sha256") for s in first.steps]
+
+
+def test_replays_read_stored_trajectories_through_the_installed_reader() -> None:
+    """The core imports no app: a replay's records come from the reader TasksConfig.ready installs."""
+    recorded = {"server": "web", "method": "tools/call", "tool": "open", "args_sha256": "x", "content": []}
+    stored = {"u-1": {"steps": [{"mcp_calls": [recorded], "web_calls": [recorded]}], "verifier_output": None}}
+    previous = mcp_records.set_trajectory_reader(stored.get)
+    try:
+        assert Recording.of_trajectory("u-1").total == 1
+        assert L._recording_of("u-1").total == 1
+        with pytest.raises(InfrastructureError, match="names no stored trajectory: u-2"):
+            L._recording_of("u-2")
+        mcp_records.set_trajectory_reader(None)
+        with pytest.raises(SetupError, match="no stored-trajectory reader is installed"):
+            Recording.of_trajectory("u-1")
+    finally:
+        mcp_records.set_trajectory_reader(previous)
+    assert previous is trajectory_replay_record

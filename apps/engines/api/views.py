@@ -11,7 +11,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.engines.api import serializers as s
+from apps.engines.pipelines.envscaler import envscaler_import
 from apps.engines.registry import SCENES
+from apps.tasks.services import tasks_enqueue
 from trajplatform.api import ErrorSerializer, LimitedJSONParser
 from trajplatform.skills import enabled_scene_ids, skill_for
 
@@ -61,9 +63,6 @@ class EnvScalerUploadView(APIView):
     @extend_schema(request=s.EnvScalerUploadSerializer,
                    responses={201: s.EnvScalerUploadResponseSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
-        from apps.engines.pipelines.envscaler import envscaler_import
-        from apps.tasks.services import tasks_enqueue
-
         if "envscaler" not in enabled_scene_ids():
             raise exceptions.ValidationError({"scene": ["the envscaler scene is not enabled on this platform"]})
         body = s.EnvScalerUploadSerializer(data=request.data)

@@ -51,6 +51,7 @@ from apps.engines.mcp.spec import McpServerSpec, McpSpecError
 from apps.engines.runtime import SetupError, ToolError, ToolResult
 from apps.engines.sandboxes import SandboxUnavailable
 from apps.engines.sandboxes.base import SERVICE_HTTP, ServiceFailed
+from trajplatform import artifacts
 
 NO_AUDIO = "the platform keeps images (the artifact store) but not audio: such results are refused"
 
@@ -111,8 +112,6 @@ class McpResponse:
 def keep_image(block: Any) -> dict[str, Any]:
     """A content block's record; an image's bytes go to the artifact store, the record names it
     (`artifact`: the SHA-256 of the bytes, as `sha256`), so a replay finds the same image."""
-    from trajplatform import artifacts
-
     record = block_record(block)
     data = getattr(block, "data", None)
     if record.get("type") == "image" and isinstance(data, str):

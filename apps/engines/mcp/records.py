@@ -16,7 +16,8 @@ puts the records of a tool call on its step (`mcp_calls`, through ToolResult.ext
 calls made outside a step (a server's start, a state read in set-up) go on the next step, and
 those of the verifier in `verifier_output["mcp_calls"]`.
 
-Replay: `Recording.of_trajectory(uuid)` collects a stored trajectory's records in order; a hub
+Replay: `Recording.of_trajectory(uuid)` collects a stored trajectory's records in order (read
+through `stored_trajectory`, the reader the tasks app installs: this layer imports no app); a hub
 built with it starts no server and answers each exchange with the next unused record of the same
 (server, method, tool, canonical arguments). An exchange with no such record left is an
 `McpReplayMiss` naming it: a replay never falls back to a live call.
@@ -28,7 +29,7 @@ import binascii
 import copy
 import hashlib
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from apps.engines.llm import canonical_json
 from apps.engines.runtime import SetupError
@@ -40,6 +41,28 @@ CALL, LIST = "tools/call", "tools/list"
 
 class McpReplayMiss(SetupError):
     """A replay met an exchange the recorded trajectory does not have (or cannot give back)."""
+
+
+# --- stored trajectories: what a replay reads ---------------------------------------------------
+# The core imports no app: the tasks app installs the reader (TasksConfig.ready), which returns a
+# stored trajectory's {"steps": [...], "verifier_output": {...}} by UUID, or None.
+TrajectoryReader = Callable[[str], "dict[str, Any] | None"]
+_trajectory_reader: TrajectoryReader | None = None
+
+
+def set_trajectory_reader(reader: TrajectoryReader | None) -> TrajectoryReader | None:
+    """Install the reader replays use (None: none); returns the one it replaces."""
+    global _trajectory_reader
+    previous, _trajectory_reader = _trajectory_reader, reader
+    return previous
+
+
+def stored_trajectory(trajectory_uuid: str) -> dict[str, Any] | None:
+    """The steps and verifier output of the stored trajectory with this UUID (None: no such trajectory)."""
+    if _trajectory_reader is None:
+        raise SetupError("no stored-trajectory reader is installed, so nothing can be replayed "
+                         "(the tasks app installs it when Django starts)")
+    return _trajectory_reader(trajectory_uuid)
 
 
 def args_key(arguments: Any) -> tuple[str, str]:
@@ -113,10 +136,7 @@ class Recording:
     @classmethod
     def of_trajectory(cls, trajectory_uuid: str) -> "Recording":
         """The records of the stored trajectory with this UUID (McpReplayMiss when it has none)."""
-        from django.apps import apps
-
-        trajectory = apps.get_model("tasks", "Trajectory")
-        row = trajectory.objects.filter(uuid=trajectory_uuid).values("steps", "verifier_output").first()
+        row = stored_trajectory(trajectory_uuid)
         source = f"trajectory {trajectory_uuid}"
         if row is None:
             raise McpReplayMiss(f"replay_of names no stored trajectory: {trajectory_uuid}")

@@ -50,7 +50,7 @@ class McpSession:
     def __init__(self, transport: Any, *, start_timeout: float, name: str = "mcp",
                  output: Callable[[], str] = lambda: "", output_label: str = "server stderr",
                  on_close: Callable[[], None] | None = None):
-        from fastmcp import Client
+        from fastmcp import Client  # deferred: heavy (fastmcp), only when a session opens
 
         self.name = name
         self._output = output
@@ -83,7 +83,7 @@ class McpSession:
     @classmethod
     def start(cls, command: StdioCommand, *, start_timeout: float, name: str = "mcp") -> "McpSession":
         """Spawn `command` (a process inside the sandbox) and speak MCP over its stdin/stdout."""
-        from fastmcp.client.transports import StdioTransport
+        from fastmcp.client.transports import StdioTransport  # deferred: heavy (fastmcp), only when a session opens
 
         fd, log_name = tempfile.mkstemp(prefix=f"mcp-{name}-", suffix=".stderr")
         os.close(fd)
@@ -104,7 +104,7 @@ class McpSession:
     def connect(cls, service: ServiceEndpoint, *, start_timeout: float, name: str = "mcp",
                 output: Callable[[], str] = lambda: "", path: str = MCP_HTTP_PATH) -> "McpSession":
         """Speak MCP over streamable HTTP to a server already listening inside the sandbox."""
-        from fastmcp.client.transports import StreamableHttpTransport
+        from fastmcp.client.transports import StreamableHttpTransport  # deferred: heavy (fastmcp), only when a session opens
 
         transport = StreamableHttpTransport(service.url + path, headers=dict(service.headers))
         return cls(transport, start_timeout=start_timeout, name=name, output=output, output_label="server output")

@@ -80,14 +80,14 @@ _EXIT_RE = re.compile(r"exit status (-?\d+)")
 
 def _sdk():
     """The SDK modules, imported lazily (they pull in pydantic models and httpx)."""
-    import opensandbox
-    from opensandbox import exceptions
-    from opensandbox.config.connection_sync import ConnectionConfigSync
-    from opensandbox.models.execd import RunCommandOpts
-    from opensandbox.models.execd_sync import ExecutionHandlersSync
-    from opensandbox.models.sandboxes import NetworkPolicy, SandboxFilter
-    from opensandbox.sync.manager import SandboxManagerSync
-    from opensandbox.sync.sandbox import SandboxSync
+    import opensandbox  # deferred: heavy (the OpenSandbox SDK), only for this backend
+    from opensandbox import exceptions  # deferred: with the SDK
+    from opensandbox.config.connection_sync import ConnectionConfigSync  # deferred: with the SDK
+    from opensandbox.models.execd import RunCommandOpts  # deferred: with the SDK
+    from opensandbox.models.execd_sync import ExecutionHandlersSync  # deferred: with the SDK
+    from opensandbox.models.sandboxes import NetworkPolicy, SandboxFilter  # deferred: with the SDK
+    from opensandbox.sync.manager import SandboxManagerSync  # deferred: with the SDK
+    from opensandbox.sync.sandbox import SandboxSync  # deferred: with the SDK
 
     return {
         "version": getattr(opensandbox, "__version__", "?"),
@@ -340,7 +340,7 @@ class OpenSandbox(Sandbox):
 
     def _wait_for_service(self, handle: Any, service: ServiceEndpoint, ready_timeout: float) -> None:
         """Until the port answers HTTP (any status but a proxy's 502-504); fail fast if it exited."""
-        import httpx
+        import httpx  # deferred: heavy (httpx), only to probe a service
 
         deadline = time.monotonic() + ready_timeout
         last = "no answer yet"

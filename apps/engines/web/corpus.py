@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import quote, urldefrag, urljoin, urlsplit, urlunsplit
 
+from django.conf import settings
+
 SCHEMA_VERSION = 1
 TITLE_WEIGHT = 5.0
 SNIPPET_CHARS = 240
@@ -116,8 +118,6 @@ class BuildReport:
 
 
 def corpus_dir() -> Path:
-    from django.conf import settings
-
     return Path(settings.WEB_CORPUS_DIR)
 
 
@@ -154,7 +154,7 @@ def html_document(raw: bytes | str, url: str, *, source: str, select: str | None
     """A Document from an HTML page (lxml): its title, visible text and <a href> links.
 
     `select`: an XPath for the main content (the rest — navigation, sidebars — is left out)."""
-    import lxml.html
+    import lxml.html  # deferred: heavy (lxml), only to parse a page
 
     try:
         root = lxml.html.fromstring(raw)
@@ -206,8 +206,6 @@ def markdown_document(text: str, url: str, *, source: str) -> Document:
 
 
 def max_file_bytes() -> int:
-    from django.conf import settings
-
     return int(settings.WEB_CORPUS_MAX_FILE_BYTES)
 
 

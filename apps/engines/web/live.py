@@ -29,7 +29,7 @@ from urllib.parse import urldefrag, urlencode, urljoin, urlsplit
 
 from django.conf import settings
 
-from apps.engines.mcp.records import CALL, McpReplayMiss, Recording, call_record
+from apps.engines.mcp.records import CALL, McpReplayMiss, Recording, call_record, stored_trajectory
 from apps.engines.runtime import InfrastructureError, ToolError
 from apps.engines.web.corpus import Hit, Page, html_document, url_key
 from trajplatform import webhooks
@@ -65,8 +65,8 @@ RATE = _RateLimit()
 
 
 def ddgs_search(query: str, k: int, timeout: float) -> list[dict[str, str]]:
-    from ddgs import DDGS
-    from ddgs.exceptions import DDGSException
+    from ddgs import DDGS  # deferred: heavy (ddgs), only for this search provider
+    from ddgs.exceptions import DDGSException  # deferred: with ddgs
 
     try:
         rows = DDGS(timeout=max(1, int(timeout))).text(query, max_results=k)
@@ -76,7 +76,7 @@ def ddgs_search(query: str, k: int, timeout: float) -> list[dict[str, str]]:
 
 
 def searxng_search(query: str, k: int, timeout: float) -> list[dict[str, str]]:
-    import httpx
+    import httpx  # deferred: heavy (httpx), only when the live web is asked
 
     url = settings.WEB_SEARXNG_URL.rstrip("/") + "/search?" + urlencode({"q": query, "format": "json"})
     try:
@@ -112,7 +112,7 @@ def _checked_addresses(url: str) -> list[Any]:
 
 def _get_pinned(url: str, timeout: float, max_bytes: int) -> tuple[int, str, bytes, dict[str, str]]:
     """GET `url` from an address `_checked_addresses` allowed; (status, content type, body, headers)."""
-    import httpx
+    import httpx  # deferred: heavy (httpx), only when the live web is asked
 
     addresses = _checked_addresses(url)
     target = httpx.URL(url)
@@ -176,7 +176,7 @@ def extract(url: str, body: bytes, content_type: str) -> dict[str, Any]:
         text = body.decode("utf-8", "replace")
         return {"url": url, "title": (text.strip().splitlines() or [url])[0][:200], "text": text, "links": [],
                 "extractor": "plain"}
-    import trafilatura
+    import trafilatura  # deferred: heavy (trafilatura), only to extract a fetched page
 
     doc = html_document(body, url, source="live")
     if doc is None:
@@ -201,9 +201,7 @@ def web_records(steps: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _recording_of(trajectory_uuid: str) -> Recording:
-    from django.apps import apps
-
-    row = apps.get_model("tasks", "Trajectory").objects.filter(uuid=trajectory_uuid).values("steps").first()
+    row = stored_trajectory(trajectory_uuid)
     source = f"trajectory {trajectory_uuid}"
     if row is None:
         raise InfrastructureError(f"replay_of names no stored trajectory: {trajectory_uuid}")

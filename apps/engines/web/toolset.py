@@ -19,9 +19,12 @@ import time
 from typing import Any, Iterable, Protocol
 
 import regex
+from django.conf import settings
 
-from apps.engines.runtime import InfrastructureError, ToolError, ToolResult
+from apps.engines.llm import LLMError
+from apps.engines.runtime import InfrastructureError, SetupError, ToolError, ToolResult, current_episode
 from apps.engines.web.corpus import Corpus, CorpusError, Hit, Page, content_sha256
+from apps.engines.web.live import LiveBackend
 
 WINDOW_CHARS = 4000
 MAX_LINKS = 40
@@ -118,8 +121,6 @@ class CorpusBackend:
 
 def web_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The episode's `scene_config.web` with its defaults filled in."""
-    from django.conf import settings
-
     web = dict(((config.get("scene_config") or {}).get("web")) or {})
     web.setdefault("backend", "corpus")
     if web["backend"] == "corpus":
@@ -131,8 +132,6 @@ def check_web_config(config: dict[str, Any]) -> None:
     """SetupError when the episode's web settings cannot work (an unknown backend, a corpus that is
     not built): for a runtime's `tools()`, so the episode ends as a config error before its first
     turn. Touches no database (tools() runs on the event loop)."""
-    from apps.engines.runtime import SetupError
-
     web = web_settings(config)
     if web["backend"] == "corpus":
         try:
@@ -147,8 +146,6 @@ def episode_toolset(config: dict[str, Any]) -> "WebToolset":
     """The running episode's toolset, made once per episode and kept in its state (a live backend
     keeps its rate limit and its recorded exchanges; sub-episodes in the same environment share it).
     Outside an episode (a test, a script) a toolset of its own."""
-    from apps.engines.runtime import current_episode
-
     try:
         state = current_episode().state
     except LookupError:
@@ -170,8 +167,6 @@ def web_toolset(config: dict[str, Any], *, steps: Iterable[dict[str, Any]] = ())
         except CorpusError as exc:
             raise InfrastructureError(str(exc)) from None
     if backend == "live":
-        from apps.engines.web.live import LiveBackend
-
         return WebToolset(LiveBackend.for_config(config, steps=steps))
     raise InfrastructureError(f"unknown web backend {backend!r} (corpus | live)")
 
@@ -279,9 +274,6 @@ class WebToolset:
         The reader's prompt starts with a key line `[web/browse url=<page url>] <question>` (the
         offline model's content scripts match it); its tokens and cost are the episode's
         (`count_model_call`) and are kept on the step under `browse`."""
-        from apps.engines.llm import LLMError
-        from apps.engines.runtime import current_episode
-
         if not question.strip():
             raise ToolError("question is empty")
         page = self._page(url, timeout)
