@@ -7,8 +7,8 @@ pass to another thread that parses too, and the first one then fails with
 3.13, never in 3.11). Pipelines gate generated code in worker threads (envscaler's static checks,
 toolace's suite and task gates), so every `ast.parse` of ours goes through `parse_python`, which
 holds one process-wide lock while parsing (re-entrant: a finalizer that parses on the same thread
-nests properly). Measured: `make demo`'s toolace pipeline failed on it once in a run; the test
-reproduces it with raw `ast.parse` in 4 threads within 0.1 s and sees none through this function.
+nests properly). `make demo`'s toolace pipeline met the failure; tests/test_pyparse.py
+reproduces it with raw `ast.parse` and sees none through this function.
 """
 from __future__ import annotations
 

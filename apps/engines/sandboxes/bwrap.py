@@ -27,13 +27,13 @@ One command is, from the outside in:
             this sandbox's processes only, then runs the command as its child and reaps)
 
 Privileges are dropped with `setpriv` rather than Popen(user=...): the latter forces a
-fork() of the whole worker (tens of ms for a worker holding a model), setpriv keeps the
+fork() of the whole worker (costly for a worker holding a model), setpriv keeps the
 vfork/posix_spawn path. A CgroupThread drops its own credentials instead (Linux keeps them per
 thread; raw syscalls, not libc's process-wide setuid), so what it starts is born as `nobody`
-with no_new_privs, and the setpriv exec (about 2 ms of CPU per command) is saved. Before that
+with no_new_privs, and the setpriv exec per command is saved. Before that
 the thread gives itself a network namespace of its own, so the sandbox's commands share one
 loopback-only network (as a container's processes do) instead of bwrap creating and the
-kernel tearing down one per command (1-3 ms of CPU each). Commands
+kernel tearing down one per command (docs/benchmarks.md has the figures). Commands
 run as `nobody`, so the sandbox can read only what is world-readable under /usr and its own
 /etc (not the host's /etc, root's home or the project).
 

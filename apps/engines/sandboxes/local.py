@@ -3,7 +3,7 @@
 A sandbox is a directory `SANDBOX_ROOT/<id>/` holding `meta.json` (root-only) and
 `workspace/` (owned by the sandbox user), plus, where the host allows it, a cgroup per
 controller. Nothing runs between commands: each `run` starts one fresh bubblewrap over the
-workspace and everything it started is gone when it returns (4-5 ms of CPU).
+workspace and everything it started is gone when it returns (its cost: docs/benchmarks.md).
 
 The bubblewrap is built by `bwrap.py` (read its docstring for the exact chain): as `nobody`
 (setpriv), every namespace unshared and a minimal read-only root with an /etc of its own
