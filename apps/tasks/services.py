@@ -458,8 +458,6 @@ def trajectories_finish(items: list[dict[str, Any]]) -> "list[Trajectory | None]
     call raise (nothing is written). (A worker stores each episode on its own, through
     trajectory_finish; bench/clusters.py writes groups.)
     """
-    from apps.tasks.models import Trajectory
-
     made = [_storable_result_fields(item.get("result"), item.get("error", "")) for item in items]
     fields = [values for values, _ in made]
     now = timezone.now()
