@@ -9,7 +9,8 @@ idempotent replays.
   (trajplatform/permissions.py). Object rules (proposal tiers) stay in the services.
 * **Errors.** Every 4xx/5xx is `{"error": {"code", "message", "details"}}`: DRF's own
   exceptions, Django's Http404/PermissionDenied/ValidationError, and the services' domain
-  errors (`DOMAIN_ERRORS`).
+  errors (`DOMAIN_ERRORS`: the site's API views register the apps' ones, so this module,
+  which the apps' API modules build on, imports no app).
 * **Input limits.** A body over API_MAX_BODY_BYTES is a 413 before anything reads it
   (`ApiBodyLimitMiddleware`); JSON nested deeper than API_MAX_JSON_DEPTH is a 400 before it is
   parsed (`LimitedJSONParser`, `LimitedJSONField`); id filters are integers in the 64-bit range
@@ -37,7 +38,6 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, JsonResponse
 from django.utils import timezone
-from django.utils.module_loading import import_string
 from django.views.defaults import page_not_found, server_error
 from django_filters.fields import IsoDateTimeField
 from rest_framework import exceptions, serializers
@@ -167,32 +167,22 @@ class TokenRateThrottle(SimpleRateThrottle):
 
 # --- errors ---------------------------------------------------------------------------------------
 
-# Domain errors the services raise for a client's mistake: (import path, HTTP status, code).
-# Resolved lazily so an app that is not installed (or not written yet) cannot break the API.
-DOMAIN_ERRORS: tuple[tuple[str, int, str], ...] = (
-    ("apps.tasks.services.TransitionError", 409, "conflict"),
-    ("apps.tasks.services.TaskCreateError", 400, "invalid"),
-    ("apps.tasks.services.BatchNameTaken", 409, "conflict"),
-    ("apps.engines.llm.ModelConfigError", 409, "llm_config"),  # a retired / unserved model: nothing queued
-    ("apps.engines.registry.SceneConfigError", 400, "invalid"),
-    ("apps.datasets.models.ImmutableVersionError", 409, "conflict"),
-    ("apps.reviews.services.AlreadyDecided", 409, "conflict"),
-    ("apps.reviews.services.DecisionError", 400, "invalid"),
-    ("apps.datasets.spec.DatasetError", 400, "invalid"),
-    ("apps.datasets.selectors.NotFound", 404, "not_found"),
-    ("apps.engines.scenes.envscaler.importer.EnvScalerImportError", 400, "invalid"),
-    ("apps.datasets.raw_import.RawImportError", 400, "invalid"),
-    ("trajplatform.api.IdempotencyConflict", 409, "idempotency_conflict"),
-)
+# Domain errors the services raise for a client's mistake: (exception class, HTTP status, code),
+# the first match wins. This module imports no app: the site's API views register the apps'
+# errors (trajplatform.api_views), this module its own (IdempotencyConflict, below).
+DOMAIN_ERRORS: list[tuple[type[Exception], int, str]] = []
+
+
+def register_domain_errors(*entries: tuple[type[Exception], int, str]) -> None:
+    """Answer these exceptions, wherever a view lets one through, with (HTTP status, code); in order."""
+    for entry in entries:
+        if entry not in DOMAIN_ERRORS:
+            DOMAIN_ERRORS.append(entry)
 
 
 def _domain_error(exc: Exception) -> tuple[int, str] | None:
-    for path, code_status, code in DOMAIN_ERRORS:
-        try:
-            cls = import_string(path)
-        except ImportError:
-            continue
-        if isinstance(cls, type) and isinstance(exc, cls):
+    for cls, code_status, code in DOMAIN_ERRORS:
+        if isinstance(exc, cls):
             return code_status, code
     return None
 
@@ -470,6 +460,9 @@ class IdCursorPagination(CursorPagination):
 
 class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different request."""
+
+
+register_domain_errors((IdempotencyConflict, 409, "idempotency_conflict"))
 
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"

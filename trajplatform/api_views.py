@@ -1,4 +1,6 @@
-"""Platform-level API views: who am I, and the caller's webhook endpoints."""
+"""Platform-level API views: who am I, and the caller's webhook endpoints; and which of the
+apps' domain errors the API answers as a client's mistake (status and code), registered here,
+above the apps, so trajplatform.api imports none of them."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,11 +11,36 @@ from rest_framework.views import APIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from trajplatform.api import ErrorSerializer, StrictSerializerMixin
+from apps.datasets.models import ImmutableVersionError
+from apps.datasets.raw_import import RawImportError
+from apps.datasets.selectors import NotFound
+from apps.datasets.spec import DatasetError
+from apps.engines.llm import ModelConfigError
+from apps.engines.registry import SceneConfigError
+from apps.engines.scenes.envscaler.importer import EnvScalerImportError
+from apps.reviews.services import AlreadyDecided, DecisionError
+from apps.tasks.services import BatchNameTaken, TaskCreateError, TransitionError
+from trajplatform.api import ErrorSerializer, StrictSerializerMixin, register_domain_errors
 from trajplatform.api_models import ApiToken
 from trajplatform.permissions import highest_role
 from trajplatform.webhooks import (
     EVENTS, WebhookEndpoint, WebhookTargetError, webhook_endpoint_create, webhook_endpoint_delete,
+)
+
+# The services' errors for a client's mistake, as API errors; the first match wins.
+register_domain_errors(
+    (TransitionError, 409, "conflict"),
+    (TaskCreateError, 400, "invalid"),
+    (BatchNameTaken, 409, "conflict"),
+    (ModelConfigError, 409, "llm_config"),  # a retired / unserved model: nothing queued
+    (SceneConfigError, 400, "invalid"),
+    (ImmutableVersionError, 409, "conflict"),
+    (AlreadyDecided, 409, "conflict"),
+    (DecisionError, 400, "invalid"),
+    (DatasetError, 400, "invalid"),
+    (NotFound, 404, "not_found"),
+    (EnvScalerImportError, 400, "invalid"),
+    (RawImportError, 400, "invalid"),
 )
 
 ERRORS = {400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 429: ErrorSerializer}
