@@ -19,6 +19,8 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.datasets import selectors, services
 from apps.datasets.models import DatasetVersion
 from apps.datasets.svg import histogram_svg
+from apps.engines.registry import SCENE_CHOICES
+from apps.reviews.models import Correction, Review
 
 VIEW_PERMISSION = "datasets.view_datasetversion"
 PAGE_SIZE = 50
@@ -77,8 +79,6 @@ class ExportForm(forms.Form):
 @permission_required(VIEW_PERMISSION, raise_exception=True)
 @require_GET
 def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
-    from apps.reviews.models import Correction, Review
-
     version = _version_or_404(name, number)
     exports = _page(request, selectors.exports_of(version), "exports_page")
     exports_live = any(e.status in ("queued", "running") for e in exports.object_list)
@@ -213,8 +213,6 @@ class BuilderForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        from apps.engines.registry import SCENE_CHOICES
-
         self.fields["scenes"].choices = SCENE_CHOICES
 
     def spec(self) -> dict[str, Any]:

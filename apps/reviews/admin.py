@@ -21,10 +21,11 @@ from django.utils.safestring import SafeString
 
 from apps.reviews import policy, services
 from apps.reviews.models import PolicyRule, Proposal, Review
+from apps.reviews.selectors import stale_before
 from apps.tasks.models import Task
 from apps.tasks.services import TransitionError
 from trajplatform.admin_base import (
-    ViewOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, change_link, truncated_column,
+    AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ViewOnlyMixin, change_link, truncated_column,
 )
 
 
@@ -76,8 +77,6 @@ class StaleFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() == "yes":
-            from apps.reviews.selectors import stale_before
-
             return queryset.filter(status=Proposal.Status.PENDING, created_at__lt=stale_before())
         return queryset
 

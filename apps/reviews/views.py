@@ -41,7 +41,7 @@ from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
 from apps.tasks.consumers import MAX_ID
 from apps.tasks.models import Batch, Task, Trajectory
-from apps.tasks.services import TransitionError
+from apps.tasks.services import TransitionError, batch_cancel, batch_retry, task_cancel, task_retry, tasks_enqueue
 from apps.tasks.views import viewer_context
 
 PAGE_SIZE = 50
@@ -512,8 +512,6 @@ def _require_control(request: HttpRequest, what: str, actions: dict[str, str], a
 @require_POST
 def batch_control(request: HttpRequest, batch_id: int, action: str) -> HttpResponse:
     """Start / Cancel / Retry a whole batch through the tasks services (each writes its audit rows)."""
-    from apps.tasks.services import batch_cancel, batch_retry, tasks_enqueue
-
     _require_control(request, "batch", BATCH_CONTROLS, action)
     batch = get_object_or_404(Batch, pk=min(batch_id, MAX_ID))
     service = {"start": tasks_enqueue, "cancel": batch_cancel, "retry": batch_retry}[action]
@@ -529,8 +527,6 @@ TASK_CONTROLS = {"start": "started", "cancel": "cancelled", "retry": "queued aga
 @require_POST
 def task_control(request: HttpRequest, task_id: int, action: str) -> HttpResponse:
     """Start / Cancel / Retry one task through the tasks services."""
-    from apps.tasks.services import task_cancel, task_retry, tasks_enqueue
-
     _require_control(request, "task", TASK_CONTROLS, action)
     task = get_object_or_404(Task, pk=min(task_id, MAX_ID))
     try:

@@ -18,17 +18,18 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from apps.tasks.importers import validate_task
 from apps.reviews import selectors as review_selectors
 from apps.tasks import budgets
+from apps.tasks.importers import validate_task
 from apps.tasks.models import Batch, Task, Trajectory, UserBudget
 from apps.tasks.services import (
     BatchNameTaken, TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue,
     tasks_create, tasks_enqueue,
 )
 from trajplatform.admin_base import (
-    ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ReadOnlyInline, truncated_column,
+    ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadOnlyInline, ReadableJSONMixin, truncated_column,
 )
+from trajplatform.skills import enabled_scene_ids
 
 # Per-object warnings beyond this many are summarised in one line.
 MAX_WARNINGS = 10
@@ -405,8 +406,6 @@ class TaskAdmin(ActionsOnlyMixin, IdSearchMixin, AuditTrailMixin, ReadableJSONMi
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         if change:
             raise RuntimeError("the task change page is view-only")  # has_change_permission refuses first
-        from trajplatform.skills import enabled_scene_ids
-
         result = tasks_create(items=[form.item()], actor=request.user,
                               batch_name=form.cleaned_data.get("batch_name", ""),
                               allowed_scenes=set(enabled_scene_ids()))

@@ -13,23 +13,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django import forms
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import BashLexer, DiffLexer, PythonLexer, SqlLexer, TextLexer, get_lexer_for_filename
+from pygments.util import ClassNotFound
 
 from apps.engines.registry import SCENE_CHOICES
+from apps.reviews.models import Correction, Review
+from apps.reviews.selectors import latest_human_verdicts
 from apps.tasks.consumers import MAX_ID, MAX_SEQ
-from apps.reviews.models import Review
+from apps.tasks.importers import InvalidImport, check_file, iter_tasks
 from apps.tasks.models import Trajectory, TrajectoryLog
+from apps.tasks.services import (
+    BatchNameTaken, TaskCreateError, batch_free_name, batch_import, tasks_create, tasks_enqueue,
+)
 from trajplatform import json_limits
 from trajplatform.artifacts import step_screenshot
+from trajplatform.skills import enabled_scene_ids
 
 VIEW_PERMISSION = "tasks.view_trajectory"
 LIST_PAGE_SIZE = 50
@@ -152,9 +164,6 @@ SUMMARY_CHARS = 90
 
 
 def _lexer(tool: str, key: str, path: str) -> Any:
-    from pygments.lexers import BashLexer, DiffLexer, PythonLexer, SqlLexer, TextLexer, get_lexer_for_filename
-    from pygments.util import ClassNotFound
-
     if key == "patch":
         return DiffLexer(stripnl=False)
     if path:
@@ -173,9 +182,6 @@ def _lexer(tool: str, key: str, path: str) -> Any:
 
 def highlighted(text: str, lexer: Any) -> str:
     """Source as highlighted HTML (Pygments, inline styles); plain escaped text when very long."""
-    from pygments import highlight
-    from pygments.formatters import HtmlFormatter
-
     if len(text) > MAX_HIGHLIGHT_CHARS:
         return format_html('<pre class="text code">{}</pre>', text)
     return mark_safe(highlight(text, lexer, HtmlFormatter(noclasses=True, cssclass="highlight")))  # noqa: S308 (escaped by Pygments)
@@ -406,8 +412,6 @@ class TrajectoryFilterForm(forms.Form):
 
 def _add_scores_and_verdicts(rows: Any) -> None:
     """The page's judge scores and latest human verdicts: two queries for the page, none per row."""
-    from apps.reviews.selectors import latest_human_verdicts
-
     rows = list(rows)
     ids = [t.pk for t in rows]
     scores = dict(Review.objects.filter(trajectory_id__in=ids, kind=Review.Kind.AUTO).values_list("trajectory_id",
@@ -496,8 +500,6 @@ def _own_reason(trajectory: Trajectory) -> str:
 
 def viewer_context(trajectory: Trajectory) -> dict[str, Any]:
     """What both trajectory pages (/trajectories/<id>/ and the review viewer) render."""
-    from apps.reviews.models import Correction
-
     return {
         "correction_of": Correction.objects.filter(corrected=trajectory).select_related("editor").first(),
         "corrections": list(Correction.objects.filter(original=trajectory).select_related("editor")[:20]),
@@ -618,9 +620,6 @@ class SingleTaskForm(forms.Form):
 
 def _import_file(request: HttpRequest, form: TaskFileForm) -> tuple[Any, list[str]]:
     """Check then import an uploaded task file with the import command's service; (batch, errors)."""
-    from apps.tasks.importers import InvalidImport, check_file, iter_tasks
-    from apps.tasks.services import BatchNameTaken, batch_free_name, batch_import, tasks_enqueue
-
     upload = form.cleaned_data["file"]
     if upload.size > MAX_UPLOAD_BYTES:
         return None, [f"{upload.name}: larger than {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB"]
@@ -648,12 +647,6 @@ def _import_file(request: HttpRequest, form: TaskFileForm) -> tuple[Any, list[st
 @permission_required(VIEW_PERMISSION, raise_exception=True)
 def task_new(request: HttpRequest) -> HttpResponse:
     """Upload a task file (the import service: every line error shown, nothing written on error) or create one task."""
-    from django.contrib import messages
-    from django.core.exceptions import PermissionDenied
-    from django.shortcuts import redirect
-
-    from apps.tasks.services import BatchNameTaken, TaskCreateError, tasks_create
-
     can_create = request.user.has_perm("tasks.add_task") and request.user.has_perm("tasks.add_batch")
     file_form, single_form, errors = TaskFileForm(), SingleTaskForm(), []
     if request.method == "POST":
@@ -677,8 +670,6 @@ def task_new(request: HttpRequest) -> HttpResponse:
                 if data["max_steps"]:
                     item["max_steps"] = data["max_steps"]
                 try:
-                    from trajplatform.skills import enabled_scene_ids
-
                     result = tasks_create(items=[item], actor=request.user, batch_name=data["batch"], source="console",
                                           allowed_scenes=set(enabled_scene_ids()))
                 except TaskCreateError as exc:

@@ -1,7 +1,6 @@
 """Pending proposals and their decisions, reviews, human verdicts. The tier rules live in the services."""
 from __future__ import annotations
 
-
 import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
@@ -13,6 +12,7 @@ from rest_framework.views import APIView
 from apps.reviews import services
 from apps.reviews.api import serializers as s
 from apps.reviews.models import Proposal, Review
+from apps.reviews.selectors import pending_proposals
 from apps.tasks.api.views import ERRORS, ActionPermsMixin
 from apps.tasks.models import Trajectory
 from trajplatform.api import IdCursorPagination, IdFilter, StrictFilterSet, get_object_or_404
@@ -50,8 +50,6 @@ class ProposalViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveMo
     def pending(self, request: Request) -> Response:
         """The decision queue: pending yellow and red proposals, oldest first (`mine=true`: only
         the tiers the caller may decide)."""
-        from apps.reviews.selectors import pending_proposals
-
         query = s.PendingQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         params = dict(query.validated_data)

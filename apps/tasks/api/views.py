@@ -13,10 +13,12 @@ from rest_framework.response import Response
 from apps.engines.registry import SCENE_CHOICES
 from apps.tasks import services
 from apps.tasks.api import serializers as s
+from apps.tasks.budgets import batch_set_budget
 from apps.tasks.models import Batch, Task, Trajectory
 from trajplatform.api import (
     ErrorSerializer, IdFilter, LimitedJSONParser, StrictFilterSet, UtcDateTimeFilter, idempotent,
 )
+from trajplatform.skills import enabled_scene_ids
 
 ERRORS = {400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer,
           409: ErrorSerializer, 429: ErrorSerializer}
@@ -79,8 +81,6 @@ class TaskViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         body.is_valid(raise_exception=True)
 
         def run() -> Response:
-            from trajplatform.skills import enabled_scene_ids
-
             result = services.tasks_create(
                 items=body.validated_data["tasks"], actor=request.user,
                 batch_name=body.validated_data.get("batch", ""), notes=body.validated_data.get("notes", ""),
@@ -137,8 +137,6 @@ class BatchViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def budget(self, request: Request, pk: str | None = None) -> Response:
         """Set (or with null clear) the batch's cost budget; queued trajectories of a batch over
         budget wait, a running one stops at its next model call."""
-        from apps.tasks.budgets import batch_set_budget
-
         body = s.BudgetSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         batch = batch_set_budget(batch=self.get_object(), budget_usd=body.validated_data["budget_usd"],

@@ -21,9 +21,16 @@ from django.db import connection
 from django.db.models import Avg, Count, Max, Q, Sum
 from django.urls import reverse
 
+from apps.engines.llm import resolve_providers
+from apps.engines.management.commands.offline_model import DEFAULT_SOLUTION_DIRS
+from apps.engines.offline_model import OfflineModelServer, ReferenceSolutionError, ScriptedModel, load_scripts
 from apps.engines.registry import SCENES
+from apps.reviews.jobs import review_batch, tasks_awaiting_review
+from apps.reviews.models import Proposal, Review
+from apps.tasks.jobs import ensure_schedules, reap_stale_rollouts, run_rollouts
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.selectors import batch_imported_from, batch_status_counts
+from apps.tasks.services import tasks_enqueue
 
 HELP = """\
 Import FILE as a batch (exactly as `manage.py import_tasks` does: every line checked first,
@@ -142,8 +149,6 @@ class Command(BaseCommand):
 
     def _check_model(self, options: dict[str, Any], path: Path) -> Any:
         """Say which LLM the rollouts use; make sure the offline model answers when it is the one."""
-        from apps.engines.llm import resolve_providers
-
         try:
             providers = resolve_providers()
         except ImproperlyConfigured as exc:
@@ -171,14 +176,6 @@ class Command(BaseCommand):
         return self._serve_offline_model(url, options["solutions"], path, label)
 
     def _serve_offline_model(self, url: str, solutions: list[str] | None, path: Path, label: str) -> Any:
-        from apps.engines.management.commands.offline_model import DEFAULT_SOLUTION_DIRS
-        from apps.engines.offline_model import (
-            OfflineModelServer,
-            ReferenceSolutionError,
-            ScriptedModel,
-            load_scripts,
-        )
-
         parsed = urlparse(url)
         host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
         if solutions is None:
@@ -217,9 +214,6 @@ class Command(BaseCommand):
         return batch
 
     def _start(self, batch: Batch) -> None:
-        from apps.tasks.jobs import ensure_schedules
-        from apps.tasks.services import tasks_enqueue
-
         ensure_schedules()
         started = tasks_enqueue(batch=batch, actor=None)
         total = batch.tasks.count()
@@ -332,8 +326,6 @@ class Command(BaseCommand):
 
 def _review_lines(batch: Batch, tasks: dict[str, int]) -> list[str]:
     """The review part of the summary: scores, judge failures, proposals by tier and status."""
-    from apps.reviews.models import Proposal, Review
-
     reviews = Review.objects.filter(trajectory__task__batch=batch, kind=Review.Kind.AUTO).aggregate(
         scored=Count("id", filter=Q(status=Review.Status.DONE)),
         failed=Count("id", filter=Q(status=Review.Status.JUDGE_FAILED)),
@@ -356,9 +348,6 @@ def _drive(batch_id: int, concurrency: int, stop: threading.Event, done: threadi
            failures: list[BaseException]) -> None:
     """The rollout loop of `--wait`: run this batch's trajectories and reviews until none of its
     tasks is open (queued, running, or reviewing without a failed judge)."""
-    from apps.reviews.jobs import review_batch, tasks_awaiting_review
-    from apps.tasks.jobs import reap_stale_rollouts, run_rollouts
-
     open_statuses = (Task.Status.QUEUED, Task.Status.RUNNING)
     last_reap = 0.0
     try:
