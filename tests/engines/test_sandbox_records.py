@@ -16,6 +16,8 @@ from apps.engines.sandbox_records import fill_pool
 from apps.engines.sandboxes import (
     MANAGED_LABEL,
     RECORD_LABEL,
+    Sandbox,
+    SandboxBackend,
     SandboxError,
     SandboxReporter,
     SandboxSpec,
@@ -65,19 +67,56 @@ class _Recorder(SandboxReporter):
         return None
 
 
+class _Held(Sandbox):
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _write_file(self, path: str, data: bytes, mode: int) -> None:
+        raise NotImplementedError
+
+    def _read_file(self, path: str, max_bytes: int | None) -> bytes:
+        raise NotImplementedError
+
+
+class _InMemory(SandboxBackend):
+    """A backend whose sandboxes are entries of a dict (the reporter calls are what is tested)."""
+
+    name = "memory"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.live: dict[str, Sandbox] = {}
+
+    def _create(self, spec: SandboxSpec, labels: dict[str, str]) -> Sandbox:
+        sandbox = _Held(self, f"m{len(self.live)}", spec, labels)
+        self.live[sandbox.id] = sandbox
+        return sandbox
+
+    def _get(self, sandbox_id: str) -> Sandbox:
+        return self.live[sandbox_id]
+
+    def _list(self, labels: dict[str, str]) -> list[Any]:
+        return []
+
+    def _destroy(self, sandbox_id: str) -> bool:
+        return self.live.pop(sandbox_id, None) is not None
+
+
 def test_the_sandbox_layer_reports_to_the_installed_reporter_and_refuses_to_create_without_one() -> None:
     recorder = _Recorder()
+    backend = _InMemory()
     previous = set_reporter(recorder)
     try:
-        sandbox = acquire(SandboxSpec(), trajectory=None, backend=LocalBackend())
+        sandbox = acquire(SandboxSpec(), trajectory=None, backend=backend)
         assert sandbox.record_id == 7 and sandbox.labels[RECORD_LABEL] == "7"
         sandbox.destroy()
-        assert recorder.events == [("claim", None), ("begin", "local"), ("ready", 7), ("destroyed", "destroyed")]
+        assert recorder.events == [("claim", None), ("begin", "memory"), ("ready", 7), ("destroyed", "destroyed")]
 
         set_reporter(None)
         with pytest.raises(SandboxError, match="no sandbox reporter is installed"):
-            LocalBackend().create(SandboxSpec())
-        assert LocalBackend(records=False).list() == []  # nothing was created unrecorded
+            backend.create(SandboxSpec())
+        assert backend.live == {}  # nothing was created unrecorded
+        assert _InMemory(records=False).create(SandboxSpec()).record_id is None  # records=False asks no reporter
     finally:
         set_reporter(previous)
     assert isinstance(previous, records.RecordsReporter)  # EnginesConfig.ready installed the row writer
