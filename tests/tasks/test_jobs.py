@@ -998,8 +998,11 @@ def test_a_configured_api_key_appears_in_no_row_log_line_or_page(make_task, fake
 
 @pytest.mark.django_db
 def test_ensure_schedules_registers_the_reaper_once():
-    Schedule.objects.filter(name=jobs.REAP_SCHEDULE_NAME).delete()
+    # The other apps' schedules come with it (each app registers them from its AppConfig.ready).
+    others = ["engines.reconcile_sandboxes", "engines.reap_pipeline_runs", "datasets.reap_exports"]
+    Schedule.objects.filter(name__in=[jobs.REAP_SCHEDULE_NAME, *others]).delete()
     first = jobs.ensure_schedules()
+    assert sorted(Schedule.objects.filter(name__in=others).values_list("name", flat=True)) == sorted(others)
     Schedule.objects.filter(pk=first.pk).update(minutes=30, func="somewhere.else")
     Schedule.objects.create(name=jobs.REAP_SCHEDULE_NAME, func="dup", schedule_type=Schedule.MINUTES, minutes=1)
     second = jobs.ensure_schedules()
