@@ -108,7 +108,7 @@ def median_ms(values: list[float]) -> float:
 def bundled_records() -> list[Any]:
     """The bundled servers' checked records (the npm ones only when their packages are installed)."""
     from apps.engines.sandboxes.local import platform_mcp_packages
-    from apps.engines.scenes.toucan.registry import load_records, parse_record
+    from apps.engines.mcp_servers import load_records, parse_record
 
     records = [parse_record(r) for r in load_records(ROOT / "examples" / "toucan" / "servers.json")]
     if (Path(platform_mcp_packages()) / "node" / "node_modules").is_dir():
@@ -127,7 +127,7 @@ class Bare:
             platform_mcp_packages,
             platform_python_packages,
         )
-        from apps.engines.scenes.toucan.registry import resolved_spec
+        from apps.engines.mcp_servers import resolved_spec
 
         self.root = Path(tempfile.mkdtemp(prefix="ws-", dir=tmp))
         self.fixtures = copy.deepcopy(record.fixtures)
@@ -190,7 +190,7 @@ class InSandbox:
 
     def __init__(self, backend: Any, record: Any):
         from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, SandboxSpec
-        from apps.engines.scenes.toucan.registry import resolved_spec
+        from apps.engines.mcp_servers import resolved_spec
 
         self.record = record
         self.spec = resolved_spec(record.spec, record.secrets, record.fixtures)

@@ -18,6 +18,10 @@ class EnginesConfig(AppConfig):
         from apps.engines.pipelines import emit  # deferred: AppConfig.ready pattern (imports the tasks app)
 
         emit.install()
+        # The toucan scene reads the registered MCP servers through the registry installed here.
+        from apps.engines import mcp_servers  # deferred: AppConfig.ready pattern (needs the app registry)
+
+        mcp_servers.install()
         register_periodic("apps.engines.jobs.ensure_sandbox_schedules")
         register_periodic("apps.engines.pipelines.jobs.ensure_pipeline_schedules")
         if settings.PLATFORM_SKILLS_URL:

@@ -213,7 +213,7 @@ class StageRun(models.Model):
 
 
 class McpServer(models.Model):
-    """One registered MCP server (the toucan scene's registry; apps/engines/scenes/toucan/registry.py).
+    """One registered MCP server (the toucan scene's registry; apps/engines/mcp_servers.py).
 
     `spec` is the hub's `McpServerSpec` as JSON (launch argv/env/cwd/transport, package, deny
     and platform tools) with secrets only as `${NAME}` references to `secrets`, which are names

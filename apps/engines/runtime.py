@@ -408,3 +408,8 @@ def get_runtime(scene_id: str) -> SceneRuntime:
 
 def has_runtime(scene_id: str) -> bool:
     return scene_directory().has_runtime(scene_id)
+
+
+def validate_scene_config(scene_id: str, config: Any) -> dict[str, Any]:
+    """The config with the scene's defaults filled in, or SceneConfigError (the registry's rules)."""
+    return scene_directory().validate_scene_config(scene_id, config)

@@ -1,4 +1,4 @@
-"""The MCP server registry (apps/engines/scenes/toucan/registry.py): the bundled servers registered from
+"""The MCP server registry (apps/engines/mcp_servers.py): the bundled servers registered from
 examples/toucan/*.json by their real tools/list in a local bubblewrap sandbox (profile
 trajplatform-mcp), then called through the hub; secrets, bad records, the command, the admin.
 """
@@ -21,7 +21,7 @@ from apps.engines.models import McpServer
 from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, SandboxSpec
 from apps.engines.sandboxes.local import platform_mcp_packages
 from apps.engines.scenes.toucan.fixtures import install_fixtures
-from apps.engines.scenes.toucan.registry import (
+from apps.engines.mcp_servers import (
     McpRegistryError,
     hub_spec,
     load_records,

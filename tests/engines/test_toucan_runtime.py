@@ -19,7 +19,7 @@ from apps.engines.models import McpServer
 from apps.engines.runtime import get_runtime
 from apps.engines.sandboxes import get_backend
 from apps.engines.scenes.toucan import quality, questions
-from apps.engines.scenes.toucan.registry import load_records, parse_record, take_snapshot
+from apps.engines.mcp_servers import load_records, parse_record, take_snapshot
 from apps.engines.scenes.toucan.runtime import ToucanRuntime
 from tests.engines.test_agent import (  # noqa: F401 - llm_env is a fixture
     assert_no_sandbox_left,

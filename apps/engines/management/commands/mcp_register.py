@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.engines.scenes.toucan.registry import McpRegistryError, load_records, mcp_servers_register
+from apps.engines.mcp_servers import McpRegistryError, load_records, mcp_servers_register
 
 HELP = """\
 Register MCP servers from FILE: a JSON list of server records, {"servers": [...]}, one record,

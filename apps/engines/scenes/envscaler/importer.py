@@ -39,8 +39,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from apps.engines.scenes.envscaler.runtime import SANDBOX_DIR, SERVER_PATH, SERVER_SOURCE
+from apps.engines.runtime import validate_scene_config
 from apps.engines.sandboxes import SandboxError, SandboxSpec, get_backend
-from apps.engines.registry import validate_scene_config
 from trajplatform.pyparse import parse_python
 
 SCENE = "envscaler"

@@ -32,6 +32,7 @@ import sys
 import traceback
 import types
 from typing import Any
+from zoneinfo import ZoneInfo
 
 MODULE_NAME = "envscaler_env"
 RESERVED_TOOLS = ("get_current_time", "finish", "envscaler_state", "envscaler_check")
@@ -173,9 +174,9 @@ def validate(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_server(spec: dict[str, Any]) -> Any:
-    from fastmcp import FastMCP
-    from fastmcp.tools import Tool
-    from fastmcp.tools.base import ToolResult
+    from fastmcp import FastMCP  # deferred: fastmcp (1.3 s import), sandbox server only
+    from fastmcp.tools import Tool  # deferred: fastmcp (1.3 s import), sandbox server only
+    from fastmcp.tools.base import ToolResult  # deferred: fastmcp (1.3 s import), sandbox server only
 
     cls = load_class(spec["code"], spec["class_name"])
     with contextlib.redirect_stdout(sys.stderr):
@@ -232,8 +233,6 @@ def build_server(spec: dict[str, Any]) -> Any:
     @mcp.tool
     def get_current_time(timezone: str = "UTC") -> dict[str, Any]:
         """The current date and time in an IANA timezone (default UTC)."""
-        from zoneinfo import ZoneInfo
-
         now = _dt.datetime.now(ZoneInfo(timezone))
         return {"timezone": timezone, "datetime": now.isoformat(timespec="seconds"), "date": now.date().isoformat(),
                 "time": now.strftime("%H:%M:%S"), "weekday": now.strftime("%A"), "timestamp": int(now.timestamp())}

@@ -53,6 +53,7 @@ from apps.engines.mcp import EpisodeHubs, McpHub, McpServerSpec
 from apps.engines.runtime import InfrastructureError, SceneRuntime, SetupError, ToolResult
 from apps.engines.sandboxes import PLATFORM_PYTHON_PROFILE, Sandbox, SandboxSpec
 from apps.engines.sandboxes.base import PLATFORM_PYTHON_PATH, SandboxFileNotFound
+from trajplatform import artifacts
 
 SCENE = "gui"
 HERE = Path(__file__).resolve().parent
@@ -221,8 +222,6 @@ class GuiRuntime(SceneRuntime):
 
     def _observe(self, sandbox: Sandbox, live: _Live) -> dict[str, Any]:
         """The platform's look at the page after a step: URL, title, screenshot artifact, action box."""
-        from trajplatform import artifacts
-
         with live.lock:
             index = live.shots
             live.shots += 1

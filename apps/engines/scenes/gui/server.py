@@ -58,8 +58,10 @@ import sys
 import threading
 import time
 from html.parser import HTMLParser
+from socketserver import ThreadingMixIn
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 BROWSER_GONE_EXIT = 75
 SNAPSHOT_MAX_CHARS = 20000
@@ -271,9 +273,6 @@ class PageServer:
         return [data]
 
     def serve_in_thread(self) -> Any:
-        from socketserver import ThreadingMixIn
-        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
         class Server(ThreadingMixIn, WSGIServer):
             daemon_threads = True
 
@@ -321,7 +320,7 @@ class Browser:
     # -- life
 
     async def start(self) -> dict[str, Any]:
-        from playwright.async_api import async_playwright
+        from playwright.async_api import async_playwright  # deferred: playwright (heavy), sandbox only
 
         started = time.monotonic()
         if self.config.get("pages"):
@@ -692,13 +691,13 @@ PLATFORM_TOOLS = {
 
 
 def build_server(config: dict[str, Any]) -> Any:
-    from fastmcp import FastMCP
-    from fastmcp.tools import Tool
-    from fastmcp.tools.base import ToolResult
+    from fastmcp import FastMCP  # deferred: fastmcp (1.3 s import), sandbox server only
+    from fastmcp.tools import Tool  # deferred: fastmcp (1.3 s import), sandbox server only
+    from fastmcp.tools.base import ToolResult  # deferred: fastmcp (1.3 s import), sandbox server only
 
     browser = Browser(config)
     if config.get("source") == "site":
-        import sites  # next to this file
+        import sites  # deferred: a sibling file, importable in the sandbox
 
         sites.serve_in_thread(config["site"])
 

@@ -53,6 +53,7 @@ from apps.engines.runtime import (
     current_episode,
 )
 from apps.engines.sandboxes import SandboxError, SandboxSpec
+from trajplatform import artifacts
 
 from . import checks as C
 from .device import KEY_BACK, KEY_DEL, KEY_ENTER, KEY_HOME, KEY_MOVE_END, DeviceChannel, Element, Endpoint, Observation
@@ -325,8 +326,6 @@ class MobileRuntime(SceneRuntime):
 
     @staticmethod
     def _store(screen: Observation) -> dict[str, Any]:
-        from trajplatform import artifacts
-
         return artifacts.store(screen.png, "image/png", width=screen.width, height=screen.height)
 
     # -- tools

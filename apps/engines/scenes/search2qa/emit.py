@@ -26,6 +26,7 @@ from typing import Any
 
 from apps.engines.generation import TaskSpecError, platform_store
 from apps.engines.runtime import SetupError, current_episode
+from apps.engines.scenes.search2qa.config import settings_of
 from apps.engines.scenes.search2qa.gates import normalize_answer
 from apps.engines.web.toolset import web_settings
 
@@ -42,8 +43,6 @@ def generation(config: dict[str, Any], rounds: int, gates: list[dict[str, Any]])
     """How the pair was made, carried in the emitted task's scene_config (the QA export reads it):
     the seed, the search2qa task and trajectory, the evolution rounds and the gates it passed
     before the deep_search solver ran (that solver's passing run is the task's first trajectory)."""
-    from apps.engines.scenes.search2qa.runtime import settings_of
-
     s = settings_of(config)
     trajectory = current_episode().trajectory
     return {"pipeline": EMIT_SOURCE, "seed": s.get("seed"), "qa_mode": s["qa_mode"], "rounds": rounds,
@@ -54,8 +53,6 @@ def generation(config: dict[str, Any], rounds: int, gates: list[dict[str, Any]])
 
 def task_item(config: dict[str, Any], qa: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
     """The emitted deep_search task, as a task-file item (apps.tasks.importers shape)."""
-    from apps.engines.scenes.search2qa.runtime import settings_of
-
     s = settings_of(config)
     sources = list(dict.fromkeys(e["url"] for e in qa.get("evidence") or []))
     scene_config: dict[str, Any] = {"expected_answer": qa["answer"], "aliases": list(qa.get("aliases") or []),
@@ -81,8 +78,6 @@ def solver_config(item: dict[str, Any]) -> dict[str, Any]:
 
 def emit_task(config: dict[str, Any], item: dict[str, Any], solver: Any, gates: list[dict[str, Any]]) -> dict[str, Any]:
     """Create (or find) the pair's deep_search task (`item`) and attach the solver's run; what was done."""
-    from apps.engines.scenes.search2qa.runtime import settings_of
-
     s = settings_of(config)
 
     def batch_name(source_batch: str | None) -> str:

@@ -38,6 +38,7 @@ from apps.engines.runtime import SceneRuntime, SetupError, ToolResult, current_e
 from apps.engines.scenes.search2qa import emit as E
 from apps.engines.scenes.search2qa import gates as G
 from apps.engines.scenes.search2qa import prompts as P
+from apps.engines.scenes.search2qa.config import settings_of
 from apps.engines.web.toolset import episode_toolset, opened_urls, web_tools, web_toolset
 
 SCENE = "search2qa"
@@ -45,15 +46,6 @@ DEFAULT_STAGE_TIMEOUT_S = 600.0  # the agent loop's default timeout_s
 MIN_STAGE_TIMEOUT_S = 1.0  # a stage started with no time left fails at once, with the loop's reason
 STAGE_KEY = "search2qa_stage"
 WEB_TOOLS = ("search", "open", "find")
-DEFAULTS = {
-    "qa_mode": "question", "max_evolutions": 2, "enable_evolution": True, "difficulty_check": "full",
-    "uniqueness_check": False, "max_answer_words": 12, "min_sources": 2, "quote_match": 0.9,
-    "stage_max_steps": 12, "solver_max_steps": 12, "emit": True,
-}
-
-
-def settings_of(config: dict[str, Any]) -> dict[str, Any]:
-    return {**DEFAULTS, **(config.get("scene_config") or {})}
 
 
 def stage_of(config: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from apps.engines.agent import truncate_text
 from apps.engines.ask_user import ASK_USER, ASK_USER_TOOL, DEFAULT_LLM_PROMPT, FactsError, LLMSimulator, answer
 from apps.engines.scenes.envscaler.runtime import FINISH_TOOL, EnvScalerRuntime, scene_config
 from apps.engines.llm import LLMError
@@ -238,8 +239,6 @@ class ToolAceRuntime(EnvScalerRuntime):
         return self.render_dialogue(dialogue, config)
 
     def render_dialogue(self, dialogue: mt.Dialogue, config: dict[str, Any]) -> dict[str, Any]:
-        from apps.engines.agent import truncate_text
-
         agent_config = {**config, "scene_config": {**scene_config(config), "mode": "agent"}}
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt(agent_config)},
                                           {"role": "user", "content": config.get("prompt") or ""}]

@@ -4,7 +4,7 @@ Per episode: a fresh sandbox of the `trajplatform-mcp` profile (the platform's p
 bundled MCP servers' packages, read-only), each target server's fixtures laid down in it (files,
 the seed git repo, pages served on the sandbox's loopback: apps/engines/scenes/toucan/fixtures.py), then
 every target server started in it by the MCP hub (apps/engines/mcp/), as its registry row says
-(apps/engines/scenes/toucan/registry.py; secrets filled in at start, never stored).
+(apps/engines/mcp_servers.py; secrets filled in at start, never stored).
 
 The agent sees the union of the servers' offered tools, named `<server>__<tool>` with the schemas
 of the registry's snapshot (the server's own tools/list at registration; the loop needs the tools
@@ -27,18 +27,17 @@ generation, image.
 """
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from apps.engines.scenes.code_exec.runtime import TOOLS as CODE_EXEC_TOOLS
 from apps.engines.mcp import EpisodeHubs, McpHub, McpServerSpec
-from apps.engines.runtime import SceneRuntime, SetupError, ToolResult
+from apps.engines.runtime import InfrastructureError, SceneRuntime, SetupError, ToolResult
 from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, WORKDIR, Sandbox, SandboxSpec
 from apps.engines.scenes.toucan import quality
+from apps.engines.scenes.toucan.fixtures import FixtureError, install_fixtures
 
 SCENE = "toucan"
 DEFAULT_TIMEOUT_S = 600.0
@@ -71,52 +70,25 @@ class Server:
         return [t for t in self.tools if self.spec.offers(t["name"])]
 
 
-def _read_servers(names: list[str]) -> list[Server]:
-    from apps.engines.models import McpServer
-    from apps.engines.scenes.toucan.registry import McpRegistryError, hub_spec
+ServerReader = Callable[[list[str]], list[Server]]
+_server_reader: ServerReader | None = None
 
-    rows = {row.name: row for row in McpServer.objects.filter(name__in=names)}
-    missing = [n for n in names if n not in rows]
-    if missing:
-        raise SetupError(f"the task's MCP servers {', '.join(missing)} are not registered "
-                         "(`manage.py mcp_register examples/toucan/servers.json`)")
-    disabled = [n for n in names if not rows[n].enabled]
-    if disabled:
-        raise SetupError(f"the task's MCP servers {', '.join(disabled)} are disabled in the registry")
-    servers = []
-    for name in names:
-        row = rows[name]
-        try:
-            spec = hub_spec(row)
-        except McpRegistryError as exc:
-            raise SetupError(str(exc)) from None
-        servers.append(Server(spec=spec, tools=list(row.tools or []), fixtures=dict(row.fixtures or {}),
-                              tools_sha256=row.tools_sha256))
-    return servers
+
+def install_server_reader(reader: ServerReader) -> None:
+    """The MCP server registry (apps.engines.mcp_servers, above the scenes) installs its reader of
+    registered servers here when the engine app loads."""
+    global _server_reader
+    _server_reader = reader
 
 
 def registered_servers(names: list[str]) -> list[Server]:
-    """The task's servers from the registry, in the task's order (SetupError: unknown or disabled).
-
-    Called by the loop from its event loop too (`tools`), where Django refuses database access:
-    there the read runs in a thread of its own, which closes its connection."""
+    """The task's servers from the registry, in the task's order (SetupError: unknown or disabled)."""
     if not names:
         raise SetupError("a toucan task names its MCP servers in scene_config.target_servers")
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _read_servers(names)
-
-    def read() -> list[Server]:
-        from django.db import connections
-
-        try:
-            return _read_servers(names)
-        finally:
-            connections.close_all()
-
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="toucan-registry") as pool:
-        return pool.submit(read).result()
+    if _server_reader is None:
+        raise InfrastructureError("no MCP server registry is installed (the engine app installs "
+                                  "apps.engines.mcp_servers when Django starts)")
+    return _server_reader(names)
 
 
 def agent_tools(servers: list[Server]) -> list[dict[str, Any]]:
@@ -175,8 +147,6 @@ class ToucanRuntime(SceneRuntime):
         return SandboxSpec(image=image, labels={"scene": SCENE}, ttl=lifetime, network=network)
 
     def setup(self, sandbox: Sandbox, config: dict[str, Any]) -> None:
-        from apps.engines.scenes.toucan.fixtures import FixtureError, install_fixtures
-
         servers = registered_servers(list(scene_config(config).get("target_servers") or []))
         hub = McpHub.for_episode([s.spec for s in servers], config)
         live = _Live(hub)

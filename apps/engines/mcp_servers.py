@@ -1,4 +1,5 @@
-"""The MCP server registry: records validated, tools snapshotted in a sandbox, rows written with audit.
+"""The MCP server registry: records validated, tools snapshotted in a sandbox, rows written with audit;
+and the registered servers as the toucan scene's episodes read them (`install`, from EnginesConfig.ready).
 
     results = mcp_servers_register(records=load_records("examples/toucan/servers.json"), actor=user)
     mcp_server_resnapshot(server=McpServer.objects.get(name="git"), actor=user)
@@ -32,6 +33,8 @@ row records the previous and new hash.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -42,15 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from apps.engines.mcp import McpHub, McpServerSpec, McpSpecError, McpStartError
 from apps.engines.mcp.session import McpSessionError
 from apps.engines.models import McpServer
-from apps.engines.runtime import ToolError
+from apps.engines.runtime import SetupError, ToolError
 from apps.engines.sandboxes import PLATFORM_MCP_PROFILE, SandboxError, SandboxSpec, get_backend
 from apps.engines.scenes.toucan.fixtures import FixtureError, install_fixtures, validate_fixtures, with_pages
+from apps.engines.scenes.toucan.runtime import Server, install_server_reader
 from trajplatform.audit import audit_record
 from trajplatform.redaction import redact, storable
 
@@ -424,3 +428,51 @@ def mcp_server_set_enabled(*, server: McpServer, enabled: bool, actor: Any) -> M
         server.save(update_fields=["enabled", "updated_at"])
         audit_record("engines.mcp_server_set_enabled", actor=actor, target=server, data={"enabled": enabled})
     return server
+
+
+# -- the servers an episode starts (the toucan scene's runtime asks through install_server_reader) --
+
+
+def _read_servers(names: list[str]) -> list[Server]:
+    rows = {row.name: row for row in McpServer.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in rows]
+    if missing:
+        raise SetupError(f"the task's MCP servers {', '.join(missing)} are not registered "
+                         "(`manage.py mcp_register examples/toucan/servers.json`)")
+    disabled = [n for n in names if not rows[n].enabled]
+    if disabled:
+        raise SetupError(f"the task's MCP servers {', '.join(disabled)} are disabled in the registry")
+    servers = []
+    for name in names:
+        row = rows[name]
+        try:
+            spec = hub_spec(row)
+        except McpRegistryError as exc:
+            raise SetupError(str(exc)) from None
+        servers.append(Server(spec=spec, tools=list(row.tools or []), fixtures=dict(row.fixtures or {}),
+                              tools_sha256=row.tools_sha256))
+    return servers
+
+
+def read_servers(names: list[str]) -> list[Server]:
+    """The named servers' rows, in that order, as an episode starts them (SetupError: unknown or
+    disabled). Called by the loop from its event loop too (a runtime's `tools`), where Django refuses
+    database access: there the read runs in a thread of its own, which closes its connection."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _read_servers(names)
+
+    def read() -> list[Server]:
+        try:
+            return _read_servers(names)
+        finally:
+            connections.close_all()
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="toucan-registry") as pool:
+        return pool.submit(read).result()
+
+
+def install() -> None:
+    """Give the toucan scene its reader of the registered servers (the scene imports no app)."""
+    install_server_reader(read_servers)
