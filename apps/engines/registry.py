@@ -34,7 +34,7 @@ from apps.engines.runtime import (
 
 __all__ = ["PIPELINES", "RUBRICS", "RUNTIMES", "SCENES", "SCENE_CHOICES", "Scene", "SceneConfigError", "export_scenes",
            "get_runtime", "get_scene", "has_runtime", "load", "register_runtime", "rubric_for", "rubric_id",
-           "validate_scene_config"]
+           "scene_choices", "validate_scene_config"]
 
 # All filled by load(), in place (modules that imported them see the update).
 SCENES: dict[str, Scene] = {}
@@ -101,6 +101,12 @@ def load() -> None:
 
 
 _declared_runtimes: set[str] = set()
+
+
+def scene_choices() -> list[tuple[str, str]]:
+    """(id, title) of every scene: the model field's choices, a callable so that a new scene needs
+    no migration (Django calls it where the choices are used and keeps the reference in migrations)."""
+    return list(SCENE_CHOICES)
 
 
 def get_scene(scene_id: str) -> Scene:

@@ -16,7 +16,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from apps.engines.registry import SCENE_CHOICES
+from apps.engines.registry import scene_choices
 
 
 class Batch(models.Model):
@@ -81,7 +81,7 @@ class Task(models.Model):
     external_id = models.CharField(
         max_length=200, blank=True, help_text="the submitter's id (e.g. task_id); unique within its batch"
     )
-    scene = models.CharField(max_length=32, choices=SCENE_CHOICES, db_index=True)
+    scene = models.CharField(max_length=32, choices=scene_choices, db_index=True)
     prompt = models.TextField(help_text="the task description the agent receives")
     scene_config = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
     expected_tools = models.JSONField(default=list, blank=True)

@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from django.apps import apps
+from django.db.migrations.autodetector import MigrationAutodetector
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.state import ProjectState
 from django.test import override_settings
 
 from apps.engines import registry
@@ -50,6 +54,12 @@ def test_a_scene_package_named_in_settings_joins_every_scene_list(toy: Scene) ->
     assert isinstance(get_runtime("toy"), ToyRuntime)
     assert registry.rubric_for("toy") == toy.rubric and registry.rubric_id("toy") == "toy@2"
     assert "toy" not in registry.PIPELINES
+
+
+def test_a_new_scene_is_a_valid_task_scene_and_needs_no_migration(toy: Scene) -> None:
+    Task._meta.get_field("scene").validate("toy", None)  # the model's choices (forms, full_clean) have it
+    loader = MigrationLoader(None, ignore_no_migrations=True)  # makemigrations' view of the models, no database
+    assert MigrationAutodetector(loader.project_state(), ProjectState.from_apps(apps)).changes(loader.graph) == {}
 
 
 def test_without_the_setting_the_toy_scene_is_unknown() -> None:
