@@ -6,6 +6,6 @@ class DatasetsConfig(AppConfig):
     label = "datasets"
 
     def ready(self) -> None:
-        from trajplatform.schedules import register_periodic  # deferred: AppConfig.ready (django_q's models load first)
+        from trajplatform.schedules import register_periodic  # deferred: AppConfig.ready pattern (django_q's models load first)
 
         register_periodic("apps.datasets.jobs.ensure_export_schedules")
