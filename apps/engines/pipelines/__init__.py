@@ -15,7 +15,9 @@ Every stage run is a `StageRun` row (inputs, prompt hash, raw and parsed output,
 tokens, cost); a run resumed after a crash reuses every stage that finished. Each surviving item
 becomes a task through `apps.tasks.services.tasks_create` (validation, audit rows), linked to the
 `StageRun` that emitted it. See docs/pipelines.md; the runner is `apps.engines.pipelines.runner`,
-writes are in `.services`, the worker job and its reaper in `.jobs`.
+writes are in `.services`, the worker job and its reaper in `.jobs`. The layer's other code that
+creates tasks: `.store`, the platform store scenes read rows from and emit tasks to (installed
+by EnginesConfig.ready), and `.envscaler`, the EnvScaler import.
 
 A scene builds its pipeline with the classes of `apps.engines.generation` (engine core) and
 declares it in its scene.py as `pipeline="module:function"` (`PIPELINES`, from the scene registry);
@@ -44,6 +46,7 @@ from apps.engines.registry import PIPELINES, SCENES
 
 __all__ = ["PIPELINES", "TASK_STAGE", "CodeStage", "Drop", "EpisodeStage", "LLMStage", "Pipeline", "PipelineError",
            "Stage", "Template", "pipeline_for", "stage_route"]
+
 
 def pipeline_for(scene: str, config: dict[str, Any] | None = None) -> Pipeline:
     """The scene's registered Pipeline for this config; PipelineError for a scene without one."""
