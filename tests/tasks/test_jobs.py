@@ -4,6 +4,7 @@ end-to-end run with the real loop is in test_synthesize.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -482,7 +483,17 @@ def test_an_unstorable_result_is_recorded_as_an_error_not_left_running(make_task
 
 
 @pytest.mark.django_db(transaction=True)
-def test_episodes_ending_together_are_each_stored_and_a_bad_one_fails_alone(make_task, fake_agent):
+def test_episodes_ending_together_are_stored_in_one_hand_over_and_a_bad_one_fails_alone(
+    make_task, fake_agent, monkeypatch
+):
+    handovers: list[int] = []
+    finish_together = jobs.finish_together
+
+    def counted(items, sandboxes=None):
+        handovers.append(len(items))
+        return finish_together(items, sandboxes)
+
+    monkeypatch.setattr(jobs, "finish_together", counted)
     gate: dict[str, Any] = {"started": 0}
 
     async def together(*, trajectory, **kwargs):
@@ -499,6 +510,8 @@ def test_episodes_ending_together_are_each_stored_and_a_bad_one_fails_alone(make
     task = started(make_task, samples_per_iteration=6)
     report = jobs.run_rollouts(concurrency=6)
 
+    # The six in one hand-over; then the bad one's error, stored in its place, in another.
+    assert handovers == [6, 1], handovers
     assert report["success"] == 5
     by_sample = {t.sample_index: t for t in task.trajectories.all()}
     assert by_sample[2].outcome == "error"
@@ -512,7 +525,7 @@ def test_episodes_ending_together_are_each_stored_and_a_bad_one_fails_alone(make
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_sandboxes_a_job_s_episodes_destroyed_are_marked_with_their_ends(make_task, monkeypatch):
+def test_a_job_marks_its_episodes_destroyed_sandboxes_and_leaves_the_collector_as_it_was(make_task, monkeypatch):
     from types import SimpleNamespace
 
     from apps.engines.models import SandboxRecord
@@ -529,8 +542,10 @@ def test_the_sandboxes_a_job_s_episodes_destroyed_are_marked_with_their_ends(mak
         records[trajectory.sample_index] = SandboxRecord.objects.create(
             backend="local", external_id=f"sb-{trajectory.sample_index}", state="ready", trajectory=trajectory)
     monkeypatch.setattr(jobs, "run_episode", destroying)
+    before = gc.get_threshold()
     report = jobs.run_rollouts(concurrency=3)
     assert report["success"] == 3
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0  # the job left the collector as it was
     for record in records.values():
         record.refresh_from_db()
         assert (record.state, record.destroy_reason) == ("destroyed", "destroyed")
