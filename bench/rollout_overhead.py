@@ -146,12 +146,14 @@ def make_batch(prompt: str, episodes: int, steps: int, name: str) -> Any:
 
 
 def run_platform(batch: Any, concurrency: int) -> tuple[float, dict[str, Any]]:
-    """run_rollouts for this batch until done; (wall seconds, outcome counts)."""
+    """run_rollouts for this batch until done; (wall seconds, outcome counts). The CPU seconds
+    this process used meanwhile (all its threads; not the sandboxes' processes, not the model
+    server's) are in the report as "cpu_s"."""
     from apps.tasks.jobs import run_rollouts
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     report = run_rollouts(concurrency=concurrency, batch_id=batch.pk)
-    return time.perf_counter() - started, report
+    return time.perf_counter() - started, {**report, "cpu_s": time.process_time() - cpu}
 
 
 def sandbox_steps(batch: Any) -> int:
@@ -228,6 +230,7 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-overhead-", dir="/var/tmp"))
     rounds: list[tuple[float, float]] = []  # (bare steps/s, platform steps/s)
+    cpu_ms: list[float] = []  # the platform's CPU in this process per step
     expected = args.episodes * args.steps
     try:
         setup_django(tmp, database_url=args.database_url)
@@ -252,6 +255,7 @@ def main() -> int:
                         print(f"warning: round {n}: the platform ran {platform_steps} sandbox steps, expected {expected}"
                               f" (outcomes {_outcomes(report)})")
                     rounds.append((expected / bare_s, platform_steps / platform_s))
+                    cpu_ms.append(report["cpu_s"] * 1000 / max(1, platform_steps))
                     print(f"round {n}: bare loop {expected / bare_s:6.1f} steps/s, platform {platform_steps / platform_s:6.1f}"
                           f" steps/s ({_outcomes(report)}), ratio {platform_steps / platform_s * bare_s / expected:.2f}",
                           flush=True)
@@ -296,6 +300,8 @@ def main() -> int:
     print(f"ratio platform/bare (sequential), median: {ratio:.2f}  (target >= {TARGET_RATIO}) -> "
           f"{'MET' if ratio >= TARGET_RATIO else 'MISSED'}")
     print(f"ratio platform/bare (platform at concurrency {concurrency}): {wide_sps / bare_sps:.2f}")
+    print(f"CPU of this process per platform step (agent loop, LLM client, worker; not the sandboxes' or the "
+          f"model's processes), median: {statistics.median(cpu_ms):.2f} ms (less skewed by other work than the rates)")
     print(f"peak RSS of this process: {peak_rss_mb():.0f} MB; load average before the run {load_before:.1f} "
           "(other work on the machine skews both sides)")
     if worker_steps != expected or wide_steps != expected:
@@ -305,7 +311,7 @@ def main() -> int:
 
 
 def _outcomes(report: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in report.items() if k not in ("worker", "claimed", "wall_s"))
+    return ", ".join(f"{k}={v}" for k, v in report.items() if k not in ("worker", "claimed", "wall_s", "cpu_s"))
 
 
 if __name__ == "__main__":
