@@ -93,6 +93,7 @@ def touches_database(item: pytest.Item) -> bool:
             or not DB_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())))
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that touches the database `db`: the PostgreSQL pass runs `-m db`, the SQLite
     pass runs everything. Tests that reach the database another way (a subprocess running

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -72,9 +73,15 @@ def local_backend(db: Any) -> Any:
 
 
 @pytest.fixture
-def opensandbox_backend(db: Any, fake: FakeOpenSandbox, settings: Any) -> Iterator[Any]:
+def opensandbox_backend(db: Any, fake: FakeOpenSandbox, settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from apps.engines.sandboxes import get_backend
 
+    # The fake's sandboxes share the host's network: a server a sandbox starts on a fixed port (the
+    # gui page server's 8100) would collide with any other process of the machine (another test
+    # worker or run): a free port each time.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setattr("apps.engines.scenes.gui.runtime.SITE_PORT", sock.getsockname()[1])
     settings.OPENSANDBOX_URL = fake.url
     settings.OPENSANDBOX_API_KEY = fake.api_key
     backend = get_backend("opensandbox")
