@@ -23,6 +23,7 @@ DOC = ROOT / "docs" / "configuration.md"
 PROFILES = ROOT / "apps" / "engines" / "profiles.json"
 LIBRARIES_HEADING = "## Set for libraries"
 ENV_FUNCTIONS = {"env_str", "env_int", "env_bool", "env_float", "env_list"}
+MAY_READ = re.compile(r"environ|getenv|\benv_(?:str|int|bool|float|list)\(")
 ROW = re.compile(r"^\|\s*`([A-Z][A-Z0-9_]*)`\s*\|([^|]*)\|")
 
 
@@ -72,7 +73,7 @@ def platform_env() -> tuple[dict[str, list[object]], set[str]]:
     for folder in ("trajplatform", "apps"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             source = path.read_text(encoding="utf-8")
-            if "environ" not in source and "getenv" not in source and "env_" not in source:
+            if not MAY_READ.search(source):
                 continue  # cannot read a variable: not worth parsing
             file_reads, file_sets = env_uses(source)
             for name, defaults in file_reads.items():
