@@ -210,7 +210,7 @@ check: install
 # Each pass is bounded as a whole (TEST_PASS_TIMEOUT seconds; each test by pytest-timeout too,
 # pyproject.toml): on expiry pytest gets SIGINT (it tears down and prints where it was), SIGKILL
 # 60 s later, and the pass fails saying so. TEST_WORKERS: pytest-xdist workers per pass (0: none).
-TEST_PASS_TIMEOUT ?= 1500
+TEST_PASS_TIMEOUT ?= 1800
 TEST_WORKERS ?= 0
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 TEST_PASS ?= pytest
