@@ -20,7 +20,7 @@ The clusters are started (and idle) before the batch is queued; the clock runs f
 submission until every trajectory is final. Printed per phase: wall time, rollouts/s, agent
 steps/s, and how the rollouts split between the machines. On one machine both clusters share its
 CPUs, so this shows what a second cluster costs or gains *here*; on separate machines each
-brings its own CPUs (see README, "How throughput scales").
+brings its own CPUs (see docs/production.md, "How throughput scales").
 
 Then the database: --finishes running trajectories (claimed, with a stored episode of the size
 phase 1 produced) are finished through `trajectories_finish` by --writers processes, --group

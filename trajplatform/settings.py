@@ -2,7 +2,7 @@
 
 Each knob has an embedded default that works on a fresh machine with no services
 (SQLite, django-q2's ORM broker, channels' in-memory layer, the bubblewrap sandbox, the
-offline scripted model). The README's environment-variable table lists every knob here;
+offline scripted model). docs/configuration.md lists every knob here;
 keep the two in step.
 """
 from __future__ import annotations

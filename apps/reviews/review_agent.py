@@ -6,7 +6,7 @@ score, and the changes it proposes for the next iteration.
     overall = overall_score(verdict.scores, checks, trajectory.reward)
     drafts = draft_proposals(task, reviews)             # rule- and judge-derived, tiered by policy
 
-The overall score (0-100), documented in the README:
+The overall score (0-100), documented in docs/reviews.md:
 
     judge_mean = mean of the rubric dimensions' scores (each 0-100)
     base       = judge_mean                              when the trajectory has no reward

@@ -9,7 +9,7 @@ Lock order (the same as apps.tasks.services): the task row first, then its propo
     human_verdict_record                a reviewer's accept / reject / needs-fix on a trajectory
     task_end_loop / task_force_iteration
 
-The loop, as decided here (README "Review loop"):
+The loop, as decided here (docs/reviews.md):
 * score of an iteration = mean overall of its finished trajectories' automatic reviews; it
   waits until every one is scored (a judge failure keeps the task `reviewing`, retried later);
 * score >= quality_threshold -> completed;

@@ -56,7 +56,7 @@ class VersionDetailSerializer(VersionSerializer):
 
 
 class VersionCreateSerializer(StrictSerializerMixin, serializers.Serializer):
-    filter_spec = LimitedJSONField(help_text="the selection (see README 'Datasets'): scenes, outcome, min score, ...")
+    filter_spec = LimitedJSONField(help_text="the selection (see docs/datasets.md): scenes, outcome, min score, ...")
     parent = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT64_MAX,
                                       help_text="number of the version this one derives from")
     notes = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")

@@ -125,7 +125,7 @@ class TaskDetailSerializer(TaskSerializer):
 
 
 class TaskCreateSerializer(StrictSerializerMixin, serializers.Serializer):
-    """A list of tasks in either import shape (see README "Importing tasks"), validated by the service."""
+    """A list of tasks in either import shape (see docs/tasks.md), validated by the service."""
 
     tasks = serializers.ListField(
         child=serializers.DictField(), min_length=1,

@@ -171,7 +171,7 @@ class Command(BaseCommand):
                 f"no LLM is configured and the offline scripted model does not answer at {url}. Start it with "
                 "`make offline-model` (or `python manage.py offline_model`) in another terminal, pass "
                 "--start-offline-model together with --wait, or configure a real model (LLM_BASE_URL / "
-                "LLM_API_KEY / LLM_MODEL, see the README)."
+                "LLM_API_KEY / LLM_MODEL, see docs/llm.md)."
             )
         return self._serve_offline_model(url, options["solutions"], path, label)
 
