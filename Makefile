@@ -209,10 +209,12 @@ check: install
 
 # Each pass is bounded as a whole (TEST_PASS_TIMEOUT seconds; each test by pytest-timeout too,
 # pyproject.toml): on expiry pytest gets SIGINT (it tears down and prints where it was), SIGKILL
-# 60 s later, and the pass fails saying so. TEST_WORKERS: pytest-xdist workers per pass (0: none).
+# 60 s later, and the pass fails saying so. TEST_WORKERS: pytest-xdist worker processes (0: none):
+# 2 in the SQLite and PostgreSQL passes, none in the production pass and in `make _pytest` unless given.
 TEST_PASS_TIMEOUT ?= 1800
 TEST_WORKERS ?= 0
-XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+PASS_WORKERS := 2
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 TEST_PASS ?= pytest
 
 test: install-test
@@ -235,6 +237,7 @@ define run_pytest
 endef
 
 test-sqlite: TEST_PASS = sqlite
+test-sqlite test-postgres: TEST_WORKERS = $(PASS_WORKERS)
 test-sqlite:
 	@echo "== test suite on SQLite =="
 	$(call run_pytest)
@@ -246,7 +249,7 @@ test-sqlite:
 ONCE_TESTS := tests/providers tests/reward_hacking
 test-postgres:
 	@echo "== test suite on PostgreSQL (the tests marked db) =="
-	tests/tools/with-postgres $(MAKE) --no-print-directory _pytest TEST_PASS=postgres \
+	tests/tools/with-postgres $(MAKE) --no-print-directory _pytest TEST_PASS=postgres TEST_WORKERS=$(TEST_WORKERS) \
 	  PYTEST_ARGS="-m db $(foreach d,$(ONCE_TESTS),--ignore=$(d)) $(PYTEST_ARGS)"
 
 # The production path (docs/production.md): a throwaway PostgreSQL and Redis, django-q2's Redis
