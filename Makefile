@@ -27,12 +27,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help install install-test apt-run apt-test apt-demo migrate demo serve worker offline-model test test-sqlite test-postgres test-redis _pytest check lint-imports clean
 
 help:
-	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks"
+	@echo "make demo    set up (apt + virtualenv), migrate, create the demo admin, import the example tasks,"
+	@echo "             run every scene's examples with the offline model, publish and export a dataset of each"
 	@echo "make serve   run the web server (daphne) on http://$(HOST):$(PORT)/ and a worker"
 	@echo "make worker  run the django-q2 worker cluster"
 	@echo "make offline-model  run the offline scripted-reference model on 127.0.0.1:8765"
-	@echo "make test    set up and run the whole suite on SQLite, then on a throwaway PostgreSQL,"
-	@echo "             then the production path (PostgreSQL + Redis + several worker clusters)"
+	@echo "make test    set up, check the layering (make lint-imports), run the tests without the database"
+	@echo "             and SQLite's own on SQLite, every database test on a throwaway PostgreSQL, then the"
+	@echo "             production path (PostgreSQL + Redis + several worker clusters); docs/testing.md"
 
 # Install the listed Debian packages that are missing (apt-get update first, as root).
 define apt_ensure
@@ -219,6 +221,7 @@ TEST_PASS ?= pytest
 
 test: install-test
 	@t0=$$(date +%s); times=$$(mktemp); export TEST_TIMES=$$times; \
+	$(MAKE) --no-print-directory lint-imports && \
 	$(MAKE) --no-print-directory test-sqlite && \
 	$(MAKE) --no-print-directory test-postgres && \
 	$(MAKE) --no-print-directory test-redis; rc=$$?; \
@@ -238,19 +241,20 @@ endef
 
 test-sqlite: TEST_PASS = sqlite
 test-sqlite test-postgres: TEST_WORKERS = $(PASS_WORKERS)
+# The SQLite pass: every test that does not touch the database (they run once, here), and the
+# database tests where the embedded default's own behaviour is at stake (tests/conftest.py
+# SQLITE_PASS: the rollout worker and tasks, audit triggers, migrations, the demo path).
 test-sqlite:
-	@echo "== test suite on SQLite =="
-	$(call run_pytest)
+	@echo "== tests without the database, and SQLite's own =="
+	$(MAKE) --no-print-directory _pytest TEST_PASS=sqlite TEST_WORKERS=$(TEST_WORKERS) \
+	  PYTEST_ARGS='-m "not db or sqlite" $(PYTEST_ARGS)'
 
 # Every test that touches the database carries the `db` marker (tests/conftest.py adds it; a test
-# holding database access without it fails): the PostgreSQL pass runs those, the others ran once
-# in the SQLite pass. The provider conformance suite and the reward-hacking suite test the agent
-# loop's wire rules and the scenes' verifiers, not the database: they run once, in the SQLite pass.
-ONCE_TESTS := tests/providers tests/reward_hacking
+# holding database access without it fails): the PostgreSQL pass runs every one of them.
 test-postgres:
-	@echo "== test suite on PostgreSQL (the tests marked db) =="
+	@echo "== test suite on PostgreSQL (every test marked db) =="
 	tests/tools/with-postgres $(MAKE) --no-print-directory _pytest TEST_PASS=postgres TEST_WORKERS=$(TEST_WORKERS) \
-	  PYTEST_ARGS="-m db $(foreach d,$(ONCE_TESTS),--ignore=$(d)) $(PYTEST_ARGS)"
+	  PYTEST_ARGS="-m db $(PYTEST_ARGS)"
 
 # The production path (docs/production.md): a throwaway PostgreSQL and Redis, django-q2's Redis
 # broker, channels-redis, the caches in Redis; tests/production starts real worker clusters.
@@ -269,7 +273,7 @@ _pytest:
 # The layering contracts of .importlinter (issue 37): no module cycle, the engine core imports no app,
 # the apps' domain modules import downward only, the pages above them all.
 lint-imports: $(VENV)/.installed
-	PYTHONPATH=. $(VENV)/bin/lint-imports
+	PYTHONPATH=. $(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf var/static var/test_db_*.sqlite3*

@@ -84,6 +84,13 @@ DB_FIXTURES = frozenset({
     "_django_db_helper", "django_db_setup", "live_server",
 })
 DB_MARKER = "db"
+# The database tests the SQLite pass runs besides every test without the database: where the embedded
+# default's own behaviour is at stake (the rollout worker's threads and the web server sharing one
+# file: its lock waits and WAL; the audit triggers; the migrations; the demo path). Every database
+# test runs in the PostgreSQL pass (docs/testing.md).
+SQLITE_MARKER = "sqlite"
+SQLITE_PASS = ("tests/tasks/", "tests/test_audit.py", "tests/test_migrations.py", "tests/test_demo.py",
+               "tests/test_bootstrap_admin.py", "tests/test_models.py")
 
 
 def touches_database(item: pytest.Item) -> bool:
@@ -96,12 +103,14 @@ def touches_database(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that touches the database `db`: the PostgreSQL pass runs `-m db`, the SQLite
-    pass runs everything. Tests that reach the database another way (a subprocess running
+    pass `-m "not db or sqlite"` (the SQLITE_PASS files are marked `sqlite`). Tests that reach the database another way (a subprocess running
     manage.py on the test database) carry `pytest.mark.db` themselves; the guard below fails a
     test that got database access without the marker."""
     for item in items:
         if item.get_closest_marker(DB_MARKER) is None and touches_database(item):
             item.add_marker(DB_MARKER)
+        if item.nodeid.startswith(SQLITE_PASS):
+            item.add_marker(SQLITE_MARKER)
 
 
 def _database_unblocked(config: pytest.Config) -> bool:

@@ -40,8 +40,16 @@ def test_every_database_test_is_marked_and_no_other_and_an_unmarked_one_at_the_d
     assert "test_dynamic_nodb has database access but no `db` marker" in run.stdout
 
 
-def test_the_postgresql_pass_runs_the_marked_tests() -> None:
-    plan = subprocess.run(["make", "-n", "--no-print-directory", "test-postgres"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+def make_plan(target: str) -> str:
+    # Not the calling make's variables (a `make test PYTEST_ARGS=...` run passes them down in MAKEFLAGS).
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTEST_ARGS"}}
+    plan = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env=env)
     assert plan.returncode == 0, plan.stderr
-    assert "-m db" in plan.stdout
+    return plan.stdout
+
+
+def test_the_postgresql_pass_runs_every_marked_test_and_the_sqlite_pass_the_others() -> None:
+    postgres = make_plan("test-postgres")
+    assert "pytest -n 2 --dist loadgroup -m db ;" in postgres and "--ignore" not in postgres
+    assert '-m "not db or sqlite"' in make_plan("test-sqlite")
