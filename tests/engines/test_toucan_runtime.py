@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,46 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 EXAMPLES = Path(settings.BASE_DIR) / "examples"
 RECORDS = {r["name"]: r for r in load_records(EXAMPLES / "toucan" / "servers.json")}
 _SNAPSHOTS: dict[str, Any] = {}
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return found
+
+
+def _kill_and_wait(pids: list[int]) -> None:
+    """SIGKILL the processes and everything below them (the server inside bwrap's namespace too,
+    not left to bwrap's --die-with-parent, which a loaded machine delivers late), then wait until
+    they are gone, so the next call meets a dead server."""
+    victims = _descendants(pids)
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(map(_alive, victims)):
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def register(*names: str) -> dict[str, McpServer]:
@@ -181,8 +222,7 @@ def test_a_server_dying_mid_episode_is_an_infrastructure_error(registered: Any, 
         def execute_tool(self, name: str, args: dict[str, Any], sandbox: Any, config: dict[str, Any], *,
                          timeout: float | None = None) -> Any:
             if name == "time__get_current_time":
-                for pid in _bwraps_using(str(sandbox.workspace)):
-                    os.kill(pid, signal.SIGKILL)
+                _kill_and_wait(_bwraps_using(str(sandbox.workspace)))
             return super().execute_tool(name, args, sandbox, config, timeout=timeout)
 
     monkeypatch.setitem(runtime_registry._instances, "toucan", Killing())
