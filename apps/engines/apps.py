@@ -23,7 +23,7 @@ class EnginesConfig(AppConfig):
 
         mcp_servers.install()
         register_periodic("apps.engines.jobs.ensure_sandbox_schedules")
-        register_periodic("apps.engines.pipelines.jobs.ensure_pipeline_schedules")
+        register_periodic("apps.engines.pipelines.services.ensure_pipeline_schedules")
         if settings.PLATFORM_SKILLS_URL:
             # VibeDataBot's skill manifest decides the enabled scenes; unreachable: refuse to start.
             from trajplatform.skills import load_skills  # deferred: AppConfig.ready pattern (imports every scene)

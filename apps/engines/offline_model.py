@@ -112,7 +112,7 @@ _MARKER = re.compile(r"\[script:([A-Za-z0-9_.:\-]+)\]")
 # The key line a pipeline stage's script is written under (script_key).
 PIPELINE_KEY = re.compile(r"\[pipeline:[^\]\s]+ key=[^\]]*\]")
 # The request header that routes a request (apps.engines.llm.ROUTE_HEADER; a test checks), and
-# its values: the judge, or a pipeline stage's key (apps.engines.pipelines.stage_route).
+# its values: the judge, or a pipeline stage's key (apps.engines.generation.stage_route).
 ROUTE_HEADER = "X-Trajplatform-Route"
 JUDGE_ROUTE = "judge"
 PIPELINE_ROUTE_PREFIX = "pipeline:"
@@ -125,7 +125,7 @@ JUDGE_PENALTY_PER_CHECK = 10.0
 
 def script_key(route: str) -> str:
     """The prompt a routed request's script is written under: `[<route>]`, e.g.
-    `[pipeline:TEMPLATE key=ITEM]` for a call routed apps.engines.pipelines.stage_route(...).
+    `[pipeline:TEMPLATE key=ITEM]` for a call routed apps.engines.generation.stage_route(...).
     The stand-in's own naming of its scripts; never part of what a model is sent."""
     return f"[{route}]"
 

@@ -30,7 +30,7 @@ from apps.engines.offline_model import (
     running_offline_model,
     script_key,
 )
-from apps.engines.pipelines import stage_route
+from apps.engines.generation import stage_route
 
 EXAMPLES = Path(settings.BASE_DIR) / "examples" / "reference_solutions"
 PRIMES = "Print the first ten primes."

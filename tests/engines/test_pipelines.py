@@ -25,7 +25,7 @@ from apps.engines.management.commands import synthesize_pipeline as pipeline_com
 from apps.engines.models import PipelineRun, StageRun
 from apps.engines.offline_model import MODEL_NAME, running_offline_model
 from apps.engines.offline_model import script_key
-from apps.engines.pipelines import CodeStage, Drop, LLMStage, Pipeline, PipelineError, Template, stage_route
+from apps.engines.generation import TASK_STAGE, CodeStage, Drop, EpisodeStage, LLMStage, Pipeline, PipelineError, Template, stage_route
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines import services
 from apps.tasks.models import Task
@@ -178,7 +178,7 @@ def test_tasks_go_through_the_task_service_with_audit_rows_and_link_their_stage_
     assert all(t.status == Task.Status.RUNNING for t in tasks)  # started by tasks_create, like the API's
     for task in tasks:
         producer = task.stage_runs.get()
-        assert producer.run == run and producer.stage == pipelines.TASK_STAGE
+        assert producer.run == run and producer.stage == TASK_STAGE
         assert producer.inputs["task"]["prompt"] == task.prompt
         assert audit_events_for(task).filter(action="tasks.task_create").count() == 1
     assert audit_events_for(run).filter(action="engines.pipeline_start").count() == 1
@@ -306,7 +306,7 @@ def test_creating_a_run_queues_its_job_and_schedules_the_reaper_on_commit(
         run = services.pipeline_run_create(scene=SCENE, seeds=seeds("s1"), actor=None, batch_name="gen")
         assert not OrmQ.objects.exists()
     assert [row.task["args"] for row in OrmQ.objects.all()] == [(run.pk,)]
-    assert Schedule.objects.get(name=pipeline_jobs.REAP_SCHEDULE_NAME).func == pipeline_jobs.REAP_FUNC
+    assert Schedule.objects.get(name=services.REAP_SCHEDULE_NAME).func == services.REAP_FUNC
 
 
 def test_the_reaper_leaves_live_runs_alone_and_fails_a_run_that_keeps_losing_workers(model: Any) -> None:
@@ -445,7 +445,7 @@ def test_a_batch_name_taken_meanwhile_fails_the_task_step_for_a_resume(model: An
     pipeline_jobs.run_pipeline(run.pk, llm=llm)
     run.refresh_from_db()
     assert run.status == PipelineRun.Status.FAILED and "a batch named 'taken' already exists" in run.error
-    row = StageRun.objects.get(run=run, stage=pipelines.TASK_STAGE)
+    row = StageRun.objects.get(run=run, stage=TASK_STAGE)
     assert row.status == StageRun.Status.FAILED and "BatchNameTaken" in row.error and row.task is None
 
 
@@ -480,7 +480,7 @@ def build_with_episode(config: dict[str, Any]) -> Pipeline:
     return Pipeline(
         name="episodic",
         stages=(
-            pipelines.EpisodeStage(
+            EpisodeStage(
                 name="probe",
                 config=lambda inputs: {"scene": SCENE, "prompt": inputs["seed"]["topic"], "max_steps": 2},
                 validator=lambda result, inputs: None if result["outcome"] == "success" else "the probe failed",

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from apps.engines.offline_model import running_offline_model
-from apps.engines.pipelines import PipelineError
+from apps.engines.generation import PipelineError
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines import services as pipeline_services
 from apps.engines.scenes.toolace.pipeline import build as build_pipeline

@@ -1043,6 +1043,6 @@ def test_migrate_registers_the_sandbox_reconciler_too():
 @pytest.mark.django_db
 def test_migrate_registers_the_pipeline_reaper_too():
     # Not only when a pipeline run is created: a worker restarted after a crash reaps runs at once.
-    from apps.engines.pipelines import jobs as pipeline_jobs
+    from apps.engines.pipelines import services as pipeline_services
 
-    assert Schedule.objects.filter(name=pipeline_jobs.REAP_SCHEDULE_NAME, func=pipeline_jobs.REAP_FUNC).exists()
+    assert Schedule.objects.filter(name=pipeline_services.REAP_SCHEDULE_NAME, func=pipeline_services.REAP_FUNC).exists()

@@ -28,24 +28,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# The declarations a scene builds its pipeline from live in the engine core (scenes import only
-# the core); they are named here too, where the pipeline is run.
-from apps.engines.generation import (
-    TASK_STAGE,
-    CodeStage,
-    Drop,
-    EpisodeStage,
-    LLMStage,
-    Pipeline,
-    PipelineError,
-    Stage,
-    Template,
-    stage_route,
-)
+# The declarations a scene builds its pipeline from (Template, LLMStage, ...) live in the engine
+# core, apps.engines.generation: scenes import only the core.
+from apps.engines.generation import Pipeline, PipelineError
 from apps.engines.registry import PIPELINES, SCENES
 
-__all__ = ["PIPELINES", "TASK_STAGE", "CodeStage", "Drop", "EpisodeStage", "LLMStage", "Pipeline", "PipelineError",
-           "Stage", "Template", "pipeline_for", "stage_route"]
+__all__ = ["PIPELINES", "pipeline_for"]
 
 
 def pipeline_for(scene: str, config: dict[str, Any] | None = None) -> Pipeline:

@@ -19,17 +19,14 @@ from typing import Any
 from django.db.models import F, Q
 from django.utils import timezone
 
+from apps.engines.generation import PipelineError
 from apps.engines.models import PipelineRun
-from apps.engines.pipelines import PipelineError, pipeline_for
+from apps.engines.pipelines import pipeline_for
 from apps.engines.pipelines.runner import Runner, StageFailed, Stopped, run_counts
-# The reaper's schedule is registered by the services (a run's creation makes sure it ticks); named
-# here too, beside the job it schedules (EnginesConfig.ready registers jobs.ensure_pipeline_schedules).
-from apps.engines.pipelines.services import (  # noqa: F401 (REAP_*, ensure_pipeline_schedules: re-exported)
-    REAP_EVERY_MINUTES,
-    REAP_FUNC,
-    REAP_SCHEDULE_NAME,
+# The reaper's schedule lives with the services (a run's creation makes sure it ticks;
+# EnginesConfig.ready registers services.ensure_pipeline_schedules).
+from apps.engines.pipelines.services import (
     enqueue_run,
-    ensure_pipeline_schedules,
     pipeline_run_finish,
     pipeline_run_hand_over,
     pipeline_run_requeue,

@@ -25,9 +25,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from apps.engines import agent
-from apps.engines.llm import canonical_json, get_llm_client, llm_route
-from apps.engines.models import PipelineRun, StageRun
-from apps.engines.pipelines import (
+from apps.engines.generation import (
     TASK_STAGE,
     CodeStage,
     Drop,
@@ -38,6 +36,8 @@ from apps.engines.pipelines import (
     Stage,
     stage_route,
 )
+from apps.engines.llm import canonical_json, get_llm_client, llm_route
+from apps.engines.models import PipelineRun, StageRun
 from apps.tasks.services import TaskCreateError, tasks_create
 
 DEFAULT_CONCURRENCY = 8  # model calls / episodes of one stage at once (run config "concurrency")

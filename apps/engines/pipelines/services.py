@@ -8,8 +8,9 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from apps.engines.generation import PipelineError
 from apps.engines.models import PipelineRun
-from apps.engines.pipelines import PipelineError, pipeline_for
+from apps.engines.pipelines import pipeline_for
 from apps.engines.pipelines.runner import Runner
 from apps.tasks.models import Batch
 from trajplatform.audit import audit_record

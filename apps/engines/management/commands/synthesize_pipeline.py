@@ -16,8 +16,9 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.urls import reverse
 
+from apps.engines.generation import PipelineError
 from apps.engines.models import PipelineRun, StageRun
-from apps.engines.pipelines import PIPELINES, PipelineError, pipeline_for, services
+from apps.engines.pipelines import PIPELINES, pipeline_for, services
 from apps.engines.pipelines import jobs as pipeline_jobs
 from apps.engines.pipelines.runner import ALL_ITEMS, run_counts
 from apps.tasks.jobs import ensure_schedules
@@ -201,7 +202,7 @@ class Command(SynthesizeCommand):
     # -- running here
 
     def _run_pipeline_here(self, run: PipelineRun) -> PipelineRun:
-        pipeline_jobs.ensure_pipeline_schedules()
+        services.ensure_pipeline_schedules()
         done, failures = threading.Event(), []
 
         def drive() -> None:
