@@ -80,12 +80,61 @@ def message_stats(messages: Any) -> tuple[int, int]:
 
 
 _PARENTHESES = re.compile(r"\s*\([^)]*\)")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def reason_kinds(reason: str) -> list[str]:
-    """The kinds of an exclusion reason, for counting: one per "; " part, numbers as N.
+_COMPARED = re.compile(r"^(?P<label>.+?) (?P<value>-?\d+(?:\.\d+)?|none) (?P<op><=|>=|<|>) (?P<limit>-?\d+(?:\.\d+)?)$")
+_MEASURED = re.compile(r"^(?P<label>[^()]*?[^\d\s.()-][^()]*?) (?P<value>-?\d+(?:\.\d+)?)(?: (?P<op><=|>=|<|>) (?P<limit>-?\d+(?:\.\d+)?))?$")
+_REFERENCE = re.compile(r"(#|\bitem )[\w.-]+")
 
-    "score 40 < 80; outcome failure, success required" -> ["score N < N", "outcome failure, success required"]
+
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"
+
+
+def reason_summary(reasons: Iterable[str]) -> dict[str, int]:
+    """Exclusion reasons counted by kind, each kind with its real numbers, most frequent first.
+
+    A measured value against a limit is grouped by the limit and shown as the range measured:
+    three "reward 0.2 < 0.5" style parts -> {"reward < 0.5 (reward 0–0.3)": 3}; a duplicate's
+    "(prompt cosine 0.991, actions cosine 0.95, threshold 0.92)" -> the cosines' ranges; the ids a
+    reason names ("#7", "item 12") are left out of the kind (the list of exclusions has them).
     """
-    return [_NUMBER.sub("N", _PARENTHESES.sub("", part)).strip() for part in reason.split("; ") if part.strip()]
+    counts: Counter[tuple[Any, ...]] = Counter()
+    measured: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    for reason in reasons:
+        for part in (p.strip() for p in reason.split("; ")):
+            if not part:
+                continue
+            details = re.findall(r"\(([^)]*)\)", part)
+            main = _REFERENCE.sub(lambda m: f"{m.group(1)}…", _PARENTHESES.sub("", part)).strip()
+            values: dict[str, list[float]] = {}
+            compared = _COMPARED.match(main)
+            if compared:
+                main = f"{compared['label']} {compared['op']} {compared['limit']}"
+                if compared["value"] != "none":
+                    values[compared["label"]] = [float(compared["value"])]
+            limits: dict[str, str] = {}  # a measured label -> its limit ("threshold 0.92" pieces go as they are)
+            plain: list[str] = []
+            for detail in details:
+                for piece in (d.strip() for d in detail.split(",")):
+                    m = _MEASURED.match(piece)
+                    if m and m["op"]:
+                        limits[m["label"]] = f"{m['op']} {m['limit']}"
+                        values[m["label"]] = [float(m["value"])]
+                    elif m and m["label"] == "threshold":
+                        plain.append(piece)
+                    elif m:
+                        values[m["label"]] = [float(m["value"])]
+            kind = (main, tuple(sorted(limits.items())), tuple(plain))
+            counts[kind] += 1
+            slot = measured.setdefault(kind, {})
+            for label, vs in values.items():
+                slot.setdefault(label, []).extend(vs)
+    out = {}
+    for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        main, limits, plain = kind[0], dict(kind[1]), list(kind[2])
+        details = [f"{label} {_span(vs)}" + (f" {limits[label]}" if label in limits else "")
+                   for label, vs in measured.get(kind, {}).items()] + plain
+        out[f"{main} ({', '.join(details)})" if details else main] = n
+    return out

@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, templates
+from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, exportability, templates
 from apps.datasets.exporters import FORMATS
 from apps.datasets.exporters.vision import card_images
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
@@ -36,7 +36,7 @@ from trajplatform.webhooks import webhook_emit
 
 __all__ = [
     "DatasetError", "FilterSpecError", "ExportError", "dataset_version_create", "dataset_version_publish",
-    "export_start", "export_path", "exporter_formats",
+    "export_start", "export_path", "exporter_formats", "publish_warnings",
 ]
 
 log = logging.getLogger(__name__)
@@ -285,8 +285,7 @@ def _card(
         "licences": scene_corpus_licences(
             Task.objects.filter(pk__in={r.task_id for r in members}).values_list("scene", "scene_config")),
         "excluded": excluded,
-        "excluded_reasons": card_stats.counts_by(
-            kind for e in excluded for kind in card_stats.reason_kinds(e["reason"])),
+        "excluded_reasons": card_stats.reason_summary(e["reason"] for e in excluded),
         "diff": diff,
     }
     return counts, data_card
@@ -390,6 +389,10 @@ def dataset_version_create(
     diff = _diff(parent, [r.trajectory_id for r in members], excluded)
     if diff is not None:
         diff["filter_spec_changed"] = _spec_changes(parent.filter_spec or {}, spec)
+    # Every applicable format rendered and validated on every member (no files): the card says
+    # what each export would write, and the export form offers only what applies.
+    exportable = exportability.measure([(r.trajectory_id, r.task_id, splits[r.trajectory_id]) for r in members],
+                                       {r.scene for r in members}, progress=progress)
 
     with transaction.atomic():
         if dataset is None:
@@ -409,6 +412,7 @@ def dataset_version_create(
             excluded=excluded, scanned=scanned, dedup_result=result, exporter_versions=exporter_versions, diff=diff,
         )
         data_card["decontam"] = decontam_card
+        data_card["exportability"] = exportable
         version = DatasetVersion.objects.create(
             dataset=dataset, number=number, parent=parent, filter_spec=spec, counts=counts, data_card=data_card,
             exporter_versions=exporter_versions, split_seed=spec["split_seed"], notes=notes,
@@ -455,7 +459,11 @@ def _is_user(actor: Any) -> bool:
 # --- publishing ---------------------------------------------------------------------------------
 
 def dataset_version_publish(*, version: DatasetVersion, actor: Any) -> DatasetVersion:
-    """Publish a draft version: from now on it, its members and its card never change."""
+    """Publish a draft version: from now on it, its members and its card never change.
+
+    Members of the version's own scenes that their scene's format would exclude do not stop it;
+    they are warned about (`publish_warnings`, shown by the console, the API and the command) and
+    recorded in the audit row."""
     _require(actor, PUBLISH_PERMISSION, "publishing a dataset version")
     with transaction.atomic():
         locked = DatasetVersion.objects.select_for_update().select_related("dataset").get(pk=version.pk)
@@ -466,8 +474,14 @@ def dataset_version_publish(*, version: DatasetVersion, actor: Any) -> DatasetVe
         locked.save(update_fields=["status", "published_at"])
         audit_record("datasets.version_publish", actor=actor, target=locked,
                      actor_repr=None if _is_user(actor) else "manage.py dataset_create",
-                     data={"members": locked.counts.get("members"), "counts": locked.counts})
+                     data={"members": locked.counts.get("members"), "counts": locked.counts,
+                           "warnings": publish_warnings(locked)})
     return locked
+
+
+def publish_warnings(version: DatasetVersion) -> list[str]:
+    """What publishing warns about: members of the version's own scenes excluded by their scene's format."""
+    return exportability.publish_warnings(version.data_card or {})
 
 
 # --- exports ------------------------------------------------------------------------------------
@@ -493,6 +507,9 @@ def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
         )
     if frozen is None:
         raise ExportError(f"{version} was frozen before the {fmt} exporter existed; create a new version")
+    refused = exportability.refusal(version.data_card or {}, fmt, split)
+    if refused:
+        raise ExportError(refused)
     return exporter
 
 

@@ -238,10 +238,11 @@ def quality_reasons(row: dict[str, Any], spec: dict[str, Any]) -> list[str]:
     elif spec["success_only"] and row["outcome"] != "success":
         reasons.append(f"outcome {row['outcome'] or 'none'}, success required")
     if spec["min_reward"] is not None and (row["reward"] is None or row["reward"] < spec["min_reward"]):
-        reasons.append(f"reward {row['reward'] if row['reward'] is not None else 'none'} < {spec['min_reward']:g}")
+        reasons.append(f"reward {row['reward']:g} < {spec['min_reward']:g}" if row["reward"] is not None
+                       else f"no reward (min_reward {spec['min_reward']:g})")
     if spec["min_score"] is not None and (row["review_overall"] is None or row["review_overall"] < spec["min_score"]):
-        score = "no automatic review" if row["review_overall"] is None else f"score {row['review_overall']:g}"
-        reasons.append(f"{score} < {spec['min_score']:g}")
+        reasons.append(f"score {row['review_overall']:g} < {spec['min_score']:g}" if row["review_overall"] is not None
+                       else f"no automatic review (min_score {spec['min_score']:g})")
     if spec["accepted_only"] and row["human_verdict"] != "accept":
         verdict = row["human_verdict"] or "no human verdict"
         reasons.append(f"{verdict}, a human accept required")

@@ -1,7 +1,7 @@
 """Data card statistics and their SVG rendering (pure functions)."""
 from __future__ import annotations
 
-from apps.datasets.card import histogram, message_stats, quantiles, reason_kinds
+from apps.datasets.card import histogram, message_stats, quantiles, reason_summary
 from apps.datasets.svg import histogram_svg
 
 
@@ -37,9 +37,22 @@ def test_message_stats_count_assistant_turns_and_characters() -> None:
     assert message_stats("not a list") == (0, 0)
 
 
-def test_reason_kinds_group_reasons_without_their_numbers() -> None:
-    assert reason_kinds("score 40 < 80; reward 0.1 < 0.5") == ["score N < N", "reward N < N"]
-    assert reason_kinds("near duplicate of trajectory #7 (prompt cosine 0.99)") == ["near duplicate of trajectory #N"]
+def test_the_reason_summary_groups_by_limit_and_shows_the_measured_range() -> None:
+    summary = reason_summary([
+        "reward 0.2 < 0.5", "reward 0 < 0.5", "score 40 < 80; reward 0.3 < 0.5", "reward 0.1 < 0.7",
+        "no automatic review (min_score 80)",
+        "near duplicate of trajectory #7 (prompt cosine 0.991, actions cosine 0.950, threshold 0.92)",
+        "near duplicate of trajectory #9 (prompt cosine 0.96, actions cosine 0.97, threshold 0.92)",
+        "contaminated: prompt matches gsm8k item 12 (13-gram overlap 0.83 >= 0.5)",
+    ])
+    assert summary == {
+        "reward < 0.5 (reward 0–0.3)": 3,
+        "near duplicate of trajectory #… (prompt cosine 0.96–0.991, actions cosine 0.95–0.97, threshold 0.92)": 2,
+        "contaminated: prompt matches gsm8k item … (13-gram overlap 0.83 >= 0.5)": 1,
+        "no automatic review (min_score 80)": 1,
+        "reward < 0.7 (reward 0.1)": 1,
+        "score < 80 (score 40)": 1,
+    }
 
 
 def test_the_svg_escapes_its_title_and_has_one_bar_per_bin() -> None:

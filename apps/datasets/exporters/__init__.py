@@ -263,7 +263,8 @@ def _groups(records: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]
 
 
 def export_records(
-    fmt: str, records: Iterable[dict[str, Any]], out: BinaryIO, *, options: dict[str, Any] | None = None
+    fmt: str, records: Iterable[dict[str, Any]], out: BinaryIO, *, options: dict[str, Any] | None = None,
+    dry_run: bool = False,
 ) -> ExportResult:
     """Write one JSONL line per rendered record (per pair, for DPO) to `out`; see the module doc.
 
@@ -271,9 +272,12 @@ def export_records(
     split (verl's extra_info.split, "train"), start_index (verl's extra_info.index of the first
     line, 0: a file written in chunks continues the count), roles (multi_agent: whose views the
     per-trajectory formats write, "trainable" / "lead" / "all" / a list of names; roles.py).
+    dry_run: render and validate as for the file, but write no side files (the vision formats'
+    images are only looked up); the card's exportability counts (apps/datasets/exportability.py).
     """
     exporter = _exporter(fmt)
     ctx = _options(options)
+    ctx["dry_run"] = dry_run
     ctx["index"] = ctx["start_index"]
     redactor = _Redactor(pii=ctx["redact_pii"])
     result = ExportResult(format=exporter.name, version=exporter.version)

@@ -106,7 +106,9 @@ class ImageSink:
         if self.mode not in IMAGE_MODES:
             raise ValueError(f"images: must be one of {', '.join(IMAGE_MODES)}")
         self.directory = Path(ctx["image_dir"]) if ctx.get("image_dir") else None
-        if self.mode == "files" and self.directory is None:
+        # A dry run (apps/datasets/exportability.py) checks each image is stored and writes nothing.
+        self.dry_run = bool(ctx.get("dry_run"))
+        if self.mode == "files" and self.directory is None and not self.dry_run:
             raise RenderError("images='files' needs an image_dir (the export job sets one next to the JSONL)")
 
     def __call__(self, sha: str) -> str:
@@ -114,6 +116,8 @@ class ImageSink:
             artifact = artifacts.get(sha)
         except artifacts.ArtifactError as exc:
             raise RenderError(f"image {sha[:12]}: {exc}") from None
+        if self.dry_run:
+            return f"{self.directory.name if self.directory else 'images'}/{Path(artifact.name).name}"
         if self.mode == "base64":
             return f"data:{artifact.mime};base64,{base64.b64encode(artifacts.read(sha)).decode('ascii')}"
         assert self.directory is not None

@@ -1,0 +1,211 @@
+"""What each export format would write of a version, found when the version is made.
+
+Version creation (services.dataset_version_create) runs every applicable format's renderer and
+validator over the members, in chunks cut at task boundaries as the export job cuts them, with
+the exporters' dry run (nothing is written, a vision format only looks its images up), and puts
+the result in the data card under `exportability`:
+
+    {"options": {...the defaults measured with...},
+     "formats": {fmt: {"lines": {"all": n, "train": n, "validation": n}, "excluded": n,
+                       "reasons": {reason: count}}},
+     "not_applicable": {fmt: why},            # a scene's own format, and none of its scenes here
+     "roles": {"lead": {fmt: lines}, "all": {fmt: lines}}}   # multi_agent versions: the other choices
+
+A format applies to a version when it is made for every scene (no `scenes` declared) or for one
+of the version's scenes (apps/engines/scenes/<id>/scene.py export_formats), and it is offered for
+export when it would write at least one line of the split. Publishing warns about members a
+version's own scene's format would exclude (`publish_warnings`).
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django.conf import settings
+
+from apps.datasets.exporters import FORMATS, export_records, load_records
+from apps.datasets.exporters.roles import SCENE as MULTI_AGENT, flatten
+from apps.engines.registry import SCENES
+
+SPLITS = ("train", "validation")
+ROLE_VARIANTS = ("lead", "all")  # "trainable" is the default the formats are measured with
+MAX_REASONS = 20
+Progress = Callable[[str, int, int], None]
+
+
+class _Discard:
+    """A binary sink that keeps nothing: the dry run's lines are counted, not stored."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _declared(fmt: str) -> tuple[str, ...]:
+    return FORMATS[fmt].scenes
+
+
+def not_applicable_reason(fmt: str, scenes: Iterable[str]) -> str:
+    """Why a format does not apply to a version of these scenes ("" when it does)."""
+    own = _declared(fmt)
+    present = sorted(set(scenes))
+    if not own or set(own) & set(present):
+        return ""
+    return (f"{fmt} is made for {', '.join(own)} trajectories; this version has "
+            f"{', '.join(present) or 'no members'}")
+
+
+def _whole_episode(fmt: str) -> bool:
+    """Formats that take a multi_agent episode whole (no per-role views): the roles option is moot."""
+    e = FORMATS[fmt]
+    return e.pairwise or e.one_per_task or fmt in ("raw", "multiagent-agentjet")
+
+
+_POSITION = re.compile(r"\[\d+\]")
+_IDS = re.compile(r"\b(task|trajectory|image) #?[0-9a-f]{1,64}\b")
+
+
+def reason_kind(reason: str) -> str:
+    """An export exclusion reason without the positions and ids that make every one unique
+    ("messages[3]" -> "messages[i]", "task 12" -> "task"); its other numbers stay."""
+    return _IDS.sub(r"\1", _POSITION.sub("[i]", reason))
+
+
+def _chunks(members: Sequence[tuple[int, int]], size: int) -> Iterable[list[int]]:
+    """Trajectory ids in runs of about `size`, never splitting a task (the export job's cut)."""
+    current: list[int] = []
+    last_task = None
+    for trajectory_id, task_id in members:
+        if len(current) >= size and task_id != last_task:
+            yield current
+            current = []
+        current.append(trajectory_id)
+        last_task = task_id
+    if current:
+        yield current
+
+
+def measure(members: Sequence[tuple[int, int, str]], scenes: Iterable[str], *,
+            progress: Progress | None = None, chunk_size: int | None = None) -> dict[str, Any]:
+    """The card's `exportability` section for these members ((trajectory id, task id, split) in
+    position order) of a version whose members' scenes are `scenes`."""
+    scenes = sorted(set(scenes))
+    applicable = [f for f in sorted(FORMATS) if not not_applicable_reason(f, scenes)]
+    formats = {f: {"lines": {"all": 0, **{s: 0 for s in SPLITS}}, "excluded": 0, "reasons": Counter(),
+                   "by_scene": {}} for f in applicable}
+    variants = ROLE_VARIANTS if MULTI_AGENT in scenes else ()
+    roles = {v: {f: 0 for f in applicable if not _whole_episode(f)} for v in variants}
+    size = max(1, chunk_size or settings.DATASET_EXPORT_CHUNK)
+    done = 0
+    for split in SPLITS:
+        of_split = [(t, task) for t, task, s in members if s == split]
+        for chunk in _chunks(of_split, size):
+            records = list(load_records(chunk))
+            scene_of = {}
+            for r in records:
+                scene = (r.get("task") or {}).get("scene") or ""
+                scene_of[r["trajectory_id"]] = scene
+                scene_of.update((child["trajectory_id"], scene) for child in flatten(r.get("subtrajectories") or []))
+            for fmt in applicable:
+                result = export_records(fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
+                                        options={"split": split})
+                tally = formats[fmt]
+                tally["lines"][split] += result.lines
+                tally["lines"]["all"] += result.lines
+                tally["excluded"] += len(result.excluded)
+                for e in result.excluded:
+                    kind = reason_kind(e["reason"])
+                    tally["reasons"][kind] += 1
+                    by_scene = tally["by_scene"].setdefault(scene_of.get(e["trajectory_id"], ""), Counter())
+                    by_scene[kind] += 1
+                for variant in variants:
+                    if fmt in roles[variant]:
+                        roles[variant][fmt] += export_records(
+                            fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
+                            options={"split": split, "roles": variant}).lines
+            done += len(chunk)
+            if progress:
+                progress("exportability", done, len(members))
+    for tally in formats.values():
+        tally["reasons"] = dict(tally["reasons"].most_common(MAX_REASONS))
+        tally["by_scene"] = {scene: {"excluded": sum(c.values()), "reasons": dict(c.most_common(MAX_REASONS))}
+                             for scene, c in sorted(tally["by_scene"].items())}
+    section: dict[str, Any] = {
+        "options": {"roles": "trainable", "images": "files"},
+        "formats": formats,
+        "not_applicable": {f: not_applicable_reason(f, scenes) for f in sorted(FORMATS) if f not in formats},
+    }
+    if variants:
+        section["roles"] = roles
+    return section
+
+
+# --- reading a version's card ----------------------------------------------------------------------
+
+def _scenes_of(card: dict[str, Any]) -> list[str]:
+    return sorted(s for s in (card.get("by_scene") or {}) if s)
+
+
+def offered(card: dict[str, Any], split: str = "all") -> list[dict[str, Any]]:
+    """The formats a version's export form offers, by name: those that apply to its scenes and
+    would write a line of the split, each {"format", "description", "lines", "excluded"}; a card
+    made before the counts existed offers every applicable format, with lines None."""
+    section = card.get("exportability")
+    out = []
+    for fmt in sorted(FORMATS):
+        if section is None:
+            if not not_applicable_reason(fmt, _scenes_of(card)):
+                out.append({"format": fmt, "description": FORMATS[fmt].description, "lines": None,
+                            "excluded": None})
+            continue
+        tally = (section.get("formats") or {}).get(fmt)
+        if tally is not None and tally["lines"].get(split, 0) > 0:
+            out.append({"format": fmt, "description": FORMATS[fmt].description, "lines": tally["lines"][split],
+                        "excluded": tally["excluded"]})
+    return out
+
+
+def refusal(card: dict[str, Any], fmt: str, split: str = "all") -> str:
+    """Why `fmt` cannot be exported for a version with this card ("" when it can): the format is
+    not made for its scenes, or it would write no line of the split (with the counted reasons)."""
+    section = card.get("exportability")
+    if section is None:
+        reason = not_applicable_reason(fmt, _scenes_of(card))
+        return f"format {fmt} does not apply to this version: {reason}" if reason else ""
+    if fmt in (section.get("not_applicable") or {}):
+        return f"format {fmt} does not apply to this version: {section['not_applicable'][fmt]}"
+    tally = (section.get("formats") or {}).get(fmt)
+    if tally is None:
+        return f"format {fmt} was not measured for this version; create a new version to export with it"
+    if tally["lines"].get(split, 0) == 0:
+        reasons = "; ".join(f"{n} × {r}" for r, n in list(tally["reasons"].items())[:3])
+        where = "" if split == "all" else f" of the {split} split"
+        return f"format {fmt} would write no line{where} of this version" + (f" ({reasons})" if reasons else "")
+    return ""
+
+
+def publish_warnings(card: dict[str, Any]) -> list[str]:
+    """Members of a version's own scenes that their scene's format would exclude, one line per
+    format: what publishing warns about (the version publishes all the same)."""
+    section = card.get("exportability")
+    if section is None:
+        return []
+    warnings = []
+    for scene in _scenes_of(card):
+        for fmt in scene_formats(scene):
+            tally = (section.get("formats") or {}).get(fmt) or {}
+            own = (tally.get("by_scene") or {}).get(scene)
+            if own and own["excluded"]:
+                reasons = "; ".join(f"{n} × {r}" for r, n in own["reasons"].items())
+                warnings.append(f"{fmt}, {scene}'s format, would exclude {own['excluded']} of this version's "
+                                f"{scene} rows ({tally['lines']['all']} lines written): {reasons}")
+    return warnings
+
+
+def scene_formats(scene: str) -> list[str]:
+    """A scene's own formats: those its declaration names, and the format named after it (toucan,
+    toolace: the anchors' datasets it reproduces)."""
+    spec = SCENES.get(scene)
+    own = list(spec.export_formats) if spec is not None else []
+    return own + ([scene] if scene in FORMATS and scene not in own else [])

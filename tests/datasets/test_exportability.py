@@ -1,0 +1,102 @@
+"""Exportability known when a version is made (apps/datasets/exportability.py): the card's
+per-format counts are what the exports then write; formats that do not apply are refused by
+name; publishing warns about members their own scene's format would exclude."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apps.datasets.exporters import FORMATS
+from apps.datasets.jobs import export_run
+from apps.datasets.models import ExportJob
+from apps.datasets.services import ExportError, dataset_version_create, dataset_version_publish, export_start
+from tests.datasets.version_data import export_dir, make_trajectory, no_dedup  # noqa: F401 (export_dir is a fixture)
+from trajplatform.audit import AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+VERIFIER = {"files": {"test_main.py": "def test_ok():\n    assert True\n"}, "command": "python3 -m pytest -q"}
+
+
+@pytest.fixture
+def version(make_task: Any, approver: Any) -> Any:
+    """Code tasks with a verifier (a good and a failed rollout each) and tasks without one whose
+    only rollout failed: rl-verl has no ground truth for those, so it writes fewer lines."""
+    for i in range(5):
+        task = make_task(prompt=f"Write program number {i}", scene_config={"verifier": VERIFIER})
+        make_trajectory(task, code=f"print({i})", score=90, reward=1.0)
+        make_trajectory(task, code=f"print({i}) # wrong", outcome="failure", reward=0.0, score=30)
+    for i in range(3):
+        task = make_task(prompt=f"Explain topic number {i}")
+        make_trajectory(task, code=f"print('topic {i}')", outcome="failure", reward=0.0, score=40)
+    return dataset_version_create(dataset_name="mixed", actor=approver,
+                                  filter_spec=no_dedup(validation_fraction=0.4, split_seed=5))
+
+
+def _run(version: Any, fmt: str, split: str) -> ExportJob:
+    job = export_start(version=version, fmt=fmt, split=split, actor=None, enqueue=False)
+    return export_run(job.pk) or ExportJob.objects.get(pk=job.pk)
+
+
+def test_the_cards_per_format_counts_equal_what_the_exports_write(version: Any) -> None:
+    section = version.data_card["exportability"]
+    measured = section["formats"]
+    # Every format is either measured or said not to apply, with why.
+    assert set(measured) | set(section["not_applicable"]) == set(FORMATS)
+    assert "aitw" in section["not_applicable"] and "mobile_agent" in section["not_applicable"]["aitw"]
+    assert "sft-openai-vision" in section["not_applicable"]
+    assert measured["sft-openai"]["lines"] == {"all": 13, "train": version.counts["train"],
+                                               "validation": version.counts["validation"]}
+    assert measured["rl-verl"]["lines"]["all"] == 5  # one per task with ground truth
+    assert measured["rl-verl"]["excluded"] == 8
+    assert any("no ground truth" in r for r in measured["rl-verl"]["reasons"])
+    assert measured["dpo-trl"]["lines"]["all"] == 5  # one pair per verified task
+    compared = 0
+    for fmt, tally in measured.items():
+        for split in ("all", "train", "validation"):
+            if tally["lines"][split] == 0:
+                with pytest.raises(ExportError, match=f"format {fmt} would write no line"):
+                    export_start(version=version, fmt=fmt, split=split, actor=None, enqueue=False)
+                continue
+            job = _run(version, fmt, split)
+            assert job.status == "done", (fmt, split, job.error)
+            assert job.lines == tally["lines"][split], (fmt, split)
+            if split == "all":
+                assert len(job.excluded) == tally["excluded"], fmt
+            compared += 1
+    assert compared >= 40
+
+
+def test_formats_made_for_other_scenes_are_refused_by_name(version: Any) -> None:
+    with pytest.raises(ExportError, match="format aitw does not apply to this version: aitw is made for "
+                                          "mobile_agent trajectories; this version has code_exec"):
+        export_start(version=version, fmt="aitw", split="all", actor=None, enqueue=False)
+    assert not ExportJob.objects.exists()
+
+
+def test_a_card_made_before_the_counts_refuses_only_by_scene(version: Any) -> None:
+    from apps.datasets import exportability
+
+    card = {k: v for k, v in version.data_card.items() if k != "exportability"}
+    assert exportability.refusal(card, "sft-trl") == ""
+    assert exportability.refusal(card, "qa").startswith("format qa does not apply to this version")
+    offered = [o["format"] for o in exportability.offered(card)]
+    assert "sft-trl" in offered and "qa" not in offered and "aitw" not in offered
+    assert all(o["lines"] is None for o in exportability.offered(card))
+
+
+def test_publishing_warns_about_members_their_own_scenes_format_excludes(make_task: Any, approver: Any) -> None:
+    # A toucan-scene trajectory whose conversation has no user prompt: toucan's format cannot write it.
+    good = make_task(scene="toucan", prompt="Find the weather in Paris.")
+    make_trajectory(good, score=90)
+    bad = make_task(scene="toucan", prompt="Find the weather in Rome.")
+    make_trajectory(bad, score=90, messages=[{"role": "system", "content": "You are helpful."}])
+    version = dataset_version_create(dataset_name="tc", actor=approver, filter_spec=no_dedup())
+    tally = version.data_card["exportability"]["formats"]["toucan"]
+    assert tally["lines"]["all"] == 1 and tally["by_scene"]["toucan"]["excluded"] == 1
+    published = dataset_version_publish(version=version, actor=approver)
+    assert published.status == "published"
+    event = AuditEvent.objects.get(action="datasets.version_publish", target_id=str(version.pk))
+    [warning] = event.data["warnings"]
+    assert warning.startswith("toucan, toucan's format, would exclude 1 of this version's toucan rows (1 lines written)")
