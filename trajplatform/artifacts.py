@@ -22,8 +22,9 @@ Every image kept (PNG, JPEG, WebP, GIF) is measured from its header first
 bytes that are not the declared type, are refused with an ArtifactError before anything is
 written, and the stored width/height are the measured ones, not what the caller said.
 
-`step_screenshot(record)` is what the console draws for a step (its last image and the
-acted-on element), for every page that shows steps.
+`step_screenshot(record, seen)` is what the console draws for a step: the acted-on element on
+the screenshot the agent acted on (`seen`: the previous step's image, or the start page's,
+`first_image(messages)`), and the step's own image (the result) beside it.
 """
 from __future__ import annotations
 
@@ -219,23 +220,55 @@ def _released(sender: Any, instance: ArtifactUse, **kwargs: Any) -> None:
     transaction.on_commit(lambda: delete_unused([artifact_id]), robust=True)
 
 
-def step_screenshot(record: Any) -> dict[str, Any] | None:
-    """What the console draws for a step: its last image and the acted-on element's box (or
-    point), as percentages of the image so the drawing scales with it; None without an image."""
-    if not isinstance(record, dict) or not isinstance(record.get("images"), list) or not record["images"]:
-        return None
-    ref = record["images"][-1]
+def _image(ref: Any) -> dict[str, Any] | None:
     if not isinstance(ref, dict) or not isinstance(ref.get("artifact"), str) or not SHA_RE.match(ref["artifact"]):
         return None
-    shot: dict[str, Any] = {"url": reverse("artifact", args=[ref["artifact"]]), "width": ref.get("width"),
-                            "height": ref.get("height")}
-    action = record.get("action") if isinstance(record.get("action"), dict) else {}
-    width, height = ref.get("width"), ref.get("height")
-    if isinstance(width, (int, float)) and isinstance(height, (int, float)) and width > 0 and height > 0:
+    return {"url": reverse("artifact", args=[ref["artifact"]]), "width": ref.get("width"), "height": ref.get("height")}
+
+
+def step_screenshot(record: Any, seen: Any = None) -> dict[str, Any] | None:
+    """What the console draws for a step: the screenshot the agent acted on (`seen`, the previous
+    step's last image or the start page's, an artifact ref) with the acted-on element's box or
+    point on it, as percentages of that image so the drawing scales with it, and the step's own
+    last image (the page after the action) beside it; None when there is neither."""
+    after = _image(record["images"][-1]) if isinstance(record, dict) and isinstance(record.get("images"), list) \
+        and record["images"] else None
+    before = _image(seen)
+    if before is None and after is None:
+        return None
+    shot: dict[str, Any] = {"before": before, "after": after}
+    action = record.get("action") if isinstance(record, dict) and isinstance(record.get("action"), dict) else {}
+    width, height = (before or {}).get("width"), (before or {}).get("height")
+    # The box and point were measured before the action (the server reads them, then acts), in the
+    # pixels of the page the agent saw: drawn on the before image only, never on the result.
+    if before is not None and isinstance(width, (int, float)) and isinstance(height, (int, float)) \
+            and width > 0 and height > 0:
         box, point = action.get("box"), action.get("point")
         if isinstance(box, dict) and all(isinstance(box.get(k), (int, float)) for k in ("x", "y", "width", "height")):
-            shot["box"] = {"left": 100 * box["x"] / width, "top": 100 * box["y"] / height,
-                           "width": 100 * box["width"] / width, "height": 100 * box["height"] / height}
+            before["box"] = {"left": 100 * box["x"] / width, "top": 100 * box["y"] / height,
+                             "width": 100 * box["width"] / width, "height": 100 * box["height"] / height}
         if isinstance(point, dict) and all(isinstance(point.get(k), (int, float)) for k in ("x", "y")):
-            shot["point"] = {"left": 100 * point["x"] / width, "top": 100 * point["y"] / height}
+            before["point"] = {"left": 100 * point["x"] / width, "top": 100 * point["y"] / height}
+    shot["drawn"] = bool(before and ("box" in before or "point" in before))
+    shot["has_action"] = bool(isinstance(action.get("box"), dict) or isinstance(action.get("point"), dict))
     return shot
+
+
+def first_image(messages: Any) -> dict[str, Any] | None:
+    """The last image of the messages before the first assistant reply (the start page a vision
+    model was shown), as an artifact ref with its stored size; None when there is none."""
+    sha = None
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "assistant":
+            break
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            url = (part.get("image_url") or {}).get("url", "") if isinstance(part, dict) else ""
+            if isinstance(url, str) and url.startswith(URL_PREFIX) and SHA_RE.match(url[len(URL_PREFIX):]):
+                sha = url[len(URL_PREFIX):]
+    if sha is None:
+        return None
+    row = Artifact.objects.filter(sha256=sha).only("sha256", "mime", "size", "width", "height").first()
+    return row.ref() if row is not None else None

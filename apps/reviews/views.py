@@ -168,6 +168,8 @@ def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
         "human_reviews": list(selectors.human_reviews(trajectory)[:50]),
         "can_verdict": request.user.has_perm("reviews.add_review") and trajectory.status in Trajectory.FINAL,
         "verdict_form": VerdictForm(), "step_numbers": range(len(steps)),
+        "suggestions_json": json.dumps(review.suggestions, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+        if review and review.suggestions else "",
     })
 
 

@@ -79,8 +79,11 @@ def test_every_demo_script_earns_its_reward_on_the_simulator():
     assert shown and all(p["image_url"]["url"].startswith("artifact:") for p in shown)
     tap = calc.steps[1]
     assert tap["action"]["type"] == "click" and tap["element"]["text"] == "3" and tap["action"]["box"]["width"] > 0
-    shot = step_screenshot(tap)  # what the review console draws on the screenshot
-    assert shot["point"]["left"] == pytest.approx(100 * tap["action"]["x"] / 720) and shot["box"]["width"] > 0
+    # What the review console draws: the tap on the screen the agent tapped (the previous step's), the result beside it.
+    shot = step_screenshot(tap, calc.steps[0]["images"][-1])
+    assert shot["before"]["point"]["left"] == pytest.approx(100 * tap["action"]["x"] / 720) and shot["before"]["box"]["width"] > 0
+    assert shot["before"]["url"].endswith(calc.steps[0]["images"][-1]["artifact"]) and "box" not in shot["after"]
+    assert shot["after"]["url"].endswith(tap["images"][-1]["artifact"])
     swipe = results["mobile-brightness-max"].steps[1]["action"]
     assert (swipe["type"], swipe["x"], swipe["x2"], swipe["point"]) == ("swipe", 360, 700, {"x": 360, "y": 636})
     assert results["mobile-infeasible-nfc"].verifier_output["status"] == "infeasible"

@@ -8,7 +8,8 @@ from django.urls import reverse
 
 from apps.tasks.models import Trajectory
 from apps.tasks.services import trajectory_log_append
-from apps.tasks.views import BACKFILL_MAX_LIMIT, episode_from
+from apps.tasks.episode import episode_from
+from apps.tasks.views import BACKFILL_MAX_LIMIT
 
 pytestmark = pytest.mark.django_db
 

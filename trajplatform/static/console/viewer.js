@@ -13,7 +13,9 @@
 (function () {
   "use strict";
 
-  var steps = Array.prototype.slice.call(document.querySelectorAll("details.step"));
+  // j / k walk the trajectory's own steps; a sub-episode's steps (child-step) open with their parent's.
+  var steps = Array.prototype.slice.call(document.querySelectorAll("details.step:not(.child-step)"));
+  var allSteps = Array.prototype.slice.call(document.querySelectorAll("details.step"));
   var current = -1;
 
   function setCurrent(index) {
@@ -34,19 +36,19 @@
     search.addEventListener("input", function () {
       var needle = search.value.trim().toLowerCase();
       var hits = 0;
-      steps.forEach(function (step) {
+      allSteps.forEach(function (step) {
         var match = !needle || step.textContent.toLowerCase().indexOf(needle) !== -1;
         step.hidden = !match;
         if (needle && match) { step.open = true; hits += 1; }
       });
-      count.textContent = needle ? hits + " of " + steps.length + " steps match" : "";
+      count.textContent = needle ? hits + " of " + allSteps.length + " steps match" : "";
     });
   }
   var expand = document.querySelector("[data-expand-all]");
   if (expand) {
     expand.addEventListener("click", function () {
       var open = expand.getAttribute("data-open") !== "true";
-      steps.forEach(function (step) { step.open = open; });
+      allSteps.forEach(function (step) { step.open = open; });
       expand.setAttribute("data-open", open ? "true" : "false");
       expand.textContent = open ? "Collapse all" : "Expand all";
     });
@@ -65,18 +67,19 @@
   function flagCurrent() {
     if (!form || current < 0) { return; }
     var index = steps[current].getAttribute("data-step-index");
-    var box = form.querySelector("input[name=flag][value='" + index + "']");
+    // The flag boxes sit in the side panel, owned by the verdict form (form="verdict-form").
+    var box = document.querySelector("input[name=flag][value='" + index + "']");
     if (!box) { return; }
     box.checked = !box.checked;
     steps[current].classList.toggle("flagged", box.checked);
-    var flags = form.querySelector("details.flags");
+    var flags = document.querySelector("details.flags");
     if (flags && box.checked) { flags.open = true; }
   }
   if (form) {
     form.addEventListener("keydown", function (event) {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); form.requestSubmit(); }
     });
-    form.querySelectorAll("input[name=flag]").forEach(function (box) {
+    document.querySelectorAll("input[name=flag]").forEach(function (box) {
       box.addEventListener("change", function () {
         var step = document.querySelector("details.step[data-step-index='" + box.value + "']");
         if (step) { step.classList.toggle("flagged", box.checked); }

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from apps.datasets.selectors import trajectories_with_reviews
 from apps.tasks.models import Trajectory
-from apps.tasks.views import episode_from
+from apps.tasks.episode import episode_from
 
 DEFAULT_MAX_CHARS = 2000
 
