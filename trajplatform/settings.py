@@ -340,6 +340,10 @@ DATASET_DEDUP_THRESHOLD = env_float("DATASET_DEDUP_THRESHOLD", 0.92)
 DATASET_VALIDATION_FRACTION = env_float("DATASET_VALIDATION_FRACTION", 0.1)
 DATASET_EXPORT_CHUNK = env_int("DATASET_EXPORT_CHUNK", 2000)
 DATASET_EMBED_BATCH = env_int("DATASET_EMBED_BATCH", 64)
+# Near-duplicate dedup compares all pairs of unique prompts up to this many; above it, an ANN index.
+DATASET_DEDUP_EXACT_MAX = env_int("DATASET_DEDUP_EXACT_MAX", 20000)
+# A finished iteration's dedup texts are embedded by a worker job (kept for every later version).
+DATASET_EMBED_ON_FINISH = env_bool("DATASET_EMBED_ON_FINISH", True)
 # Chat templates named by `dataset_export --check-template NAME` (NAME.jinja) and benchmark test sets
 # named by decontamination (NAME.jsonl / NAME.txt): files an operator puts there, never downloaded.
 DATASET_CHAT_TEMPLATE_DIR = Path(env_str("DATASET_CHAT_TEMPLATE_DIR", str(VAR_DIR / "chat_templates")))

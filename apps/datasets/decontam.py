@@ -15,8 +15,8 @@ text of its assistant turns). It matches a test item when
   words, n = `ngram`; an item shorter than n words is one gram of all its words) occur in
   either text, or
 * **embedding similarity** (with `embedding`): the cosine of the all-MiniLM-L6-v2 embeddings
-  (the bundled model dedup.py uses) of the prompt, or of the answer, and of the item reaches
-  `cosine_threshold`.
+  (the bundled model dedup.py uses, read from the embedding store and embedded only when
+  missing there) of the prompt, or of the answer, and of the item reaches `cosine_threshold`.
 
 Matched members are excluded from the version (stage "decontam") with the benchmark, the item
 and the score; the data card lists them and counts them per benchmark.
@@ -33,6 +33,7 @@ import orjson
 from django.conf import settings
 
 from apps.datasets import dedup as dedup_mod
+from apps.engines.embeddings import embed_stored
 from apps.tasks.models import Trajectory
 
 KEYS = ("test_sets", "ngram", "ngram_threshold", "embedding", "cosine_threshold")
@@ -216,13 +217,15 @@ def _keep_best(result: DecontamResult, trajectory_id: int, match: Match) -> None
 
 def _embedding_matches(members: list[Member], items: list[Item], spec: dict[str, Any], embedder: Any,
                        result: DecontamResult, block: int = 1024) -> None:
-    item_vectors = embedder([item.text for item in items])
+    # Through the embedding store: a test set's items, and prompts seen by an earlier version,
+    # are embedded once.
+    item_vectors = embed_stored([item.text for item in items], embedder=embedder)
     threshold = spec["cosine_threshold"]
     texts = [(m, where, text) for m in members for where, text in (("prompt", m.prompt), ("answer", m.answer))
              if text.strip()]
     for start in range(0, len(texts), block):
         chunk = texts[start:start + block]
-        cosines = embedder([t for _, _, t in chunk]) @ item_vectors.T
+        cosines = embed_stored([t for _, _, t in chunk], embedder=embedder) @ item_vectors.T
         best = cosines.argmax(axis=1)
         for row, (member, where, _) in enumerate(chunk):
             k = int(best[row])

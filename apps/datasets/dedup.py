@@ -16,7 +16,16 @@ so every cluster keeps its best-scored member. Members of earlier published vers
 dataset go first ("anchors"): a new trajectory that duplicates one already published is dropped.
 
 The model and its loading (sentence-transformers on first use, one copy per process) are the
-engine core's: apps/engines/embeddings.py.
+engine core's: apps/engines/embeddings.py. Vectors are read from its store (TextEmbedding, keyed
+by the text's SHA-256 and the model's name) and only the texts missing there are embedded, so a
+second version of the same members embeds nothing; the workers fill the store when an iteration
+finishes (apps.datasets.jobs.embed_iteration).
+
+Which prompts are near each other: all pairs, in blocks of matrix products, while the version has
+at most DATASET_DEDUP_EXACT_MAX unique prompts (the exact path, and the oracle of the tests);
+above it an approximate nearest-neighbour index (usearch's HNSW) over the unique prompts, each
+asked for its nearest ones until the last one returned falls below the threshold, every
+candidate's cosine recomputed exactly. The clustering after it is the same on both paths.
 """
 from __future__ import annotations
 
@@ -26,9 +35,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from django.conf import settings
+
 # The model is the engine core's (one copy per process, shared with toucan's question dedup);
 # its names are this module's too: the dataset services and the decontamination read them here.
-from apps.engines.embeddings import EMBEDDING_MODEL_NAME, Embedder, sentence_embedder
+from apps.engines.embeddings import EMBEDDING_MODEL_NAME, Embedder, embed_stored, sentence_embedder
 
 ACTION_VALUE_CHARS = 64
 _WS = re.compile(r"\s+")
@@ -156,15 +167,16 @@ def _label(c: Candidate) -> str:
 
 
 def _embed_unique(texts: Iterable[str], embedder: Embedder) -> tuple[dict[str, int], Any]:
+    """(text -> row, vectors): each distinct text once, read from the store or embedded."""
     index: dict[str, int] = {}
     for text in texts:
         index.setdefault(text, len(index))
-    vectors = embedder(list(index)) if index else None
+    vectors = embed_stored(list(index), embedder=embedder) if index else None
     return index, vectors
 
 
-def _prompt_neighbours(vectors: Any, threshold: float, block: int = 2048) -> list[list[int]]:
-    """For each unique prompt, the unique prompts (itself included) with cosine >= threshold."""
+def exact_neighbours(vectors: Any, threshold: float, block: int = 2048) -> list[list[int]]:
+    """For each row, the rows (itself included) with cosine >= threshold: all pairs, in blocks."""
     import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
 
     n = vectors.shape[0]
@@ -174,6 +186,65 @@ def _prompt_neighbours(vectors: Any, threshold: float, block: int = 2048) -> lis
         for row in sims:
             neighbours.append(np.nonzero(row >= threshold)[0].tolist())
     return neighbours
+
+
+# The HNSW graph's shape: links per node, and the beam width when building and searching. Wider
+# beams cost time and buy recall; these give >= 0.99 at the default threshold (tests/datasets/
+# test_dedup_ann.py, bench/scale.py).
+ANN_CONNECTIVITY = 16
+ANN_EXPANSION_ADD = 128
+ANN_EXPANSION_SEARCH = 128
+ANN_FIRST_K = 16
+ANN_QUERY_BLOCK = 8192
+
+
+def ann_neighbours(vectors: Any, threshold: float, *, threads: int = 0) -> list[list[int]]:
+    """exact_neighbours, found through an HNSW index (usearch): each row asks for its ANN_FIRST_K
+    nearest, then for twice as many while all it got reach the threshold (at the end, every row);
+    the cosines of what it returns are recomputed exactly, and a pair found from either side
+    counts for both (the relation is symmetric)."""
+    import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
+    from usearch.index import Index  # deferred: the ANN library, for versions above the exact path's size
+
+    n, dim = vectors.shape
+    index = Index(ndim=dim, metric="ip", dtype="f32", connectivity=ANN_CONNECTIVITY,
+                  expansion_add=ANN_EXPANSION_ADD, expansion_search=ANN_EXPANSION_SEARCH)
+    keys = np.arange(n, dtype=np.uint64)
+    index.add(keys, vectors, threads=threads)
+    found: list[set[int]] = [{i} for i in range(n)]
+    pending = np.arange(n)
+    k = ANN_FIRST_K
+    while len(pending):
+        if k >= n:  # a crowd as large as the version: every row with cosine >= threshold, exactly
+            for i in pending.tolist():
+                found[i].update(np.nonzero(vectors @ vectors[i] >= threshold)[0].tolist())
+            break
+        again = []
+        for start in range(0, len(pending), ANN_QUERY_BLOCK):
+            rows = pending[start:start + ANN_QUERY_BLOCK]
+            matches = index.search(vectors[rows], k, threads=threads)
+            labels = np.asarray(matches.keys).reshape(len(rows), -1)
+            counts = np.asarray(matches.counts).reshape(len(rows))
+            for r, i in enumerate(rows.tolist()):
+                got = labels[r, :counts[r]].astype(np.int64)
+                sims = vectors[got] @ vectors[i]
+                near = got[sims >= threshold].tolist()
+                found[i].update(near)
+                if len(near) == counts[r] == k:
+                    again.append(i)  # all k reach the threshold: there may be more
+        pending = np.asarray(again, dtype=np.int64)
+        k *= 2
+    for i in range(n):
+        for j in list(found[i]):
+            found[j].add(i)
+    return [sorted(s) for s in found]
+
+
+def prompt_neighbours(vectors: Any, threshold: float) -> list[list[int]]:
+    """Near prompts per unique prompt: exact up to DATASET_DEDUP_EXACT_MAX rows, else the ANN index."""
+    if vectors.shape[0] <= settings.DATASET_DEDUP_EXACT_MAX:
+        return exact_neighbours(vectors, threshold)
+    return ann_neighbours(vectors, threshold)
 
 
 def dedup(
@@ -214,7 +285,7 @@ def dedup(
     result.embedded_prompts, result.embedded_actions = len(prompt_index), len(action_index)
     prompt_vecs = np.asarray(prompt_vecs, dtype=np.float32)
     action_vecs = np.asarray(action_vecs, dtype=np.float32)
-    neighbours = _prompt_neighbours(prompt_vecs, threshold)
+    neighbours = prompt_neighbours(prompt_vecs, threshold)
     # Keyed by (prompt, outcome): a success and a failure are never duplicates of each other
     # (DPO pairs are made of exactly such rollouts).
     kept_by_prompt: dict[tuple[int, str], list[tuple[Candidate, int]]] = {}

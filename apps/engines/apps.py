@@ -22,6 +22,10 @@ class EnginesConfig(AppConfig):
         from apps.engines import mcp_servers  # deferred: AppConfig.ready pattern (needs the app registry)
 
         mcp_servers.install()
+        # Embeddings are kept in TextEmbedding rows: the store installed here (embeddings imports no model).
+        from apps.engines import embedding_store  # deferred: AppConfig.ready pattern (needs the app registry)
+
+        embedding_store.install()
         register_periodic("apps.engines.jobs.ensure_sandbox_schedules")
         register_periodic("apps.engines.pipelines.services.ensure_pipeline_schedules")
         if settings.PLATFORM_SKILLS_URL:

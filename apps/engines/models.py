@@ -281,3 +281,29 @@ class Corpus(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class TextEmbedding(models.Model):
+    """One text's embedding by one model, computed once and read by every dedup after it.
+
+    Keyed by the SHA-256 of the text (UTF-8) and the model's name, so the same prompt or action
+    sequence shared by many trajectories, versions and pipeline runs is embedded once. The
+    vector is float32, little-endian, `dim` values (bytes on both databases; see
+    docs/datasets.md for why not pgvector). Rows are written only by
+    apps.engines.embeddings.embed_stored (insert, ignoring a row another worker wrote first);
+    they are never edited: a text's vector under a model does not change.
+    """
+
+    sha256 = models.CharField(max_length=64, help_text="SHA-256 (hex) of the text, UTF-8")
+    model = models.CharField(max_length=100, help_text="the embedding model's name")
+    dim = models.PositiveSmallIntegerField()
+    vector = models.BinaryField(help_text="float32 little-endian, dim values")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["sha256", "model"], name="engines_textembedding_sha_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.sha256[:12]}"

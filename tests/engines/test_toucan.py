@@ -183,6 +183,7 @@ def test_an_unparseable_quality_check_is_refused_never_passed(raw: str, reason: 
 
 # -- dedup, with the bundled MiniLM ---------------------------------------------------------
 
+@pytest.mark.django_db  # the vectors go through the embedding store (TextEmbedding rows)
 def test_dedup_drops_paraphrases_within_the_batch_and_against_earlier_batches_by_threshold() -> None:
     batch = [
         ("a", "What time is it in Tokyo when it is 12:00 UTC?"),

@@ -34,7 +34,8 @@ identifier — one with "_" or an inner capital; a one-word name such as "fetch"
 and allowed), and is not a refusal ("I cannot", "I'm sorry", …).
 
 Dedup: MiniLM embeddings (the bundled all-MiniLM-L6-v2 of apps.engines.embeddings, which dataset
-dedup shares; one copy per process), cosine >= threshold (default 0.85) to a question kept before it in the batch, or to
+dedup shares; one copy per process; vectors read from its embedding store, so earlier questions are
+embedded once, not on every run), cosine >= threshold (default 0.85) to a question kept before it in the batch, or to
 an earlier question for the same set of servers, drops it.
 
 Quality check (Toucan's step 2): six dimensions, each with its reasoning written before its
@@ -50,7 +51,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from apps.engines.embeddings import Embedder, sentence_embedder
+from apps.engines.embeddings import Embedder, embed_stored, sentence_embedder
 from apps.engines.generation import Template
 from apps.engines.mcp.spec import SEPARATOR
 
@@ -374,7 +375,8 @@ def dedup_questions(batch: list[tuple[str, str]], earlier: Sequence[str] = (), *
     if embedder is None:
         embedder = sentence_embedder  # the one MiniLM copy per process
     texts = [q for _, q in batch] + list(earlier)
-    vectors = np.asarray(embedder(texts), dtype=np.float32)
+    # Through the embedding store: the earlier questions (asked again on every run) are read, not embedded.
+    vectors = np.asarray(embed_stored(texts, embedder=embedder), dtype=np.float32)
     ours, theirs = vectors[:len(batch)], vectors[len(batch):]
     verdicts: dict[str, str | None] = {}
     # Greedy in batch order, a block at a time so the cosines are matrix products: each question
