@@ -26,6 +26,7 @@ The loop, as decided here (docs/reviews.md):
 """
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 from statistics import mean
@@ -37,11 +38,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.engines.toolargs import ToolArguments
 from apps.reviews import policy
 from apps.reviews.models import Correction, Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import Rejected, draft_proposals, overall_score
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import TransitionError, task_start_iteration
+from trajplatform import json_limits
 from trajplatform.audit import audit_record
 from trajplatform.redaction import storable
 from trajplatform.webhooks import webhook_emit
@@ -696,24 +699,77 @@ def _set_thought(messages: list[Any], call_id: str, thought: str) -> list[Any]:
     return out
 
 
+def _parse_arguments(steps: list[Any], tools: Any, edits: dict[int, str]) -> dict[int, dict[str, Any]]:
+    """Edited tool-call arguments (JSON text per step index) parsed and checked against the schema
+    of the tool each step called, as the trajectory offered it; unchanged ones left out. Raises
+    ValidationError naming every step whose arguments are not a JSON object its tool accepts."""
+    checks = ToolArguments([t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+                           if isinstance(tools, list) else [])
+    parsed, errors = {}, []
+    for i, text in sorted(edits.items()):
+        if not 0 <= i < len(steps) or not isinstance(steps[i], dict):
+            continue  # reported with the other missing steps
+        tool = str(steps[i].get("tool") or "?")
+        try:
+            value = json_limits.loads(text)
+        except ValueError as exc:
+            errors.append(f"step {i + 1} ({tool}): the arguments are not valid JSON: {exc}")
+            continue
+        before = steps[i].get("arguments")
+        if isinstance(before, str):
+            try:
+                before = json_limits.loads(before)
+            except ValueError:
+                pass
+        if value == before:
+            continue
+        _args, problem, _kind = checks.parse(tool, value)
+        if problem:
+            errors.append(f"step {i + 1}: {problem}")
+            continue
+        parsed[i] = storable(value, labels=False)
+    if errors:
+        raise ValidationError(errors)
+    return parsed
+
+
+def _set_arguments(messages: list[Any], call_id: str, arguments: dict[str, Any]) -> list[Any]:
+    """The assistant message's call `call_id` carries the edited arguments (as the API sends them: JSON text)."""
+    text = json.dumps(arguments, ensure_ascii=False)
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if call_id and isinstance(calls, list) and any(isinstance(c, dict) and str(c.get("id") or "") == call_id
+                                                       for c in calls):
+            calls = [{**c, "function": {**(c.get("function") or {}), "arguments": text}}
+                     if isinstance(c, dict) and str(c.get("id") or "") == call_id else c for c in calls]
+            message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
+
+
 def trajectory_correct(*, trajectory: Trajectory, actor: Any, thoughts: dict[int, str] | None = None,
                        final_answer: str | None = None, drop_steps: list[int] | None = None,
-                       note: str = "") -> Correction:
+                       arguments: dict[int, str] | None = None, note: str = "") -> Correction:
     """A reviewer's correction: a new finished trajectory (same task and iteration, the next free
-    sample index) with the edited thoughts, final answer and without the dropped steps (steps and
-    messages alike), linked to the original by a Correction holding the diff; the original is not
-    changed. Raises ValidationError for unknown steps, an unfinished trajectory or no change."""
+    sample index) with the edited thoughts, tool-call arguments (JSON text, checked against the
+    tool's schema; the step keeps its recorded result and says its arguments were edited), final
+    answer and without the dropped steps (steps and messages alike), linked to the original by a
+    Correction holding the diff; the original is not changed. Raises ValidationError for unknown
+    steps, arguments that are not JSON or break the tool's schema, an unfinished trajectory or no change."""
     _require_reviewer(actor)
     thoughts, drop = dict(thoughts or {}), sorted(set(drop_steps or []))
+    edits = dict(arguments or {})
     with transaction.atomic():
         original = Trajectory.objects.select_for_update().get(pk=trajectory.pk)
         if original.status != Trajectory.Status.FINISHED:
             raise ValidationError("only a finished trajectory can be corrected")
         steps = [dict(s) if isinstance(s, dict) else s for s in (original.steps if isinstance(original.steps, list) else [])]
         messages = list(original.messages) if isinstance(original.messages, list) else []
-        missing = sorted(i for i in [*thoughts, *drop] if not 0 <= i < len(steps) or not isinstance(steps[i], dict))
+        missing = sorted(i for i in [*thoughts, *drop, *edits] if not 0 <= i < len(steps) or not isinstance(steps[i], dict))
         if missing:
             raise ValidationError(f"step {missing[0] + 1} does not exist in trajectory {original.pk}")
+        new_arguments = _parse_arguments(steps, original.tools, {i: t for i, t in edits.items() if i not in drop})
         if drop and len(drop) == len(steps):
             raise ValidationError("a correction keeps at least one step")
         diff: list[dict[str, Any]] = []
@@ -724,6 +780,11 @@ def trajectory_correct(*, trajectory: Trajectory, actor: Any, thoughts: dict[int
                 diff.append({"edit": "thought", "step": i, "before": before, "after": text})
                 steps[i]["thought"] = text
                 messages = _set_thought(messages, str(steps[i].get("tool_call_id") or ""), text)
+        for i, value in new_arguments.items():
+            diff.append({"edit": "arguments", "step": i, "before": steps[i].get("arguments"), "after": value})
+            steps[i]["arguments"] = value
+            steps[i]["arguments_edited"] = True  # its result is still the one the original arguments got
+            messages = _set_arguments(messages, str(steps[i].get("tool_call_id") or ""), value)
         for i in drop:
             diff.append({"edit": "drop_step", "step": i, "before": {k: steps[i].get(k) for k in ("tool", "arguments")},
                          "after": None})
@@ -737,7 +798,8 @@ def trajectory_correct(*, trajectory: Trajectory, actor: Any, thoughts: dict[int
             answer = storable(final_answer.strip(), labels=False)
             diff.append({"edit": "final_answer", "before": original.final_answer, "after": answer})
         if not diff:
-            raise ValidationError("nothing changed: edit a thought or the final answer, or drop a step")
+            raise ValidationError("nothing changed: edit a thought, a tool call's arguments or the final answer, "
+                                  "or drop a step")
         used = Trajectory.objects.filter(task_id=original.task_id, iteration=original.iteration).values_list(
             "sample_index", flat=True)
         corrected = Trajectory.objects.create(

@@ -27,7 +27,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Avg, OuterRef, Subquery
+from django.db.models import Avg, Count, OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -36,13 +36,14 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.engines.registry import SCENE_CHOICES
-from apps.reviews import selectors, services
+from apps.reviews import alignment, selectors, services
 from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
 from apps.tasks.consumers import MAX_ID
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.services import TransitionError, batch_cancel, batch_retry, task_cancel, task_retry, tasks_enqueue
 from apps.tasks.views import viewer_context
+from trajplatform import json_limits
 
 PAGE_SIZE = 50
 VIEW_PROPOSALS = "reviews.view_proposal"
@@ -354,37 +355,90 @@ def task_force(request: HttpRequest, task_id: int) -> HttpResponse:
 # -- side by side and preferences -------------------------------------------------------------------
 
 COMPARE_MAX = 12
+ALIGN_MAX = 4  # rollouts aligned step by step at once (A, B and two more for context)
+DECISIONS = {"a": "A preferred", "b": "B preferred", "tie": "a tie", "skip": "skipped"}
+
+
+def _picked(raw: Any, rollouts: dict[int, Trajectory]) -> Trajectory | None:
+    return rollouts.get(int(raw)) if isinstance(raw, str) and raw.isdigit() and int(raw) <= MAX_ID else None
+
+
+def _next_to_compare(task: Task) -> Task | None:
+    """The batch's next task (by id) with two finished rollouts or more: where skip and a decision go."""
+    if not task.batch_id:
+        return None
+    finished = Count("trajectories", filter=Q(trajectories__status=Trajectory.Status.FINISHED,
+                                              trajectories__parent__isnull=True))
+    return (Task.objects.filter(batch_id=task.batch_id, pk__gt=task.pk).annotate(finished=finished)
+            .filter(finished__gte=2).order_by("pk").only("pk").first())
 
 
 @login_required
 @permission_required(VIEW_TRAJECTORIES, raise_exception=True)
 @require_GET
 def compare(request: HttpRequest, task_id: int) -> HttpResponse:
-    """Every finished rollout of a task next to each other, and the preferences people recorded."""
+    """A task's finished rollouts: A and B (and up to two more) with their steps aligned, the first
+    divergence marked, per-step diffs; then every rollout's summary card and the recorded preferences."""
     task = get_object_or_404(Task.objects.select_related("batch"), pk=min(task_id, MAX_ID))
     auto = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO)
     human = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN).order_by("-created_at", "-id")
     rollouts = list(Trajectory.objects.filter(task=task, status=Trajectory.Status.FINISHED)
                     .defer("messages", "tools", "verifier_output", "config_snapshot")
                     .annotate(score=Subquery(auto.values("overall")[:1]), verdict=Subquery(human.values("verdict")[:1]))
-                    .order_by("-iteration", "sample_index", "id")[:COMPARE_MAX])
+                    .order_by("-iteration", "sample_index", "id")[:COMPARE_MAX + 1])
+    more = len(rollouts) > COMPARE_MAX
+    rollouts = rollouts[:COMPARE_MAX]
     for t in rollouts:
         t.length = len(t.steps) if isinstance(t.steps, list) else 0
+    by_id = {t.pk: t for t in rollouts}
+    a = _picked(request.GET.get("a"), by_id) or (rollouts[0] if rollouts else None)
+    b = _picked(request.GET.get("b"), by_id)
+    if b is None or b == a:
+        b = next((t for t in rollouts if t != a), None)
+    aligned = [t for t in (a, b) if t is not None]
+    for raw in request.GET.getlist("also")[:ALIGN_MAX]:
+        extra = _picked(raw, by_id)
+        if extra is not None and extra not in aligned and len(aligned) < ALIGN_MAX:
+            aligned.append(extra)
+    for n, t in enumerate(aligned):
+        t.letter = alignment.letter(n)
     preferences = list(Preference.objects.filter(task=task).select_related("reviewer")[:20])
     return render(request, "reviews/compare.html", {
-        "nav": "trajectories", "task": task, "rollouts": rollouts, "preferences": preferences,
+        "nav": "review", "task": task, "rollouts": rollouts, "preferences": preferences, "more": more,
+        "aligned": aligned, "alignment": alignment.align(aligned) if len(aligned) >= 2 else None,
+        "a": a, "b": b, "also_ids": [t.pk for t in aligned[2:]], "next_task": _next_to_compare(task),
         "can_prefer": request.user.has_perm("reviews.add_review") and len(rollouts) >= 2,
-        "more": Trajectory.objects.filter(task=task, status=Trajectory.Status.FINISHED).count() > COMPARE_MAX,
     })
+
+
+def _after_decision(task: Task, fallback: str) -> HttpResponseRedirect:
+    following = _next_to_compare(task)
+    return HttpResponseRedirect(reverse("reviews:compare", args=[following.pk]) if following else fallback)
 
 
 @login_required
 @require_POST
 def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
+    """Record a preference: decision=a|b (A over B, or B over A) with a reason, stored by
+    preference_record as every preference is; tie and skip store nothing. The legacy form posts
+    chosen and rejected. A decision moves on to the batch's next task to compare."""
     if not request.user.has_perm("reviews.add_review"):
         raise PermissionDenied("recording a preference needs the reviewer role")
     page = reverse("reviews:compare", args=[min(task_id, MAX_ID)])
-    ids = [request.POST.get("chosen", ""), request.POST.get("rejected", "")]
+    decision = request.POST.get("decision")
+    if decision is not None and decision not in DECISIONS:
+        messages.error(request, f"Unknown decision {decision[:20]!r}: a, b, tie or skip.")
+        return HttpResponseRedirect(page)
+    if decision in ("a", "b"):
+        first, second = request.POST.get("a", ""), request.POST.get("b", "")
+        ids = [first, second] if decision == "a" else [second, first]
+    else:
+        ids = [request.POST.get("chosen", ""), request.POST.get("rejected", "")]
+    task = get_object_or_404(Task, pk=min(task_id, MAX_ID))
+    if decision in ("tie", "skip"):
+        # Nothing to store: a tie is no preference pair (the DPO exports need a chosen and a rejected).
+        messages.info(request, f"Task #{task.pk}: {DECISIONS[decision]}, no preference stored.")
+        return _after_decision(task, page)
     if not all(i.isdigit() and 0 < int(i) <= MAX_ID for i in ids):
         messages.error(request, "Pick a preferred rollout (A) and the one it beats (B).")
         return HttpResponseRedirect(page)
@@ -397,32 +451,46 @@ def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
                                                 actor=request.user, note=request.POST.get("note", ""))
     except ValidationError as exc:
         messages.error(request, "Preference not recorded: " + "; ".join(exc.messages))
-    else:
-        messages.success(request, f"Recorded: #{preference.chosen_id} preferred over #{preference.rejected_id}.")
-    return HttpResponseRedirect(page)
+        return HttpResponseRedirect(page)
+    messages.success(request, f"Recorded: #{preference.chosen_id} preferred over #{preference.rejected_id}.")
+    return _after_decision(task, page) if decision else HttpResponseRedirect(page)
 
 
 # -- corrections --------------------------------------------------------------------------------------
 
 
+def _arguments_json(step: Any) -> str:
+    """A step's arguments as the JSON a reviewer edits (indented); text that is not JSON as it was sent."""
+    args = step.get("arguments") if isinstance(step, dict) else None
+    if isinstance(args, str):
+        try:
+            args = json_limits.loads(args)
+        except ValueError:
+            return args
+    return json.dumps(args if args is not None else {}, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
 @login_required
 def correct(request: HttpRequest, trajectory_id: int) -> HttpResponse:
-    """Edit a trajectory (thoughts, final answer, dropped steps) into a new linked trajectory."""
+    """Edit a trajectory (thoughts, tool-call arguments as JSON, final answer, dropped steps) into a
+    new linked trajectory; the arguments are checked against the tool's schema before anything is saved."""
     if not request.user.has_perm("reviews.add_review"):
         raise PermissionDenied("corrections need the reviewer role")
     trajectory = get_object_or_404(Trajectory.objects.select_related("task"), pk=min(trajectory_id, MAX_ID))
     steps = [s for s in (trajectory.steps if isinstance(trajectory.steps, list) else [])]
     errors: list[str] = []
     if request.method == "POST":
-        thoughts, drop = {}, []
+        thoughts, drop, arguments = {}, [], {}
         for i, step in enumerate(steps):
             if f"thought_{i}" in request.POST:
                 thoughts[i] = request.POST[f"thought_{i}"][:100_000]
             if request.POST.get(f"drop_{i}"):
                 drop.append(i)
+            if f"arguments_{i}" in request.POST and request.POST[f"arguments_{i}"] != _arguments_json(step):
+                arguments[i] = request.POST[f"arguments_{i}"][:200_000]
         try:
             correction = services.trajectory_correct(
-                trajectory=trajectory, actor=request.user, thoughts=thoughts, drop_steps=drop,
+                trajectory=trajectory, actor=request.user, thoughts=thoughts, drop_steps=drop, arguments=arguments,
                 final_answer=request.POST.get("final_answer", trajectory.final_answer)[:100_000],
                 note=request.POST.get("note", ""))
         except ValidationError as exc:
@@ -431,9 +499,16 @@ def correct(request: HttpRequest, trajectory_id: int) -> HttpResponse:
             messages.success(request, f"Correction saved as trajectory #{correction.corrected_id}; "
                                       f"#{trajectory.pk} is unchanged.")
             return HttpResponseRedirect(reverse("reviews:trajectory", args=[correction.corrected_id]))
-    rows = [{"index": i, "step": s if isinstance(s, dict) else {}, "thought": request.POST.get(
-        f"thought_{i}", (s.get("thought") or "") if isinstance(s, dict) else ""),
-        "dropped": bool(request.POST.get(f"drop_{i}"))} for i, s in enumerate(steps)]
+    rows = []
+    for i, s in enumerate(steps):
+        step = s if isinstance(s, dict) else {}
+        original = _arguments_json(step)
+        rows.append({
+            "index": i, "tool": str(step.get("tool") or "?"), "result": _value(step.get("output", "")),
+            "thought": request.POST.get(f"thought_{i}", step.get("thought") or ""),
+            "arguments": request.POST.get(f"arguments_{i}", original), "edited": bool(step.get("arguments_edited")),
+            "arguments_lines": min(12, original.count("\n") + 2), "dropped": bool(request.POST.get(f"drop_{i}")),
+        })
     return render(request, "reviews/correct.html", {
         "nav": "trajectories", "trajectory": trajectory, "task": trajectory.task, "rows": rows, "errors": errors,
         "final_answer": request.POST.get("final_answer", trajectory.final_answer),

@@ -1,0 +1,92 @@
+"""Corrections of tool calls (issue 40, item 7), on a trajectory the real loop wrote (offline model,
+code_exec sandbox): the correction form shows each call's arguments as JSON (never a Python dict)
+and takes them back edited; arguments that are not JSON, or break the schema of the tool the step
+called (as the trajectory offered it), are refused with the step and the reason and nothing is
+saved; accepted ones land in the new trajectory's step and in the assistant message's tool call,
+marked edited, with the edit in the Correction's diff and the audit row."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from apps.engines.offline_model import running_offline_model
+from apps.reviews.models import Correction
+from apps.tasks import jobs
+from apps.tasks.models import Trajectory
+from apps.tasks.services import task_start_iteration, trajectories_finish
+from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
+from tests.engines.test_agent import call, client, llm_env, run  # noqa: F401 (llm_env is a fixture)
+from trajplatform.models import AuditEvent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("llm_env", "sandbox_settings")]
+
+PROMPT = "Write hello.py that prints hello, then run it."
+SCRIPT = [call("write_file", path="hello.py", content="print('hello')\n"), call("run_shell", command="python3 hello.py"),
+          call("finish", answer="it prints hello")]
+
+
+@pytest.fixture
+def ran(make_task: Any) -> Trajectory:
+    task = make_task(prompt=PROMPT)
+    task_start_iteration(task=task)
+    [claim] = jobs.claim_trajectories(1, worker="w")
+    with running_offline_model(scripts=[{"id": "s", "prompt": PROMPT, "reference_solution": SCRIPT}]) as server:
+        result = run(claim.trajectory.config_snapshot, client(server.url))
+    [row] = trajectories_finish([{"trajectory_id": claim.pk, "claim_token": claim.token, "result": result}])
+    assert row.status == "finished" and row.steps[1]["tool"] == "run_shell"
+    return row
+
+
+def form(trajectory: Trajectory, **edits: str) -> dict[str, str]:
+    """The correction form as the page fills it, with some fields changed."""
+    data = {f"thought_{i}": s.get("thought") or "" for i, s in enumerate(trajectory.steps)}
+    data["final_answer"] = trajectory.final_answer
+    return {**data, **edits}
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"command": 5}', "step 2: invalid arguments for run_shell.command: 5 is not of type 'string'"),
+    ('{"cmd": "ls"}', "step 2: invalid arguments for run_shell: 'command' is a required property"),
+    ('["ls"]', "step 2: the arguments of run_shell must be a JSON object, got list"),
+    ('{"command": "ls"', "step 2 (run_shell): the arguments are not valid JSON"),
+])
+def test_arguments_that_break_the_tools_schema_are_refused_and_nothing_is_saved(ran, reviewer, client, text, reason):
+    before = (ran.steps, ran.messages)
+    client.force_login(reviewer)
+    response = client.post(reverse("reviews:correct", args=[ran.pk]), form(ran, arguments_1=text,
+                                                                           final_answer="a new answer"))
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert 'id="correct-errors"' in page and reason.replace("'", "&#x27;") in page and "Nothing was saved" in page
+    assert not Correction.objects.exists() and Trajectory.objects.count() == 1
+    ran.refresh_from_db()
+    assert (ran.steps, ran.messages) == before
+
+
+def test_edited_arguments_are_shown_as_json_and_saved_into_the_step_and_the_call(ran, reviewer, client):
+    client.force_login(reviewer)
+    page = client.get(reverse("reviews:correct", args=[ran.pk])).content.decode()
+    assert 'name="arguments_1"' in page and "&quot;command&quot;: &quot;python3 hello.py&quot;" in page
+    assert "{&#x27;command&#x27;" not in page  # never a Python dict
+    response = client.post(reverse("reviews:correct", args=[ran.pk]),
+                           form(ran, arguments_1='{"command": "python3 -B hello.py"}', note="no .pyc"))
+    correction = Correction.objects.get()
+    corrected = correction.corrected
+    assert response.url == reverse("reviews:trajectory", args=[corrected.pk])
+    step = corrected.steps[1]
+    assert step["arguments"] == {"command": "python3 -B hello.py"} and step["arguments_edited"] is True
+    assert step["output"] == ran.steps[1]["output"]  # the recorded result stays
+    [sent] = [c for m in corrected.messages for c in m.get("tool_calls") or [] if c["id"] == step["tool_call_id"]]
+    assert json.loads(sent["function"]["arguments"]) == {"command": "python3 -B hello.py"}
+    assert correction.diff == [{"edit": "arguments", "step": 1, "before": {"command": "python3 hello.py"},
+                                "after": {"command": "python3 -B hello.py"}}]
+    event = AuditEvent.objects.get(action="reviews.correction")
+    assert event.data["edits"] == ["arguments"] and event.actor == reviewer
+    ran.refresh_from_db()
+    assert ran.steps[1]["arguments"] == {"command": "python3 hello.py"}  # the original never changes
+    # the same JSON with other spacing is no edit
+    response = client.post(reverse("reviews:correct", args=[ran.pk]), form(ran, arguments_1='{ "command":"python3 hello.py" }'))
+    assert response.status_code == 400 and "nothing changed" in response.content.decode()
