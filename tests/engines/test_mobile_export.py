@@ -12,8 +12,9 @@ import pytest
 from django.core.management import call_command
 
 from apps.datasets.exporters import FORMATS, export_records, load_records, validate_line
-from apps.datasets.exporters.aitw import DUAL_POINT, IMPOSSIBLE, TYPE
+from apps.datasets.exporters.aitw import COMPLETE, DUAL_POINT, IMPOSSIBLE, TYPE
 from apps.tasks.models import Trajectory
+from tests.datasets.anchor_loaders import AITW_FEATURES, anchor_rows, load_aitw
 from tests.engines.test_gui import artifact_root  # noqa: F401 - a fixture
 from tests.tasks.test_synthesize import offline_only  # noqa: F401 - a fixture
 
@@ -40,25 +41,39 @@ def test_the_demo_runs_through_the_worker_and_exports_as_aitw(monkeypatch: pytes
         assert t.verifier_output["device"]["simulated"] is True
         assert t.artifact_uses.count() >= 2  # the screenshots are kept with the trajectory
     records = list(load_records([t.id for t in trajectories.values()]))
-    lines, result = export("aitw", records)
-    assert result.excluded == [] and len(lines) == len(records)
-    assert all(validate_line("aitw", line) == [] for line in lines)
-    by_goal = {line["goal_info"]: line for line in lines}
-    wifi = by_goal["Turn off Wi-Fi."]
-    tap, done = wifi["steps"]
-    assert tap["results_action_type"] == DUAL_POINT and tap["results_yx_touch"] == tap["results_yx_lift"]
-    assert tap["results_yx_touch"] == [round(236 / 1280, 4), round(626 / 720, 4)]
-    assert tap["image"] == "artifact:" + trajectories["mobile-wifi-off"].verifier_output["initial_screenshot"]["artifact"]
-    assert done["action_name"] == "STATUS_TASK_COMPLETE" and done["image"] != tap["image"]
-    assert wifi["simulated"] is True and wifi["device_type"] == "simulated"
-    zhang = by_goal["Add a contact named 张三 with the phone number 138-0013-8000."]
-    assert [s["results_type_action"] for s in zhang["steps"] if s["results_action_type"] == TYPE] == [
-        "张三", "138-0013-8000"]
-    assert zhang["steps"][0]["action_name"] == "OPEN_APP" and zhang["steps"][0]["results_action_type"] is None
+    lines, result = export("aitw", records, image_dir=str(tmp_path / "aitw_images"))
+    assert result.excluded == [] and all(validate_line("aitw", line) == [] for line in lines)
+    # Android in the Wild's rows: one per step, its eighteen features with their types, as the real rows
+    real = anchor_rows("aitw_rows.json")
+    assert all({k: type(v) for k, v in line.items()} == AITW_FEATURES == {k: type(v) for k, v in real[0].items()}
+               for line in lines)
+    episodes = load_aitw(lines, image_root=tmp_path)  # every screenshot opens, at the row's size
+    assert len(episodes) == len(records) and len(lines) == sum(len(e) for e in episodes.values())
+    by_goal: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        by_goal.setdefault(line["goal_info"], []).append(line)
+    wifi = sorted(by_goal["Turn off Wi-Fi."], key=lambda r: r["step_id"])
+    tap, done = wifi
+    assert tap["results/action_type"] == DUAL_POINT and tap["results/yx_touch"] == tap["results/yx_lift"]
+    assert tap["results/yx_touch"] == [round(236 / 1280, 4), round(626 / 720, 4)]
+    assert (tap["image/width"], tap["image/height"], tap["episode_length"]) == (720, 1280, 2)
+    initial = trajectories["mobile-wifi-off"].verifier_output["initial_screenshot"]["artifact"]
+    assert tap["image/encoded"] == f"aitw_images/{initial}" and (tmp_path / "aitw_images" / f"{initial}.png").is_file()
+    assert done["results/action_type"] == COMPLETE and done["image/encoded"] != tap["image/encoded"]
+    assert done["results/yx_touch"] == [-1.0, -1.0] and tap["device_type"] == "SIMULATED"
+    zhang = sorted(by_goal["Add a contact named 张三 with the phone number 138-0013-8000."], key=lambda r: r["step_id"])
+    assert [s["results/type_action"] for s in zhang if s["results/action_type"] == TYPE] == ["张三", "138-0013-8000"]
+    assert all(s["results/action_type"] in (TYPE, DUAL_POINT, COMPLETE, IMPOSSIBLE) for s in zhang)  # no open_app row
     nfc = by_goal["Turn on NFC."]
-    assert nfc["steps"][-1]["results_action_type"] == IMPOSSIBLE
-    scroll = by_goal["What is Zoe's phone number? Look it up in Contacts."]["steps"][1]
-    assert scroll["results_yx_touch"][0] > scroll["results_yx_lift"][0]  # scrolling down: the finger goes up
+    assert max(nfc, key=lambda r: r["step_id"])["results/action_type"] == IMPOSSIBLE
+    scroll = sorted(by_goal["What is Zoe's phone number? Look it up in Contacts."], key=lambda r: r["step_id"])
+    swipe = next(s for s in scroll if s["results/yx_touch"] != s["results/yx_lift"])
+    assert swipe["results/yx_touch"][0] > swipe["results/yx_lift"][0]  # scrolling down: the finger goes up
+    assert episodes[swipe["episode_id"]][swipe["step_id"]]["gesture"] == "swipe"
+    inline, _ = export("aitw", records, images="base64")
+    assert [{k: v for k, v in r.items() if k != "image/encoded"} for r in inline] == [
+        {k: v for k, v in r.items() if k != "image/encoded"} for r in lines]
+    load_aitw(inline, inline=True)  # the base64 screenshots decode at the rows' size
     for fmt in ("sft-trl", "raw", "rl", "sharegpt"):
         _, other = export(fmt, records)
         assert other.excluded == [], (fmt, other.excluded[:2])
@@ -70,7 +85,8 @@ def test_the_demo_runs_through_the_worker_and_exports_as_aitw(monkeypatch: pytes
         call_command("dataset_export", "demo-mobile", "--version", "1", "--format", fmt, "--out", str(path),
                      "--no-progress", stdout=out, stderr=out)
         exported = [json.loads(line) for line in path.read_text().splitlines()]
-        assert len(exported) == len(trajectories) - 1, (fmt, out.getvalue()[-2000:])  # the wrong one is not a success
+        episodes = {line["episode_id"] for line in exported} if fmt == "aitw" else exported
+        assert len(episodes) == len(trajectories) - 1, (fmt, out.getvalue()[-2000:])  # the wrong one is not a success
     assert len(list((tmp_path / "demo-mobile.sharegpt-vision_images").glob("*.png"))) > 20
     vision = [name for name in FORMATS if name.endswith("-vision")]  # the gui issue's multimodal formats
     assert vision
@@ -83,9 +99,10 @@ def test_the_demo_runs_through_the_worker_and_exports_as_aitw(monkeypatch: pytes
 def test_aitw_is_mobile_agent_only_and_refuses_an_unlabelled_episode():
     record = {"trajectory_id": 1, "task_id": 1, "task": {"scene": "mobile_agent", "prompt": "x"},
               "steps": [], "verifier_output": {}}
-    _, result = export("aitw", [record, {**record, "trajectory_id": 2, "task": {"scene": "gui", "prompt": "x"}}])
+    device = {**record, "trajectory_id": 3, "verifier_output": {"device": {"mode": "device", "simulated": False}}}
+    _, result = export("aitw", [record, {**record, "trajectory_id": 2, "task": {"scene": "gui", "prompt": "x"}},
+                                device], images="base64")
     assert [e["reason"] for e in result.excluded] == [
         "aitw: the trajectory does not say which device ran it (no verifier_output.device)",
-        "aitw: for mobile_agent trajectories, not gui"]
-    assert "line.simulated: a simulated episode must say so" in validate_line("aitw", {
-        "device_type": "simulated", "simulated": False, "steps": []})
+        "aitw: for mobile_agent trajectories, not gui",
+        "aitw: the device episode does not say its Android API level (scene_config.android_api_level)"]

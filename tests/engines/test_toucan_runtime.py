@@ -332,9 +332,10 @@ def test_the_pipeline_generates_dedups_and_checks_questions_then_runs_them() -> 
 
 
 def _exports_as_toucan_rows(ids: list[int]) -> None:
-    """The generated trajectories in Toucan's row schema: valid lines that carry both assessments."""
-    import copy
+    """The generated trajectories as rows of the released Toucan dataset: valid lines whose JSON-text
+    columns carry both assessments (tests/datasets/test_anchor_rows.py compares them with real rows)."""
     import io
+    import json
 
     import orjson
 
@@ -344,29 +345,22 @@ def _exports_as_toucan_rows(ids: list[int]) -> None:
     result = export_records("toucan", load_records(ids), buf)
     rows = [orjson.loads(line) for line in buf.getvalue().splitlines()]
     assert result.lines == len(ids) == 2 and result.excluded == []
-    row = next(r for r in rows if r["target_tools"] == "git__git_log, sqlite__read_query")
-    assert set(row) == {"messages", "question", "available_tools", "target_tools", "question_quality_assessment",
-                        "response_quality_assessment", "metadata"}
-    assert row["question"] == row["messages"][1]["content"] and row["question"].startswith("Before I tag a release")
-    assert row["question_quality_assessment"]["verifiable"]["score"] == 5
-    rqa = row["response_quality_assessment"]
+    row = next(r for r in rows if r["target_tools"] == "git_log, read_query")
+    assert set(row) == {"uuid", "subset_name", "messages", "question", "available_tools", "target_tools",
+                        "question_quality_assessment", "response_quality_assessment", "metadata"}
+    messages = json.loads(row["messages"])
+    assert row["question"] == messages[1]["content"] and row["question"].startswith("Before I tag a release")
+    assert {m["function_call"]["name"] for m in messages if "function_call" in m} >= {"git-git_log", "sqlite-read_query"}
+    assert json.loads(row["question_quality_assessment"])["verifiable"]["score"] == 5
+    rqa = json.loads(row["response_quality_assessment"])
     assert (rqa["desired_tools_used_percentage"], rqa["order_correctness"]) == (1.0, True)
-    assert rqa["rule_filter"] == {"passed": True, "failed": []}
-    assert rqa["completeness"]["score"] in range(1, 6) and rqa["judge_model"] == "scripted-reference"
-    assert rqa["conciseness"]["score"] in range(1, 6)  # the toucan rubric (v2) judges it
+    assert rqa["completeness"]["score"] in range(1, 6) and rqa["conciseness"]["score"] in range(1, 6)
     assert rqa["overall_score"] == (rqa["completeness"]["score"] + rqa["conciseness"]["score"]) / 2
-    assert row["metadata"]["servers"] == ["git", "sqlite"] and row["metadata"]["verifier"] == "tool_accuracy_proxy"
+    metadata = json.loads(row["metadata"])
+    assert metadata["rule_filter"] == {"passed": True, "failed": []} and metadata["judge_model"] == "scripted-reference"
+    assert [s["server_name"] for s in metadata["mcp_servers"]] == ["git", "sqlite"]
+    assert metadata["verifier"] == "tool_accuracy_proxy"
     assert validate_line("toucan", row) == []
-    for mutate, problem in [
-        (lambda r: r.update(target_tools="git__git_push"), "not among available_tools: git__git_push"),
-        (lambda r: r.update(question="another question"), "must be the first user message"),
-        (lambda r: r["question_quality_assessment"]["stability"].update(score=9), "stability.score"),
-        (lambda r: r["response_quality_assessment"].update(order_correctness="yes"), "order_correctness"),
-        (lambda r: r.pop("metadata"), "line.metadata: missing"),
-    ]:
-        bad = copy.deepcopy(row)
-        mutate(bad)
-        assert any(problem in p for p in validate_line("toucan", bad)), problem
 
 
 def test_a_replay_starts_no_server_reproduces_the_steps_and_does_not_rerun_a_state_check(

@@ -7,8 +7,8 @@
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
 sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), toolace (ToolACE's row, toolace.py), dpo-step-trl (stepdpo.py), kto-trl and
 reward-score (kto.py), atif and adp (../interchange/), sft-openai-vision, sharegpt-vision and trl-vision
-(screenshots; vision.py, option images=files|base64), aitw (mobile_agent's Android in the Wild-style
-actions, aitw.py). Every line is redacted (configured secrets, API-key shapes, bearer
+(screenshots; vision.py, option images=files|base64), aitw (mobile_agent's Android in the Wild
+rows, one line per step, aitw.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
 that cannot be rendered or whose line fails its validator is not written and is listed in
 `ExportResult.excluded` with the reason, so a file is never half-valid. Lines are serialized
@@ -56,6 +56,7 @@ class Exporter:
     # A scene's own format (its records only; others are listed as excluded with the reason): the
     # scenes whose declaration names it (apps/engines/scenes/<id>/scene.py export_formats).
     scenes: tuple[str, ...] = ()
+    many: bool = False  # render returns a list of lines (one per step: aitw); written all or none
 
     def __repr__(self) -> str:
         return f"<Exporter {self.name} v{self.version}>"
@@ -87,13 +88,15 @@ _ALL = [
              "and results flattened into tagged text", formats.render_alpaca, formats.validate_alpaca),
     Exporter("raw", "1", False, f"our canonical lossless record ({RAW_SCHEMA_VERSION}), read back by "
              "import_trajectories", formats.render_raw, formats.validate_raw),
-    Exporter("toucan", "1", False, "Toucan's row: messages, question, available_tools, "
-             "target_tools, question_quality_assessment, response_quality_assessment (judge completeness/"
-             "conciseness 1-5, tool-call accuracy, rule filter), metadata", toucan.render_toucan,
+    # 2: the released dataset's nine string columns (uuid, subset_name, JSON text), function_call messages
+    Exporter("toucan", "2", False, "Toucan's released row (Agent-Ark/Toucan-1.5M): uuid, subset_name, messages "
+             "(JSON text: function_call / function turns), question, available_tools, target_tools, the question and "
+             "response quality assessments, metadata - every column a string", toucan.render_toucan,
              toucan.validate_toucan),
-    Exporter("toolace", "1", False, "ToolACE's released row: system (instructions + the tools as JSON), "
-             "conversations user/assistant/tool with calls in bracket syntax [f(a=1, b=\"x\")] (validated by parsing "
-             "them back), clarifications as plain turns", toolace.render_toolace, toolace.validate_toolace),
+    # 2: ToolACE's system prompt and function shape (dict types, required: null), any tool name
+    Exporter("toolace", "2", False, "ToolACE's released row: system (ToolACE's instructions + the tools as JSON), "
+             "conversations user/assistant/tool with calls in bracket syntax [Get Data(a=1, b=\"x\")] (validated by "
+             "parsing them back), clarifications as plain turns", toolace.render_toolace, toolace.validate_toolace),
     Exporter("qa", "1", False, "QA pairs (search2qa / deep_search): question, answer, aliases, sources, gates, "
              "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True,
              scenes=export_scenes("qa")),
@@ -114,9 +117,11 @@ _ALL = [
              render_atif, validate_atif),
     Exporter("adp", "1", False, "neulab's Agent Data Protocol (1.2.0): text_observation / api_action / "
              "message_action content, our record in details.trajplatform", render_adp, validate_adp),
-    Exporter("aitw", "1", False, "Android in the Wild-style action records of mobile_agent episodes (aitw.py): "
-             "per step the screen (artifact, UI annotations) and AitW's action type, normalised touch/lift, "
-             "typed text", aitw.render_aitw, aitw.validate_aitw, scenes=export_scenes("aitw")),
+    # 2: one line per step with AitW's feature names (image/encoded, results/action_type, ...)
+    Exporter("aitw", "2", False, "Android in the Wild's rows of mobile_agent episodes (aitw.py): one line per step "
+             "with AitW's features (image/encoded beside the export or base64, image/ui_annotations_*, "
+             "results/action_type, normalised results/yx_touch and yx_lift, results/type_action)",
+             aitw.render_aitw, aitw.validate_aitw, scenes=export_scenes("aitw"), many=True),
     Exporter("reward-score", "1", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
              "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
     Exporter("sft-openai-vision", "1", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
@@ -284,20 +289,26 @@ def export_records(
     digest = hashlib.sha256()
     written_tasks: set[int] = set()
 
-    def write(obj: dict[str, Any], sources: list[dict[str, Any]]) -> bool:
-        obj, data = redactor.apply(obj)
-        problems = exporter.validate(obj)
-        if problems:
-            shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
-            for rec in sources:
-                result.excluded.append({"trajectory_id": rec["trajectory_id"], "task_id": rec["task_id"],
-                                        "reason": f"invalid {exporter.name} line: {shown}"})
-            return False
-        out.write(data)
-        digest.update(data)
-        result.lines += 1
-        result.bytes += len(data)
-        ctx["index"] += 1
+    def write(objs: list[dict[str, Any]], sources: list[dict[str, Any]]) -> bool:
+        """Write a record's lines (one, or a per-step format's several): all of them valid, or none."""
+        prepared = []
+        for n, obj in enumerate(objs):
+            obj, data = redactor.apply(obj)
+            problems = exporter.validate(obj)
+            if problems:
+                shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+                where = f" {n + 1} of {len(objs)}" if exporter.many else ""
+                for rec in sources:
+                    result.excluded.append({"trajectory_id": rec["trajectory_id"], "task_id": rec["task_id"],
+                                            "reason": f"invalid {exporter.name} line{where}: {shown}"})
+                return False
+            prepared.append(data)
+        for data in prepared:
+            out.write(data)
+            digest.update(data)
+            result.lines += 1
+            result.bytes += len(data)
+            ctx["index"] += 1
         return True
 
     if exporter.pairwise:
@@ -306,7 +317,7 @@ def export_records(
             pairs, excluded = exporter.render_group(group, ctx)
             result.excluded += excluded
             for obj, sources in pairs:
-                write(obj, sources)
+                write([obj], sources)
     else:
         assert exporter.render is not None
         # multi_agent: one line per selected role's view (roles.py); the task-level, raw and
@@ -331,7 +342,7 @@ def export_records(
                 result.excluded.append({"trajectory_id": record.get("trajectory_id"), "task_id": record.get("task_id"),
                                         "reason": f"{exporter.name}: {reason}"})
                 continue
-            if write(obj, [record]) and exporter.one_per_task:
+            if write(obj if exporter.many else [obj], [record]) and exporter.one_per_task:
                 written_tasks.add(record["task_id"])
     result.sha256 = digest.hexdigest()
     return result

@@ -1,19 +1,24 @@
 """The `toolace` format: ToolACE's released row (Team-ACE/ToolACE data.json).
 
-    {"system": "<instructions>\\nHere is a list of functions in JSON format that you can invoke:\\n[...]\\n<tail>",
+    {"system": "<ToolACE's instructions>\\nHere is a list of functions in JSON format that you can invoke:\\n[...]. \\n<tail>",
      "conversations": [{"from": "user", "value": "..."},
-                       {"from": "assistant", "value": "[create_event(title=\\"Sync\\", attendees=[\\"a@x.org\\"])]"},
-                       {"from": "tool", "value": "[{\\"name\\": \\"create_event\\", \\"results\\": {...}}]"},
+                       {"from": "assistant", "value": "[Market Trends API(trend_type=\\"MOST_ACTIVE\\")]"},
+                       {"from": "tool", "value": "[{\\"name\\": \\"Market Trends API\\", \\"results\\": {...}}]"},
                        {"from": "assistant", "value": "Booked."}]}
 
-The tools (OpenAI function specs, without finish and ask_user) are a JSON list in the system
-prompt. An assistant turn with calls is only the calls in ToolACE's bracket syntax (Python call
-syntax, values as Python literals); the turn's text is not kept, as in ToolACE. The results of
-one turn's calls are one `tool` turn (a JSON list of {name, results}; an output that is JSON is
-kept as JSON). `finish(answer)` becomes the assistant's answer turn; clarifications (ask_user)
-are ordinary assistant / user turns (chat.render_messages). Every call turn is parsed back with
-`parse_calls` when rendered and when validated, and must give the same calls: a call that cannot
-round-trip (a tool name that is not a Python identifier) excludes the record with the reason.
+The system prompt is ToolACE's own text, word for word, with the tools (without finish and
+ask_user) as a JSON list in ToolACE's function shape: {"name", "description", "parameters":
+{"type": "dict", "properties", "required"}, "required": null}, parameter types in ToolACE's words
+(object -> dict, integer -> int, number -> float; string, boolean, array as they are). Tool names
+are kept as they are, spaces included ("Get Manager Placeholder Image"), as ToolACE's rows have
+them. An assistant turn with calls is only the calls in ToolACE's bracket syntax
+`[name(key=value, ...), ...]` (values as Python literals); the turn's text is not kept, as in
+ToolACE. The results of one turn's calls are one `tool` turn (a JSON list of {name, results}; an
+output that is JSON is kept as JSON). `finish(answer)` becomes the assistant's answer turn;
+clarifications (ask_user) are ordinary assistant / user turns (chat.render_messages). Every call
+turn is parsed back with `parse_calls` when rendered and when validated, and must give the same
+calls: a call that cannot round-trip (a name with a bracket, a comma or a quote in it, an argument
+name that is not a Python identifier) excludes the record with the reason.
 """
 from __future__ import annotations
 
@@ -29,17 +34,21 @@ from .chat import RenderError, function_specs, parse_arguments, render_messages
 Line = dict[str, Any]
 FINISH = "finish"
 TOOLS_ANCHOR = "Here is a list of functions in JSON format that you can invoke:\n"
+# ToolACE's system prompt, as its released rows have it (tests/datasets/anchor_rows/toolace_rows.json)
 SYSTEM_HEAD = (
-    "You are an expert in composing functions. You are given a question and a set of possible functions. "
-    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose. "
-    "If none of the functions can be used, point it out. If the given question lacks the parameters required "
-    "by the function, also point it out.\n"
+    "You are an expert in composing functions. You are given a question and a set of possible functions. \n"
+    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose. \n"
+    "If none of the function can be used, point it out. If the given question lacks the parameters required "
+    "by the function,\nalso point it out. You should only return the function call in tools call sections.\n"
 )
 SYSTEM_TAIL = (
-    "\nShould you decide to return the function call(s), put it in the format of "
-    "[func1(params_name=params_value, params_name2=params_value2...), func2(params)]\n"
-    "NO other text MUST be included."
+    ". \nShould you decide to return the function call(s). \nPut it in the format of "
+    "[func1(params_name=params_value, params_name2=params_value2...), func2(params)]\n\n"
+    "NO other text MUST be included. \n"
 )
+# JSON Schema's type names in ToolACE's words (its rows say "dict", "int", "float")
+TYPE_NAMES = {"object": "dict", "integer": "int", "number": "float"}
+NAME_FORBIDDEN = frozenset("[](),=\"'\n")
 ROLES = ("user", "assistant", "tool")
 
 
@@ -67,26 +76,102 @@ def render_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
                            for name, args in calls) + "]"
 
 
-def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]] | None:
-    """ToolACE's bracket syntax read back: [(name, arguments)], or None when `text` is not a call list."""
+def _closing(text: str, start: int) -> int:
+    """The index of the ")" that closes the "(" at `start` (brackets and string literals skipped), or -1."""
+    depth, i, quote = 0, start, ""
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i if c == ")" else -1
+        i += 1
+    return -1
+
+
+def _arguments(source: str) -> dict[str, Any] | None:
+    """`key=literal, ...` as a dict, or None when it is anything else."""
     try:
-        tree = parse_python(text.strip(), mode="eval").body
+        tree = parse_python(f"f({source})", mode="eval").body
     except (SyntaxError, ValueError):
         return None
-    if not isinstance(tree, ast.List) or not tree.elts:
+    if not isinstance(tree, ast.Call) or tree.args:
         return None
-    calls = []
-    for node in tree.elts:
-        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+    try:
+        arguments = {kw.arg: ast.literal_eval(kw.value) for kw in tree.keywords if kw.arg is not None}
+    except ValueError:
+        return None
+    return arguments if len(arguments) == len(tree.keywords) else None
+
+
+def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """ToolACE's bracket syntax read back: [(name, arguments)], or None when `text` is not a call list.
+
+    A name is any text up to its "(" without brackets, commas, quotes or "=" (ToolACE's names have
+    spaces: "[Get Manager Placeholder Image(sport=\"football\")]"); the arguments are keywords with
+    Python literal values."""
+    body = text.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    body = body[1:-1]
+    calls: list[tuple[str, dict[str, Any]]] = []
+    i = 0
+    while True:
+        open_at = body.find("(", i)
+        if open_at < 0:
             return None
-        try:
-            arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
-        except ValueError:
+        name = body[i:open_at].strip()
+        if not name or NAME_FORBIDDEN & set(name):
             return None
-        if len(arguments) != len(node.keywords):
+        close_at = _closing(body, open_at)
+        arguments = _arguments(body[open_at + 1:close_at]) if close_at > 0 else None
+        if arguments is None:
             return None
-        calls.append((node.func.id, arguments))
-    return calls
+        calls.append((name, arguments))
+        rest = body[close_at + 1:].lstrip()
+        if not rest:
+            return calls
+        if not rest.startswith(","):
+            return None
+        i = len(body) - len(rest) + 1
+
+
+def toolace_schema(schema: Any) -> Any:
+    """A JSON schema with its type names in ToolACE's words (nested properties and items too)."""
+    if isinstance(schema, list):
+        return [toolace_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "type" and isinstance(value, str):
+            out[key] = TYPE_NAMES.get(value, value)
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {name: toolace_schema(prop) for name, prop in value.items()}
+        elif key in ("items", "anyOf", "oneOf", "allOf", "additionalProperties"):
+            out[key] = toolace_schema(value)
+        else:
+            out[key] = value
+    return out
+
+
+def toolace_function(fn: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI function spec in ToolACE's function shape."""
+    parameters = toolace_schema(fn.get("parameters") or {"type": "object", "properties": {}})
+    parameters = {"type": parameters.get("type", "dict"), "properties": parameters.get("properties", {}),
+                  "required": list(parameters.get("required") or []),
+                  **{k: v for k, v in parameters.items() if k not in ("type", "properties", "required")}}
+    return {"name": fn["name"], "description": fn.get("description") or "", "parameters": parameters,
+            "required": None}
 
 
 def _results(content: str) -> Any:
@@ -99,7 +184,7 @@ def _results(content: str) -> Any:
 
 def render_toolace(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
     messages = render_messages(record, arguments="string", include_system=False)
-    tools = [fn for fn in function_specs(record.get("tools") or []) if fn["name"] != FINISH]
+    tools = [toolace_function(fn) for fn in function_specs(record.get("tools") or []) if fn["name"] != FINISH]
     turns: list[dict[str, str]] = []
     names: dict[Any, str] = {}
     results: list[dict[str, Any]] = []
@@ -132,7 +217,7 @@ def render_toolace(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
                 answer[:] = [text] if (text := str(args.get("answer") or "").strip()) else []
                 finished.add(call.get("id"))
                 continue
-            if not fn["name"].isidentifier():
+            if NAME_FORBIDDEN & set(fn["name"]) or fn["name"] != fn["name"].strip():
                 raise RenderError(f"messages[{i}]: tool {fn['name']!r} is not a name ToolACE's call syntax can carry")
             names[call.get("id")] = fn["name"]
             calls.append((fn["name"], args))
@@ -151,13 +236,12 @@ def render_toolace(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
 
 
 def tools_of(system: Any) -> list[dict[str, Any]] | None:
-    """The function list embedded in a ToolACE system prompt, or None."""
+    """The function list embedded in a ToolACE system prompt (the JSON list after its anchor), or None."""
     if not isinstance(system, str) or TOOLS_ANCHOR not in system:
         return None
     text = system.split(TOOLS_ANCHOR, 1)[1]
-    text = text[: text.rfind(SYSTEM_TAIL)] if SYSTEM_TAIL in text else text
     try:
-        value = json.loads(text)
+        value, _ = json.JSONDecoder().raw_decode(text)
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, list) else None
