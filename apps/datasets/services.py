@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, exportability, templates
 from apps.datasets.exporters import FORMATS
+from apps.datasets.exporters.records import task_pass_rates
 from apps.datasets.exporters.vision import card_images
 from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
 from apps.datasets.selectors import trajectories_with_reviews
@@ -86,6 +87,7 @@ class _Row:
     turns: int = 0
     text_tokens: int = 0
     corrects: int | None = None  # prefer_corrections: the original trajectory this correction replaces
+    pass_rate: dict[str, Any] | None = None  # the task's, over its rollouts (records.task_pass_rates)
 
     def rank_key(self) -> tuple:
         """Best first: automatic score, then reward, then a human accept, then the oldest id."""
@@ -154,8 +156,10 @@ def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
     excluded: list[dict[str, Any]] = []
     scanned = 0
     qs = trajectories_with_reviews(_scope(spec)).order_by("task_id", "id").values(*SCAN_FIELDS)
+    rates = task_pass_rates(_scope(spec).values("task_id"))
     for v in _with_corrections(spec, qs):
         scanned += 1
+        v["task_pass_rate"] = rates.get(v["task_id"])
         reasons = quality_reasons(v, spec)
         if reasons:
             excluded.append({"trajectory_id": v["id"], "task_id": v["task_id"], "stage": "filter",
@@ -165,7 +169,7 @@ def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
             trajectory_id=v["id"], task_id=v["task_id"], scene=v["task__scene"], batch_id=v["task__batch_id"],
             model=v["model"], outcome=v["outcome"], reward=v["reward"], score=v["review_overall"],
             verdict=v["human_verdict"] or "", usage_tokens=v["total_tokens"], content_sha256=v["content_sha256"],
-            corrects=v.get("corrects"),
+            corrects=v.get("corrects"), pass_rate=v["task_pass_rate"],
         ))
     return passing, excluded, scanned
 
@@ -280,6 +284,7 @@ def _card(
             "replaced": [{"original": r.corrects, "corrected": r.trajectory_id} for r in members
                          if r.corrects is not None],
         },
+        "pass_rates": _pass_rates(members),
         "exporter_versions": exporter_versions,
         # the documents web-scene episodes read (the offline corpora), with the licences they are under
         "licences": scene_corpus_licences(
@@ -289,6 +294,20 @@ def _card(
         "diff": diff,
     }
     return counts, data_card
+
+
+def _pass_rates(members: list[_Row]) -> dict[str, Any]:
+    """The card's pass rates: per member task {passed, rollouts} and their distribution (tasks)."""
+    tasks = {r.task_id: r.pass_rate for r in members}
+    rates = [t["rate"] if t else None for t in tasks.values()]
+    known = [r for r in rates if r is not None]
+    return {
+        "unit": "task", "rollouts": "the task's finished trajectories that succeeded or failed; a pass is a success",
+        "tasks": {str(task_id): [t["passed"], t["rollouts"]] if t else [0, 0] for task_id, t in sorted(tasks.items())},
+        "histogram": card_stats.histogram(rates, lo=0.0, hi=1.0),
+        "never": sum(1 for r in known if r == 0), "always": sum(1 for r in known if r == 1),
+        "between": sum(1 for r in known if 0 < r < 1), "unknown": len(rates) - len(known),
+    }
 
 
 def _diff(parent: DatasetVersion | None, member_ids: list[int], excluded: list[dict[str, Any]]) -> dict[str, Any] | None:

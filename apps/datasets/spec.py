@@ -19,6 +19,10 @@ A spec is a JSON object; every key is optional and unknown keys are errors:
     prefer_corrections: bool        a trajectory a reviewer corrected is replaced by its latest
                                     correction (default false); the correction is judged by its
                                     own reviews, else by its original's
+    pass_rate: {gt, gte, lt, lte}   keep the tasks whose pass rate over their rollouts is in this
+                                    band (0-1 bounds; e.g. {gt: 0, lt: 1}: neither always nor never
+                                    solved, DAPO-style dynamic sampling); a task without a rollout
+                                    that succeeded or failed has no pass rate and is left out
 
 Scenes, batches, models and dates define the scope: trajectories outside it are not
 considered. Inside it, every trajectory that fails a quality rule (or is a duplicate) is
@@ -41,10 +45,11 @@ from trajplatform.redaction import unstorable_fields
 
 KNOWN_KEYS = (
     "scenes", "batches", "models", "min_score", "accepted_only", "success_only", "min_reward",
-    "since", "until", "dedup", "validation_fraction", "split_seed", "decontam", "prefer_corrections",
+    "since", "until", "dedup", "validation_fraction", "split_seed", "decontam", "prefer_corrections", "pass_rate",
 )
 # Keys added after versions were stored: a stored spec without one had this value.
-LATER_DEFAULTS = {"prefer_corrections": False}
+LATER_DEFAULTS = {"prefer_corrections": False, "pass_rate": None}
+BAND_BOUNDS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 DEDUP_KEYS = ("exact", "near", "threshold")
 MAX_VALIDATION_FRACTION = 0.5
 
@@ -165,6 +170,52 @@ def _batches(value: Any, errors: dict[str, str]) -> list[int]:
     return sorted(found_ids | {pk for pks in by_name.values() for pk in pks})
 
 
+def _band(value: Any, errors: dict[str, str]) -> dict[str, float] | None:
+    """The pass-rate band {gt|gte: lower, lt|lte: upper} (bounds 0-1), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        errors["pass_rate"] = "must be an object of bounds, e.g. {\"gt\": 0, \"lt\": 1} (gt, gte, lt, lte)"
+        return None
+    unknown = sorted(set(value) - set(BAND_BOUNDS))
+    if unknown:
+        errors["pass_rate"] = f"unknown bound(s) {', '.join(unknown)}; bounds: {', '.join(BAND_BOUNDS)}"
+        return None
+    if {"gt", "gte"} <= set(value) or {"lt", "lte"} <= set(value):
+        errors["pass_rate"] = "give one lower bound (gt or gte) and one upper bound (lt or lte) at most"
+        return None
+    band: dict[str, float] = {}
+    for key in BAND_BOUNDS:
+        if key in value:
+            number = _number(value[key], f"pass_rate.{key}", errors, 0.0, 1.0)
+            if number is None:
+                errors.setdefault(f"pass_rate.{key}", "must be a number")
+                return None
+            band[key] = number
+    lower = band.get("gt", band.get("gte"))
+    upper = band.get("lt", band.get("lte"))
+    if lower is not None and upper is not None and (lower > upper or (lower == upper and ("gt" in band or "lt" in band))):
+        errors["pass_rate"] = f"the band {band_text(band)} holds no pass rate"
+        return None
+    return band
+
+
+def band_text(band: dict[str, float]) -> str:
+    """A band as it reads: {gt: 0, lt: 1} -> "0 < p < 1"; {gte: 0.5} -> "p >= 0.5"."""
+    lower = next((f"{band[k]:g} {'<' if k == 'gt' else '<='} " for k in ("gt", "gte") if k in band), "")
+    upper = next((f" {'<' if k == 'lt' else '<='} {band[k]:g}" for k in ("lt", "lte") if k in band), "")
+    if lower and upper:
+        return f"{lower}p{upper}"
+    if lower:
+        return f"p {'>' if 'gt' in band else '>='} {band.get('gt', band.get('gte')):g}"
+    return f"p{upper}"
+
+
+def in_band(rate: float, band: dict[str, float]) -> bool:
+    return (("gt" not in band or rate > band["gt"]) and ("gte" not in band or rate >= band["gte"])
+            and ("lt" not in band or rate < band["lt"]) and ("lte" not in band or rate <= band["lte"]))
+
+
 def validate_filter_spec(raw: Any, *, default_seed: int = 0) -> dict[str, Any]:
     """The normalized spec (JSON-serializable, every key present) or FilterSpecError."""
     if raw is None:
@@ -220,6 +271,7 @@ def validate_filter_spec(raw: Any, *, default_seed: int = 0) -> dict[str, Any]:
         "split_seed": seed,
         "decontam": None,
         "prefer_corrections": _bool(raw.get("prefer_corrections"), "prefer_corrections", errors),
+        "pass_rate": _band(raw.get("pass_rate"), errors),
     }
     try:
         spec["decontam"] = validate_decontam(raw.get("decontam"))
@@ -246,4 +298,12 @@ def quality_reasons(row: dict[str, Any], spec: dict[str, Any]) -> list[str]:
     if spec["accepted_only"] and row["human_verdict"] != "accept":
         verdict = row["human_verdict"] or "no human verdict"
         reasons.append(f"{verdict}, a human accept required")
+    band = spec.get("pass_rate")
+    if band:
+        rate = row.get("task_pass_rate") or {"rate": None, "passed": 0, "rollouts": 0}
+        if rate["rate"] is None:
+            reasons.append(f"task has no pass rate: no rollout succeeded or failed (pass_rate {band_text(band)})")
+        elif not in_band(rate["rate"], band):
+            reasons.append(f"task pass rate {rate['rate']:g} outside {band_text(band)} "
+                           f"({rate['passed']} of {rate['rollouts']} rollouts passed)")
     return reasons

@@ -68,7 +68,8 @@ def test_members_show_verdicts_and_corrections_and_exports_refresh_while_running
     html = client.get(reverse("datasets:version_detail", args=["primes", 1])).content.decode()
     assert "verdict-accept" in html and f"corrected in <a href=\"/trajectories/{fixed.pk}/\">#{fixed.pk}</a>" in html
     with django_capture_on_commit_callbacks(execute=False):
-        client.post(reverse("datasets:version_export", args=["primes", 1]), {"format": "sharegpt", "split": "all"})
+        # raw: these trajectories have no assistant turn, which the chat formats cannot write (refused)
+        client.post(reverse("datasets:version_export", args=["primes", 1]), {"format": "raw", "split": "all"})
     assert ExportJob.objects.get().status == "queued"
     fragment = client.get(reverse("datasets:version_detail", args=["primes", 1]), {"fragment": "exports"})
     # every 3 s while the version's websocket is not open (tests/console/test_export_states_ws.py)

@@ -495,7 +495,7 @@ def test_load_records_keeps_order_and_reads_chunks_in_few_queries(
     make_review(ts[0], kind="human", verdict="reject", reviewer=reviewer)
     make_review(ts[0], kind="human", verdict="accept", reviewer=reviewer)
     ids = [ts[3].pk, ts[0].pk, 999_999, ts[4].pk, ts[1].pk, ts[2].pk]
-    with django_assert_num_queries(12):  # 3 chunks x (trajectories + reviews + preferences + sub-episodes)
+    with django_assert_num_queries(15):  # 3 chunks x (trajectories + reviews + preferences + pass rates + sub-episodes)
         records = list(load_records(ids, chunk_size=2))
     assert [r["trajectory_id"] for r in records] == [ts[3].pk, ts[0].pk, ts[4].pk, ts[1].pk, ts[2].pk]
     first = records[1]["reviews"]

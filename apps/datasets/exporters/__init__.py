@@ -62,6 +62,7 @@ class Exporter:
         return f"<Exporter {self.name} v{self.version}>"
 
 
+# 2 (raw, rl, rl-verl): the task's pass rate over its rollouts (records.task_pass_rates)
 _ALL = [
     Exporter("sft-openai", "1", False, "OpenAI chat fine-tuning: messages with tool_calls (arguments as JSON "
              "strings), role tool with tool_call_id, tools, parallel_tool_calls",
@@ -74,9 +75,9 @@ _ALL = [
     Exporter("dpo-trl", "1", True, "TRL DPO, conversational with explicit prompt: prompt (shared prefix), "
              "chosen/rejected continuations, tools; pairs within a task only", None, dpo.validate_dpo_trl,
              render_group=partial(dpo.pair_group, style="trl")),
-    Exporter("rl", "1", False, "platform RL record per trajectory: prompt, tools, full messages, final reward, "
+    Exporter("rl", "2", False, "platform RL record per trajectory: prompt, tools, full messages, final reward, "
              "per-step tool success, verifier output, judge scores", formats.render_rl, formats.validate_rl),
-    Exporter("rl-verl", "1", False, "verl RL task per task: data_source, prompt, ability, "
+    Exporter("rl-verl", "2", False, "verl RL task per task: data_source, prompt, ability, "
              "reward_model{style, ground_truth}, extra_info", formats.render_verl, formats.validate_verl,
              one_per_task=True),
     Exporter("rl-agentjet", "1", False, "AgentJet task per task: main_query, init_messages, task_id, env_type, "
@@ -86,7 +87,7 @@ _ALL = [
              "observation turns, system, tools as a JSON string", formats.render_sharegpt, formats.validate_sharegpt),
     Exporter("alpaca", "1", False, "LLaMA-Factory Alpaca: instruction/input/output/system/history; tool calls "
              "and results flattened into tagged text", formats.render_alpaca, formats.validate_alpaca),
-    Exporter("raw", "1", False, f"our canonical lossless record ({RAW_SCHEMA_VERSION}), read back by "
+    Exporter("raw", "2", False, f"our canonical lossless record ({RAW_SCHEMA_VERSION}), read back by "
              "import_trajectories", formats.render_raw, formats.validate_raw),
     # 2: the released dataset's nine string columns (uuid, subset_name, JSON text), function_call messages
     Exporter("toucan", "2", False, "Toucan's released row (Agent-Ark/Toucan-1.5M): uuid, subset_name, messages "

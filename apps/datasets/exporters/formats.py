@@ -158,13 +158,19 @@ def render_rl(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
         "verifier_output": dumps_compact(record.get("verifier_output") or {}),
         "judge": judge, "human_verdict": (human or {}).get("verdict") or "",
         "model": record.get("model") or "", "content_sha256": record.get("content_sha256") or "",
+        "pass_rate": task_pass_rate(record),
     }
+
+
+def task_pass_rate(record: dict[str, Any]) -> dict[str, Any]:
+    """The task's pass rate over its rollouts, {rate, passed, rollouts} (records.task_pass_rates)."""
+    return (record.get("task") or {}).get("pass_rate") or {"rate": None, "passed": 0, "rollouts": 0}
 
 
 def validate_rl(obj: Any) -> list[str]:
     required = {"trajectory_id", "task_id", "external_id", "scene", "prompt", "tools", "messages", "reward",
                 "outcome", "final_answer", "steps", "verifier_output", "judge", "human_verdict", "model",
-                "content_sha256"}
+                "content_sha256", "pass_rate"}
     problems = _keys(obj, required)
     if problems and not isinstance(obj, dict):
         return problems
@@ -191,6 +197,10 @@ def validate_rl(obj: Any) -> list[str]:
     judge = obj.get("judge")
     if judge is not None and (not isinstance(judge, dict) or not isinstance(judge.get("scores"), dict)):
         problems.append("line.judge: must be null or an object with scores")
+    rate = obj.get("pass_rate")
+    if not isinstance(rate, dict) or not isinstance(rate.get("rollouts"), int) or not isinstance(rate.get("passed"), int) \
+            or not (rate.get("rate") is None or isinstance(rate["rate"], (int, float))):
+        problems.append("line.pass_rate: must be {rate: number or null, passed: int, rollouts: int}")
     return problems
 
 
@@ -226,6 +236,9 @@ def render_verl(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
             "split": ctx["split"], "index": ctx["index"], "task_id": record["task_id"],
             "external_id": task.get("external_id") or "", "trajectory_id": record["trajectory_id"],
             "tools": dumps_compact(_tools(record)),
+            # difficulty for dynamic sampling (DAPO-style): the task's pass rate over its rollouts
+            "pass_rate": task_pass_rate(record)["rate"], "pass_count": task_pass_rate(record)["passed"],
+            "rollouts": task_pass_rate(record)["rollouts"],
         },
     }
 

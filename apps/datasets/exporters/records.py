@@ -3,7 +3,8 @@
 A record is a plain JSON-ready dict (see RAW_SCHEMA_VERSION). It carries everything the
 other formats render from and everything `import_trajectories` needs to recreate the rows:
 the trajectory's content and metadata, its task's definition, and its latest done automatic
-review and latest human review. Bookkeeping (worker, claim token, heartbeats, attempts) and
+review and latest human review, and under `task.pass_rate` the task's pass rate over its
+rollouts (`task_pass_rates`). Bookkeeping (worker, claim token, heartbeats, attempts) and
 columns the database sets itself (`created_at`) are left out, so a record exported, imported
 and exported again is the same record apart from its ids.
 """
@@ -15,7 +16,7 @@ from itertools import islice
 from typing import Any
 
 import orjson
-from django.db.models import Q, QuerySet, TextField
+from django.db.models import Count, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from apps.datasets.record_schema import RAW_SCHEMA_VERSION, TASK_FIELDS
@@ -156,11 +157,31 @@ def _subtrajectories(parent_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
+PASS_OUTCOMES = ("success", "failure")
+
+
+def pass_rate(passed: int, rollouts: int) -> dict[str, Any]:
+    """{"rate": passed / rollouts (None without rollouts), "passed", "rollouts"}."""
+    return {"rate": round(passed / rollouts, 6) if rollouts else None, "passed": passed, "rollouts": rollouts}
+
+
+def task_pass_rates(task_ids: Iterable[int] | QuerySet) -> dict[int, dict[str, Any]]:
+    """task id -> its pass rate over its rollouts: the task's own finished trajectories (not a
+    multi_agent role's sub-episode, not a reviewer's correction) whose outcome is success or
+    failure, success counting as a pass; an outcome error (infrastructure, not the model) is no
+    rollout. Tasks without such a rollout are absent. One query (task_ids may be a subquery)."""
+    rows = (Trajectory.objects.filter(task_id__in=task_ids, status=Trajectory.Status.FINISHED,
+                                      outcome__in=PASS_OUTCOMES, correction_of__isnull=True)
+            .order_by().values("task_id").annotate(rollouts=Count("id"), passed=Count("id", filter=Q(outcome="success"))))
+    return {row["task_id"]: pass_rate(row["passed"], row["rollouts"]) for row in rows}
+
+
 def load_records(trajectory_ids: Sequence[int], *, chunk_size: int = 500) -> Iterator[dict[str, Any]]:
     """Canonical records for these trajectories, in the given order, one chunk in memory.
 
-    Each chunk costs four queries (trajectories with their task and batch; their reviews; people's
-    preferences between them; their sub-episodes, one more per level of nesting). A trajectory with sub-episodes (multi_agent's
+    Each chunk costs five queries (trajectories with their task and batch; their reviews; people's
+    preferences between them; their tasks' pass rates; their sub-episodes, one more per level of
+    nesting). A trajectory with sub-episodes (multi_agent's
     roles, apps/datasets/exporters/roles.py) carries them under `subtrajectories`; others have
     no such key, so their records are what they were. Ids that no longer exist are skipped.
     """
@@ -172,10 +193,12 @@ def load_records(trajectory_ids: Sequence[int], *, chunk_size: int = 500) -> Ite
         rows = {row["id"]: row for row in json_values(Trajectory.objects.filter(pk__in=chunk).order_by(), fields)}
         reviews = _latest_reviews(list(rows))
         children = _subtrajectories(list(rows))
+        rates = task_pass_rates({row["task_id"] for row in rows.values()})
         for trajectory_id in chunk:
             row = rows.get(trajectory_id)
             if row is not None:
                 record = _record(row, reviews.get(trajectory_id))
+                record["task"]["pass_rate"] = rates.get(row["task_id"]) or pass_rate(0, 0)
                 if trajectory_id in children:
                     record["subtrajectories"] = children[trajectory_id]
                 yield record

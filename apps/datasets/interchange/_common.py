@@ -87,7 +87,11 @@ def _restore_arguments(messages: list[dict[str, Any]], originals: Any) -> list[d
 
 
 def _provenance(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if k not in _KEPT_OUT}
+    out = {k: v for k, v in record.items() if k not in _KEPT_OUT}
+    if isinstance(out.get("task"), dict) and "pass_rate" in out["task"]:
+        # the task's pass rate is read from the rollouts stored where the file is exported, not the file's
+        out["task"] = {k: v for k, v in out["task"].items() if k != "pass_rate"}
+    return out
 
 
 def _head(obj: Any, required: set[str], optional: set[str], versions: tuple[str, ...], id_key: str) -> list[str]:

@@ -15,7 +15,8 @@ MAX_EXCLUDED_SHOWN = 50
 
 class Command(DatasetCommand):
     help = "Print the data card of a dataset version (default: the newest): counts, distributions, " \
-           "histograms, length quantiles, exclusions, the diff against its parent and export checksums."
+           "histograms (score, reward, the tasks' pass rates), length quantiles, exclusions, what each export " \
+           "format would write, the diff against its parent and export checksums."
 
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -48,6 +49,13 @@ class Command(DatasetCommand):
         w("reward histogram:")
         for line in histogram_lines(card.get("reward_histogram")):
             w(line)
+        rates = card.get("pass_rates")
+        if rates:
+            w(f"task pass rates over their rollouts ({len(rates.get('tasks') or {})} tasks: never solved "
+              f"{rates['never']}, always solved {rates['always']}, in between {rates['between']}, "
+              f"no rollout {rates['unknown']}):")
+            for line in histogram_lines(rates.get("histogram")):
+                w(line)
         w("lengths:")
         for key in ("turns", "text_tokens", "usage_tokens"):
             w(quantile_line(key, card.get(key)))
@@ -83,6 +91,16 @@ class Command(DatasetCommand):
             for item in (diff["added"] + diff["removed"])[:MAX_EXCLUDED_SHOWN]:
                 sign = "+" if item in diff["added"] else "-"
                 w(f"  {sign} trajectory #{item['trajectory_id']}: {item['reason']}")
+        exportable = card.get("exportability")
+        if exportable:
+            w("what each export format would write (lines all/train/validation, excluded):")
+            for fmt, tally in exportable["formats"].items():
+                lines = tally["lines"]
+                reasons = "; ".join(f"{n} × {r}" for r, n in list(tally["reasons"].items())[:3])
+                w(f"  {fmt:<20} {lines['all']:>6} {lines['train']:>6} {lines['validation']:>6}  excluded "
+                  f"{tally['excluded']}" + (f": {reasons}" if reasons else ""))
+            if exportable.get("not_applicable"):
+                w("  not applicable: " + ", ".join(exportable["not_applicable"]))
         w("exporter versions: " + ", ".join(f"{k} {v}" for k, v in (version.exporter_versions or {}).items()))
         if exports:
             w("exports:")
