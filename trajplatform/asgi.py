@@ -30,13 +30,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from apps.datasets.consumers import ExportStatesConsumer  # noqa: E402
+from apps.datasets.consumers import ExportStatesConsumer, VersionBuildConsumer  # noqa: E402
 from apps.tasks.consumers import BatchProgressConsumer, TrajectoryLogConsumer  # noqa: E402
 
 websocket_urlpatterns = [
     path("ws/trajectories/<int:trajectory_id>/", TrajectoryLogConsumer.as_asgi(), name="trajectory-log-ws"),
     path("ws/batches/<int:batch_id>/", BatchProgressConsumer.as_asgi(), name="batch-progress-ws"),
     path("ws/versions/<int:version_id>/exports/", ExportStatesConsumer.as_asgi(), name="version-exports-ws"),
+    path("ws/version-builds/<int:build_id>/", VersionBuildConsumer.as_asgi(), name="version-build-ws"),
 ]
 
 application = ProtocolTypeRouter(

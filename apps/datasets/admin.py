@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck, VersionBuild
 from apps.datasets.services import PUBLISH_PERMISSION, dataset_version_publish
 from trajplatform.admin_base import (
     ActionsOnlyMixin, AuditTrailMixin, IdSearchMixin, ReadableJSONMixin, ViewOnlyMixin, change_link, truncated_column,
@@ -165,6 +165,23 @@ class ExportJobAdmin(ViewOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.Mo
     @admin.display(description="excluded")
     def n_excluded(self, obj: ExportJob) -> int:
         return len(obj.excluded or [])
+
+
+@admin.register(VersionBuild)
+class VersionBuildAdmin(ViewOnlyMixin, AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
+    """Version builds are queued by the console's builder and the API and run by the workers; read-only here."""
+
+    list_display = ("__str__", "status", "stage", "done", "total", "version", "requested_by", "created_at",
+                    "finished_at")
+    list_filter = ("status",)
+    list_select_related = ("version__dataset", "requested_by")
+    raw_id_fields = ("parent", "version")
+    show_full_result_count = False
+    json_fields = ("filter_spec",)
+    fields = ("dataset_name", "parent", "filter_spec", "notes", "status", "stage", "done", "total", "version",
+              "error", "requested_by", "worker", "claims", "created_at", "started_at", "heartbeat_at", "finished_at",
+              "recent_audit_events")
+    readonly_fields = ("recent_audit_events",)
 
 
 @admin.register(TemplateCheck)

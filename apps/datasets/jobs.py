@@ -21,16 +21,18 @@ import logging
 import os
 import shutil
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db.models import F
 from django.utils import timezone
 
 from apps.datasets import exporters, services
-from apps.datasets.models import DatasetVersion, ExportJob
+from apps.datasets.models import DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import member_rows
 from apps.datasets.spec import DatasetError
 from apps.tasks.models import Trajectory
@@ -52,6 +54,8 @@ EXPORT_MAX_CLAIMS = 3  # a job whose worker died this many times fails instead o
 REAP_SCHEDULE_NAME = "datasets.reap_exports"
 REAP_FUNC = "apps.datasets.jobs.reap_exports"
 REAP_EVERY_MINUTES = 1
+BUILD_MAX_CLAIMS = 3  # a version build whose worker died this many times fails
+BUILD_PROGRESS_EVERY_S = 0.5  # progress rows (and socket messages) at most this often, plus each stage's end
 
 # Formats whose lines carry their index in the file (verl's extra_info.index).
 POSITIONAL_FORMATS = frozenset({"rl-verl"})
@@ -198,18 +202,32 @@ def export_run(job_id: int, *, progress: ExportProgress | None = None) -> Export
         return None
     job = ExportJob.objects.select_related("version__dataset").get(pk=job_id)
     services.export_state_changed(job.version_id)
+    facts = _to_an_end(
+        lambda: write_export(version=job.version, fmt=job.format, split=job.split, path=Path(job.path),
+                             progress=progress),
+        fail=lambda error: services.export_fail(job=job, error=error), expected=(DatasetError, UnsafePathError),
+        interrupted="interrupted; finished chunks are kept and a re-run resumes from them", what=f"export #{job_id}")
+    if isinstance(facts, ExportJob):
+        return facts  # failed
+    return services.export_finish(job=job, **facts)
+
+
+def _to_an_end(work: Callable[[], Any], *, fail: Callable[[str], Any], expected: tuple[type[BaseException], ...],
+               interrupted: str, what: str, passes: tuple[type[BaseException], ...] = ()) -> Any:
+    """work()'s result, or fail(reason)'s: an expected error (bad input) with its message, an
+    unexpected one with its type, an interrupt recorded and raised again; `passes` are raised as they are."""
     try:
-        facts = write_export(version=job.version, fmt=job.format, split=job.split, path=Path(job.path),
-                             progress=progress)
-    except (DatasetError, UnsafePathError) as exc:
-        return services.export_fail(job=job, error=str(exc))
+        return work()
+    except passes:
+        raise
+    except expected as exc:
+        return fail(str(exc))
     except KeyboardInterrupt:
-        services.export_fail(job=job, error="interrupted; finished chunks are kept and a re-run resumes from them")
+        fail(interrupted)
         raise
     except Exception as exc:  # an unexpected failure still ends the job with a readable reason
-        log.exception("export #%s failed", job_id)
-        return services.export_fail(job=job, error=f"{type(exc).__name__}: {exc}")
-    return services.export_finish(job=job, **facts)
+        log.exception("%s failed", what)
+        return fail(f"{type(exc).__name__}: {exc}")
 
 
 def run_export(job_id: int) -> dict[str, Any]:
@@ -220,8 +238,66 @@ def run_export(job_id: int) -> dict[str, Any]:
     return {"job": job.pk, "status": job.status, "lines": job.lines, "sha256": job.sha256, "error": job.error}
 
 
-def _export_worker_gone(job: ExportJob) -> str:
-    """Why a running job's worker is gone ("" while it may still run): its process on this host
+class BuildTakenOver(Exception):
+    """The build this job runs is no longer its own (reaped as lost, then taken by another worker)."""
+
+
+def _build_progress(build: VersionBuild) -> services.Progress:
+    """dataset_version_create's progress callback for a build: written at most every
+    BUILD_PROGRESS_EVERY_S and at each stage's end; raises BuildTakenOver when the row is no
+    longer this worker's, which stops the build."""
+    last = [0.0]
+
+    def progress(stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < BUILD_PROGRESS_EVERY_S:
+            return
+        last[0] = now
+        if not services.version_build_progress(build=build, stage=stage, done=done, total=total):
+            raise BuildTakenOver(f"version build #{build.pk} is no longer this worker's")
+
+    return progress
+
+
+def version_build_run(build_id: int) -> VersionBuild | None:
+    """Run a queued version build (services.dataset_version_create); None if another worker
+    already claimed it. Ends done (with its version) or failed with a readable reason."""
+    claimed = VersionBuild.objects.filter(pk=build_id, status=VersionBuild.Status.QUEUED).update(
+        status=VersionBuild.Status.RUNNING, started_at=timezone.now(), heartbeat_at=timezone.now(), stage="starting",
+        done=0, total=0, worker=f"{socket.gethostname()}:{os.getpid()}", claims=F("claims") + 1,
+    )
+    if not claimed:
+        return None
+    build = VersionBuild.objects.select_related("parent", "requested_by").get(pk=build_id)
+    services.build_state_changed(build.pk)
+    if build.requested_by is None:  # only signed-in users queue builds; an account deleted since has no rights
+        return services.version_build_fail(build=build, error="the account that asked for this build no longer exists")
+    try:
+        result = _to_an_end(
+            lambda: services.dataset_version_create(
+                dataset_name=build.dataset_name, filter_spec=build.filter_spec, actor=build.requested_by,
+                parent=build.parent, notes=build.notes, progress=_build_progress(build), build=build),
+            fail=lambda error: services.version_build_fail(build=build, error=error),
+            expected=(DatasetError, PermissionDenied), interrupted="interrupted; build the version again",
+            what=f"version build #{build_id}", passes=(BuildTakenOver,))
+    except BuildTakenOver:
+        return None
+    if isinstance(result, VersionBuild):
+        return result  # failed
+    build.refresh_from_db()
+    return build
+
+
+def run_version_build(build_id: int) -> dict[str, Any]:
+    """django-q2 entry point: run one version build (expects to be delivered more than once)."""
+    build = version_build_run(build_id)
+    if build is None:
+        return {"build": build_id, "skipped": "already claimed or taken over"}
+    return {"build": build.pk, "status": build.status, "version": build.version_id, "error": build.error}
+
+
+def _export_worker_gone(job: ExportJob | VersionBuild) -> str:
+    """Why a running job's (an export's or a version build's) worker is gone ("" while it may still run): its process on this host
     has exited (or its pid now belongs to a younger process), or, from any host, it has run past
     django-q2's job timeout, after which the cluster has killed it."""
     host, _, pid = job.worker.partition(":")
@@ -235,7 +311,8 @@ def _export_worker_gone(job: ExportJob) -> str:
 def reap_exports() -> dict[str, int]:
     """Put running exports whose worker is gone back in the queue (they resume from their finished
     chunks), failing those taken EXPORT_MAX_CLAIMS times; dispatch again the queued ones older than
-    EXPORT_STALE_S (a lost broker message). Counts by outcome."""
+    EXPORT_STALE_S (a lost broker message). The same for version builds (which start over).
+    Counts by outcome."""
     report = {"requeued": 0, "failed": 0, "dispatched": 0}
     for job in ExportJob.objects.filter(status=ExportJob.Status.RUNNING).only("pk", "worker", "started_at", "status"):
         reason = _export_worker_gone(job)
@@ -246,6 +323,14 @@ def reap_exports() -> dict[str, int]:
     for pk in ExportJob.objects.filter(status=ExportJob.Status.QUEUED, created_at__lt=stale_before).values_list("pk", flat=True):
         services._enqueue_export(pk)
         report["dispatched"] += 1
+    for build in VersionBuild.objects.filter(status=VersionBuild.Status.RUNNING).only("pk", "worker", "started_at", "status"):
+        reason = _export_worker_gone(build)
+        outcome = services.version_build_requeue(build_id=build.pk, reason=reason, max_claims=BUILD_MAX_CLAIMS) if reason else ""
+        if outcome:
+            report[f"builds_{outcome}"] = report.get(f"builds_{outcome}", 0) + 1
+    for pk in VersionBuild.objects.filter(status=VersionBuild.Status.QUEUED, created_at__lt=stale_before).values_list("pk", flat=True):
+        services._enqueue_build(pk)
+        report["builds_dispatched"] = report.get("builds_dispatched", 0) + 1
     if any(report.values()):
         log.info("export reaper: %s", report)
     return report

@@ -253,3 +253,57 @@ class TemplateCheck(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} {self.format} through {self.template}: {self.passed}/{self.records}"
+
+
+class VersionBuild(models.Model):
+    """One request to build a dataset version, run by a worker: queued -> running -> done | failed.
+
+    The console's builder and the API create it and return at once; the job
+    (apps.datasets.jobs.run_version_build) calls services.dataset_version_create, which writes
+    the version and marks the build done in one transaction, so a build is done exactly when
+    its version exists. Progress (stage, done of total) is written as the job goes and read by
+    the build page over /ws/version-builds/<id>/.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"
+        RUNNING = "running", "running"
+        DONE = "done", "done"
+        FAILED = "failed", "failed"
+
+    FINAL = frozenset({Status.DONE, Status.FAILED})
+    ACTIVE = frozenset({Status.QUEUED, Status.RUNNING})
+
+    dataset_name = models.CharField(max_length=100)
+    filter_spec = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder,
+                                   help_text="the spec as given (validated again by the job)")
+    parent = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    notes = models.TextField(blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    stage = models.CharField(max_length=40, blank=True, help_text="the step the job is in (scanned, reading, dedup, ...)")
+    done = models.PositiveIntegerField(default=0)
+    total = models.PositiveIntegerField(default=0)
+    version = models.OneToOneField(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="build")
+    error = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="version_builds")
+    worker = models.CharField(max_length=200, blank=True)
+    claims = models.PositiveSmallIntegerField(
+        default=0, help_text="times a worker took the build; the reaper gives up after BUILD_MAX_CLAIMS")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["queued", "running", "done", "failed"]), name="versionbuild_status_valid"),
+            models.CheckConstraint(condition=~Q(status="done") | Q(version__isnull=False),
+                                   name="versionbuild_done_has_version"),
+        ]
+
+    def __str__(self) -> str:
+        return f"version build #{self.pk} of {self.dataset_name}"

@@ -24,7 +24,7 @@ from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, expo
 from apps.datasets.exporters import FORMATS
 from apps.datasets.exporters.records import task_pass_rates
 from apps.datasets.exporters.vision import card_images
-from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck
+from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck, VersionBuild
 from apps.datasets.selectors import trajectories_with_reviews
 from apps.datasets.spec import LATER_DEFAULTS, DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
 from apps.engines.corpora import scene_corpus_licences
@@ -37,7 +37,7 @@ from trajplatform.webhooks import webhook_emit
 
 __all__ = [
     "DatasetError", "FilterSpecError", "ExportError", "dataset_version_create", "dataset_version_publish",
-    "export_start", "export_path", "exporter_formats", "publish_warnings",
+    "export_start", "export_path", "exporter_formats", "publish_warnings", "version_build_start",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ CREATE_PERMISSION = "datasets.add_datasetversion"
 PUBLISH_PERMISSION = "datasets.publish_datasetversion"
 EXPORT_PERMISSION = "datasets.add_datasetversion"
 EXPORT_JOB = "apps.datasets.jobs.run_export"
+BUILD_JOB = "apps.datasets.jobs.run_version_build"
 CARD_SCHEMA = 1
 READ_CHUNK = 500
 MEMBER_BULK = 2000
@@ -337,22 +338,10 @@ def _spec_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {k: {"from": old.get(k), "to": new.get(k)} for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 
-def dataset_version_create(
-    *,
-    dataset_name: str,
-    filter_spec: dict[str, Any] | None,
-    actor: Any,
-    parent: DatasetVersion | None = None,
-    notes: str = "",
-    embedder: dedup_mod.Embedder | None = None,
-    progress: Progress | None = None,
-) -> DatasetVersion:
-    """Select, dedup, split and freeze a new draft version of the dataset (created if new).
-
-    `parent`: the version this one derives from (same dataset); None means the dataset's
-    latest published version, if any. Raises FilterSpecError / DatasetError on bad input and
-    PermissionDenied without datasets.add_datasetversion; writes nothing in either case.
-    """
+def _version_request(dataset_name: str, filter_spec: Any, actor: Any, parent: DatasetVersion | None
+                     ) -> tuple[Dataset | None, DatasetVersion | None, dict[str, Any]]:
+    """(the dataset or None if new, the parent, the validated spec) of a version request; raises
+    PermissionDenied, DatasetError or FilterSpecError for one that cannot be built."""
     _require(actor, CREATE_PERMISSION, "creating a dataset version")
     try:
         validate_slug(dataset_name or "")
@@ -366,7 +355,29 @@ def dataset_version_create(
             raise DatasetError(f"parent {parent} is not a version of dataset {dataset_name!r}")
     elif dataset is not None:
         parent = dataset.versions.filter(status=DatasetVersion.Status.PUBLISHED).order_by("-number").first()
-    spec = validate_filter_spec(filter_spec, default_seed=parent.split_seed if parent else 0)
+    return dataset, parent, validate_filter_spec(filter_spec, default_seed=parent.split_seed if parent else 0)
+
+
+def dataset_version_create(
+    *,
+    dataset_name: str,
+    filter_spec: dict[str, Any] | None,
+    actor: Any,
+    parent: DatasetVersion | None = None,
+    notes: str = "",
+    embedder: dedup_mod.Embedder | None = None,
+    progress: Progress | None = None,
+    build: VersionBuild | None = None,
+) -> DatasetVersion:
+    """Select, dedup, split and freeze a new draft version of the dataset (created if new).
+
+    `parent`: the version this one derives from (same dataset); None means the dataset's
+    latest published version, if any. Raises FilterSpecError / DatasetError on bad input and
+    PermissionDenied without datasets.add_datasetversion; writes nothing in either case.
+    `build`: the running VersionBuild this call works for (the worker's job); it is marked done
+    in the transaction that writes the version, or the version is not written.
+    """
+    dataset, parent, spec = _version_request(dataset_name, filter_spec, actor, parent)
     formats = exporter_formats()
     exporter_versions = {name: str(exporter.version) for name, exporter in sorted(formats.items())}
 
@@ -449,7 +460,101 @@ def dataset_version_create(
             data={"filter_spec": spec, "counts": counts, "parent": parent.number if parent else None,
                   "added": len(diff["added"]) if diff else None, "removed": len(diff["removed"]) if diff else None},
         )
+        if build is not None:
+            _version_build_done(build, version)
     return version
+
+
+# --- building a version on the workers ----------------------------------------------------------
+
+def version_build_start(*, dataset_name: str, filter_spec: Any, actor: Any, parent: DatasetVersion | None = None,
+                        notes: str = "") -> VersionBuild:
+    """Queue a build of a new draft version (the console's builder, the API); a worker runs
+    dataset_version_create after commit. The request is checked first (permission, name,
+    parent, filter spec): a bad one raises as dataset_version_create would and queues nothing."""
+    _version_request(dataset_name, filter_spec, actor, parent)
+    with transaction.atomic():
+        build = VersionBuild.objects.create(
+            dataset_name=dataset_name, filter_spec=filter_spec if filter_spec is not None else {}, parent=parent,
+            notes=notes, requested_by=actor if _is_user(actor) else None)
+        audit_record("datasets.version_build_start", actor=actor, target=build,
+                     data={"dataset": dataset_name, "filter_spec": build.filter_spec,
+                           "parent": parent.number if parent else None})
+        build_state_changed(build.pk)
+        transaction.on_commit(lambda: _enqueue_build(build.pk))
+    return build
+
+
+def _enqueue_build(build_id: int) -> None:
+    schedules.enqueue(BUILD_JOB, build_id, group="dataset-builds")
+
+
+def build_group_name(build_id: int) -> str:
+    """The channels group a version build's progress is sent to (its page's websocket)."""
+    return f"version-build-{build_id}"
+
+
+def build_state_message(build_id: int) -> dict[str, Any]:
+    """{"type": "build.state", "build": id, "status", "stage", "done", "total", "error", "version_url"}."""
+    build = VersionBuild.objects.filter(pk=build_id).select_related("version__dataset").first()
+    if build is None:
+        return {"type": "build.state", "build": build_id, "status": "missing"}
+    version_url = None
+    if build.version_id is not None:
+        version_url = f"/datasets/{build.version.dataset.name}/v{build.version.number}/"
+    return {"type": "build.state", "build": build_id, "status": build.status, "stage": build.stage,
+            "done": build.done, "total": build.total, "error": build.error, "version_url": version_url}
+
+
+def build_state_changed(build_id: int) -> None:
+    """A build was created, progressed or ended: after commit, its group hears."""
+    transaction.on_commit(lambda: send_to_groups({build_group_name(build_id): build_id}, build_state_message),
+                          robust=True)
+
+
+def version_build_progress(*, build: VersionBuild, stage: str, done: int, total: int) -> bool:
+    """Record a running build's progress (and heartbeat); False when the build is no longer this
+    worker's (reaped, or taken over): the job then stops."""
+    updated = VersionBuild.objects.filter(pk=build.pk, status=VersionBuild.Status.RUNNING, worker=build.worker).update(
+        stage=stage[:40], done=max(0, done), total=max(0, total), heartbeat_at=timezone.now())
+    if updated:
+        build_state_changed(build.pk)
+    return bool(updated)
+
+
+def _version_build_done(build: VersionBuild, version: DatasetVersion) -> None:
+    """Inside dataset_version_create's transaction: the build this worker runs is done with
+    `version`; a build no longer this worker's rolls the version back."""
+    updated = VersionBuild.objects.filter(pk=build.pk, status=VersionBuild.Status.RUNNING, worker=build.worker).update(
+        status=VersionBuild.Status.DONE, version=version, finished_at=timezone.now(), stage="done", error="")
+    if not updated:
+        raise DatasetError(f"version build #{build.pk} is no longer this worker's; its version was not kept")
+    audit_record("datasets.version_build_finish", target=build, actor_repr="version build job",
+                 data={"version": str(version), "members": (version.counts or {}).get("members")})
+    build_state_changed(build.pk)
+
+
+def version_build_fail(*, build: VersionBuild, error: str) -> VersionBuild:
+    """Record a failed build (bad filter, no permission any more, an unexpected error): no version."""
+    with transaction.atomic():
+        updated = VersionBuild.objects.filter(pk=build.pk, status__in=VersionBuild.ACTIVE).update(
+            status=VersionBuild.Status.FAILED, error=error[:5000], finished_at=timezone.now())
+        if updated:
+            audit_record("datasets.version_build_fail", target=build, actor_repr="version build job",
+                         data={"error": error[:1000]})
+            build_state_changed(build.pk)
+    build.refresh_from_db()
+    return build
+
+
+def version_build_requeue(*, build_id: int, reason: str, max_claims: int) -> str:
+    """The reaper's: a running build whose worker is gone goes back to the queue (dispatched after
+    commit; it starts over), or fails once `max_claims` workers have taken it. "requeued",
+    "failed", or "" when the build moved on meanwhile."""
+    return _requeue_lost(
+        VersionBuild, job_id=build_id, reason=reason, max_claims=max_claims, retry="build the version again to retry",
+        action="datasets.version_build_requeue", actor_repr="version build reaper",
+        changed=lambda build: build_state_changed(build.pk), enqueue=_enqueue_build)
 
 
 def _decontaminate(members: list[_Row], decontam_spec: dict[str, Any], excluded: list[dict[str, Any]],
@@ -614,8 +719,8 @@ def export_state_changed(version_id: int) -> None:
                           robust=True)  # the change stands whatever happens to its event: logged, not raised
 
 
-def _lost(job: ExportJob) -> bool:
-    """A running export older than the worker's job timeout: django-q2 has given up on it."""
+def _lost(job: ExportJob | VersionBuild) -> bool:
+    """A running export (or build) older than the worker's job timeout: django-q2 has given up on it."""
     timeout = settings.Q_CLUSTER.get("timeout") or 3600
     return (job.status == ExportJob.Status.RUNNING and job.started_at is not None
             and job.started_at < timezone.now() - timedelta(seconds=timeout))
@@ -626,25 +731,36 @@ def export_requeue(*, job_id: int, reason: str, max_claims: int) -> str:
     dispatched after commit (its finished chunks are kept, so the next run resumes from them), or
     fails once `max_claims` workers have taken it. Returns "requeued", "failed", or "" when the
     job moved on meanwhile."""
+    return _requeue_lost(
+        ExportJob, job_id=job_id, reason=reason, max_claims=max_claims, retry="ask for the export again to retry",
+        action="datasets.export_requeue", actor_repr="export reaper", changed=lambda job: export_state_changed(
+            job.version_id), enqueue=_enqueue_export, on_failed=_export_ready, data=lambda job: {"path": job.path})
+
+
+def _requeue_lost(model: Any, *, job_id: int, reason: str, max_claims: int, retry: str, action: str,
+                  actor_repr: str, changed: Callable[[Any], None], enqueue: Callable[[int], None],
+                  on_failed: Callable[[Any], None] | None = None, data: Callable[[Any], dict] | None = None) -> str:
+    """A reaper's transition of a running row (an export, a version build) whose worker is gone:
+    back to queued and dispatched after commit, or failed once `max_claims` workers took it."""
     with transaction.atomic():
-        job = ExportJob.objects.select_for_update().filter(pk=job_id, status=ExportJob.Status.RUNNING).first()
+        job = model.objects.select_for_update().filter(pk=job_id, status=model.Status.RUNNING).first()
         if job is None:
             return ""
         if job.claims >= max_claims:
-            job.status, job.finished_at = ExportJob.Status.FAILED, timezone.now()
-            job.error = f"{reason}; gave up after {job.claims} runs (ask for the export again to retry)"
+            job.status, job.finished_at = model.Status.FAILED, timezone.now()
+            job.error = f"{reason}; gave up after {job.claims} runs ({retry})"
             outcome = "failed"
         else:
-            job.status, job.started_at, job.worker = ExportJob.Status.QUEUED, None, ""
+            job.status, job.started_at, job.worker = model.Status.QUEUED, None, ""
             outcome = "requeued"
         job.save(update_fields=["status", "finished_at", "error", "started_at", "worker"])
-        audit_record("datasets.export_requeue", target=job, actor_repr="export reaper",
-                     data={"reason": reason, "outcome": outcome, "claims": job.claims, "path": job.path})
-        export_state_changed(job.version_id)
+        audit_record(action, target=job, actor_repr=actor_repr,
+                     data={"reason": reason, "outcome": outcome, "claims": job.claims, **(data(job) if data else {})})
+        changed(job)
         if outcome == "requeued":
-            transaction.on_commit(lambda: _enqueue_export(job.pk))
-        else:
-            _export_ready(job)
+            transaction.on_commit(lambda: enqueue(job.pk))
+        elif on_failed is not None:
+            on_failed(job)
     return outcome
 
 

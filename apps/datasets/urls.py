@@ -9,6 +9,7 @@ urlpatterns = [
     path("new/", views.builder, name="builder"),
     path("new/preview", views.builder_preview, name="builder_preview"),
     path("exports/<int:job_id>/download/", views.export_download, name="export_download"),
+    path("builds/<int:build_id>/", views.build_detail, name="build_detail"),
     path("<slug:name>/", views.dataset_detail, name="dataset_detail"),
     path("<slug:name>/compare/", views.version_compare, name="version_compare"),
     path("<slug:name>/v<int:number>/", views.version_detail, name="version_detail"),

@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.datasets import selectors, services
-from apps.datasets.models import DatasetVersion
+from apps.datasets.models import DatasetVersion, VersionBuild
 from apps.datasets.svg import histogram_svg
 from apps.engines.registry import SCENE_CHOICES
 from apps.reviews.models import Correction, Review
@@ -265,18 +265,33 @@ def builder(request: HttpRequest) -> HttpResponse:
         form = BuilderForm(request.POST)
         result = _builder_preview(form)
         if "preview" in result:
+            # Dedup embeds every member: the build runs on a worker, never in this request.
             try:
-                version = services.dataset_version_create(
+                build = services.version_build_start(
                     dataset_name=form.cleaned_data["dataset"], filter_spec=form.spec(), actor=request.user,
                     notes=form.cleaned_data["notes"])
             except services.DatasetError as exc:
                 result = {"errors": [str(exc)]}
             else:
-                messages.success(request, f"Created {version} (draft): {(version.counts or {}).get('members', 0)} members. "
-                                          "Publish it when the data card looks right.")
-                return redirect("datasets:version_detail", name=version.dataset.name, number=version.number)
+                messages.success(request, f"Building a version of {build.dataset_name} (build #{build.pk}); "
+                                          "this page follows it and opens the version when it is ready.")
+                return redirect("datasets:build_detail", build_id=build.pk)
     else:
         form = BuilderForm(initial={"dataset": request.GET.get("dataset", "")[:100]})
         result = {}
     return render(request, "datasets/builder.html", {"nav": "datasets", "form": form, "can_create": can_create,
                                                      **result}, status=400 if result.get("errors") else 200)
+
+
+@login_required
+@permission_required(VIEW_PERMISSION, raise_exception=True)
+@require_GET
+def build_detail(request: HttpRequest, build_id: int) -> HttpResponse:
+    """A version build's progress, live over /ws/version-builds/<id>/; a finished build links to its version."""
+    if build_id > MAX_ID:
+        raise Http404("no such build")
+    build = VersionBuild.objects.select_related("version__dataset", "requested_by", "parent").filter(pk=build_id).first()
+    if build is None:
+        raise Http404("no such build")
+    return render(request, "datasets/build_detail.html", {"nav": "datasets", "build": build,
+                                                           "state": services.build_state_message(build.pk)})

@@ -94,17 +94,30 @@ def test_version_export_poll_and_download_with_checksum(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from apps.datasets import services as dataset_services
-    from apps.datasets.jobs import run_export
+    from apps.datasets.jobs import run_export, run_version_build
+    from apps.datasets.models import DatasetVersion
 
     for i in range(3):
         make_trajectory(make_task(prompt=f"Program {i}"), code=f"print({i})", score=90)
     approver = client_as("approver")
-    created = approver.post("/api/v1/datasets/api-ds/versions",
-                            {"filter_spec": {"min_score": 80, "dedup": {"near": False}}, "notes": "first"},
-                            format="json")
-    assert created.status_code == 201, created.json()
-    version = created.json()
+    builds: list[int] = []
+    monkeypatch.setattr(dataset_services, "_enqueue_build", builds.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        created = approver.post("/api/v1/datasets/api-ds/versions",
+                                {"filter_spec": {"min_score": 80, "dedup": {"near": False}}, "notes": "first"},
+                                format="json")
+    # The request only queues the build: no version until a worker runs it.
+    assert created.status_code == 202, created.json()
+    build = created.json()
+    assert builds == [build["id"]] and build["status"] == "queued" and build["version"] is None
+    assert created["Location"] == build["url"] == f"/api/v1/version-builds/{build['id']}"
+    assert not DatasetVersion.objects.exists()
+    run_version_build(build["id"])
+    polled = approver.get(build["url"]).json()
+    assert (polled["status"], polled["version"], polled["error"]) == ("done", 1, "")
+    version = approver.get(polled["version_url"]).json()
     assert version["number"] == 1 and version["status"] == "draft" and version["counts"]["members"] == 3
+    assert version["notes"] == "first"
     assert approver.post("/api/v1/datasets/api-ds/versions", {"filter_spec": {"colour": 1}},
                          format="json").status_code == 400
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from apps.datasets.models import DatasetVersion
+from apps.datasets.jobs import run_version_build
+from apps.datasets.models import DatasetVersion, VersionBuild
 from tests.reviews.factories import auto_review, finished_trajectory
 
 pytestmark = pytest.mark.django_db
@@ -39,8 +40,16 @@ def test_an_approver_builds_and_publishes_a_version_from_the_form(client, approv
     client.force_login(approver)
     response = client.post(reverse("datasets:builder"), {"dataset": "primes", "min_score": "80",
                                                          "notes": "from the form"})
+    # The request queues the build and returns; the worker's job writes the version.
+    build = VersionBuild.objects.get()
+    assert response.url == reverse("datasets:build_detail", args=[build.pk])
+    assert build.status == "queued" and not DatasetVersion.objects.exists()
+    page = client.get(response.url).content.decode()
+    assert f'data-ws="/ws/version-builds/{build.pk}/"' in page and "queued" in page
+    run_version_build(build.pk)
     version = DatasetVersion.objects.get()
-    assert response.url == reverse("datasets:version_detail", args=["primes", 1])
+    done = client.get(response.url).content.decode()
+    assert 'data-status="done"' in done and f'href="{reverse("datasets:version_detail", args=["primes", 1])}"' in done
     assert (version.status, version.counts["members"], version.created_by, version.notes) == (
         "draft", 2, approver, "from the form")
     assert version.filter_spec["min_score"] == 80
@@ -53,7 +62,7 @@ def test_a_bad_filter_is_shown_and_creates_nothing(client, approver, scored):
     client.force_login(approver)
     response = client.post(reverse("datasets:builder"), {"dataset": "not a slug!", "min_score": "800"})
     assert response.status_code == 400 and 'id="builder-errors"' in response.content.decode()
-    assert not DatasetVersion.objects.exists()
+    assert not DatasetVersion.objects.exists() and not VersionBuild.objects.exists()
 
 
 def test_members_show_verdicts_and_corrections_and_exports_refresh_while_running(
@@ -65,6 +74,7 @@ def test_members_show_verdicts_and_corrections_and_exports_refresh_while_running
     fixed = trajectory_correct(trajectory=scored[1], actor=reviewer, final_answer="a better answer").corrected
     client.force_login(approver)
     client.post(reverse("datasets:builder"), {"dataset": "primes", "min_score": "80"})
+    run_version_build(VersionBuild.objects.get().pk)
     html = client.get(reverse("datasets:version_detail", args=["primes", 1])).content.decode()
     assert "verdict-accept" in html and f"corrected in <a href=\"/trajectories/{fixed.pk}/\">#{fixed.pk}</a>" in html
     with django_capture_on_commit_callbacks(execute=False):

@@ -4,13 +4,15 @@ its line number and nothing written; the main pages at 1440 and 390 px (screensh
 var/test-artifacts/console/, and no page wider than the 390 px screen)."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
-from apps.datasets.models import DatasetVersion
+from apps.datasets.models import DatasetVersion, VersionBuild
 from apps.reviews.models import Review, ReviewClaim
 from apps.tasks.models import Batch, Task
 from tests.conftest import PASSWORD
@@ -119,7 +121,33 @@ PAGES = [
 ]
 
 
-def test_the_main_pages_fit_a_390_px_screen(daphne_server, page, awaiting, make_user):
+def run_build_slowly(build_id: int, monkeypatch) -> None:
+    """Run the version build job here, each progress report held long enough for the page's
+    socket (which tails the database: the in-memory layer does not cross processes) to see it."""
+    from apps.datasets import jobs, services
+
+    real = services.version_build_progress
+
+    def held(**kwargs):
+        kept = real(**kwargs)
+        time.sleep(1.2)
+        return kept
+
+    monkeypatch.setattr(jobs, "BUILD_PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(services, "version_build_progress", held)
+    jobs.run_version_build(build_id)
+
+
+def record_timing(name: str, seconds: float) -> None:
+    """Measured figures beside the screenshots (a test asserts behaviour, not time)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / "timings.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[name] = round(seconds * 1000, 1)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def test_the_main_pages_fit_a_390_px_screen(daphne_server, page, awaiting, make_user, monkeypatch):
     items = awaiting(2)
     admin = make_user("admin", is_superuser=True)
     sign_in(page, daphne_server, admin, "/")
@@ -139,6 +167,8 @@ def test_the_main_pages_fit_a_390_px_screen(daphne_server, page, awaiting, make_
 
     # The version builder counts as the filter is typed (htmx), then creates; the version is published.
     page.set_viewport_size({"width": 1440, "height": 900})
+    previews: list[str] = []
+    page.on("request", lambda request: previews.append(request.url) if "/datasets/new/preview" in request.url else None)
     page.goto(f"{daphne_server.url}/datasets/new/")
     page.fill("#id_dataset", "console-set")
     page.fill("#id_min_score", "50")
@@ -148,8 +178,24 @@ def test_the_main_pages_fit_a_390_px_screen(daphne_server, page, awaiting, make_
     page.fill("#id_min_score", "50")
     expect(page.locator("#live-count")).to_contain_text("2 trajectories")
     shot(page, "builder-preview-1440")
+    # The live preview's GET carries the filter, never the CSRF token (it would land in server logs).
+    assert previews and all("min_score=" in url and "csrfmiddlewaretoken" not in url for url in previews), previews
+    frames: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(str(payload))))
+    started = time.perf_counter()
     page.get_by_role("button", name="Create the version (draft)").click()
+    page.wait_for_url("**/datasets/builds/*/")
+    returned_s = time.perf_counter() - started
+    # The request only queued the build: the page is up before any worker has run it.
+    expect(page.locator("#build-status")).to_have_text("queued")
+    build = VersionBuild.objects.get()
+    assert build.status == "queued" and not DatasetVersion.objects.exists()
+    shot(page, "version-build-queued-1440")
+    run_build_slowly(build.pk, monkeypatch)  # this process plays the worker
     page.wait_for_url("**/datasets/console-set/v1/")
+    states = [json.loads(f).get("status") for f in frames if '"type": "build"' in f]
+    assert states[0] == "queued" and "running" in states and states[-1] == "done", states
+    record_timing("version-create-request", returned_s)
     page.get_by_role("button", name="Publish").click()
     expect(page.locator("body")).to_contain_text("Published")
     assert DatasetVersion.objects.get(dataset__name="console-set").status == "published"

@@ -12,11 +12,11 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.datasets.models import DatasetVersion
+from apps.datasets.models import DatasetVersion, VersionBuild
 from apps.datasets.services import FilterSpecError, dataset_version_create, version_preview
 from apps.reviews.services import trajectory_correct
 from tests.datasets.exporter_data import make_trajectory
-from tests.datasets.version_data import no_dedup
+from tests.datasets.version_data import no_dedup, run_build
 from tests.reviews.factories import auto_review
 from trajplatform.api_models import api_token_create
 
@@ -114,8 +114,8 @@ def test_the_api_filter_spec_takes_prefer_corrections(corrected, approver):
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     response = client.post("/api/v1/datasets/api-fixed/versions",
                            {"filter_spec": no_dedup(prefer_corrections=True)}, format="json")
-    assert response.status_code == 201, response.content
-    assert response.json()["data_card"]["counts"]["corrections_preferred"] == 1
+    assert response.status_code == 202, response.content
+    assert run_build(response.json()["id"]).counts["corrections_preferred"] == 1
     response = client.post("/api/v1/datasets/api-fixed/versions", {"filter_spec": {"prefer_corrections": 1}},
                            format="json")
     assert response.status_code == 400
@@ -132,5 +132,6 @@ def test_the_builder_form_previews_and_creates_with_corrections_preferred(client
     assert "1 of those passing is a reviewer&#x27;s correction in place of its original" in fragment
     response = client.post(reverse("datasets:builder"), form)
     assert response.status_code == 302, response.content.decode()[:2000]
-    version = DatasetVersion.objects.get(dataset__name="from-form")
+    version = run_build(VersionBuild.objects.get().pk)
+    assert version == DatasetVersion.objects.get(dataset__name="from-form")
     assert _members(version) == {corrected["corrected"].pk, corrected["other"].pk}

@@ -16,7 +16,7 @@ from apps.datasets.models import DatasetVersion
 from apps.datasets.services import dataset_version_create
 from apps.datasets.spec import FilterSpecError
 from apps.tasks.models import Trajectory
-from tests.datasets.version_data import make_trajectory, no_dedup
+from tests.datasets.version_data import make_trajectory, no_dedup, run_build
 from trajplatform.api_models import api_token_create
 
 pytestmark = pytest.mark.django_db
@@ -124,8 +124,8 @@ def test_the_api_creates_a_decontaminated_version(make_task: Any, make_user: Any
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     response = client.post("/api/v1/datasets/api-clean/versions", {"filter_spec": no_dedup(
         decontam={"test_sets": ["gsm8k-test"], "embedding": False})}, format="json")
-    assert response.status_code == 201, response.content
-    card = response.json()["data_card"]
+    assert response.status_code == 202, response.content
+    card = run_build(response.json()["id"]).data_card
     assert card["counts"]["excluded_as_contaminated"] == 1
     assert [e["trajectory_id"] for e in card["excluded"] if e["stage"] == "decontam"] == [copied.pk]
     response = client.post("/api/v1/datasets/api-clean/versions", {"filter_spec": {"decontam": {"test_sets": []}}},

@@ -92,3 +92,14 @@ def loader_failing_on_call(n: int, exc: BaseException) -> Callable[..., Any]:
         return real_load(ids, **kw)
 
     return load
+
+
+def run_build(build_id: int) -> Any:
+    """Run a queued version build here (as a worker would) and return its version."""
+    from apps.datasets.jobs import run_version_build
+    from apps.datasets.models import VersionBuild
+
+    run_version_build(build_id)
+    build = VersionBuild.objects.select_related("version").get(pk=build_id)
+    assert build.status == "done", build.error
+    return build.version

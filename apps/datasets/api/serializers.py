@@ -5,7 +5,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.datasets.models import Dataset, DatasetVersion, ExportJob
+from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
 from trajplatform.api import INT64_MAX, LimitedJSONField, StrictSerializerMixin
 
@@ -60,6 +60,37 @@ class VersionCreateSerializer(StrictSerializerMixin, serializers.Serializer):
     parent = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT64_MAX,
                                       help_text="number of the version this one derives from")
     notes = serializers.CharField(required=False, allow_blank=True, max_length=4000, default="")
+
+
+class VersionBuildSerializer(serializers.ModelSerializer):
+    """A queued version build: poll `url` (or follow the page's websocket) until done or failed."""
+
+    dataset = serializers.CharField(source="dataset_name", read_only=True)
+    parent = serializers.SerializerMethodField()
+    version = serializers.SerializerMethodField(help_text="the version's number once the build is done")
+    url = serializers.SerializerMethodField()
+    version_url = serializers.SerializerMethodField(help_text="the version's API URL once the build is done")
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+
+    class Meta:
+        model = VersionBuild
+        fields = ["id", "dataset", "parent", "status", "stage", "done", "total", "error", "version", "url",
+                  "version_url", "requested_by", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+    def get_parent(self, build: VersionBuild) -> int | None:
+        return build.parent.number if build.parent_id else None
+
+    def get_version(self, build: VersionBuild) -> int | None:
+        return build.version.number if build.version_id else None
+
+    def get_url(self, build: VersionBuild) -> str:
+        return f"/api/v1/version-builds/{build.pk}"
+
+    def get_version_url(self, build: VersionBuild) -> str | None:
+        if not build.version_id:
+            return None
+        return f"/api/v1/datasets/{build.dataset_name}/versions/{build.version.number}"
 
 
 class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from apps.datasets import selectors, services
 from apps.datasets.api import serializers as s
-from apps.datasets.models import DatasetVersion, ExportJob
+from apps.datasets.models import DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.raw_import import interchange_import
 from apps.tasks.api.views import ERRORS
 from trajplatform.api import ErrorSerializer, get_object_or_404
@@ -54,18 +54,34 @@ class VersionListView(GenericAPIView):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(s.VersionSerializer(page, many=True).data)
 
-    @extend_schema(request=s.VersionCreateSerializer, responses={201: s.VersionDetailSerializer, **ERRORS},
-                   description="Select, dedup, split and freeze a new draft version (the dataset is created if new).")
+    @extend_schema(request=s.VersionCreateSerializer, responses={202: s.VersionBuildSerializer, **ERRORS},
+                   description="Queue a build of a new draft version (selection, dedup, split, data card; the "
+                               "dataset is created if new) on the workers. The request is checked at once (400 "
+                               "for a bad filter spec); poll the build's `url` until `status` is done (its "
+                               "`version_url`) or failed (its `error`).")
     def post(self, request: Request, name: str) -> Response:
         body = s.VersionCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         parent_number = body.validated_data.get("parent")
         parent = selectors.version_get(name, parent_number) if parent_number else None
-        version = services.dataset_version_create(
+        build = services.version_build_start(
             dataset_name=name, filter_spec=body.validated_data["filter_spec"], actor=request.user, parent=parent,
             notes=body.validated_data["notes"],
         )
-        return Response(s.VersionDetailSerializer(version).data, status=201)
+        response = Response(s.VersionBuildSerializer(build).data, status=202)
+        response["Location"] = f"/api/v1/version-builds/{build.pk}"
+        return response
+
+
+class VersionBuildDetailView(APIView):
+    """A version build's state: queued, running (stage, done of total), done (its version) or failed (why)."""
+
+    read_perms = VIEW
+
+    @extend_schema(responses={200: s.VersionBuildSerializer, **ERRORS})
+    def get(self, request: Request, build_id: int) -> Response:
+        build = get_object_or_404(VersionBuild.objects.select_related("parent", "version", "requested_by"), pk=build_id)
+        return Response(s.VersionBuildSerializer(build).data)
 
 
 class VersionDetailView(APIView):
