@@ -404,7 +404,7 @@ def compare(request: HttpRequest, task_id: int) -> HttpResponse:
         t.letter = alignment.letter(n)
     preferences = list(Preference.objects.filter(task=task).select_related("reviewer")[:20])
     return render(request, "reviews/compare.html", {
-        "nav": "review", "task": task, "rollouts": rollouts, "preferences": preferences, "more": more,
+        "nav": "work", "task": task, "rollouts": rollouts, "preferences": preferences, "more": more,
         "aligned": aligned, "alignment": alignment.align(aligned) if len(aligned) >= 2 else None,
         "a": a, "b": b, "also_ids": [t.pk for t in aligned[2:]], "next_task": _next_to_compare(task),
         "can_prefer": request.user.has_perm("reviews.add_review") and len(rollouts) >= 2,
