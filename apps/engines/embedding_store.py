@@ -6,7 +6,7 @@ text under the same model gives the same vector, so which one wins does not matt
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from apps.engines import embeddings
 from apps.engines.models import TextEmbedding
@@ -19,18 +19,16 @@ INSERT_BATCH = 500
 class RowStore:
     """embeddings.EmbeddingStore over the TextEmbedding table."""
 
-    def lookup(self, shas: Sequence[str], model: str) -> dict[str, Any]:
-        """sha256 -> float32 vector for the hashes stored under `model` (missing ones absent)."""
+    def lookup(self, shas: Sequence[str], model: str) -> Iterator[tuple[str, Any]]:
+        """(sha256, float32 vector) of the hashes stored under `model`, LOOKUP_CHUNK per query."""
         import numpy as np  # deferred: numpy (0.13 s) only where vectors are read, not when the apps load
 
         wanted = list(dict.fromkeys(shas))
-        found: dict[str, Any] = {}
         for start in range(0, len(wanted), LOOKUP_CHUNK):
             rows = TextEmbedding.objects.filter(
                 model=model, sha256__in=wanted[start:start + LOOKUP_CHUNK]).values_list("sha256", "vector")
             for sha, blob in rows:
-                found[sha] = np.frombuffer(bytes(blob), dtype="<f4")
-        return found
+                yield sha, np.frombuffer(blob, dtype="<f4")
 
     def save(self, shas: Sequence[str], vectors: Any, model: str) -> int:
         """Insert these vectors under `model`, skipping hashes already stored; returns how many were offered."""

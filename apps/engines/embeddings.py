@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from django.conf import settings
 
@@ -80,7 +80,9 @@ class EmbeddingStore(Protocol):
     """Where vectors are kept (apps.engines.embedding_store, installed by EnginesConfig.ready:
     this module imports no model)."""
 
-    def lookup(self, shas: Sequence[str], model: str) -> dict[str, Any]: ...
+    def lookup(self, shas: Sequence[str], model: str) -> Iterator[tuple[str, Any]]:
+        """(sha256, float32 vector) of the hashes stored under `model`, in chunks (missing ones absent)."""
+        ...
 
     def save(self, shas: Sequence[str], vectors: Any, model: str) -> int: ...
 
@@ -98,7 +100,8 @@ def embed_stored(texts: Sequence[str], *, embedder: Embedder | None = None,
                  progress: Callable[[int, int], None] | None = None) -> Any:
     """Vectors (numpy float32, one row per text, in order) for `texts`: read from the store,
     the missing ones embedded in batches and stored. An embedder without a `model_name` is
-    called directly (nothing read or stored)."""
+    called directly (nothing read or stored). Stored vectors are copied straight into the one
+    result array (a million of them is 1.5 GB; no second copy)."""
     import numpy as np  # deferred: numpy (0.13 s) only where vectors are read
 
     embed = embedder or sentence_embedder
@@ -106,24 +109,32 @@ def embed_stored(texts: Sequence[str], *, embedder: Embedder | None = None,
     model = model_name_of(embed)
     if model is None:
         return np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 0), dtype=np.float32)
+    if not texts:
+        return np.zeros((0, 0), dtype=np.float32)
     if _store is None:
         raise RuntimeError("no embedding store installed (apps.engines is not in INSTALLED_APPS, or setup() not run)")
-    shas = [text_sha256(t) for t in texts]
-    found = _store.lookup(shas, model)
-    missing: dict[str, str] = {}
-    for sha, text in zip(shas, texts):
-        if sha not in found:
-            missing.setdefault(sha, text)
-    todo = list(missing.items())
+    rows: dict[str, list[int]] = {}
+    for k, text in enumerate(texts):
+        rows.setdefault(text_sha256(text), []).append(k)
+    out: Any = None
+
+    def place(sha: str, vector: Any) -> None:
+        nonlocal out
+        if out is None:
+            out = np.empty((len(texts), len(vector)), dtype=np.float32)
+        out[rows[sha]] = vector
+
+    found: set[str] = set()
+    for sha, vector in _store.lookup(list(rows), model):
+        place(sha, vector)
+        found.add(sha)
+    todo = [(sha, texts[ks[0]]) for sha, ks in rows.items() if sha not in found]
     for start in range(0, len(todo), STORE_CHUNK):
         chunk = todo[start:start + STORE_CHUNK]
         vectors = np.asarray(embed([t for _, t in chunk]), dtype=np.float32)
         _store.save([s for s, _ in chunk], vectors, model)
         for (sha, _), vector in zip(chunk, vectors):
-            found[sha] = vector
+            place(sha, vector)
         if progress:
             progress(min(start + STORE_CHUNK, len(todo)), len(todo))
-    if not texts:
-        return np.zeros((0, 0), dtype=np.float32)
-    return np.stack([found[sha] for sha in shas]).astype(np.float32, copy=False)
-
+    return out
