@@ -26,6 +26,7 @@ from django.db import transaction
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 
+from apps.datasets.exporters import export_records
 from apps.datasets.exporters.chat import RenderError
 from apps.datasets.exporters.formats import validate_raw
 from apps.datasets.exporters.records import TASK_FIELDS, TIMESTAMP_FIELDS, review_columns
@@ -49,10 +50,12 @@ IMPORT_PERMISSION = "tasks.add_trajectory"
 
 
 class RawImportError(ValueError):
-    """The file has problems; `errors` lists them as `FILE:LINE: reason`; nothing was written."""
+    """The file has problems; `errors` lists them as `FILE:LINE: reason`; nothing was written.
+    `field` names the import's option they are about (batch, outcome), "" when it is the file."""
 
-    def __init__(self, errors: list[str]):
+    def __init__(self, errors: list[str], *, field: str = ""):
         self.errors = errors
+        self.field = field
         super().__init__("\n".join(errors))
 
 
@@ -65,6 +68,8 @@ class RawImportResult:
     # Lines whose content no longer matches their recorded content_sha256 (e.g. redacted on export).
     rehashed: int = 0
     sha256: str = ""
+    # Imported trajectories a chat format cannot take as they are (FILE: id: format: reason).
+    warnings: list[str] = field(default_factory=list)
 
 
 class _LineError(Exception):
@@ -245,7 +250,7 @@ def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None
         raise PermissionDenied(f"importing trajectories needs the {IMPORT_PERMISSION} permission (admin role): "
                                "an import writes tasks, outcomes and human verdicts as they are in the file")
     if batch_name is not None and (not batch_name.strip() or len(batch_name) > 200):
-        raise RawImportError(["batch name: must be 1-200 characters"])
+        raise RawImportError(["batch name: must be 1-200 characters"], field="batch")
     fp, label, owned = _open(path_or_file)
     try:
         default_batch = Path(label).stem or "import"
@@ -257,8 +262,8 @@ def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None
         taken = sorted(Batch.objects.filter(name__in={d["batch"][:200] for _, d in checker.tasks.values()})
                        .values_list("name", flat=True))
         if taken:
-            raise RawImportError([f"batch {name!r} already exists; pass a new batch name (--batch NAME)"
-                                  for name in taken])
+            raise RawImportError([f"batch {name!r} already exists; give the import a new batch name"
+                                  for name in taken], field="batch")
         fp.seek(0)
         result = RawImportResult(sha256=sha256)
         user = actor if getattr(actor, "is_authenticated", False) else None
@@ -273,8 +278,8 @@ def trajectories_import(*, path_or_file: Any, actor: Any, batch_name: str | None
                             name=name, created_by=user, source_name=Path(label).name, source_sha256=sha256,
                             source_format="raw", notes="imported by import_trajectories")
                     except BatchNameTaken:
-                        raise RawImportError([f"batch {name[:200]!r} already exists; pass a new batch name "
-                                              "(--batch NAME)"]) from None
+                        raise RawImportError([f"batch {name[:200]!r} already exists; give the import a new batch "
+                                              "name"], field="batch") from None
                 fields = {f: definition[f] for f in TASK_FIELDS}
                 tasks[source_task] = Task(batch=batches[name], created_by=user, status=Task.Status.COMPLETED,
                                           current_iteration=checker.max_iteration[source_task], **fields)
@@ -347,6 +352,7 @@ def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: s
     store the images the file carried and record which stored artifacts the new trajectories use.
     `path_or_file` is a path or a binary file object (an upload); RawImportError lists the problems."""
     images: dict[str, Image] = {}
+    warnings: list[str] = []
     if fmt != "raw":
         if isinstance(path_or_file, (str, Path)):
             path = Path(path_or_file)
@@ -358,9 +364,10 @@ def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: s
         try:
             raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene, images=images)
         except InterchangeError as exc:
-            raise RawImportError(exc.errors) from None
+            raise RawImportError(exc.errors, field=exc.field) from None
         except RenderError as exc:
             raise RawImportError([str(exc)]) from None
+        warnings = chat_shape_warnings(raw, Path(label).name)
         path_or_file = io.BytesIO(raw)
         path_or_file.name = f"{Path(label).stem}.{fmt}"
     # Images are stored only once the raw importer has accepted the file, inside its transaction:
@@ -368,7 +375,25 @@ def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: s
     with transaction.atomic():
         result = trajectories_import(path_or_file=path_or_file, actor=actor, batch_name=batch_name)
         _keep_images(images, result.batches)
+    result.warnings = warnings
     return result
+
+
+CHAT_FORMATS = ("sft-trl", "sft-openai", "sharegpt")
+
+
+def chat_shape_warnings(raw: bytes, label: str) -> list[str]:
+    """Per trajectory and chat format, why the file's shape cannot become that format's
+    conversation (an episode that ends on an action, as next-action datasets do): said at import,
+    not found out at export."""
+    records = [orjson.loads(line) for line in raw.splitlines() if line.strip()]
+    names = {r["trajectory_id"]: r["task"].get("external_id") or f"trajectory {r['trajectory_id']}" for r in records}
+    warnings = []
+    for fmt in CHAT_FORMATS:
+        for excluded in export_records(fmt, records, io.BytesIO()).excluded:
+            warnings.append(f"{label}: {names.get(excluded['trajectory_id'])}: not exportable as {fmt}: "
+                            f"{excluded['reason'].removeprefix(f'{fmt}: ')}")
+    return warnings
 
 
 def _keep_images(images: dict[str, Image], batches: list[Any]) -> None:

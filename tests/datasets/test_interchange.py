@@ -47,6 +47,8 @@ def normalized(data: bytes, fmt: str) -> list[dict[str, Any]]:
         record["trajectory_id"] = record["task_id"] = 0
         record["task"]["batch"] = ""
         obj["session_id" if fmt == "atif" else "id"] = "x"
+        if fmt == "atif":
+            obj["trajectory_id"] = "x"
         obj.pop("notes", None)  # names the ids too
         out.append(obj)
     return out
@@ -77,7 +79,7 @@ def test_a_real_loop_trajectory_goes_out_and_comes_back_unchanged(real_trajector
     line = orjson.loads(data)
     assert validate_line(fmt, line) == []
     if fmt == "atif":
-        assert line["schema_version"] == "ATIF-v1.4" and [s["source"] for s in line["steps"]] == [
+        assert line["schema_version"] == "ATIF-v1.7" and [s["source"] for s in line["steps"]] == [
             "system", "user", "agent", "agent", "agent"]
         write = line["steps"][2]
         assert write["message"] == "Write it." and write["tool_calls"][0]["function_name"] == "write_file"
@@ -86,7 +88,7 @@ def test_a_real_loop_trajectory_goes_out_and_comes_back_unchanged(real_trajector
         assert line["final_metrics"]["total_prompt_tokens"] == real_trajectory.prompt_tokens
         assert set(write["extra"]) == {"trajplatform_arguments"}
     else:
-        assert line["schema_version"] == "1.2.0"
+        assert line["schema_version"] == "1.5.0" and line["content"][0]["source"] == "user"
         assert [i["class_"] for i in line["content"]][:3] == ["text_observation", "api_action", "text_observation"]
         assert line["content"][1]["kwargs"] == {"path": "hello.txt", "content": "hello\n"}
         assert line["details"]["system"] == real_trajectory.messages[0]["content"]
@@ -175,6 +177,8 @@ def test_an_adp_trajectory_comes_in_and_bad_items_are_refused(tmp_path: Path) ->
     path = tmp_path / "adp.jsonl"
     path.write_text(json.dumps(adp) + "\n")
     [t] = import_file(path, "--format", "adp", "--outcome", "failure", "--scene", "code_exec")
+    # 1.2.0's user_msg is read as user; the file's spelling is kept for the way back
+    assert t.messages[0].pop("provenance") == {"format": "adp", "adp": {"source": "user_msg"}}
     assert t.messages == [
         {"role": "user", "content": "List the files."},
         {"role": "assistant", "content": "I will list them.", "tool_calls": [
@@ -182,6 +186,7 @@ def test_an_adp_trajectory_comes_in_and_bad_items_are_refused(tmp_path: Path) ->
         {"role": "tool", "tool_call_id": "c1", "name": "execute_bash", "content": "a.txt"},
         {"role": "assistant", "content": "There is a.txt."}]
     assert t.outcome == "failure" and t.config_snapshot["imported_from"]["details"] == {"dataset": "example"}
+    assert t.config_snapshot["imported_from"]["kept"] == {"details": {"dataset": "example"}}
     adp["content"].append({"class_": "video_observation", "url": "https://example.org"})
     path.write_text(json.dumps(adp) + "\n")
     err = StringIO()

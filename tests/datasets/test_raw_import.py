@@ -58,8 +58,9 @@ def test_source_batch_names_that_exist_are_refused_and_nothing_is_written(export
     counts = (Batch.objects.count(), Task.objects.count(), Trajectory.objects.count())
     with pytest.raises(RawImportError) as refused:
         trajectories_import(path_or_file=path, actor=None)
-    assert refused.value.errors == [f"batch {n!r} already exists; pass a new batch name (--batch NAME)"
+    assert refused.value.errors == [f"batch {n!r} already exists; give the import a new batch name"
                                     for n in ("fixture batch", "second batch")]
+    assert refused.value.field == "batch"  # the API answers it under its batch field, the command names --batch
     assert (Batch.objects.count(), Task.objects.count(), Trajectory.objects.count()) == counts
 
 
@@ -117,7 +118,8 @@ def test_a_batch_name_taken_by_a_concurrent_import_is_refused_not_an_integrity_e
     counts = (Task.objects.count(), Trajectory.objects.count())
     with pytest.raises(RawImportError) as refused:
         trajectories_import(path_or_file=path, actor=None, batch_name="restored")
-    assert refused.value.errors == ["batch 'restored' already exists; pass a new batch name (--batch NAME)"]
+    assert refused.value.errors == ["batch 'restored' already exists; give the import a new batch name"]
+    assert refused.value.field == "batch"
     assert (Task.objects.count(), Trajectory.objects.count()) == counts
 
 

@@ -141,8 +141,9 @@ class TrajectoryImportSerializer(StrictSerializerMixin, serializers.Serializer):
 
     file = serializers.FileField(help_text="a raw export (JSONL), or another tool's trajectories in `format`")
     format = serializers.ChoiceField(choices=IMPORT_FORMATS, default="raw", help_text=(
-        "raw (ours); atif (Harbor's ATIF, JSONL or one trajectory.json); adp (Agent Data Protocol, JSONL or a "
-        "JSON list); mini-swe-agent (one .traj.json)"))
+        "raw (ours); atif (Harbor's ATIF v1.0-v1.7, JSONL, a JSON list or one trajectory.json); adp (Agent Data "
+        "Protocol 1.x or without schema_version, JSONL or a JSON list); mini-swe-agent (a saved .traj.json, or "
+        "JSONL of them)"))
     batch = serializers.CharField(required=False, max_length=200, help_text="one new batch for every imported task")
     outcome = serializers.ChoiceField(choices=["success", "failure"], required=False, help_text=(
         "the outcome of trajectories from another tool (required for those, ignored for our own exports)"))
@@ -156,3 +157,6 @@ class TrajectoryImportResultSerializer(serializers.Serializer):
     reviews = serializers.IntegerField()
     rehashed = serializers.IntegerField(help_text="lines whose content no longer matched their content_sha256")
     sha256 = serializers.CharField(help_text="of the file as imported")
+    warnings = serializers.ListField(child=serializers.CharField(), help_text=(
+        "imported trajectories a chat format (sft-trl, sft-openai, sharegpt) cannot take as they are: "
+        "FILE: id: not exportable as FORMAT: reason"))

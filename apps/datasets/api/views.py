@@ -6,6 +6,7 @@ from typing import Any
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.exceptions import ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -15,7 +16,7 @@ from rest_framework.views import APIView
 from apps.datasets import selectors, services
 from apps.datasets.api import serializers as s
 from apps.datasets.models import DatasetVersion, ExportJob, VersionBuild
-from apps.datasets.raw_import import interchange_import
+from apps.datasets.raw_import import RawImportError, interchange_import
 from apps.tasks.api.views import ERRORS
 from trajplatform.api import ErrorSerializer, get_object_or_404
 
@@ -174,9 +175,15 @@ class TrajectoryImportView(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         upload = data["file"]
-        result = interchange_import(path_or_file=upload, fmt=data["format"], actor=request.user,
-                                    batch_name=data.get("batch"), outcome=data.get("outcome"), scene=data.get("scene"))
+        try:
+            result = interchange_import(path_or_file=upload, fmt=data["format"], actor=request.user,
+                                        batch_name=data.get("batch"), outcome=data.get("outcome"),
+                                        scene=data.get("scene"))
+        except RawImportError as exc:
+            if exc.field:  # about a request field (batch, outcome): answered under it, as a serializer's error
+                raise ValidationError({exc.field: exc.errors}) from None
+            raise
         return Response({"batches": [{"id": b.pk, "name": b.name} for b in result.batches],
                          "tasks": result.task_count, "trajectories": result.trajectory_count,
-                         "reviews": result.review_count, "rehashed": result.rehashed, "sha256": result.sha256},
-                        status=201)
+                         "reviews": result.review_count, "rehashed": result.rehashed, "sha256": result.sha256,
+                         "warnings": result.warnings}, status=201)

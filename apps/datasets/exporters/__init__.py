@@ -6,7 +6,7 @@
 
 Formats (FORMATS): sft-openai, sft-trl, dpo-openai, dpo-trl, rl, rl-verl, rl-agentjet,
 sharegpt, alpaca, raw, toucan (Toucan's row schema, toucan.py), toolace (ToolACE's row, toolace.py), dpo-step-trl (stepdpo.py), kto-trl and
-reward-score (kto.py), atif and adp (../interchange/), sft-openai-vision, sharegpt-vision and trl-vision
+reward-score (kto.py), atif, adp and mini-swe-agent (../interchange/), sft-openai-vision, sharegpt-vision and trl-vision
 (screenshots; vision.py, option images=files|base64), aitw (mobile_agent's Android in the Wild
 rows, one line per step, aitw.py). Every line is redacted (configured secrets, API-key shapes, bearer
 tokens, private keys; emails and phone numbers with redact_pii) and then validated; a record
@@ -28,6 +28,7 @@ from django.conf import settings
 
 from apps.datasets.interchange.adp import render_adp, validate_adp
 from apps.datasets.interchange.atif import render_atif, validate_atif
+from apps.datasets.interchange.mini_swe_agent import render_mini_swe_agent, validate_mini_swe_agent
 from apps.engines.registry import export_scenes
 from trajplatform.redaction import redact, secret_values
 
@@ -113,11 +114,16 @@ _ALL = [
              "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),
     Exporter("kto-trl", "1", False, "TRL KTO, unpaired: prompt, completion, label (human verdict, else verifier "
              "outcome), tools", kto.render_kto, kto.validate_kto),
-    Exporter("atif", "1", False, "Harbor's Agent Trajectory Interchange Format (ATIF-v1.4), one trajectory per "
+    # 2: ATIF-v1.7 with trajectory_id; an imported file's agent, metrics and extras written back
+    Exporter("atif", "2", False, "Harbor's Agent Trajectory Interchange Format (ATIF-v1.7), one trajectory per "
              "line: steps with tool_calls and observation results, final_metrics, our record in extra.trajplatform",
              render_atif, validate_atif),
-    Exporter("adp", "1", False, "neulab's Agent Data Protocol (1.2.0): text_observation / api_action / "
-             "message_action content, our record in details.trajplatform", render_adp, validate_adp),
+    # 2: ADP 1.5.0 (source user), code actions with their language, an imported file's fields written back
+    Exporter("adp", "2", False, "neulab's Agent Data Protocol (1.5.0): text_observation / api_action / "
+             "code_action / message_action content, our record in details.trajplatform", render_adp, validate_adp),
+    Exporter("mini-swe-agent", "1", False, "mini-swe-agent's saved trajectory (mini-swe-agent-1.1), one per line: "
+             "info (exit status, submission, cost), messages with tool calls or fenced commands, the exit message",
+             render_mini_swe_agent, validate_mini_swe_agent),
     # 2: one line per step with AitW's feature names (image/encoded, results/action_type, ...)
     Exporter("aitw", "2", False, "Android in the Wild's rows of mobile_agent episodes (aitw.py): one line per step "
              "with AitW's features (image/encoded beside the export or base64, image/ui_annotations_*, "

@@ -9,17 +9,20 @@ from typing import Any, Iterator, NamedTuple
 import orjson
 
 from apps.datasets.record_schema import RAW_SCHEMA_VERSION, TASK_FIELDS, RenderError, key_problems as _keys
-from apps.tasks.models import Task
+from apps.engines.steps import Step
+from apps.tasks.models import Task, content_sha256
 
 OUTCOMES = ("success", "failure")
 _KEPT_OUT = ("messages",)  # rebuilt from the steps / content
 
 
 class InterchangeError(ValueError):
-    """A file that cannot be imported; `errors` lists every problem as `FILE:LINE: reason`."""
+    """A file that cannot be imported; `errors` lists every problem as `FILE:LINE: reason`; `field`
+    names the import option the problem is about (outcome), if any."""
 
-    def __init__(self, message: str, errors: list[str] | None = None):
+    def __init__(self, message: str, errors: list[str] | None = None, *, field: str = ""):
         self.errors = errors or [message]
+        self.field = field
         super().__init__(message)
 
 
@@ -114,9 +117,133 @@ class Image(NamedTuple):
 
 
 def _tools_for(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    names = sorted({c["function"]["name"] for m in messages for c in m.get("tool_calls") or []})
-    return [{"type": "function", "function": {"name": n, "description": "", "parameters": {
-        "type": "object", "properties": {}}}} for n in names]
+    """A spec per tool the file's calls name (their files describe none): the argument names seen,
+    as strings where every value seen is one."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for msg in messages:
+        for call in msg.get("tool_calls") or []:
+            fn = call["function"]
+            props = seen.setdefault(fn["name"], {})
+            try:
+                args = _args_object(fn.get("arguments"))
+            except RenderError:
+                args = {}
+            for key, value in args.items():
+                props.setdefault(key, set()).add("string" if isinstance(value, str) else "")
+    return [{"type": "function", "function": {"name": name, "description": "", "parameters": {
+        "type": "object", "properties": {k: ({"type": "string"} if kinds == {"string"} else {})
+                                         for k, kinds in sorted(props.items())}}}}
+            for name, props in sorted(seen.items())]
+
+
+# --- what a standard field cannot say, kept beside the message it belongs to ---------------------
+
+ABSENT = "_absent"  # the keys the original did not have, where the rebuilt one has them
+
+
+def keep_rest(original: dict[str, Any], rebuilt: dict[str, Any]) -> dict[str, Any]:
+    """What of `original` (a file's object) `rebuilt` (the same object as the export writes it from
+    our record) does not say: its other keys, the values that differ, the keys it lacked; {} when
+    the export alone gives the original back. `restore(rebuilt, kept)` undoes it."""
+    kept = {k: v for k, v in original.items() if k not in rebuilt or _as_written(rebuilt[k]) != _as_written(v)}
+    absent = sorted(k for k in rebuilt if k not in original)
+    if absent:
+        kept[ABSENT] = absent
+    return kept
+
+
+def restore(rebuilt: dict[str, Any], kept: Any) -> dict[str, Any]:
+    """The object as the file had it: `rebuilt` with what keep_rest kept put back."""
+    if not isinstance(kept, dict) or not kept:
+        return rebuilt
+    out = {**rebuilt, **{k: v for k, v in kept.items() if k != ABSENT}}
+    for key in kept.get(ABSENT) or []:
+        out.pop(key, None)
+    return out
+
+
+def kept_of(obj: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """What an import kept of the file's object under a message's or call's `provenance`."""
+    provenance = obj.get("provenance")
+    kept = provenance.get(fmt) if isinstance(provenance, dict) else None
+    return kept if isinstance(kept, dict) else {}
+
+
+def put_kept(obj: dict[str, Any], fmt: str, kept: dict[str, Any]) -> None:
+    if kept:
+        obj.setdefault("provenance", {"format": fmt})[fmt] = kept
+
+
+def unique_call_ids(messages: list[dict[str, Any]]) -> None:
+    """Make tool-call ids unique in the conversation (chat formats require it; some files reuse
+    "call_1" in every turn): a repeated id gets a suffix in its call and its results."""
+    seen: set[str] = set()
+    renamed: dict[str, str] = {}
+    for msg in messages:
+        if msg.get("role") == "tool" and msg.get("tool_call_id") in renamed:
+            msg["tool_call_id"] = renamed[msg["tool_call_id"]]
+        for call in msg.get("tool_calls") or []:
+            call_id = call.get("id")
+            if call_id in seen:
+                n = 2
+                while f"{call_id}~{n}" in seen:
+                    n += 1
+                renamed[call_id] = call["id"] = f"{call_id}~{n}"
+            elif call_id in renamed:
+                del renamed[call_id]
+            seen.add(call["id"])
+
+
+# --- the platform's steps from a conversation ----------------------------------------------------
+
+OBSERVATION_CHARS = 2000  # as the agent loop records a step's observation
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The platform's step records (apps.engines.steps.Step) of an imported conversation: one per
+    tool call, with the turn's thought (its text, else its reasoning) on the turn's first call, the
+    observation the agent had before the turn, the call's result as output and the exit code where
+    the file gives one (a result message's provenance `exit_code`); a call the file never answers
+    says so in `error`."""
+    results = {m.get("tool_call_id"): m for m in messages if m.get("role") == "tool"}
+    steps: list[dict[str, Any]] = []
+    turn, observation = 0, ""
+    for msg in messages:
+        if msg.get("role") != "assistant":
+            if msg.get("role") != "system":
+                observation = _text(msg.get("content"))
+            continue
+        turn += 1
+        reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
+        thought = _text(msg.get("content")) or reasoning or ""
+        for k, call in enumerate(msg.get("tool_calls") or []):
+            fn = call.get("function") or {}
+            try:
+                arguments: Any = _args_object(fn.get("arguments"))
+            except RenderError:
+                arguments = fn.get("arguments")
+            result = results.get(call.get("id"))
+            step = Step(index=len(steps), turn=turn, tool_call_id=call.get("id"), tool=fn.get("name") or "",
+                        arguments=arguments, format="native", thought=thought if k == 0 else "",
+                        observation=observation[:OBSERVATION_CHARS], llm={},
+                        reasoning_content=(reasoning or None) if k == 0 else None)
+            if result is None:
+                step.update(error="the file has no result for this call")
+            else:
+                exit_code = (result.get("provenance") or {}).get("exit_code")
+                step.update(output=_text(result.get("content")),
+                            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool)
+                            else None)
+            steps.append(step.to_record())
+    return steps
 
 
 def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str, source: dict[str, Any],
@@ -125,7 +252,7 @@ def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str,
     outcome = options.get("outcome")
     if outcome not in OUTCOMES:
         raise InterchangeError(f"{external_id}: a trajectory from another tool has no outcome we can verify; say "
-                               "which it is (outcome success or failure, --outcome)")
+                               "which it is: outcome success or failure", field="outcome")
     users = [m for m in messages if m["role"] == "user" and isinstance(m.get("content"), str)
              and (m.get("provenance") or {}).get("source") != "environment"]
     if not users:
@@ -133,16 +260,27 @@ def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str,
     task = {f: Task._meta.get_field(f).get_default() for f in TASK_FIELDS}  # the defaults a new task gets
     task.update(scene=options.get("scene") or "code_exec", prompt=users[0]["content"], external_id=external_id[:200],
                 model=model[:200], batch="")
+    unique_call_ids(messages)
+    tools = _tools_for(messages)
+    final_answer = final_answer if isinstance(final_answer, str) else ""
+    reward = reward if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
     return {
         "schema_version": RAW_SCHEMA_VERSION, "trajectory_id": n, "task_id": n, "task": task,
         "reviews": {"auto": None, "human": None}, "iteration": 1, "sample_index": 0, "status": "finished",
-        "messages": messages, "tools": _tools_for(messages), "steps": [], "final_answer": final_answer,
+        "messages": messages, "tools": tools, "steps": steps_of(messages), "final_answer": final_answer,
         "outcome": outcome, "outcome_reason": f"imported from {source['format']}: outcome given on import",
-        "reward": reward if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
-        "verifier_output": {}, "model": model[:200], "config_snapshot": {"imported_from": source},
+        "reward": reward, "verifier_output": {}, "model": model[:200], "config_snapshot": {"imported_from": source},
         "prompt_tokens": tokens[0], "completion_tokens": tokens[1], "total_tokens": tokens[0] + tokens[1],
-        "cost_usd": str(cost), "content_sha256": "", "error": "", "started_at": None, "finished_at": None,
+        "cost_usd": str(cost), "error": "", "started_at": None, "finished_at": None,
+        "content_sha256": content_sha256({"messages": messages, "tools": tools, "final_answer": final_answer,
+                                          "outcome": outcome, "reward": reward}),
     }
+
+
+def imported_from(record: dict[str, Any], fmt: str) -> dict[str, Any] | None:
+    """The import's note of the file a record came from, when it came from a file of `fmt`."""
+    source = (record.get("config_snapshot") or {}).get("imported_from")
+    return source if isinstance(source, dict) and source.get("format") == fmt else None
 
 
 def _ours(extra: Any, messages: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -16,41 +16,76 @@ from apps.datasets.record_schema import RenderError, key_problems as _keys
 from trajplatform import artifacts, images
 
 from ._common import (
-    Image, InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _head, _ours,
-    _provenance, _restore_arguments, _turns,
+    Image, InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours,
+    _provenance, _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore,
 )
 
-ADP_VERSION = "1.2.0"
-ADP_VERSIONS = ("1.0.0", "1.1.0", "1.2.0")
+ADP_VERSION = "1.5.0"  # what the export writes (ADP's schema/version.py SCHEMA_VERSION)
+# What the reader takes, by schema_version (docs/interchange.md has the table): ADP's
+# SUPPORTED_SCHEMA_VERSIONS as of 1.5.0, files without the field (the December 2025 release's
+# samples), and any later 1.x (SemVer minor: additions only; a field this reader does not know is
+# kept under the record's provenance and written back, not refused).
+ADP_VERSIONS = ("1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.3.1", "1.4.0", "1.5.0")
+_READABLE_VERSION = re.compile(r"1\.\d+\.\d+")
+_ADP_NAME_LISTS = ("available_apis", "available_custom_tools", "available_code_languages")
 WEB_TEXT_MAX_CHARS = 20_000  # a web observation's page text (the gui scene's snapshot cap)
+
+
+def _adp_doc(record: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The standard document of a record (no trajplatform keys)."""
+    content: list[dict[str, Any]] = []
+    for msg, results in _turns(messages):
+        role = msg.get("role")
+        if role == "system" and not _from_item(msg):
+            continue  # in details.system
+        if role == "user" and isinstance(msg.get("content"), list):
+            content += _adp_images(msg["content"])
+        elif role == "assistant":
+            content += _adp_items(msg, results)
+        elif role in ("system", "user"):
+            content.append(restore(_message_item(msg), kept_of(msg, "adp")))
+        else:
+            raise RenderError(f"unsupported role {role!r}")
+    return {"schema_version": ADP_VERSION, "id": f"trajplatform-{record['trajectory_id']}", "content": content,
+            "details": _adp_details(messages)}
+
+
+def _from_item(msg: dict[str, Any]) -> bool:
+    """A system message an ADP item (environment text before anything else) became."""
+    return (msg.get("provenance") or {}).get("source") == "environment"
+
+
+def _adp_details(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """ADP has no system role: the system messages that came from no ADP item (ours) go in details.system."""
+    system = [m.get("content") or "" for m in messages if m.get("role") == "system" and not _from_item(m)]
+    return {"system": "\n\n".join(system)} if system else {}
 
 
 def render_adp(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RenderError("no messages")
-    content: list[dict[str, Any]] = []
-    system: list[str] = []
-    for msg, results in _turns(messages):
-        role = msg.get("role")
-        if role == "system":
-            system.append(msg.get("content") or "")
-        elif role == "user" and isinstance(msg.get("content"), list):
-            content += _adp_images(msg["content"])
-        elif role == "user":
-            content.append({"class_": "text_observation", "content": msg.get("content") or "", "source": "user_msg"})
-        elif role == "assistant":
-            content += _adp_items(msg, results)
-        else:
-            raise RenderError(f"unsupported role {role!r}")
-    details: dict[str, Any] = {"trajplatform": _provenance(record), "system": "\n\n".join(system) or None}
+    doc = _adp_doc(record, messages)
+    source = imported_from(record, "adp")
+    if source is not None:  # the file's own top-level fields and details, as it had them
+        doc = {**restore(doc, source.get("kept")), "schema_version": ADP_VERSION, "id": doc["id"]}
+    details: dict[str, Any] = {**(doc.get("details") or {}), "trajplatform": _provenance(record)}
     originals = _argument_texts(messages)
     if originals:
         details["trajplatform_arguments"] = originals
-    if _adp_messages(_as_written(content), details) != messages:
+    if _adp_messages(_as_written(doc["content"]), details, marked=source is not None) != messages:
         details["trajplatform_messages"] = messages  # what the standard items cannot say exactly
-    return {"schema_version": ADP_VERSION, "id": f"trajplatform-{record['trajectory_id']}", "content": content,
-            "details": details}
+    return {**doc, "details": details}
+
+
+def _message_item(msg: dict[str, Any]) -> dict[str, Any]:
+    """The text_observation a user, environment or tool message is (before what its import kept)."""
+    environment = msg.get("role") in ("system", "tool") or (msg.get("provenance") or {}).get("source") == "environment"
+    item = {"class_": "text_observation", "content": msg.get("content") or "",
+            "source": "environment" if environment else "user"}
+    if msg.get("role") == "tool":
+        item["tool_call_id"] = msg.get("tool_call_id")
+    return item
 
 
 def _adp_images(parts: list[Any]) -> list[dict[str, Any]]:
@@ -71,32 +106,48 @@ def _adp_images(parts: list[Any]) -> list[dict[str, Any]]:
     return items
 
 
-def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    text = msg.get("content") or ""
-    calls = msg.get("tool_calls") or []
+def _assistant_item(msg: dict[str, Any]) -> dict[str, Any]:
+    """The message_action of an assistant turn without calls; its thought goes where it came from
+    (description, ADP's thought field, or reasoning_content)."""
+    item = {"class_": "message_action", "content": msg.get("content") or ""}
     reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
-    items: list[dict[str, Any]] = []
+    if reasoning:
+        item["description" if (msg.get("provenance") or {}).get("thought") == "description"
+             else "reasoning_content"] = reasoning
+    return item
+
+
+def _call_item(msg: dict[str, Any], k: int) -> dict[str, Any]:
+    """The action of a turn's k-th call: a code_action for a call an ADP code action became
+    (`execute_<language>` with its code), else an api_action; the turn's text and reasoning on its first."""
+    call = msg["tool_calls"][k]
+    args = _args_object(call["function"].get("arguments"))
+    code = (call.get("provenance") or {}).get("code_action")
+    if isinstance(code, dict):
+        item = {"class_": "code_action", "language": code.get("language"), "content": args.get("code", ""),
+                "tool_call_id": call.get("id")}
+    else:
+        item = {"class_": "api_action", "function": call["function"]["name"], "kwargs": args,
+                "tool_call_id": call.get("id")}
+    reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
+    if k == 0 and msg.get("content"):
+        item["description"] = msg["content"]
+    if k == 0 and reasoning:
+        item["reasoning_content"] = reasoning
+    return item
+
+
+def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    calls = msg.get("tool_calls") or []
     if not calls:
-        item = {"class_": "message_action", "content": text}
-        if reasoning:
-            item["reasoning_content"] = reasoning
-        items.append(item)
-    for k, call in enumerate(calls):
-        item = {"class_": "api_action", "function": call["function"]["name"],
-                "kwargs": _args_object(call["function"].get("arguments")), "tool_call_id": call.get("id")}
-        if k == 0 and text:
-            item["description"] = text
-        if k == 0 and reasoning:
-            item["reasoning_content"] = reasoning
-        items.append(item)
-    for result in results:
-        items.append({"class_": "text_observation", "content": result.get("content") or "",
-                      "source": "environment", "tool_call_id": result.get("tool_call_id")})
-    return items
+        items = [restore(_assistant_item(msg), kept_of(msg, "adp"))]
+    else:
+        items = [restore(_call_item(msg, k), kept_of(call, "adp")) for k, call in enumerate(calls)]
+    return items + [restore(_message_item(result), kept_of(result, "adp")) for result in results]
 
 
 def _adp_messages(items: list[dict[str, Any]], details: dict[str, Any],
-                  images: dict[str, Image] | None = None) -> list[dict[str, Any]]:
+                  images: dict[str, Image] | None = None, *, marked: bool = False) -> list[dict[str, Any]]:
     exact = details.get("trajplatform_messages")
     if isinstance(exact, list):
         if images is not None:  # the file's own images are stored (another deployment's store lacks them)
@@ -104,36 +155,57 @@ def _adp_messages(items: list[dict[str, Any]], details: dict[str, Any],
         return exact
     system = details.get("system")
     head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
-    return _restore_arguments(head + _messages_of_adp(items, images), details.get("trajplatform_arguments"))
+    messages = head + _messages_of_adp(items, images, marked=marked)
+    return _restore_arguments(messages, details.get("trajplatform_arguments"))
 
 
-def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | None = None
-                     ) -> list[dict[str, Any]]:
+def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | None = None, *,
+                     marked: bool = True) -> list[dict[str, Any]]:
     """Our messages from ADP content items (api_actions in a row are one assistant turn).
 
     An observation answers its tool_call_id, else the oldest unanswered call of the assistant turn
-    before it, else it is an environment message. `images` collects the decoded images (sha256 ->
-    Image) that the messages' `artifact:<sha>` parts name, for the importer to store."""
+    before it, else it is an environment message (the system prompt when nothing but environment
+    text came before it). A code_action becomes an `execute_<language>` call with its code; an
+    agent text_observation an assistant turn; a message_action's description its thought.
+    `images` collects the decoded images (sha256 -> Image) that the messages' `artifact:<sha>`
+    parts name, for the importer to store. With `marked`, every message and call keeps what the
+    export could not say again from it (keep_rest) under `provenance.adp`."""
     out: list[dict[str, Any]] = []
     names: dict[Any, str] = {}
     pending: list[Any] = []  # calls not answered yet, oldest first
+    made: list[tuple[dict[str, Any], int | None, dict[str, Any]]] = []  # (message, call index, item)
     for i, item in enumerate(items):
         kind = item.get("class_")
         if kind in _ADP_OBSERVATIONS:
-            out += _observation_messages(item, pending, names, images)
+            start = len(out)
+            out += _observation_messages(item, pending, names, images, opening=not any(
+                m["role"] != "system" for m in out))
+            if kind == "text_observation" and len(out) == start + 1:
+                made.append((out[-1], None, item))
         elif kind == "message_action":
             pending.clear()  # a new turn: an earlier call left unanswered stays so
             msg = {"role": "assistant", "content": item.get("content") or ""}
-            if item.get("reasoning_content"):
-                msg["reasoning_content"] = item["reasoning_content"]
+            thought = item.get("reasoning_content") or item.get("description")
+            if thought:
+                msg["reasoning_content"] = thought
+                if not item.get("reasoning_content"):
+                    msg["provenance"] = {"format": "adp", "thought": "description"}
             out.append(msg)
-        elif kind == "api_action":
-            kwargs = item.get("kwargs") if isinstance(item.get("kwargs"), dict) else {}
-            # files before ADP's tool_call_id (1.0.0) link a result to the action before it
+            made.append((msg, None, item))
+        elif kind in ("api_action", "code_action"):
             call_id = item["tool_call_id"] if item.get("tool_call_id") is not None else f"adp_call_{i}"
-            call = {"id": call_id, "type": "function",
-                    "function": {"name": item.get("function"), "arguments": _args_text(kwargs)}}
-            names[call_id] = item.get("function") or ""
+            if kind == "code_action":
+                language = str(item.get("language") or "")
+                name = "execute_" + (re.sub(r"[^A-Za-z0-9_-]", "_", language) or "code")
+                args = {"code": item.get("content") or ""}
+            else:
+                name = item.get("function") or ""
+                args = item.get("kwargs") if isinstance(item.get("kwargs"), dict) else {}
+            call: dict[str, Any] = {"id": call_id, "type": "function",
+                                    "function": {"name": name, "arguments": _args_text(args)}}
+            if kind == "code_action":
+                call["provenance"] = {"format": "adp", "code_action": {"language": item.get("language")}}
+            names[call_id] = name
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
                     and not item.get("description") and not item.get("reasoning_content"):
@@ -146,22 +218,34 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
                     msg["reasoning_content"] = item["reasoning_content"]
                 msg["tool_calls"] = [call]
                 out.append(msg)
-        elif kind == "code_action":
-            call_id = item.get("tool_call_id") or f"adp_code_{len(out)}"
-            names[call_id] = "run_shell"
-            pending[:] = [call_id]
-            out.append({"role": "assistant", "content": item.get("description") or None, "tool_calls": [
-                {"id": call_id, "type": "function", "function": {
-                    "name": "run_shell", "arguments": _args_text({"command": item.get("content") or ""})}}]})
+            made.append((out[-1], len(out[-1]["tool_calls"]) - 1, item))
         else:
             raise InterchangeError(f"ADP content item {kind!r} is not supported")
+    if marked:
+        for msg, k, item in made:
+            if k is None:
+                put_kept(msg, "adp", keep_rest(item, _rebuilt_text(msg)))
+            else:
+                put_kept(msg["tool_calls"][k], "adp", keep_rest(item, _call_item(msg, k)))
+    else:
+        for msg in out:
+            for call in msg.get("tool_calls") or []:
+                call.pop("provenance", None)
+            if (msg.get("provenance") or {}).get("thought"):
+                del msg["provenance"]
     return out
 
 
+def _rebuilt_text(msg: dict[str, Any]) -> dict[str, Any]:
+    """What the export writes for a message a text_observation became (an agent one: a message_action)."""
+    return _assistant_item(msg) if msg["role"] == "assistant" else _message_item(msg)
+
+
 def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[Any, str],
-                          images: dict[str, Image] | None) -> list[dict[str, Any]]:
-    """The message(s) an observation becomes: the user's, a tool result or an environment message,
-    then, for an image, a user message with its `artifact:<sha>` part."""
+                          images: dict[str, Image] | None, *, opening: bool = False) -> list[dict[str, Any]]:
+    """The message(s) an observation becomes: the user's, an agent's turn, a tool result, the
+    system prompt (environment text `opening` the conversation) or an environment message, then,
+    for an image, a user message with its `artifact:<sha>` part."""
     kind = item["class_"]
     kept: dict[str, Any] = {}
     if kind == "web_observation":
@@ -172,9 +256,15 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
     else:
         text, shot = item.get("content") or "", None
     out: list[dict[str, Any]] = []
-    if item.get("source") == "user_msg":
+    source = _SOURCE_ALIASES.get(item.get("source"), item.get("source"))
+    if source == "user":
         if kind == "text_observation":
             out.append({"role": "user", "content": text})
+    elif source == "agent" and kind == "text_observation":
+        pending.clear()
+        out.append({"role": "assistant", "content": text})
+    elif opening and kind == "text_observation" and item.get("tool_call_id") is None and not pending:
+        out.append({"role": "system", "content": text, "provenance": {"format": "adp", "source": "environment"}})
     else:
         call_id = item.get("tool_call_id")
         if call_id is None and pending:
@@ -261,7 +351,10 @@ def _image_data(content: Any) -> Image:
     return Image(data, size.mime, size.width, size.height)
 
 
-_ADP_SOURCES = ("user_msg", "agent", "environment")
+# text_observation.source: today's user | agent | environment; user_msg (1.0-1.2's user) and the
+# system | assistant of one earlier schema are read as what they mean.
+_ADP_SOURCES = ("user", "agent", "environment", "user_msg", "system", "assistant")
+_SOURCE_ALIASES = {"user_msg": "user", "assistant": "agent", "system": "environment"}
 _ADP_OBSERVATIONS = ("text_observation", "web_observation", "image_observation")
 _ADP_IMAGE_KEYS = ({"class_", "content", "source"}, {"annotations", "tool_call_id", "reward"})
 _ADP_ITEM_KEYS = {
@@ -304,10 +397,28 @@ def _web_problems(item: dict[str, Any], at: str) -> list[str]:
     return problems
 
 
+def _version_problem(version: Any) -> str | None:
+    if version is None or (isinstance(version, str) and _READABLE_VERSION.fullmatch(version)):
+        return None
+    return (f"line.schema_version: {version!r} is not a version this reader takes (absent, or 1.x.y: "
+            f"{', '.join(ADP_VERSIONS)} and later 1.x)")
+
+
 def validate_adp(obj: Any) -> list[str]:
-    problems = _head(obj, {"schema_version", "id", "content"}, {"details", "available_apis"}, ADP_VERSIONS, "id")
-    if problems and not isinstance(obj, dict):
-        return problems
+    if not isinstance(obj, dict):
+        return ["line: must be an object"]
+    problems = [f"line.{k}: missing" for k in ("id", "content") if k not in obj]
+    version = _version_problem(obj.get("schema_version"))
+    if version:
+        problems.append(version)
+    if "id" in obj and (not isinstance(obj["id"], str) or not obj["id"]):
+        problems.append("line.id: a non-empty string")
+    if obj.get("details") is not None and not isinstance(obj["details"], dict):
+        problems.append("line.details: an object")
+    for key in _ADP_NAME_LISTS:
+        value = obj.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            problems.append(f"line.{key}: a list of names or null")
     items = obj.get("content")
     if not isinstance(items, list) or not items:
         return problems + ["line.content: a non-empty list"]
@@ -320,17 +431,26 @@ def validate_adp(obj: Any) -> list[str]:
             continue
         if kind == "image_observation":
             problems += _image_problems(item, at)
-        else:
+        elif kind == "web_observation":
             problems += _keys(item, *_ADP_ITEM_KEYS[kind], where=at)
+        else:  # a field a later 1.x adds is kept beside the message, not refused
+            problems += [f"{at}.{k}: missing" for k in sorted(_ADP_ITEM_KEYS[kind][0] - item.keys())]
         if kind == "text_observation" and item.get("source") not in _ADP_SOURCES:
             problems.append(f"{at}.source: one of {', '.join(_ADP_SOURCES)}")
-        if kind in ("text_observation", "message_action") and not isinstance(item.get("content"), str):
+        if kind in ("text_observation", "message_action", "code_action") and not isinstance(item.get("content"), str):
             problems.append(f"{at}.content: a string")
+        if kind == "code_action" and not (isinstance(item.get("language"), str) and item["language"]):
+            problems.append(f"{at}.language: a language name")
+        for key in ("description", "reasoning_content", "name"):
+            if item.get(key) is not None and not isinstance(item[key], str):
+                problems.append(f"{at}.{key}: a string or null")
         if kind == "web_observation":
             problems += _web_problems(item, at)
         if kind == "api_action" and not isinstance(item.get("kwargs"), dict):
             problems.append(f"{at}.kwargs: an object")
         if kind in ("api_action", "code_action") and item.get("tool_call_id") is not None:
+            if item["tool_call_id"] in call_ids:
+                problems.append(f"{at}.tool_call_id: {item['tool_call_id']!r} is an earlier action's too")
             call_ids.add(item["tool_call_id"])
         if kind in _ADP_OBSERVATIONS and item.get("tool_call_id") is not None \
                 and item["tool_call_id"] not in call_ids:
@@ -343,11 +463,17 @@ def from_adp(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str,
     if problems:
         raise InterchangeError(f"{label}: not ADP", [f"{label}: not ADP: {p}" for p in problems])
     details = obj.get("details") if isinstance(obj.get("details"), dict) else {}
-    messages = _adp_messages(obj["content"], details, options.get("images"))
-    ours = _ours(details, messages)
+    ours = _ours(details, [])
+    marked = ours is None or bool(imported_from(ours, "adp"))
+    messages = _adp_messages(obj["content"], details, options.get("images"), marked=marked)
     if ours is not None:
-        return ours
-    source = {"format": "adp", "schema_version": obj["schema_version"], "id": obj["id"],
-              "file": options.get("file", ""),
+        return {**ours, "messages": messages}
+    source = {"format": "adp", "schema_version": obj.get("schema_version"), "id": obj["id"],
+              "file": options.get("file", ""),  # details' plain values, for the console
               "details": {k: v for k, v in details.items() if isinstance(v, (str, int, float, bool))}}
-    return _foreign_record(messages, n=n, external_id=obj["id"], source=source, options=options)
+    record = _foreign_record(messages, n=n, external_id=obj["id"], source=source, options=options)
+    # the document's own fields (details, available_*, fields this reader does not know) for the export
+    top = {k: v for k, v in obj.items() if k not in ("content", "id", "schema_version")}
+    rebuilt = {"details": _adp_details(messages)}
+    source["kept"] = keep_rest(top, rebuilt)
+    return record

@@ -2,53 +2,76 @@
 lines, read a file's trajectories back (the package's docstring describes the mapping)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from apps.datasets.record_schema import RenderError
 
 from ._common import (
-    InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _head, _ours,
-    _provenance, _restore_arguments, _turns,
+    InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours,
+    _provenance, _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore,
 )
 
-ATIF_VERSION = "ATIF-v1.4"
-ATIF_VERSIONS = ("ATIF-v1.0", "ATIF-v1.1", "ATIF-v1.2", "ATIF-v1.3", "ATIF-v1.4", "ATIF-v1.5")
+ATIF_VERSION = "ATIF-v1.7"  # what the export writes (the version neulab's schema/atif.py accepts)
+# What the reader takes (docs/interchange.md has the table): v1.0 to v1.7, and a later v1.x the
+# same way (a field this reader does not know is kept beside its message and written back).
+ATIF_VERSIONS = tuple(f"ATIF-v1.{n}" for n in range(8))
+_READABLE_VERSION = re.compile(r"ATIF-v1\.\d+")
 AGENT_NAME = "trajplatform"
 AGENT_VERSION = "1"
+_SOURCES = ("system", "user", "agent")
 
 
-def render_atif(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RenderError("no messages")
+def _atif_step(msg: dict[str, Any], step_id: int, model: str) -> dict[str, Any]:
+    """A message's step without its observation (the standard fields our record gives)."""
+    role = msg.get("role")
+    step: dict[str, Any] = {"step_id": step_id}
+    if role in ("system", "user"):
+        step.update(source=role, message=msg.get("content") or "")
+        return step
+    step.update(source="agent", message=msg.get("content") or "")
+    if model:
+        step["model_name"] = model
+    if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
+        step["reasoning_content"] = msg["reasoning_content"]
+    calls = msg.get("tool_calls") or []
+    if calls:
+        step["tool_calls"] = [restore(_atif_call(c), kept_of(c, "atif")) for c in calls]
+    return step
+
+
+def _atif_call(call: dict[str, Any]) -> dict[str, Any]:
+    return {"tool_call_id": call.get("id") or "", "function_name": call["function"]["name"],
+            "arguments": _args_object(call["function"].get("arguments"))}
+
+
+def _atif_result(result: dict[str, Any]) -> dict[str, Any]:
+    return {"source_call_id": result.get("tool_call_id"), "content": result.get("content") or ""}
+
+
+def _atif_steps(messages: list[dict[str, Any]], model: str, *, marked: bool) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = []
     for msg, results in _turns(messages):
-        role = msg.get("role")
-        step: dict[str, Any] = {"step_id": len(steps) + 1}
-        if role in ("system", "user"):
-            step.update(source=role, message=msg.get("content") or "")
-        elif role == "assistant":
-            step.update(source="agent", message=msg.get("content") or "")
-            if record.get("model"):
-                step["model_name"] = record["model"]
-            if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
-                step["reasoning_content"] = msg["reasoning_content"]
-            calls = msg.get("tool_calls") or []
-            if calls:
-                step["tool_calls"] = [{"tool_call_id": c.get("id") or "", "function_name": c["function"]["name"],
-                                       "arguments": _args_object(c["function"].get("arguments"))} for c in calls]
-            if results:
-                step["observation"] = {"results": [
-                    {"source_call_id": r.get("tool_call_id"), "content": r.get("content") or ""} for r in results]}
-        else:
-            raise RenderError(f"unsupported role {role!r}")
-        originals = _argument_texts([msg])
+        if msg.get("role") not in ("system", "user", "assistant"):
+            raise RenderError(f"unsupported role {msg.get('role')!r}")
+        kept = kept_of(msg, "atif")
+        step = restore(_atif_step(msg, len(steps) + 1, model), {k: v for k, v in kept.items() if k != "_observation"})
+        observation = kept.get("_observation") if isinstance(kept.get("_observation"), dict) else {}
+        if results or observation:
+            step["observation"] = {**observation, "results": [
+                restore(_atif_result(r), kept_of(r, "atif")) for r in results]}
+        originals = {} if marked else _argument_texts([msg])
         if originals:
-            step["extra"] = {"trajplatform_arguments": originals}
-        if _messages_of_atif_step(_as_written(step)) != [msg, *results]:
-            step["extra"] = {"trajplatform_messages": [msg, *results]}
+            step["extra"] = {**(step.get("extra") or {}), "trajplatform_arguments": originals}
+        if _messages_of_atif_step(_as_written(step), marked=marked, model=model) != [msg, *results]:
+            step["extra"] = {**(step.get("extra") or {}), "trajplatform_messages": [msg, *results]}
         steps.append(step)
-    agent = {"name": AGENT_NAME, "version": AGENT_VERSION, "extra": {}}
+    return steps
+
+
+def _atif_doc(record: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The standard document of a record (our agent, its metrics and a note; no trajplatform keys)."""
+    agent: dict[str, Any] = {"name": AGENT_NAME, "version": AGENT_VERSION, "extra": {}}
     if record.get("model"):
         agent["model_name"] = record["model"]
     final = {"total_prompt_tokens": record.get("prompt_tokens") or 0,
@@ -59,23 +82,58 @@ def render_atif(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError):
         pass
     task = record.get("task") or {}
-    return {"schema_version": ATIF_VERSION, "session_id": f"trajplatform-{record['trajectory_id']}",
-            "agent": agent, "steps": steps, "final_metrics": final,
+    ident = f"trajplatform-{record['trajectory_id']}"
+    return {"schema_version": ATIF_VERSION, "session_id": ident, "trajectory_id": ident, "agent": agent,
+            "steps": steps, "final_metrics": final,
             "notes": f"trajplatform {task.get('scene') or ''} trajectory {record['trajectory_id']} of task "
-                     f"{record['task_id']}; extra.trajplatform holds the platform's record",
-            "extra": {"trajplatform": _provenance(record)}}
+                     f"{record['task_id']}; extra.trajplatform holds the platform's record"}
 
 
-def _messages_of_atif_step(step: dict[str, Any]) -> list[dict[str, Any]]:
+def render_atif(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RenderError("no messages")
+    source = imported_from(record, "atif")
+    doc = _atif_doc(record, _atif_steps(messages, record.get("model") or "", marked=source is not None))
+    if source is not None:  # the file's agent, metrics, notes and extras, as it had them
+        doc = {**restore(doc, source.get("kept")), "schema_version": ATIF_VERSION,
+               "session_id": doc["session_id"], "trajectory_id": doc["trajectory_id"]}
+    extra = doc.get("extra") if isinstance(doc.get("extra"), dict) else {}
+    return {**doc, "extra": {**extra, "trajplatform": _provenance(record)}}
+
+
+def _text_of(content: Any, at: str) -> str:
+    """A message or result as text: a string, or ATIF's content parts (text only; an image part
+    names a file by path, which an import cannot fetch)."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content if isinstance(content, list) else []:
+        if isinstance(part, dict) and part.get("type") == "image":
+            path = ((part.get("source") or {}).get("path")) if isinstance(part.get("source"), dict) else None
+            raise InterchangeError(f"{at}: the image {str(path)[:80]!r} is a path or link; only images inlined as "
+                                   "data:image/...;base64 URLs can be imported (nothing is fetched)")
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model: str = "",
+                           at: str = "step") -> list[dict[str, Any]]:
+    """A step's messages: a system or user message, or an assistant turn and its tool results. With
+    `marked`, each keeps what the export could not say again from it (keep_rest) under `provenance.atif`."""
     extra = step.get("extra") or {}
-    if isinstance(extra.get("trajplatform_messages"), list):
+    if isinstance(extra, dict) and isinstance(extra.get("trajplatform_messages"), list):
         return extra["trajplatform_messages"]
     source = step.get("source")
-    message = step.get("message")
+    message = _text_of(step.get("message"), f"{at}.message")
     if source in ("system", "user"):
-        return [{"role": source, "content": message if isinstance(message, str) else ""}]
+        out = {"role": source, "content": message}
+        if marked:
+            put_kept(out, "atif", keep_rest(step, _atif_step(out, step.get("step_id"), model)))
+        return [out]
     calls = step.get("tool_calls") or []
-    out: dict[str, Any] = {"role": "assistant", "content": message if message or not calls else None}
+    out = {"role": "assistant", "content": message if message or not calls else None}
     if step.get("reasoning_content"):
         out["reasoning_content"] = step["reasoning_content"]
     names: dict[str, str] = {}
@@ -83,23 +141,52 @@ def _messages_of_atif_step(step: dict[str, Any]) -> list[dict[str, Any]]:
         out["tool_calls"] = []
         for call in calls:
             args = call.get("arguments")
-            out["tool_calls"].append({"id": call.get("tool_call_id"), "type": "function", "function": {
-                "name": call.get("function_name"), "arguments": _args_text(args if isinstance(args, dict) else {})}})
+            made = {"id": call.get("tool_call_id"), "type": "function", "function": {
+                "name": call.get("function_name"), "arguments": _args_text(args if isinstance(args, dict) else {})}}
+            if marked:
+                put_kept(made, "atif", keep_rest(call, _atif_call(made)))
+            out["tool_calls"].append(made)
             names[call.get("tool_call_id")] = call.get("function_name")
-    results = ((step.get("observation") or {}).get("results")) or []
-    tools = [{"role": "tool", "tool_call_id": r.get("source_call_id"), "name": names.get(r.get("source_call_id"), ""),
-              "content": r.get("content") if isinstance(r.get("content"), str) else ""} for r in results]
-    return _restore_arguments([out, *tools], extra.get("trajplatform_arguments"))
+    observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
+    tools = []
+    for j, result in enumerate(observation.get("results") or []):
+        made = {"role": "tool", "tool_call_id": result.get("source_call_id"),
+                "name": names.get(result.get("source_call_id"), ""),
+                "content": _text_of(result.get("content"), f"{at}.observation.results[{j}].content")}
+        if marked:
+            put_kept(made, "atif", keep_rest(result, _atif_result(made)))
+        tools.append(made)
+    if marked:
+        kept = keep_rest({k: v for k, v in step.items() if k != "observation"}, _atif_step(out, step.get("step_id"), model))
+        rest = {k: v for k, v in observation.items() if k != "results"}
+        if rest:
+            kept["_observation"] = rest
+        put_kept(out, "atif", kept)
+    return _restore_arguments([out, *tools], extra.get("trajplatform_arguments") if isinstance(extra, dict) else None)
+
+
+def _content_problem(content: Any) -> bool:
+    return not (isinstance(content, str) or (isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") in ("text", "image") for p in content)))
 
 
 def validate_atif(obj: Any) -> list[str]:
-    problems = _head(obj, {"schema_version", "session_id", "agent", "steps"}, {"notes", "final_metrics", "extra"},
-                     ATIF_VERSIONS, "session_id")
-    if problems and not isinstance(obj, dict):
-        return problems
+    if not isinstance(obj, dict):
+        return ["line: must be an object"]
+    problems = [] if "steps" in obj else ["line.steps: missing"]
+    version = obj.get("schema_version")
+    if not (isinstance(version, str) and _READABLE_VERSION.fullmatch(version)):
+        problems.append(f"line.schema_version: {version!r} is not one of {ATIF_VERSIONS[0]}...{ATIF_VERSIONS[-1]} "
+                        "(or a later ATIF-v1.x)")
+    if not any(isinstance(obj.get(k), str) and obj[k] for k in ("trajectory_id", "session_id")):
+        problems.append("line.session_id: a non-empty string (or trajectory_id)")
     agent = obj.get("agent")
-    if not isinstance(agent, dict) or not all(isinstance(agent.get(k), str) for k in ("name", "version")):
-        problems.append("line.agent: needs name and version strings")
+    if agent is not None and (not isinstance(agent, dict) or not all(
+            isinstance(agent.get(k), str) for k in ("name", "version") if k in agent)):
+        problems.append("line.agent: an object with name and version strings")
+    for key in ("extra", "final_metrics"):
+        if obj.get(key) is not None and not isinstance(obj[key], dict):
+            problems.append(f"line.{key}: an object")
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps:
         return problems + ["line.steps: a non-empty list"]
@@ -110,10 +197,10 @@ def validate_atif(obj: Any) -> list[str]:
             continue
         if step.get("step_id") != i + 1:
             problems.append(f"{at}.step_id: must be {i + 1} (ordinal from 1)")
-        if step.get("source") not in ("system", "user", "agent"):
+        if step.get("source") not in _SOURCES:
             problems.append(f"{at}.source: one of system, user, agent")
-        if not isinstance(step.get("message"), str):
-            problems.append(f"{at}.message: a string (may be empty)")
+        if _content_problem(step.get("message", "")):
+            problems.append(f"{at}.message: a string (may be empty) or content parts")
         ids = set()
         for j, call in enumerate(step.get("tool_calls") or []):
             if step.get("source") != "agent":
@@ -134,6 +221,8 @@ def validate_atif(obj: Any) -> list[str]:
                     if source is not None and source not in ids:
                         problems.append(f"{at}.observation.results[{j}].source_call_id: {source!r} is no call of "
                                         "this step")
+                    elif _content_problem(result.get("content")):
+                        problems.append(f"{at}.observation.results[{j}].content: a string or content parts")
     return problems
 
 
@@ -141,17 +230,27 @@ def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str
     problems = validate_atif(obj)
     if problems:
         raise InterchangeError(f"{label}: not ATIF", [f"{label}: not ATIF: {p}" for p in problems])
-    messages = [m for step in obj["steps"] for m in _messages_of_atif_step(step)]
-    ours = _ours(obj.get("extra"), messages)
+    ours = _ours(obj.get("extra"), [])
+    marked = ours is None or bool(imported_from(ours, "atif"))
+    agent = obj.get("agent") or {}
+    model = (agent.get("model_name") or "") if ours is None else (ours.get("model") or "")
+    messages = [m for i, step in enumerate(obj["steps"])
+                for m in _messages_of_atif_step(step, marked=marked, model=model, at=f"{label}: steps[{i}]")]
     if ours is not None:
-        return ours
+        return {**ours, "messages": messages}
     final = obj.get("final_metrics") or {}
-    agent = obj["agent"]
-    source = {"format": "atif", "schema_version": obj["schema_version"], "session_id": obj["session_id"],
-              "agent": {k: agent.get(k) for k in ("name", "version", "model_name")}, "file": options.get("file", ""),
-              "notes": obj.get("notes") or ""}
-    return _foreign_record(
-        messages, n=n, external_id=obj["session_id"], source=source, options=options,
-        model=agent.get("model_name") or "",
+    external_id = obj.get("trajectory_id") or obj.get("session_id")
+    source = {"format": "atif", "schema_version": obj["schema_version"], "session_id": obj.get("session_id"),
+              "trajectory_id": obj.get("trajectory_id"), "agent": {k: agent.get(k) for k in ("name", "version",
+                                                                                           "model_name")},
+              "file": options.get("file", "")}
+    record = _foreign_record(
+        messages, n=n, external_id=external_id, source=source, options=options, model=model,
         tokens=(int(final.get("total_prompt_tokens") or 0), int(final.get("total_completion_tokens") or 0)),
         cost=float(final.get("total_cost_usd") or 0.0), reward=(final.get("extra") or {}).get("reward"))
+    # the document's own fields (agent, final_metrics, notes, extra, fields this reader does not know)
+    top = {k: v for k, v in obj.items() if k not in ("steps", "schema_version", "session_id", "trajectory_id")}
+    rebuilt = {k: v for k, v in _atif_doc(record, []).items()
+               if k not in ("steps", "schema_version", "session_id", "trajectory_id")}
+    source["kept"] = keep_rest(top, rebuilt)
+    return record

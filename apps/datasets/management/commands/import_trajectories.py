@@ -9,6 +9,7 @@ from apps.datasets.cli import resolve_user
 from apps.datasets.raw_import import RawImportError, interchange_import
 
 MAX_ERRORS_SHOWN = 200
+FLAGS = {"batch": "--batch NAME", "outcome": "--outcome success|failure"}  # an error's field, as this command takes it
 
 
 class Command(BaseCommand):
@@ -20,15 +21,17 @@ class Command(BaseCommand):
         "(a name that already exists is refused). "
         "Human reviews need their reviewer's account to exist here. "
         "--format atif|adp|mini-swe-agent reads other tools' trajectories (and our atif/adp exports, "
-        "which come back as they went out) through the same checks."
+        "which come back as they went out) through the same checks; a trajectory a chat format "
+        "(sft-trl, sft-openai, sharegpt) cannot take as it is is named in a warning (docs/interchange.md)."
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("file", metavar="FILE", help="a raw export (.jsonl)")
+        parser.add_argument("file", metavar="FILE", help="a raw export (.jsonl), or another tool's file in --format")
         parser.add_argument("--batch", metavar="NAME", help="put every imported task in one new batch of this name")
         parser.add_argument("--format", default="raw", choices=["raw", "atif", "adp", "mini-swe-agent"],
-                            help="raw (ours, default); atif (Harbor's ATIF, JSONL or one trajectory.json); adp "
-                                 "(Agent Data Protocol, JSONL or a JSON list); mini-swe-agent (one .traj.json)")
+                            help="raw (ours, default); atif (Harbor's ATIF v1.0-v1.7, JSONL, a JSON list or one "
+                                 "trajectory.json); adp (Agent Data Protocol 1.x or without schema_version, JSONL or "
+                                 "a JSON list); mini-swe-agent (a saved .traj.json, or JSONL of them)")
         parser.add_argument("--outcome", choices=["success", "failure"],
                             help="the outcome of trajectories from another tool (they carry none we can verify); "
                                  "required for those, ignored for our own exports")
@@ -42,8 +45,9 @@ class Command(BaseCommand):
                                         batch_name=options["batch"], outcome=options["outcome"],
                                         scene=options["scene"])
         except RawImportError as exc:
+            hint = f" ({FLAGS[exc.field]})" if exc.field in FLAGS else ""
             for line in exc.errors[:MAX_ERRORS_SHOWN]:
-                self.stderr.write(line)
+                self.stderr.write(line + hint)
             more = len(exc.errors) - MAX_ERRORS_SHOWN
             if more > 0:
                 self.stderr.write(f"... and {more} more")
@@ -53,6 +57,8 @@ class Command(BaseCommand):
             f"imported {result.trajectory_count} trajectories, {result.task_count} tasks and "
             f"{result.review_count} reviews into batch(es) {names}"
         )
+        for warning in result.warnings:
+            self.stderr.write(f"warning: {warning}")
         if result.rehashed:
             self.stdout.write(f"{result.rehashed} trajectories no longer match their recorded content_sha256 "
                               "(redacted on export, or edited) and were hashed again")

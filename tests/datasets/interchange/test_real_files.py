@@ -1,0 +1,337 @@
+"""The files the projects publish (neulab/agent-data-protocol's ADP and ATIF samples at three schema
+versions) and trajectories mini-swe-agent 2.4.6 saved (fixtures/SOURCES.md): each imports, every
+action, observation and thought of the file is in the stored trajectory (its messages and the
+platform's steps), it exports to sft-trl, and export -> import -> export gives the file back apart
+from ids."""
+from __future__ import annotations
+
+import copy
+import io
+import json
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import CommandError, call_command
+
+from apps.datasets.exporters import export_records, load_records, validate_line
+from apps.datasets.interchange import ADP_VERSION, ATIF_VERSION
+from apps.tasks.models import Batch, Task, Trajectory
+from tests.api.conftest import client_as, make_token  # noqa: F401 (fixtures: the API as an admin)
+
+pytestmark = pytest.mark.django_db
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# (import format, file, trajectories, every one exports to sft-trl)
+REAL_FILES = [
+    ("adp", "adp/agenttuning_alfworld-1.5.0.json", 1, True),
+    ("adp", "adp/agenttuning_os-1.3.1.json", 1, True),
+    ("adp", "adp/agenttuning-no-version.json", 1, True),
+    ("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json", 1, False),  # ends on an action (a next-action episode)
+    ("atif", "atif/agenttuning_os-ATIF-v1.7.json", 1, True),
+    ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json", 1, True),
+    ("mini-swe-agent", "mini_swe_agent/calc-toolcall.traj.json", 1, True),
+]
+IDS = [Path(f).name for _, f, _, _ in REAL_FILES]
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(path.read_text())
+    return data if isinstance(data, list) else [data]
+
+
+def import_file(path: Path, fmt: str, *args: str) -> tuple[list[Trajectory], str, str]:
+    before = set(Trajectory.objects.values_list("pk", flat=True))
+    out, err = StringIO(), StringIO()
+    call_command("import_trajectories", str(path), "--format", fmt, *args, stdout=out, stderr=err)
+    return list(Trajectory.objects.exclude(pk__in=before).order_by("pk")), out.getvalue(), err.getvalue()
+
+
+def export(fmt: str, trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    out = io.BytesIO()
+    result = export_records(fmt, load_records([t.pk for t in trajectories]), out)
+    return [orjson.loads(line) for line in out.getvalue().splitlines()], result.excluded
+
+
+# --- what the file says, read from the file itself --------------------------------------------
+
+def file_actions(fmt: str, doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], Any, str]]:
+    """(tool, arguments, result text or None, the turn's thought on its first call) per action of the file."""
+    out = []
+    if fmt == "adp":
+        items = doc["content"]
+        results = {i["tool_call_id"]: i["content"] for i in items
+                   if i["class_"] == "text_observation" and i.get("tool_call_id")}
+        for item in items:
+            if item["class_"] == "api_action":
+                out.append((item["function"], item["kwargs"], results.get(item.get("tool_call_id")),
+                            item.get("description") or ""))
+            elif item["class_"] == "code_action":
+                out.append((f"execute_{item['language']}", {"code": item["content"]},
+                            results.get(item.get("tool_call_id")), item.get("description") or ""))
+    elif fmt == "atif":
+        for step in doc["steps"]:
+            results = {r["source_call_id"]: r["content"] for r in (step.get("observation") or {}).get("results", [])}
+            for k, call in enumerate(step.get("tool_calls") or []):
+                out.append((call["function_name"], call["arguments"], results.get(call["tool_call_id"]),
+                            step["message"] if k == 0 else ""))
+    else:
+        messages = doc["messages"]
+        for i, msg in enumerate(messages):
+            for action in (msg.get("extra") or {}).get("actions", []) if msg["role"] == "assistant" else []:
+                after = messages[i + 1]
+                result = after["extra"]["exit_status"] if after["role"] == "exit" else after["content"]
+                out.append(("bash", {"command": action["command"]}, result, msg["content"]))
+    return out
+
+
+def file_texts(fmt: str, doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(role, text) of what the user, the environment outside tool results and the agent outside its
+    calls said, as the file says it."""
+    if fmt == "adp":
+        out = []
+        for item in doc["content"]:
+            if item["class_"] == "text_observation" and not item.get("tool_call_id"):
+                role = {"user": "user", "agent": "assistant"}.get(item["source"], "system/user")
+                out.append((role, item["content"]))
+            elif item["class_"] == "message_action":
+                out.append(("assistant", item["content"]))
+        return out
+    if fmt == "atif":
+        return [("user" if s["source"] == "user" else "assistant", s["message"]) for s in doc["steps"]
+                if s["source"] != "agent" or not s.get("tool_calls")]
+    return [(m["role"], m["content"]) for m in doc["messages"] if m["role"] in ("system", "user")
+            and not m["content"].startswith("<returncode>")]
+
+
+def stored_texts(t: Trajectory) -> list[tuple[str, str]]:
+    out = []
+    for m in t.messages:
+        if m["role"] in ("system", "user") or (m["role"] == "assistant" and not m.get("tool_calls")):
+            role = m["role"] if m["role"] == "assistant" else (
+                "system/user" if (m.get("provenance") or {}).get("source") == "environment" else m["role"])
+            out.append((role, m["content"]))
+    return out
+
+
+def thoughts_of_messages(fmt: str, doc: dict[str, Any]) -> list[str]:
+    """The thoughts the file gives assistant turns without a call (ADP message_action.description)."""
+    if fmt != "adp":
+        return []
+    return [i["description"] for i in doc["content"] if i["class_"] == "message_action" and i.get("description")]
+
+
+def normalized(fmt: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """A document with what a round trip may change taken out: ids (ours, and tool-call ids a file
+    repeats), the schema version (the export writes the current one) and the block that carries our
+    own record."""
+    obj = copy.deepcopy(obj)
+    if fmt == "adp":
+        obj.pop("id")
+        obj["schema_version"] = ADP_VERSION
+        obj["details"] = {k: v for k, v in obj.get("details", {}).items() if not k.startswith("trajplatform")}
+    elif fmt == "atif":
+        for key in ("session_id", "trajectory_id"):
+            obj.pop(key, None)
+        obj["schema_version"] = ATIF_VERSION
+        obj["extra"] = {k: v for k, v in (obj.get("extra") or {}).items() if k != "trajplatform"}
+        for step in obj["steps"]:
+            for call in step.get("tool_calls") or []:
+                call["tool_call_id"] = "id"
+            for result in (step.get("observation") or {}).get("results", []):
+                result["source_call_id"] = "id"
+    return obj
+
+
+# --- the files -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("fmt", "name", "count", "sft"), REAL_FILES, ids=IDS)
+def test_a_real_file_imports_with_what_it_says_as_steps_and_exports_for_training(
+        fmt: str, name: str, count: int, sft: bool) -> None:
+    path = FIXTURES / name
+    trajectories, out, err = import_file(path, fmt, "--outcome", "success")
+    assert len(trajectories) == count
+    assert "hashed again" not in out  # the import writes the content hash of what it stored
+    for t, doc in zip(trajectories, documents(path)):
+        assert t.content_sha256 == t.compute_content_sha256()
+        steps = [(s["tool"], s["arguments"], s["output"] if "error" not in s else None, s["thought"]) for s in t.steps]
+        assert steps == file_actions(fmt, doc)
+        assert [s["index"] for s in t.steps] == list(range(len(t.steps)))
+        assert stored_texts(t) == file_texts(fmt, doc)
+        reasoning = [m["reasoning_content"] for m in t.messages
+                     if m["role"] == "assistant" and not m.get("tool_calls") and m.get("reasoning_content")]
+        assert reasoning == thoughts_of_messages(fmt, doc)
+    lines, excluded = export("sft-trl", trajectories)
+    if sft:
+        assert len(lines) == count and not excluded and all(validate_line("sft-trl", line) == [] for line in lines)
+        assert "warning:" not in err
+    else:  # said at import, per trajectory, not found out at export
+        [reason] = [e["reason"] for e in excluded]
+        assert "never answered" in reason
+        assert f"warning: {path.name}: alfworld_0: not exportable as sft-trl: " in err and "never answered" in err
+
+
+@pytest.mark.parametrize(("fmt", "name", "count", "sft"), REAL_FILES, ids=IDS)
+def test_a_real_file_goes_out_again_as_it_came_apart_from_ids(fmt: str, name: str, count: int, sft: bool,
+                                                              tmp_path: Path) -> None:
+    path = FIXTURES / name
+    trajectories, _, _ = import_file(path, fmt, "--outcome", "success")
+    lines, excluded = export(fmt, trajectories)
+    assert not excluded and all(validate_line(fmt, line) == [] for line in lines)
+    assert [normalized(fmt, line) for line in lines] == [normalized(fmt, doc) for doc in documents(path)]
+    # and our export comes back as the same trajectory (its record rides along)
+    again = tmp_path / "again.jsonl"
+    again.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    back, _, _ = import_file(again, fmt, "--outcome", "success", "--batch", "again")
+    assert [b.messages for b in back] == [t.messages for t in trajectories]
+    assert [b.steps for b in back] == [t.steps for t in trajectories]
+
+
+def test_a_code_action_stays_a_code_action_with_its_language() -> None:
+    [t], _, _ = import_file(FIXTURES / "adp/agenttuning_os-1.3.1.json", "adp", "--outcome", "success")
+    call = t.messages[1]["tool_calls"][0]
+    assert call["function"] == {"name": "execute_bash", "arguments": '{"code": "ls /etc"}'}
+    assert t.tools == [{"type": "function", "function": {"name": "execute_bash", "description": "", "parameters": {
+        "type": "object", "properties": {"code": {"type": "string"}}}}}]
+    [line], _ = export("adp", [t])
+    assert line["content"][1] == {"class_": "code_action", "language": "bash", "content": "ls /etc",
+                                  "tool_call_id": "call_000001",
+                                  "description": "To count the files in /etc, I need to print all the files in it."}
+
+
+def test_a_no_version_file_reads_its_opening_environment_text_as_the_system_prompt_and_agent_text_as_turns() -> None:
+    [t], _, _ = import_file(FIXTURES / "adp/agenttuning-no-version.json", "adp", "--outcome", "success")
+    assert [m["role"] for m in t.messages[:5]] == ["system", "user", "assistant", "user", "assistant"]
+    assert t.messages[0]["content"].startswith("Interact with a household")
+    assert Task.objects.get(pk=t.task_id).prompt == "Ok? Understood?"
+    assert t.messages[4]["content"].startswith("THOUGHT: In order to achieve the task")
+    assert t.config_snapshot["imported_from"]["schema_version"] is None
+
+
+def test_mini_swe_agent_s_closing_submit_is_answered_by_its_exit_status_and_return_codes_are_exit_codes() -> None:
+    for name in ("calc-textbased.traj.json", "calc-toolcall.traj.json"):
+        [t], _, _ = import_file(FIXTURES / "mini_swe_agent" / name, "mini-swe-agent", "--outcome", "success")
+        assert [s["exit_code"] for s in t.steps] == [0, 0, 0]
+        assert t.steps[-1]["output"] == "Submitted"
+        assert t.steps[-1]["arguments"]["command"].startswith("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+        assert t.final_answer.startswith("diff --git a/calc.py b/calc.py")
+        assert t.config_snapshot["imported_from"]["mini_version"] == "2.4.6"
+        assert t.steps[1]["output"].count("5") >= 1 and t.steps[1]["observation"].startswith("<returncode>0") \
+            == (name == "calc-textbased.traj.json")
+
+
+def test_mini_swe_agent_s_test_fixture_a_bare_message_list_is_refused_with_one_error_saying_what_it_is() -> None:
+    err = StringIO()
+    before = Trajectory.objects.count()
+    with pytest.raises(CommandError, match="1 problem"):
+        call_command("import_trajectories", str(FIXTURES / "mini_swe_agent/local.traj.json"), "--format",
+                     "mini-swe-agent", "--outcome", "success", stdout=StringIO(), stderr=err)
+    [line] = err.getvalue().splitlines()
+    assert "local.traj.json: a bare list of 6 chat messages (role/content), not a mini-swe-agent file" in line
+    assert "{info, messages, trajectory_format}" in line
+    assert Trajectory.objects.count() == before
+
+
+def test_a_file_in_another_format_is_refused_with_one_error_naming_the_format_it_is() -> None:
+    err = StringIO()
+    with pytest.raises(CommandError, match="1 problem"):
+        call_command("import_trajectories", str(FIXTURES / "atif/agenttuning_os-ATIF-v1.7.json"), "--format", "adp",
+                     "--outcome", "success", stdout=StringIO(), stderr=err)
+    assert err.getvalue().strip().endswith("an ATIF trajectory (ATIF-v1.7), not a adp file; import it with format atif")
+
+
+def test_every_atif_extra_and_unknown_field_comes_back_on_export(tmp_path: Path) -> None:
+    [doc] = documents(FIXTURES / "atif/agenttuning_os-ATIF-v1.7.json")
+    # the real file, with an extra at every level ATIF has one and fields of a later 1.x
+    doc["agent"]["extra"] = {"harness": "agentbench"}
+    step = doc["steps"][1]
+    step.update(timestamp="2025-12-01T10:00:00Z", metrics={"prompt_tokens": 812, "completion_tokens": 40},
+                extra={"latency_ms": 920}, future_step_field=[1, 2])
+    step["tool_calls"][0]["extra"] = {"language": "bash"}
+    step["observation"]["extra"] = {"sandbox": "docker"}
+    step["observation"]["results"][0]["extra"] = {"exit_code": 0}
+    doc["final_metrics"] = {"total_steps": 8, "extra": {"solved": True}}
+    doc["continued_trajectory_ref"] = "os_1-part2"
+    path = tmp_path / "os_1.atif.json"
+    path.write_text(json.dumps(doc))
+    [t], _, _ = import_file(path, "atif", "--outcome", "failure")
+    assert t.model == "" and t.config_snapshot["imported_from"]["agent"]["name"] == "agenttuning_os"
+    [line], _ = export("atif", [t])
+    assert line["agent"] == {"name": "agenttuning_os", "version": "raw", "extra": {"harness": "agentbench"}}
+    assert normalized("atif", line) == normalized("atif", doc)
+
+
+def test_adp_s_current_top_level_fields_and_a_later_1x_field_are_kept_not_refused(tmp_path: Path) -> None:
+    [doc] = documents(FIXTURES / "adp/agenttuning_os-1.3.1.json")
+    doc.update(schema_version="1.7.0", available_code_languages=["bash"], available_custom_tools=[],
+               available_apis=None, future_field={"x": 1})
+    doc["content"][1]["future_item_field"] = "kept"
+    path = tmp_path / "os_42.adp.json"
+    path.write_text(json.dumps(doc))
+    [t], _, _ = import_file(path, "adp", "--outcome", "success")
+    assert t.config_snapshot["imported_from"]["kept"]["future_field"] == {"x": 1}
+    [line], _ = export("adp", [t])
+    assert line["schema_version"] == ADP_VERSION and line["available_code_languages"] == ["bash"]
+    assert line["content"][1]["future_item_field"] == "kept"
+    assert normalized("adp", line) == normalized("adp", doc)
+    doc["schema_version"] = "2.0.0"
+    path.write_text(json.dumps(doc))
+    err = StringIO()
+    with pytest.raises(CommandError):
+        call_command("import_trajectories", str(path), "--format", "adp", "--outcome", "success",
+                     stdout=StringIO(), stderr=err)
+    assert "line.schema_version: '2.0.0' is not a version this reader takes" in err.getvalue()
+
+
+def test_our_own_trajectory_exports_to_mini_swe_agent_and_reads_back(make_task: Any, tmp_path: Path) -> None:
+    from tests.datasets.exporter_data import make_trajectory
+
+    original = make_trajectory(make_task(prompt="Write primes.py"))
+    [line], excluded = export("mini-swe-agent", [original])
+    assert not excluded and validate_line("mini-swe-agent", line) == []
+    assert line["trajectory_format"] == "mini-swe-agent-1.1" and line["messages"][-1]["role"] == "exit"
+    assert line["info"]["submission"] == original.final_answer
+    path = tmp_path / "ours.traj.jsonl"
+    path.write_bytes(orjson.dumps(line) + b"\n")
+    [back], _, _ = import_file(path, "mini-swe-agent", "--outcome", "success", "--batch", "mini")
+    calls = [c["function"]["name"] for m in back.messages for c in m.get("tool_calls") or []]
+    assert calls == [c["function"]["name"] for m in original.messages for c in m.get("tool_calls") or []]
+    assert back.final_answer == original.final_answer
+
+
+# --- the API speaks API ---------------------------------------------------------------------------
+
+URL = "/api/v1/imports/trajectories"
+
+
+def test_the_api_names_its_fields_not_the_command_s_flags(client_as: Any) -> None:
+    data = (FIXTURES / "adp/agenttuning_os-1.3.1.json").read_bytes()
+    missing = client_as("admin").post(URL, {"file": SimpleUploadedFile("os.json", data), "format": "adp"},
+                                      format="multipart")
+    assert missing.status_code == 400, missing.content
+    error = missing.json()["error"]
+    assert list(error["details"]["fields"]) == ["outcome"] and "--" not in json.dumps(error)
+    Batch.objects.create(name="taken")
+    taken = client_as("admin").post(URL, {"file": SimpleUploadedFile("os.json", data), "format": "adp",
+                                          "outcome": "success", "batch": "taken"}, format="multipart")
+    assert taken.status_code == 400, taken.content
+    error = taken.json()["error"]
+    assert error["details"]["fields"] == {"batch": ["batch 'taken' already exists; give the import a new batch name"]}
+    assert "--batch" not in json.dumps(error)
+    ok = client_as("admin").post(URL, {"file": SimpleUploadedFile("alfworld.json", (
+        FIXTURES / "atif/agenttuning_alfworld-ATIF-v1.7.json").read_bytes()), "format": "atif", "outcome": "failure"},
+        format="multipart")
+    assert ok.status_code == 201, ok.content
+    assert ok.json()["rehashed"] == 0 and any(
+        w.startswith("alfworld.json: alfworld_0: not exportable as sft-trl:") for w in ok.json()["warnings"])
+
+
+def test_the_command_names_its_flags() -> None:
+    err = StringIO()
+    with pytest.raises(CommandError):
+        call_command("import_trajectories", str(FIXTURES / "adp/agenttuning_os-1.3.1.json"), "--format", "adp",
+                     stdout=StringIO(), stderr=err)
+    assert "say which it is: outcome success or failure (--outcome success|failure)" in err.getvalue()
