@@ -25,15 +25,16 @@ from tests.api.conftest import client_as, make_token  # noqa: F401 (fixtures: th
 pytestmark = pytest.mark.django_db
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# (import format, file, trajectories, every one exports to sft-trl)
+# (import format, file, trajectories, the ones that end on an action (next-action episodes): no sft-trl line)
 REAL_FILES = [
-    ("adp", "adp/agenttuning_alfworld-1.5.0.json", 1, True),
-    ("adp", "adp/agenttuning_os-1.3.1.json", 1, True),
-    ("adp", "adp/agenttuning-no-version.json", 1, True),
-    ("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json", 1, False),  # ends on an action (a next-action episode)
-    ("atif", "atif/agenttuning_os-ATIF-v1.7.json", 1, True),
-    ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json", 1, True),
-    ("mini-swe-agent", "mini_swe_agent/calc-toolcall.traj.json", 1, True),
+    ("adp", "adp/agenttuning_alfworld-1.5.0.json", 1, ()),
+    ("adp", "adp/agenttuning_os-1.3.1.json", 1, ()),
+    ("adp", "adp/agenttuning_db-1.2.0.json", 5, ("db_356", "db_493", "db_531")),
+    ("adp", "adp/agenttuning-no-version.json", 1, ()),
+    ("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json", 1, ("alfworld_0",)),
+    ("atif", "atif/agenttuning_os-ATIF-v1.7.json", 1, ()),
+    ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json", 1, ()),
+    ("mini-swe-agent", "mini_swe_agent/calc-toolcall.traj.json", 1, ()),
 ]
 IDS = [Path(f).name for _, f, _, _ in REAL_FILES]
 
@@ -148,9 +149,9 @@ def normalized(fmt: str, obj: dict[str, Any]) -> dict[str, Any]:
 
 # --- the files -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("fmt", "name", "count", "sft"), REAL_FILES, ids=IDS)
+@pytest.mark.parametrize(("fmt", "name", "count", "open_ended"), REAL_FILES, ids=IDS)
 def test_a_real_file_imports_with_what_it_says_as_steps_and_exports_for_training(
-        fmt: str, name: str, count: int, sft: bool) -> None:
+        fmt: str, name: str, count: int, open_ended: tuple[str, ...]) -> None:
     path = FIXTURES / name
     trajectories, out, err = import_file(path, fmt, "--outcome", "success")
     assert len(trajectories) == count
@@ -165,18 +166,20 @@ def test_a_real_file_imports_with_what_it_says_as_steps_and_exports_for_training
                      if m["role"] == "assistant" and not m.get("tool_calls") and m.get("reasoning_content")]
         assert reasoning == thoughts_of_messages(fmt, doc)
     lines, excluded = export("sft-trl", trajectories)
-    if sft:
-        assert len(lines) == count and not excluded and all(validate_line("sft-trl", line) == [] for line in lines)
-        assert "warning:" not in err
-    else:  # said at import, per trajectory, not found out at export
-        [reason] = [e["reason"] for e in excluded]
-        assert "never answered" in reason
-        assert f"warning: {path.name}: alfworld_0: not exportable as sft-trl: " in err and "never answered" in err
+    assert len(lines) == count - len(open_ended) and all(validate_line("sft-trl", line) == [] for line in lines)
+    names = {t.pk: Task.objects.get(pk=t.task_id).external_id for t in trajectories}
+    assert sorted(names[e["trajectory_id"]] for e in excluded) == sorted(open_ended)
+    assert all("never answered" in e["reason"] for e in excluded)
+    # said at import, per trajectory and format, not found out at export
+    warned = [line.split(": ")[2] for line in err.splitlines() if line.startswith(f"warning: {path.name}: ")]
+    assert sorted(set(warned)) == sorted(open_ended)
+    for name in open_ended:
+        assert f"warning: {path.name}: {name}: not exportable as sft-trl: " in err
 
 
-@pytest.mark.parametrize(("fmt", "name", "count", "sft"), REAL_FILES, ids=IDS)
-def test_a_real_file_goes_out_again_as_it_came_apart_from_ids(fmt: str, name: str, count: int, sft: bool,
-                                                              tmp_path: Path) -> None:
+@pytest.mark.parametrize(("fmt", "name", "count", "open_ended"), REAL_FILES, ids=IDS)
+def test_a_real_file_goes_out_again_as_it_came_apart_from_ids(fmt: str, name: str, count: int,
+                                                              open_ended: tuple[str, ...], tmp_path: Path) -> None:
     path = FIXTURES / name
     trajectories, _, _ = import_file(path, fmt, "--outcome", "success")
     lines, excluded = export(fmt, trajectories)
@@ -335,3 +338,17 @@ def test_the_command_names_its_flags() -> None:
         call_command("import_trajectories", str(FIXTURES / "adp/agenttuning_os-1.3.1.json"), "--format", "adp",
                      stdout=StringIO(), stderr=err)
     assert "say which it is: outcome success or failure (--outcome success|failure)" in err.getvalue()
+
+
+def test_a_version_of_imported_next_action_episodes_shows_them_in_its_per_format_counts(approver: Any) -> None:
+    from apps.datasets.services import dataset_version_create
+    from tests.datasets.version_data import no_dedup
+
+    trajectories, _, _ = import_file(FIXTURES / "adp/agenttuning_db-1.2.0.json", "adp", "--outcome", "success",
+                                     "--batch", "agenttuning-db")
+    version = dataset_version_create(dataset_name="imported-db", actor=approver,
+                                     filter_spec=no_dedup(batches=["agenttuning-db"]))
+    assert version.counts["train"] + version.counts["validation"] == len(trajectories) == 5
+    sft = version.data_card["exportability"]["formats"]["sft-trl"]
+    assert (sft["lines"]["all"], sft["excluded"]) == (2, 3)
+    assert all("never answered" in reason for reason in sft["reasons"])
