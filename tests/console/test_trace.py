@@ -136,3 +136,16 @@ def test_a_tap_is_drawn_on_the_screen_the_agent_tapped_and_the_result_is_beside_
     start = next(p["image_url"]["url"] for m in trajectory.messages if isinstance(m.get("content"), list)
                  for p in m["content"] if p.get("type") == "image_url")
     assert first == [f"/artifacts/{start.split(':', 1)[1]}"]
+
+
+@pytest.mark.usefixtures("sandbox_settings")
+def test_the_trace_reads_its_sub_episodes_in_one_query_per_depth(make_task, viewer, client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    lead = stored(make_task, scripts(), scene="multi_agent", prompt=PROMPT, scene_config=scene_config())
+    client.force_login(viewer)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(f"/trajectories/{lead.pk}/").status_code == 200
+    children = [q["sql"] for q in queries.captured_queries if '"parent_id" IN' in q["sql"]]
+    assert len(children) == 2  # the roles, then their (no) roles: not one query per role or per step
