@@ -444,7 +444,7 @@ def main() -> int:
                         help="the whole version (card with exportability, writes) only up to this size; "
                              "through dedup at every size")
     parser.add_argument("--large-formats", default="rl,sft-openai",
-                        help="the formats measured above --all-formats-max")
+                        help="the formats measured above --all-formats-max ('': none)")
     parser.add_argument("--all-formats-max", type=int, default=100_000)
     parser.add_argument("--largest-not-before", default="",
                         help="HH:MM (UTC): wait until then before filling the largest size (a shared machine)")
@@ -501,7 +501,7 @@ def main() -> int:
                       f"{v['peak_rss_mb']:.0f} MB; {v['exact_removed']} exact and {v['near_removed']:,} near "
                       f"duplicates removed, {v['embedded']} texts embedded; {stages}", flush=True)
             r["exports"] = {}
-            for fmt in formats if n <= args.all_formats_max else args.large_formats.split(","):
+            for fmt in formats if n <= args.all_formats_max else [f for f in args.large_formats.split(",") if f]:
                 bare = run_child(args, "bare", "-n", str(n))
                 ex = run_child(args, "export", "--format", fmt, "-n", str(n))
                 r["exports"][fmt] = {"ratio": bare["seconds"] / ex["seconds"], "seconds": ex["seconds"],
