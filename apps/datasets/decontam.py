@@ -172,10 +172,12 @@ class DecontamResult:
     test_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def check(members: Iterable[Member], spec: dict[str, Any], *, embedder: dedup_mod.Embedder | None = None
-          ) -> DecontamResult:
-    """The members that match a test item (the strongest match of each) and the test sets read."""
-    members = list(members)
+def check(members: Iterable[Member], spec: dict[str, Any], *, embedder: dedup_mod.Embedder | None = None,
+          block: int = 1024) -> DecontamResult:
+    """The members that match a test item (the strongest match of each) and the test sets read.
+
+    Members are taken `block` at a time (the n-grams, then the embeddings of the block), so memory
+    holds the test items and one block, whatever the number of members."""
     result = DecontamResult()
     items: list[Item] = []
     for name in spec["test_sets"]:
@@ -191,6 +193,23 @@ def check(members: Iterable[Member], spec: dict[str, Any], *, embedder: dedup_mo
         sizes.append(len(item_grams))
         for g in item_grams:
             index.setdefault(g, []).append(k)
+    embed = embedder or dedup_mod.sentence_embedder
+    item_vectors = None
+    chunk: list[Member] = []
+    for member in members:
+        chunk.append(member)
+        if len(chunk) == block:
+            item_vectors = _check_block(chunk, items, index, sizes, spec, embed, item_vectors, result)
+            chunk = []
+    if chunk:
+        _check_block(chunk, items, index, sizes, spec, embed, item_vectors, result)
+    return result
+
+
+def _check_block(members: list[Member], items: list[Item], index: dict[str, list[int]], sizes: list[int],
+                 spec: dict[str, Any], embedder: Any, item_vectors: Any, result: DecontamResult) -> Any:
+    """Check one block of members; returns the items' vectors (embedded on the first block that needs them)."""
+    n = spec["ngram"]
     for member in members:
         for where, text in (("prompt", member.prompt), ("answer", member.answer)):
             hits: dict[int, int] = {}
@@ -202,9 +221,25 @@ def check(members: Iterable[Member], spec: dict[str, Any], *, embedder: dedup_mo
                 if score >= spec["ngram_threshold"]:
                     _keep_best(result, member.trajectory_id,
                                Match(items[k].benchmark, items[k].item_id, "ngram", score, where))
-    if spec["embedding"] and members and items:
-        _embedding_matches(members, items, spec, embedder or dedup_mod.sentence_embedder, result)
-    return result
+    if not (spec["embedding"] and items):
+        return item_vectors
+    texts = [(m, where, text) for m in members for where, text in (("prompt", m.prompt), ("answer", m.answer))
+             if text.strip()]
+    if not texts:
+        return item_vectors
+    if item_vectors is None:
+        # Through the embedding store: a test set's items, and prompts seen by an earlier version,
+        # are embedded once.
+        item_vectors = embed_stored([item.text for item in items], embedder=embedder)
+    threshold = spec["cosine_threshold"]
+    cosines = embed_stored([t for _, _, t in texts], embedder=embedder) @ item_vectors.T
+    best = cosines.argmax(axis=1)
+    for row, (member, where, _) in enumerate(texts):
+        k = int(best[row])
+        score = float(cosines[row, k])
+        if score >= threshold:
+            _keep_best(result, member.trajectory_id, Match(items[k].benchmark, items[k].item_id, "embedding", score, where))
+    return item_vectors
 
 
 def _keep_best(result: DecontamResult, trajectory_id: int, match: Match) -> None:
@@ -213,26 +248,6 @@ def _keep_best(result: DecontamResult, trajectory_id: int, match: Match) -> None
     rank = (match.method == "ngram", match.score)
     if old is None or rank > (old.method == "ngram", old.score):
         result.matches[trajectory_id] = match
-
-
-def _embedding_matches(members: list[Member], items: list[Item], spec: dict[str, Any], embedder: Any,
-                       result: DecontamResult, block: int = 1024) -> None:
-    # Through the embedding store: a test set's items, and prompts seen by an earlier version,
-    # are embedded once.
-    item_vectors = embed_stored([item.text for item in items], embedder=embedder)
-    threshold = spec["cosine_threshold"]
-    texts = [(m, where, text) for m in members for where, text in (("prompt", m.prompt), ("answer", m.answer))
-             if text.strip()]
-    for start in range(0, len(texts), block):
-        chunk = texts[start:start + block]
-        cosines = embed_stored([t for _, _, t in chunk], embedder=embedder) @ item_vectors.T
-        best = cosines.argmax(axis=1)
-        for row, (member, where, _) in enumerate(chunk):
-            k = int(best[row])
-            score = float(cosines[row, k])
-            if score >= threshold:
-                _keep_best(result, member.trajectory_id,
-                           Match(items[k].benchmark, items[k].item_id, "embedding", score, where))
 
 
 def members_of(trajectory_ids: Sequence[int], chunk: int = 500) -> Iterable[Member]:

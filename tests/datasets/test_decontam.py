@@ -131,3 +131,29 @@ def test_the_api_creates_a_decontaminated_version(make_task: Any, make_user: Any
     response = client.post("/api/v1/datasets/api-clean/versions", {"filter_spec": {"decontam": {"test_sets": []}}},
                            format="json")
     assert response.status_code == 400 and response.json()["error"]["details"]["errors"][0]["field"] == "decontam"
+
+
+def test_members_are_checked_a_block_at_a_time_with_the_same_result(testsets: Path) -> None:
+    import hashlib
+
+    import numpy as np
+
+    def stand_in(texts: Any) -> Any:  # a deterministic embedder: a paraphrase of GSM lands on GSM
+        out = []
+        for t in texts:
+            key = GSM if t in (GSM_PARAPHRASE, GSM) or t.startswith("Natalia") else t
+            seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+            v = np.random.default_rng(seed).standard_normal(32)
+            out.append(v / np.linalg.norm(v))
+        return np.stack(out)
+
+    members = [decontam.Member(1, f"Solve this: {GSM} Show your work.", ""),
+               decontam.Member(2, "Print the first ten primes.", "2 3 5"),
+               decontam.Member(3, GSM_PARAPHRASE, ""),
+               decontam.Member(4, "Write a helper for lists.", HUMANEVAL),
+               decontam.Member(5, "Sort a list.", "")]
+    spec = decontam.validate_spec({"test_sets": ["gsm8k-test", "humaneval"]})
+    whole = decontam.check(iter(members), spec, embedder=stand_in)
+    blocks = decontam.check(iter(members), spec, embedder=stand_in, block=2)
+    assert whole.matches == blocks.matches
+    assert {k: m.method for k, m in whole.matches.items()} == {1: "ngram", 3: "embedding", 4: "ngram"}
