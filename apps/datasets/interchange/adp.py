@@ -26,6 +26,7 @@ ADP_VERSION = "1.5.0"  # what the export writes (ADP's schema/version.py SCHEMA_
 # samples), and any later 1.x (SemVer minor: additions only; a field this reader does not know is
 # kept under the record's provenance and written back, not refused).
 ADP_VERSIONS = ("1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.3.1", "1.4.0", "1.5.0")
+GENERATED_CALL = "adp_call_"  # the id of an action the file gives none (before ADP's tool_call_id)
 _READABLE_VERSION = re.compile(r"1\.\d+\.\d+")
 _ADP_NAME_LISTS = ("available_apis", "available_custom_tools", "available_code_languages")
 WEB_TEXT_MAX_CHARS = 20_000  # a web observation's page text (the gui scene's snapshot cap)
@@ -119,7 +120,8 @@ def _assistant_item(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _call_item(msg: dict[str, Any], k: int) -> dict[str, Any]:
     """The action of a turn's k-th call: a code_action for a call an ADP code action became
-    (`execute_<language>` with its code), else an api_action; the turn's text and reasoning on its first."""
+    (`execute_<language>` with its code), else an api_action; the turn's text and reasoning on its
+    first (unless a message_action said them: a joined turn)."""
     call = msg["tool_calls"][k]
     args = _args_object(call["function"].get("arguments"))
     code = (call.get("provenance") or {}).get("code_action")
@@ -130,19 +132,22 @@ def _call_item(msg: dict[str, Any], k: int) -> dict[str, Any]:
         item = {"class_": "api_action", "function": call["function"]["name"], "kwargs": args,
                 "tool_call_id": call.get("id")}
     reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
-    if k == 0 and msg.get("content"):
-        item["description"] = msg["content"]
-    if k == 0 and reasoning:
-        item["reasoning_content"] = reasoning
+    if k == 0 and not _joined(msg):
+        if msg.get("content"):
+            item["description"] = msg["content"]
+        if reasoning:
+            item["reasoning_content"] = reasoning
     return item
+
+
+def _joined(msg: dict[str, Any]) -> bool:
+    return bool((msg.get("provenance") or {}).get("joined"))
 
 
 def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     calls = msg.get("tool_calls") or []
-    if not calls:
-        items = [restore(_assistant_item(msg), kept_of(msg, "adp"))]
-    else:
-        items = [restore(_call_item(msg, k), kept_of(call, "adp")) for k, call in enumerate(calls)]
+    items = [restore(_assistant_item(msg), kept_of(msg, "adp"))] if not calls or _joined(msg) else []
+    items += [restore(_call_item(msg, k), kept_of(call, "adp")) for k, call in enumerate(calls)]
     return items + [restore(_message_item(result), kept_of(result, "adp")) for result in results]
 
 
@@ -174,6 +179,7 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
     names: dict[Any, str] = {}
     pending: list[Any] = []  # calls not answered yet, oldest first
     made: list[tuple[dict[str, Any], int | None, dict[str, Any]]] = []  # (message, call index, item)
+    said: set[int] = set()  # the assistant messages message_actions became
     for i, item in enumerate(items):
         kind = item.get("class_")
         if kind in _ADP_OBSERVATIONS:
@@ -192,8 +198,9 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
                     msg["provenance"] = {"format": "adp", "thought": "description"}
             out.append(msg)
             made.append((msg, None, item))
+            said.add(id(msg))
         elif kind in ("api_action", "code_action"):
-            call_id = item["tool_call_id"] if item.get("tool_call_id") is not None else f"adp_call_{i}"
+            call_id = item["tool_call_id"] if item.get("tool_call_id") is not None else f"{GENERATED_CALL}{i}"
             if kind == "code_action":
                 language = str(item.get("language") or "")
                 name = "execute_" + (re.sub(r"[^A-Za-z0-9_-]", "_", language) or "code")
@@ -207,10 +214,15 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
                 call["provenance"] = {"format": "adp", "code_action": {"language": item.get("language")}}
             names[call_id] = name
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
-                    and not item.get("description") and not item.get("reasoning_content"):
+            bare = not item.get("description") and not item.get("reasoning_content")
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls") and bare:
                 last["tool_calls"].append(call)
                 pending.append(call_id)
+            elif last is not None and last["role"] == "assistant" and bare and id(last) in said:
+                # the agent said something, then acted: one turn (two assistant messages in a row is no chat)
+                last["tool_calls"] = [call]
+                last.setdefault("provenance", {"format": "adp"})["joined"] = True
+                pending[:] = [call_id]
             else:
                 pending[:] = [call_id]
                 msg = {"role": "assistant", "content": item.get("description") or None}
@@ -227,12 +239,15 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
                 put_kept(msg, "adp", keep_rest(item, _rebuilt_text(msg)))
             else:
                 put_kept(msg["tool_calls"][k], "adp", keep_rest(item, _call_item(msg, k)))
-    else:
+    else:  # our own export read back: its messages as they were (no marks of a foreign file)
         for msg in out:
             for call in msg.get("tool_calls") or []:
                 call.pop("provenance", None)
-            if (msg.get("provenance") or {}).get("thought"):
-                del msg["provenance"]
+            provenance = msg.get("provenance")
+            if isinstance(provenance, dict):
+                provenance.pop("thought", None), provenance.pop("joined", None)
+                if provenance == {"format": "adp"}:
+                    del msg["provenance"]
     return out
 
 
@@ -257,7 +272,10 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
         text, shot = item.get("content") or "", None
     out: list[dict[str, Any]] = []
     source = _SOURCE_ALIASES.get(item.get("source"), item.get("source"))
-    if source == "user":
+    # files without tool_call_id (1.0.0) label some results user: the answer of the action before it
+    answers = kind == "text_observation" and item.get("tool_call_id") is None and bool(pending) \
+        and str(pending[0]).startswith(GENERATED_CALL)
+    if source == "user" and not answers:
         if kind == "text_observation":
             out.append({"role": "user", "content": text})
     elif source == "agent" and kind == "text_observation":

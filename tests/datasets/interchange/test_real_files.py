@@ -352,3 +352,48 @@ def test_a_version_of_imported_next_action_episodes_shows_them_in_its_per_format
     sft = version.data_card["exportability"]["formats"]["sft-trl"]
     assert (sft["lines"]["all"], sft["excluded"]) == (2, 3)
     assert all("never answered" in reason for reason in sft["reasons"])
+
+
+@pytest.mark.parametrize(("fmt", "name"), [("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json"),
+                                           ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json")])
+def test_the_console_and_the_review_checks_see_an_imported_trajectory_s_steps(fmt: str, name: str, client: Any,
+                                                                               viewer: Any) -> None:
+    from apps.reviews.review_agent import run_checks
+
+    [t], _, _ = import_file(FIXTURES / name, fmt, "--outcome", "success")
+    checks = run_checks(t)
+    assert checks["unknown_tools"]["count"] == 0 and checks["invalid_arguments"]["count"] == 0
+    if fmt == "atif":  # alfworld_0's last call has no result: its step says so, and the check counts it
+        assert t.steps[-1]["error"] == "the file has no result for this call"
+        assert checks["unhandled_errors"]["count"] == 1
+    client.force_login(viewer)
+    page = client.get(f"/trajectories/{t.pk}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert all(s["tool"] in html for s in t.steps)
+
+
+def test_adp_shapes_that_were_no_chat_become_one_turn_and_a_result_and_still_go_back_exactly(tmp_path: Path) -> None:
+    """Two shapes of ADP files without tool_call_id (1.0.0's), built on ADP's schema: the agent says
+    something and then acts (a message_action, then an action without description), and the
+    environment's answer labelled user. Read as one assistant turn and the call's result, they
+    export to sft-trl; the ADP export writes the items as they were."""
+    doc = {"schema_version": "1.0.0", "id": "said-then-acted", "content": [
+        {"class_": "text_observation", "content": "Count the files in /etc.", "source": "user"},
+        {"class_": "message_action", "content": "I will list them first.", "description": None},
+        {"class_": "code_action", "language": "bash", "content": "ls /etc | wc -l", "description": ""},
+        {"class_": "text_observation", "content": "220", "source": "user"},
+        {"class_": "message_action", "content": "<solution> 220 </solution>"}], "details": {}}
+    path = tmp_path / "said.adp.json"
+    path.write_text(json.dumps([doc]))
+    [t], _, err = import_file(path, "adp", "--outcome", "success")
+    assert "warning:" not in err
+    roles = [(m["role"], bool(m.get("tool_calls"))) for m in t.messages]
+    assert roles == [("user", False), ("assistant", True), ("tool", False), ("assistant", False)]
+    assert t.messages[1]["content"] == "I will list them first." and t.messages[2]["content"] == "220"
+    assert [(s["tool"], s["output"], s["thought"]) for s in t.steps] == [
+        ("execute_bash", "220", "I will list them first.")]
+    [line], excluded = export("sft-trl", [t])
+    assert not excluded and validate_line("sft-trl", line) == []
+    [back], _ = export("adp", [t])
+    assert normalized("adp", back) == normalized("adp", doc)
