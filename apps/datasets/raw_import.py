@@ -393,6 +393,8 @@ def chat_shape_warnings(raw: bytes, label: str) -> list[str]:
         for excluded in export_records(fmt, records, io.BytesIO()).excluded:
             warnings.append(f"{label}: {names.get(excluded['trajectory_id'])}: not exportable as {fmt}: "
                             f"{excluded['reason'].removeprefix(f'{fmt}: ')}")
+    if len(warnings) > MAX_ERRORS:
+        warnings[MAX_ERRORS:] = [f"{label}: ... and {len(warnings) - MAX_ERRORS} more"]
     return warnings
 
 
