@@ -207,6 +207,104 @@ def fill(start: int, stop: int, batch: Any, reviewer: Any) -> None:
                 copier.flush()
 
 
+def _finish_arguments(i: int) -> str:
+    return json.dumps({"answer": f"solve() implemented for variant {i}"}, ensure_ascii=False)
+
+
+def _select(model: Any, overrides: dict[str, str]) -> tuple[str, str]:
+    """(column list, SELECT expressions) copying every column of `model` from alias `r`, some overridden."""
+    columns = [f.column for f in model._meta.concrete_fields]
+    return (", ".join(f'"{c}"' for c in columns),
+            ", ".join(overrides.get(c, f'r."{c}"') for c in columns))
+
+
+def replicate(base: int, stop: int) -> None:
+    """Trajectories base..stop-1 as PostgreSQL's copies of the first `base` (made by fill()): each
+    copy gets a task of its own (a new prompt, "Task N: ..."), its own finish answer ("... variant
+    i"), hence its own normalized hash and action sequence, and its tasks' and rollouts' synthetic
+    vectors; the rest of its record (messages, steps, reviews) is the original's, copied in the
+    database without passing through Python. content_sha256 of a copy is a digest of the
+    original's and the copy's number, not the canonical hash (nothing here re-checks it)."""
+    from django.db import connection, transaction
+
+    from apps.datasets import dedup
+    from apps.engines.embeddings import EMBEDDING_MODEL_NAME, text_sha256
+    from apps.engines.models import TextEmbedding
+    from apps.reviews.models import Review
+    from apps.tasks.models import Task, Trajectory
+
+    if base % PER_TASK or stop % base:
+        raise SystemExit(f"replicate: {stop} must be a multiple of the base {base} (itself of {PER_TASK})")
+    actions = [dedup.action_sequence(export_bench.episode(i)[0]) for i in range(base)]
+    t_table, r_table, v_table = Task._meta.db_table, Trajectory._meta.db_table, Review._meta.db_table
+    batch_id, first_task = Task.objects.filter(external_id="t0").values_list("batch_id", "id").get()
+    first_traj = Trajectory.objects.filter(task_id=first_task, sample_index=0).values_list("id", flat=True).get()
+    base_tasks = base // PER_TASK
+    for copy in range(1, stop // base):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f'SELECT max(id) FROM "{t_table}"')
+            task_off = cursor.fetchone()[0] + 1 - first_task
+            cursor.execute(f'SELECT max(id) FROM "{r_table}"')
+            traj_off = cursor.fetchone()[0] + 1 - first_traj
+            cursor.execute(f'SELECT max(id) FROM "{v_table}"')
+            review_off = cursor.fetchone()[0] + 1
+            shift_t, shift_i = copy * base_tasks, copy * base
+            cols, exprs = _select(Task, {
+                "id": f"r.id + {task_off}",
+                "external_id": f"'t' || (substr(r.external_id, 2)::int + {shift_t})",
+                "prompt": f"regexp_replace(r.prompt, '^Task [0-9]+:', 'Task ' || (substr(r.external_id, 2)::int + "
+                          f"{shift_t}) || ':')"})
+            cursor.execute(f'INSERT INTO "{t_table}" ({cols}) SELECT {exprs} FROM "{t_table}" r '
+                           f"WHERE r.batch_id = %s AND r.id >= %s AND r.id < %s", [batch_id, first_task,
+                                                                                  first_task + base_tasks])
+            new_i = f"(substr(t.external_id, 2)::int * {PER_TASK} + r.sample_index + {shift_i})"
+            cols, exprs = _select(Trajectory, {
+                "id": f"r.id + {traj_off}", "task_id": f"r.task_id + {task_off}", "uuid": "gen_random_uuid()",
+                "messages": "jsonb_set(jsonb_set(r.messages, '{1,content}', to_jsonb(regexp_replace("
+                            "r.messages->1->>'content', '^Task [0-9]+:', 'Task ' || (substr(t.external_id, 2)::int + "
+                            f"{shift_t}) || ':'))), '{{9,tool_calls,0,function,arguments}}', to_jsonb("
+                            f"'{{\"answer\": \"solve() implemented for variant ' || {new_i} || '\"}}'))",
+                "content_sha256": f"encode(sha256(convert_to(r.content_sha256 || ':{copy}', 'UTF8')), 'hex')"})
+            cursor.execute(f'INSERT INTO "{r_table}" ({cols}) SELECT {exprs} FROM "{r_table}" r '
+                           f'JOIN "{t_table}" t ON t.id = r.task_id WHERE r.id >= %s AND r.id < %s',
+                           [first_traj, first_traj + base])
+            cols, exprs = _select(Review, {"id": f"r.id - (SELECT min(id) FROM \"{v_table}\") + {review_off}",
+                                           "trajectory_id": f"r.trajectory_id + {traj_off}"})
+            cursor.execute(f'INSERT INTO "{v_table}" ({cols}) SELECT {exprs} FROM "{v_table}" r '
+                           f"WHERE r.trajectory_id >= %s AND r.trajectory_id < %s", [first_traj, first_traj + base])
+            for table in (t_table, r_table, v_table):
+                cursor.execute(f"SELECT setval(pg_get_serial_sequence('\"{table}\"', 'id'), "
+                               f'(SELECT max(id) FROM "{table}"))')
+            vectors = Copier(TextEmbedding, TextEmbedding(sha256="", model=EMBEDDING_MODEL_NAME, dim=DIM, vector=b""))
+            for i in range(base):
+                j = i + shift_i
+                if j % PER_TASK == 0:
+                    prompt = export_bench.episode(j)[0][1]["content"]
+                    prompt_vec, action_vecs = synthetic_vectors(j // PER_TASK, range(PER_TASK))
+                    vectors.add(sha256=text_sha256(prompt), vector=prompt_vec.tobytes())
+                text = actions[i].replace(f"finish(answer=solve() implemented for variant {i})",
+                                          f"finish(answer=solve() implemented for variant {j})")
+                vectors.add(sha256=text_sha256(text), vector=action_vecs[j % PER_TASK].tobytes())
+            vectors.flush()
+    _check_copies(stop)
+
+
+def _check_copies(stop: int, sample: int = 200) -> None:
+    """Each sampled copy's dedup texts are stored (else version creation would run MiniLM on them)."""
+    from apps.datasets import dedup
+    from apps.engines.embeddings import EMBEDDING_MODEL_NAME, text_sha256
+    from apps.engines.models import TextEmbedding
+    from apps.tasks.models import Trajectory
+
+    rows = Trajectory.objects.order_by("-id").values_list("task__prompt", "messages")[:sample]
+    for prompt, messages in rows:
+        for text in (prompt, dedup.action_sequence(messages)):
+            if not TextEmbedding.objects.filter(sha256=text_sha256(text), model=EMBEDDING_MODEL_NAME).exists():
+                raise SystemExit(f"replicate: no stored vector for {text[:80]!r}")
+    if Trajectory.objects.count() != stop:
+        raise SystemExit(f"replicate: {Trajectory.objects.count()} trajectories, expected {stop}")
+
+
 def _fill_orm(start: int, stop: int, batch: Any, reviewer: Any) -> None:
     """fill() through bulk_create (SQLite: the quick look)."""
     from django.db import transaction
@@ -437,17 +535,20 @@ def main() -> int:
     parser.add_argument("--formats", default="sft-openai,sft-trl,dpo-trl,rl,rl-verl,sharegpt,raw",
                         help="export formats measured at every size")
     parser.add_argument("--import-size", type=int, default=100_000,
-                        help="import a raw export of this many trajectories at the first size >= it (0: no import)")
+                        help="at the end, import a raw export of this many trajectories (0: no import)")
     parser.add_argument("--requests", type=int, default=20, help="requests per console page and to /metrics")
     parser.add_argument("--embed-texts", type=int, default=512, help="texts for the MiniLM throughput (0: skip)")
     parser.add_argument("--database-url", help="an empty, throwaway database (default: a temporary SQLite file)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--python-fill-max", type=int, default=100_000,
+                        help="rows above this size are PostgreSQL's copies of those below (replicate())")
     parser.add_argument("--full-version-max", type=int, default=100_000,
                         help="the whole version (card with exportability, writes) only up to this size; "
                              "through dedup at every size")
     parser.add_argument("--large-formats", default="rl,sft-openai",
                         help="the formats measured above --all-formats-max ('': none)")
     parser.add_argument("--all-formats-max", type=int, default=100_000)
+    parser.add_argument("--exports-max", type=int, default=10**9, help="no export measured above this size")
     parser.add_argument("--largest-not-before", default="",
                         help="HH:MM (UTC): wait until then before filling the largest size (a shared machine)")
     parser.add_argument("--child", choices=["version", "dedup", "export", "bare", "console", "metrics", "raw-file", "import",
@@ -478,7 +579,6 @@ def main() -> int:
     print(f"database: {connection.vendor}; {os.cpu_count()} cores; sizes {', '.join(f'{n:,}' for n in sizes)}", flush=True)
     results: dict[int, dict[str, Any]] = {}
     filled = 0
-    imported = False
     try:
         if args.embed_texts:
             e = run_child(args, "embed", "-n", str(args.embed_texts))
@@ -488,7 +588,10 @@ def main() -> int:
             if n == sizes[-1] and args.largest_not_before:
                 _wait_until(args.largest_not_before)
             t0 = time.perf_counter()
-            fill(filled, n, batch, reviewer)
+            if filled and n > args.python_fill_max and connection.vendor == "postgresql":
+                replicate(filled, n)
+            else:
+                fill(filled, n, batch, reviewer)
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE")  # what autovacuum does after a bulk load: plans from real statistics
             fill_s = time.perf_counter() - t0
@@ -505,7 +608,8 @@ def main() -> int:
                       f"{v['peak_rss_mb']:.0f} MB; {v['exact_removed']} exact and {v['near_removed']:,} near "
                       f"duplicates removed, {v['embedded']} texts embedded; {stages}", flush=True)
             r["exports"] = {}
-            for fmt in formats if n <= args.all_formats_max else [f for f in args.large_formats.split(",") if f]:
+            for fmt in (formats if n <= args.all_formats_max else [f for f in args.large_formats.split(",") if f]
+                        if n <= args.exports_max else []):
                 bare = run_child(args, "bare", "-n", str(n))
                 ex = run_child(args, "export", "--format", fmt, "-n", str(n))
                 r["exports"][fmt] = {"ratio": bare["seconds"] / ex["seconds"], "seconds": ex["seconds"],
@@ -520,32 +624,20 @@ def main() -> int:
             r["metrics"] = m = run_child(args, "metrics", "--requests", str(min(args.requests, 10)))
             print(f"  metrics scrape: p95 {m['p95_ms']:.0f} ms, median {m['median_ms']:.0f} ms, "
                   f"{m['queries']} queries, peak {m['peak_rss_mb']:.0f} MB", flush=True)
-            if args.import_size and not imported and n >= args.import_size:
-                path = str(tmp / "import.jsonl")
-                run_child(args, "raw-file", "-n", str(args.import_size), "--path", path)
-                r["import"] = i = run_child(args, "import", "--path", path)
-                imported = True
-                print(f"  import of {i['trajectories']:,} (raw): {i['seconds']:.0f}s, "
-                      f"{i['trajectories'] / i['seconds']:,.0f}/s, peak {i['peak_rss_mb']:.0f} MB", flush=True)
-                _drop_imported()  # the next sizes are of the filled rows only
-                os.unlink(path)
             results[n] = r
         report(results, formats)
+        if args.import_size:
+            # last: the import adds its trajectories to the database the sizes above were measured on
+            path = str(tmp / "import.jsonl")
+            run_child(args, "raw-file", "-n", str(args.import_size), "--path", path)
+            imported = run_child(args, "import", "--path", path)
+            print(f"\nimport of {imported['trajectories']:,} trajectories (raw export): {imported['seconds']:.0f}s, "
+                  f"{imported['trajectories'] / imported['seconds']:,.0f}/s, peak {imported['peak_rss_mb']:.0f} MB",
+                  flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
-
-
-def _drop_imported() -> None:
-    from apps.reviews.models import Review
-    from apps.tasks.models import Batch, Task, Trajectory
-
-    batch = Batch.objects.get(name="scale-import")
-    Review.objects.filter(trajectory__task__batch=batch).delete()
-    Trajectory.objects.filter(task__batch=batch).delete()
-    Task.objects.filter(batch=batch).delete()
-    batch.delete()
 
 
 def report(results: dict[int, dict[str, Any]], formats: list[str]) -> None:
