@@ -339,6 +339,8 @@ DATASET_EXPORT_DIR = Path(env_str("DATASET_EXPORT_DIR", str(VAR_DIR / "exports")
 DATASET_DEDUP_THRESHOLD = env_float("DATASET_DEDUP_THRESHOLD", 0.92)
 DATASET_VALIDATION_FRACTION = env_float("DATASET_VALIDATION_FRACTION", 0.1)
 DATASET_EXPORT_CHUNK = env_int("DATASET_EXPORT_CHUNK", 2000)
+# Rows per Parquet shard of a Hugging Face layout export (data/<split>-0000i-of-0000n.parquet).
+DATASET_HF_SHARD_ROWS = env_int("DATASET_HF_SHARD_ROWS", 10000)
 DATASET_EMBED_BATCH = env_int("DATASET_EMBED_BATCH", 64)
 # Near-duplicate dedup compares all pairs of unique prompts up to this many; above it, an ANN index.
 DATASET_DEDUP_EXACT_MAX = env_int("DATASET_DEDUP_EXACT_MAX", 20000)

@@ -9,6 +9,11 @@ nothing is written through a link planted there (trajplatform.safefiles): every 
 new (O_EXCL|O_NOFOLLOW) and renamed into place, and `<path>.parts/` must be a real directory
 owned by the exporting user, or the export fails naming it. Every exporter renders each record on its own
 (or each task group, for DPO), so the concatenation is byte-identical to a single pass.
+
+The Hugging Face layout (layout="hf", recorded as the job's format_version "<n>+hf") exports each
+split's chunks the same way into `<path>.parts/<split>/`, then builds the Parquet shards and the
+card (apps/datasets/hf_layout.py) in `.<name>.tmp-<pid>` beside `<path>` and renames that folder
+to `<path>` only when it is complete; an interrupted run resumes from the finished chunks.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import os
 import shutil
 import socket
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -31,7 +37,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import F
 from django.utils import timezone
 
-from apps.datasets import exporters, services
+from apps.datasets import exporters, hf_layout, services
 from apps.datasets.models import DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import member_rows
 from apps.datasets.spec import DatasetError
@@ -57,6 +63,7 @@ REAP_EVERY_MINUTES = 1
 BUILD_MAX_CLAIMS = 3  # a version build whose worker died this many times fails
 BUILD_PROGRESS_EVERY_S = 0.5  # progress rows (and socket messages) at most this often, plus each stage's end
 
+HF_SPLITS = ("train", "validation")  # the splits a Hugging Face layout of split "all" writes, each on its own
 # Formats whose lines carry their index in the file (verl's extra_info.index).
 POSITIONAL_FORMATS = frozenset({"rl-verl"})
 
@@ -114,26 +121,19 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def write_export(
-    *, version: DatasetVersion, fmt: str, split: str, path: Path, progress: ExportProgress | None = None,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Write the export file at `path` (resuming from `path.parts/`); returns its facts."""
-    exporter = services.check_exportable(version, fmt, split)
-    rows = member_rows(version, split)
-    options = dict(options or {})
-    if split != "all":
-        options.setdefault("split", split)
-    options.setdefault("image_dir", str(path.with_name(f"{path.stem}_images")))  # vision formats' image files
+def _export_chunks(
+    *, version: DatasetVersion, fmt: str, rows: list[tuple[int, int, str]], parts: Path, options: dict[str, Any],
+    tick: Callable[[int], None],
+) -> tuple[list[Path], int, list[dict[str, Any]], int]:
+    """Export `rows` in chunks into `parts` (resuming the chunks a run with the same manifest
+    finished); (the chunk files in order, lines, exclusions, chunks resumed). tick(n): n members done."""
+    exporter = exporters.FORMATS[fmt]
     # Lines may carry their position in the file (verl's extra_info.index): chunks can only be
     # exported separately when the exporter can start counting where the previous chunk ended.
     chunked = fmt not in POSITIONAL_FORMATS or _supports_start_index()
     chunks = _chunks(rows, max(1, settings.DATASET_EXPORT_CHUNK) if chunked else max(1, len(rows)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    parts = path.with_name(path.name + PARTS_SUFFIX)
     manifest = {
-        "version_id": version.pk, "format": fmt, "format_version": str(exporter.version), "split": split,
-        "options": options,
+        "version_id": version.pk, "format": fmt, "format_version": str(exporter.version), "options": options,
         "chunks": [hashlib.sha256(",".join(str(r[0]) for r in c).encode()).hexdigest() for c in chunks],
     }
     existing = None
@@ -148,21 +148,19 @@ def write_export(
         private_directory(parts)
         _write_json_atomic(parts / MANIFEST, manifest)
 
-    done_members = resumed = 0
+    resumed = lines = 0
     excluded: list[dict[str, Any]] = []
-    lines = 0
+    files = []
     for i, chunk in enumerate(chunks):
         data, meta = parts / f"{i:06d}.jsonl", parts / f"{i:06d}.json"
+        files.append(data)
         facts = _read_json(meta) if data.is_file() and not data.is_symlink() else None
-        if isinstance(facts, dict):
-            if data.stat().st_size == facts.get("bytes"):
-                resumed += 1
-                lines += facts["lines"]
-                excluded.extend(facts["excluded"])
-                done_members += len(chunk)
-                if progress:
-                    progress(done_members, len(rows))
-                continue
+        if isinstance(facts, dict) and data.stat().st_size == facts.get("bytes"):
+            resumed += 1
+            lines += facts["lines"]
+            excluded.extend(facts["excluded"])
+            tick(len(chunk))
+            continue
         _check_hashes(chunk)
         with atomic_output(data, force=True) as out:
             chunk_options = {**options, "start_index": lines} if _supports_start_index() else options
@@ -172,23 +170,106 @@ def write_export(
                                   "bytes": data.stat().st_size})
         lines += result.lines
         excluded.extend(result.excluded)
-        done_members += len(chunk)
-        if progress:
-            progress(done_members, len(rows))
+        tick(len(chunk))
+    return files, lines, excluded, resumed
 
+
+def _ticker(total: int, progress: ExportProgress | None) -> Callable[[int], None]:
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if progress:
+            progress(done[0], total)
+    return tick
+
+
+def write_export(
+    *, version: DatasetVersion, fmt: str, split: str, path: Path, progress: ExportProgress | None = None,
+    options: dict[str, Any] | None = None, layout: str = "jsonl",
+) -> dict[str, Any]:
+    """Write the export at `path` (resuming from `path.parts/`): the JSONL file, or with layout="hf"
+    the Hugging Face layout's directory (hf_layout.py); returns its facts."""
+    services.check_exportable(version, fmt, split)
+    if hf_layout.check_layout(layout) == "hf":
+        return _write_hf(version=version, fmt=fmt, split=split, path=path, progress=progress, options=options)
+    rows = member_rows(version, split)
+    options = dict(options or {})
+    if split != "all":
+        options.setdefault("split", split)
+    options.setdefault("image_dir", str(path.with_name(f"{path.stem}_images")))  # vision formats' image files
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = path.with_name(path.name + PARTS_SUFFIX)
+    files, lines, excluded, resumed = _export_chunks(version=version, fmt=fmt, rows=rows, parts=parts,
+                                                     options=options, tick=_ticker(len(rows), progress))
     digest = hashlib.sha256()
     size = 0
     # force: export_start refused an existing file unless asked; whatever is at `path` now (a
     # link planted since) is replaced by the rename, never written through.
     with atomic_output(path, force=True) as out:
-        for i in range(len(chunks)):
-            with open_regular(parts / f"{i:06d}.jsonl") as src:
+        for chunk_file in files:
+            with open_regular(chunk_file) as src:
                 while block := src.read(COPY_BUFFER):
                     digest.update(block)
                     size += len(block)
                     out.write(block)
     shutil.rmtree(parts, ignore_errors=True)
     return {"sha256": digest.hexdigest(), "lines": lines, "bytes": size, "members": len(rows),
+            "excluded": excluded, "resumed_chunks": resumed}
+
+
+def _write_hf(
+    *, version: DatasetVersion, fmt: str, split: str, path: Path, progress: ExportProgress | None,
+    options: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The Hugging Face layout: each split's chunks exported as JSONL in `path.parts/<split>/`
+    (resumable), then Parquet shards and the card built in a folder beside `path` and renamed to it."""
+    names = HF_SPLITS if split == "all" else (split,)
+    rows = {name: member_rows(version, name) for name in names}
+    base = dict(options or {})
+    if fmt in hf_layout.IMAGE_FORMATS:
+        base["images"] = "base64"  # the layout embeds the screenshots (datasets.Image)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = private_directory(path.with_name(path.name + PARTS_SUFFIX))
+    tick = _ticker(sum(len(r) for r in rows.values()), progress)
+    files: dict[str, list[Path]] = {}
+    excluded: list[dict[str, Any]] = []
+    resumed = 0
+    for name in names:
+        files[name], _, split_excluded, split_resumed = _export_chunks(
+            version=version, fmt=fmt, rows=rows[name], parts=parts / name, options={**base, "split": name}, tick=tick)
+        excluded += split_excluded
+        resumed += split_resumed
+    card = version.data_card or {}
+    exporter = exporters.FORMATS[fmt]
+    info = {
+        "title": f"{version.dataset.name} v{version.number} ({fmt})", "description": exporter.description,
+        "dataset": version.dataset.name, "version": version.number, "format": fmt,
+        "format_version": hf_layout.format_version(exporter.version, "hf"),
+        "members": sum(len(r) for r in rows.values()), "excluded": len(excluded),
+        "reasons": Counter(e["reason"] for e in excluded).most_common(10),
+        "licences": card.get("licences") or [], "models": card.get("by_model") or {},
+    }
+    tmp, old = hf_layout.temp_dir_for(path), path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    private_directory(tmp)
+    try:
+        facts = hf_layout.write_layout(target=tmp, fmt=fmt, splits=files, shard_rows=settings.DATASET_HF_SHARD_ROWS,
+                                       info=info)
+        # export_start refused an existing `path` unless forced: the old layout leaves by a rename
+        # only once the new one is complete, and a link at `path` is renamed, never followed.
+        if os.path.lexists(path):
+            os.rename(path, old)
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if os.path.lexists(old):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    shutil.rmtree(parts, ignore_errors=True)
+    return {"sha256": facts["sha256"], "lines": facts["rows"], "bytes": facts["bytes"], "members": info["members"],
             "excluded": excluded, "resumed_chunks": resumed}
 
 
@@ -204,7 +285,7 @@ def export_run(job_id: int, *, progress: ExportProgress | None = None) -> Export
     services.export_state_changed(job.version_id)
     facts = _to_an_end(
         lambda: write_export(version=job.version, fmt=job.format, split=job.split, path=Path(job.path),
-                             progress=progress),
+                             progress=progress, layout=hf_layout.layout_of(job.format_version)),
         fail=lambda error: services.export_fail(job=job, error=error), expected=(DatasetError, UnsafePathError),
         interrupted="interrupted; finished chunks are kept and a re-run resumes from them", what=f"export #{job_id}")
     if isinstance(facts, ExportJob):

@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, exportability, templates
+from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, exportability, hf_layout, templates
 from apps.datasets.exporters import FORMATS
 from apps.datasets.exporters.records import task_pass_rates
 from apps.datasets.exporters.vision import card_images
@@ -610,9 +610,10 @@ def publish_warnings(version: DatasetVersion) -> list[str]:
 
 # --- exports ------------------------------------------------------------------------------------
 
-def export_path(version: DatasetVersion, fmt: str, split: str) -> Path:
-    """Where the server-side export of (version, format, split) lives."""
-    return Path(settings.DATASET_EXPORT_DIR) / version.dataset.name / f"v{version.number}" / f"{fmt}-{split}.jsonl"
+def export_path(version: DatasetVersion, fmt: str, split: str, layout: str = "jsonl") -> Path:
+    """Where the server-side export of (version, format, split) lives (a folder for layout "hf")."""
+    name = f"{fmt}-{split}.hf" if layout == "hf" else f"{fmt}-{split}.jsonl"
+    return Path(settings.DATASET_EXPORT_DIR) / version.dataset.name / f"v{version.number}" / name
 
 
 def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
@@ -639,9 +640,12 @@ def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
 
 def export_start(
     *, version: DatasetVersion, fmt: str, split: str = "all", actor: Any, out_path: str | Path | None = None,
-    force: bool = False, enqueue: bool = True,
+    force: bool = False, enqueue: bool = True, layout: str = "jsonl",
 ) -> ExportJob:
     """Queue an export of one split of a version in one format; the job runs after commit.
+
+    layout "jsonl" writes one file; "hf" the Hugging Face layout, a folder (apps/datasets/hf_layout.py),
+    recorded as the job's format_version "<exporter version>+hf".
 
     Without out_path the file goes under DATASET_EXPORT_DIR; a finished export of the same
     file (same exporter version) is returned instead of a new job unless force, and an export
@@ -650,15 +654,26 @@ def export_start(
     """
     _require(actor, EXPORT_PERMISSION, "exporting a dataset version")
     exporter = check_exportable(version, fmt, split)
+    try:
+        format_version = hf_layout.format_version(exporter.version, layout)
+    except DatasetError as exc:
+        raise ExportError(str(exc)) from None
     in_export_dir = out_path is None
     if out_path is None:
-        path = export_path(version, fmt, split)
+        path = export_path(version, fmt, split, layout)
     else:
         # The folder is resolved, the file name is not: a link planted at the name is replaced by
         # the export (with force), never followed to overwrite its target.
         given = Path(out_path).expanduser()
         path = given.parent.resolve() / given.name
-    if not in_export_dir:
+    if not in_export_dir and layout == "hf":
+        if (path.exists() or path.is_symlink()) and not force:
+            raise ExportError(f"{path} already exists; pass --force to replace it")
+        if path.exists() and not path.is_dir():
+            raise ExportError(f"{path} is a file; the Hugging Face layout writes a directory")
+        if not path.parent.is_dir():
+            raise ExportError(f"directory {path.parent} does not exist")
+    elif not in_export_dir:
         if path.is_dir():
             raise ExportError(f"{path} is a directory; give a file path")
         if (path.exists() or path.is_symlink()) and not force:
@@ -684,18 +699,19 @@ def export_start(
             export_state_changed(active.version_id)
         if in_export_dir and not force:
             done = ExportJob.objects.filter(
-                version=version, format=fmt, split=split, format_version=str(exporter.version),
+                version=version, format=fmt, split=split, format_version=format_version,
                 status=ExportJob.Status.DONE, path=str(path),
             ).order_by("-finished_at").first()
-            if done is not None and path.is_file():
+            if done is not None and (path.is_dir() if layout == "hf" else path.is_file()):
                 return done
         job = ExportJob.objects.create(
-            version=version, format=fmt, format_version=str(exporter.version), split=split, path=str(path),
+            version=version, format=fmt, format_version=format_version, split=split, path=str(path),
             in_export_dir=in_export_dir, requested_by=actor if _is_user(actor) else None,
         )
         audit_record("datasets.export_start", actor=actor, target=job,
                      actor_repr=None if _is_user(actor) else "manage.py dataset_export",
-                     data={"version": str(version), "format": fmt, "split": split, "path": str(path)})
+                     data={"version": str(version), "format": fmt, "split": split, "path": str(path),
+                           "layout": layout})
         export_state_changed(version.pk)
         if enqueue:
             transaction.on_commit(lambda: _enqueue_export(job.pk))

@@ -13,7 +13,9 @@ from django.core.management import call_command
 
 from apps.datasets.exporters import FORMATS, export_records, load_records, validate_line
 from apps.datasets.exporters.aitw import COMPLETE, DUAL_POINT, IMPOSSIBLE, TYPE
+from apps.datasets.models import DatasetMember
 from apps.tasks.models import Trajectory
+from tests.datasets.test_exporters_load import hf_datasets  # noqa: F401 - a fixture
 from tests.datasets.anchor_loaders import AITW_FEATURES, anchor_rows, load_aitw
 from tests.engines.test_gui import artifact_root  # noqa: F401 - a fixture
 from tests.tasks.test_synthesize import offline_only  # noqa: F401 - a fixture
@@ -28,7 +30,8 @@ def export(fmt: str, records: list[dict[str, Any]], **options: Any) -> tuple[lis
     return [json.loads(line) for line in out.getvalue().splitlines()], result
 
 
-def test_the_demo_runs_through_the_worker_and_exports_as_aitw(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_the_demo_runs_through_the_worker_and_exports_as_aitw(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                               hf_datasets: Any):  # noqa: F811
     monkeypatch.setenv("ADBUTILS_ADB_PATH", "/bin/false")
     out = io.StringIO()
     call_command("synthesize", "--tasks", str(DEMO), "--batch", "demo-mobile", "--once", "--wait",
@@ -88,6 +91,25 @@ def test_the_demo_runs_through_the_worker_and_exports_as_aitw(monkeypatch: pytes
         episodes = {line["episode_id"] for line in exported} if fmt == "aitw" else exported
         assert len(episodes) == len(trajectories) - 1, (fmt, out.getvalue()[-2000:])  # the wrong one is not a success
     assert len(list((tmp_path / "demo-mobile.sharegpt-vision_images").glob("*.png"))) > 20
+    # the Hugging Face layout: the screenshots embedded as datasets.Image features
+    splits = set(DatasetMember.objects.filter(version__dataset__name="demo-mobile").values_list("split", flat=True))
+    for fmt, column in (("aitw", "image/encoded"), ("sharegpt-vision", "images"), ("trl-vision", "images")):
+        out_dir = tmp_path / f"demo-mobile.{fmt}.hf"
+        call_command("dataset_export", "demo-mobile", "--version", "1", "--format", fmt, "--out", str(out_dir),
+                     "--layout", "hf", "--no-progress", stdout=out, stderr=out)
+        loaded = hf_datasets.load_dataset(str(out_dir), cache_dir=str(tmp_path / "hf-cache"))
+        assert set(loaded) == splits, fmt
+        rows = [row for split in loaded.values() for row in split]
+        if fmt == "aitw":
+            assert loaded["train"].features[column] == hf_datasets.Image()
+            jsonl = [json.loads(line) for line in (tmp_path / "demo-mobile.aitw.jsonl").read_text().splitlines()]
+            assert sorted((r["episode_id"], r["step_id"]) for r in rows) == sorted(
+                (r["episode_id"], r["step_id"]) for r in jsonl)
+            assert all(row[column].size == (row["image/width"], row["image/height"]) for row in rows)
+        else:
+            assert loaded["train"].features[column] == hf_datasets.List(hf_datasets.Image())
+            assert sum(len(row[column]) for row in rows) > 20 and all(
+                image.size == (720, 1280) for row in rows for image in row[column])
     vision = [name for name in FORMATS if name.endswith("-vision")]  # the gui issue's multimodal formats
     assert vision
     for fmt in vision:

@@ -5,6 +5,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from apps.datasets.hf_layout import LAYOUTS, layout_of
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
 from trajplatform.api import INT64_MAX, LimitedJSONField, StrictSerializerMixin
@@ -96,22 +97,29 @@ class VersionBuildSerializer(serializers.ModelSerializer):
 class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
     format = serializers.CharField(max_length=40, help_text="an exporter name, e.g. sft-openai")
     split = serializers.ChoiceField(choices=ExportJob.Split.choices, default=ExportJob.Split.ALL)
+    layout = serializers.ChoiceField(choices=LAYOUTS, default="jsonl", help_text=(
+        "jsonl: one JSONL file (downloadable); hf: the Hugging Face layout, a folder of Parquet shards per split and "
+        "a README.md card under DATASET_EXPORT_DIR (read on the server with datasets.load_dataset)"))
 
 
 class ExportJobSerializer(serializers.ModelSerializer):
     dataset = serializers.CharField(source="version.dataset.name", read_only=True)
     version = serializers.IntegerField(source="version.number", read_only=True)
+    layout = serializers.SerializerMethodField()
     download_url = serializers.SerializerMethodField()
 
     class Meta:
         model = ExportJob
-        fields = ["id", "dataset", "version", "format", "format_version", "split", "status", "sha256", "lines",
-                  "bytes", "members", "error", "created_at", "started_at", "finished_at", "download_url"]
+        fields = ["id", "dataset", "version", "format", "format_version", "layout", "split", "status", "sha256",
+                  "lines", "bytes", "members", "error", "created_at", "started_at", "finished_at", "download_url"]
         read_only_fields = fields
 
+    def get_layout(self, job: ExportJob) -> str:
+        return layout_of(job.format_version)
+
     def get_download_url(self, job: ExportJob) -> str | None:
-        if job.status != ExportJob.Status.DONE or not job.in_export_dir:
-            return None
+        if job.status != ExportJob.Status.DONE or not job.in_export_dir or layout_of(job.format_version) == "hf":
+            return None  # a Hugging Face layout is a folder, not one file to download
         return f"/api/v1/exports/{job.pk}/download"
 
 

@@ -115,7 +115,7 @@ class ExportStartView(APIView):
         body.is_valid(raise_exception=True)
         job = services.export_start(
             version=selectors.version_get(name, number), fmt=body.validated_data["format"],
-            split=body.validated_data["split"], actor=request.user,
+            split=body.validated_data["split"], actor=request.user, layout=body.validated_data["layout"],
         )
         return Response(s.ExportJobSerializer(job).data, status=202)
 

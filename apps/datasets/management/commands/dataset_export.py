@@ -8,6 +8,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
 from apps.datasets.cli import DatasetCommand, ProgressBar, get_version, resolve_user
+from apps.datasets.hf_layout import LAYOUTS
 from apps.datasets.jobs import export_run
 from apps.datasets.models import ExportJob
 from apps.datasets.services import SPLITS, DatasetError, export_start, template_check_run
@@ -33,9 +34,15 @@ class Command(DatasetCommand):
         parser.add_argument("name", metavar="NAME", help="dataset name")
         parser.add_argument("--version", dest="number", type=int, metavar="N", help="version (default: the newest)")
         parser.add_argument("--format", required=True, metavar="F", help="e.g. sft-openai, sft-trl, dpo-trl, raw")
-        parser.add_argument("--out", required=True, metavar="PATH", help="the file to write")
+        parser.add_argument("--out", required=True, metavar="PATH", help="the file to write (with --layout hf, the directory)")
         parser.add_argument("--split", default="all", choices=SPLITS)
-        parser.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
+        parser.add_argument("--force", action="store_true", help="overwrite PATH if it exists (the directory, with "
+                            "--layout hf: replaced only once the new one is complete)")
+        parser.add_argument("--layout", choices=LAYOUTS, default="jsonl",
+                            help="jsonl (the default): one JSONL file at PATH; hf: the Hugging Face layout, PATH a "
+                                 "directory of Parquet shards per split (data/<split>-00000-of-0000N.parquet, "
+                                 "DATASET_HF_SHARD_ROWS rows each) and a README.md card with the Hub's YAML, read by "
+                                 "datasets.load_dataset(PATH) (docs/exports.md, \"Hugging Face layout\")")
         parser.add_argument("--check-template", action="append", default=[], metavar="NAME",
                             help="after writing, render every line through this chat template (a .jinja file, a "
                                  "tokenizer directory, or a name in DATASET_CHAT_TEMPLATE_DIR) and report per record: "
@@ -46,10 +53,13 @@ class Command(DatasetCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         actor = resolve_user(options.get("user"))
+        if options["layout"] == "hf" and options["check_template"]:
+            raise CommandError("--check-template renders a JSONL export's lines; use it with --layout jsonl")
         version = get_version(options["name"], options["number"])
         try:
             job = export_start(version=version, fmt=options["format"], split=options["split"], actor=actor,
-                               out_path=options["out"], force=options["force"], enqueue=False)
+                               out_path=options["out"], force=options["force"], enqueue=False,
+                               layout=options["layout"])
         except (DatasetError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         bar = ProgressBar(self.stderr._out, enabled=not options["no_progress"])
