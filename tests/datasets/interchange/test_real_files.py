@@ -31,6 +31,7 @@ REAL_FILES = [
     ("adp", "adp/agenttuning_os-1.3.1.json", 1, ()),
     ("adp", "adp/agenttuning_db-1.2.0.json", 5, ("db_356", "db_493", "db_531")),
     ("adp", "adp/agenttuning-no-version.json", 1, ()),
+    ("adp", "adp/agenttuning_kg-no-version.json", 1, ()),  # api actions answered by observations labelled user
     ("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json", 1, ("alfworld_0",)),
     ("atif", "atif/agenttuning_os-ATIF-v1.7.json", 1, ()),
     ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json", 1, ()),
@@ -66,13 +67,19 @@ def file_actions(fmt: str, doc: dict[str, Any]) -> list[tuple[str, dict[str, Any
         items = doc["content"]
         results = {i["tool_call_id"]: i["content"] for i in items
                    if i["class_"] == "text_observation" and i.get("tool_call_id")}
-        for item in items:
+        for k, item in enumerate(items):
+            if item["class_"] not in ("api_action", "code_action"):
+                continue
+            if item.get("tool_call_id"):
+                result = results.get(item["tool_call_id"])
+            else:  # a file without tool_call_id: the observation right after the action is its result
+                after = items[k + 1] if k + 1 < len(items) else {}
+                result = after.get("content") if _id_less_result(items, k + 1) else None
             if item["class_"] == "api_action":
-                out.append((item["function"], item["kwargs"], results.get(item.get("tool_call_id")),
+                out.append((item["function"], item["kwargs"], result, item.get("description") or ""))
+            else:
+                out.append((f"execute_{item['language']}", {"code": item["content"]}, result,
                             item.get("description") or ""))
-            elif item["class_"] == "code_action":
-                out.append((f"execute_{item['language']}", {"code": item["content"]},
-                            results.get(item.get("tool_call_id")), item.get("description") or ""))
     elif fmt == "atif":
         for step in doc["steps"]:
             results = {r["source_call_id"]: r["content"] for r in (step.get("observation") or {}).get("results", [])}
@@ -89,13 +96,21 @@ def file_actions(fmt: str, doc: dict[str, Any]) -> list[tuple[str, dict[str, Any
     return out
 
 
+def _id_less_result(items: list[dict[str, Any]], k: int) -> bool:
+    """Item k is the result of the action without tool_call_id right before it."""
+    return 0 < k < len(items) and items[k]["class_"] == "text_observation" and not items[k].get("tool_call_id") \
+        and items[k]["source"] in ("user", "environment") and items[k - 1]["class_"] in ("api_action", "code_action") \
+        and not items[k - 1].get("tool_call_id")
+
+
 def file_texts(fmt: str, doc: dict[str, Any]) -> list[tuple[str, str]]:
     """(role, text) of what the user, the environment outside tool results and the agent outside its
     calls said, as the file says it."""
     if fmt == "adp":
         out = []
-        for item in doc["content"]:
-            if item["class_"] == "text_observation" and not item.get("tool_call_id"):
+        for k, item in enumerate(doc["content"]):
+            if item["class_"] == "text_observation" and not item.get("tool_call_id") \
+                    and not _id_less_result(doc["content"], k):
                 role = {"user": "user", "agent": "assistant"}.get(item["source"], "system/user")
                 out.append((role, item["content"]))
             elif item["class_"] == "message_action":
