@@ -69,6 +69,8 @@ def dataset_detail(request: HttpRequest, name: str) -> HttpResponse:
 class ExportForm(forms.Form):
     format = forms.ChoiceField(choices=())
     split = forms.ChoiceField(choices=[(s, s) for s in services.SPLITS])
+    layout = forms.ChoiceField(choices=[("jsonl", "JSONL file"), ("hf", "Hugging Face layout (Parquet + card)")],
+                               initial="jsonl", required=False)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -134,7 +136,8 @@ def version_export(request: HttpRequest, name: str, number: int) -> HttpResponse
         return redirect("datasets:version_detail", name=name, number=number)
     try:
         job = services.export_start(version=version, fmt=form.cleaned_data["format"],
-                                    split=form.cleaned_data["split"], actor=request.user)
+                                    split=form.cleaned_data["split"], actor=request.user,
+                                    layout=form.cleaned_data.get("layout") or "jsonl")
     except services.DatasetError as exc:
         messages.error(request, str(exc))
     else:

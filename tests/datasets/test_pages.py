@@ -106,6 +106,14 @@ def test_an_approver_publishes_and_starts_an_export_from_the_page(
     assert ExportJob.objects.get().split == "train"
     response = client.post("/datasets/demo/v1/export/", {"format": "csv", "split": "all"}, follow=True)
     assert "Choose a known format" in response.content.decode()
+    # the Hugging Face layout from the form: recorded on the job, shown as a folder (no download link)
+    with django_capture_on_commit_callbacks():
+        client.post("/datasets/demo/v1/export/", {"format": "raw", "split": "train", "layout": "hf"}, follow=True)
+    job = ExportJob.objects.get(format_version__endswith="+hf")
+    assert job.path.endswith("raw-train.hf") and 'value="hf"' in client.get("/datasets/demo/v1/").content.decode()
+    ExportJob.objects.filter(pk=job.pk).update(status="done", sha256="0" * 64, finished_at=job.created_at)
+    body = client.get("/datasets/demo/v1/?fragment=exports").content.decode()
+    assert "Hugging Face layout (a folder on the server)" in body and f"/datasets/exports/{job.pk}/download/" not in body
 
 
 @pytest.mark.parametrize("url", [
