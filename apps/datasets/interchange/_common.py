@@ -1,5 +1,6 @@
-"""What the interchange formats share: the import error, the message helpers both exports use, a
-document's head check, the image an import keeps, and the record a foreign trajectory becomes.
+"""What the interchange formats share: the import error, the message helpers the exports use, the
+image an import keeps, what an import keeps of a file's objects (keep_rest / restore), the
+platform's steps of an imported conversation, and the record a foreign trajectory becomes.
 The formats themselves are described in the package's docstring."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Iterator, NamedTuple
 
 import orjson
 
-from apps.datasets.record_schema import RAW_SCHEMA_VERSION, TASK_FIELDS, RenderError, key_problems as _keys
+from apps.datasets.record_schema import RAW_SCHEMA_VERSION, TASK_FIELDS, RenderError
 from apps.engines.steps import Step
 from apps.tasks.models import Task, content_sha256
 
@@ -95,18 +96,6 @@ def _provenance(record: dict[str, Any]) -> dict[str, Any]:
         # the task's pass rate is read from the rollouts stored where the file is exported, not the file's
         out["task"] = {k: v for k, v in out["task"].items() if k != "pass_rate"}
     return out
-
-
-def _head(obj: Any, required: set[str], optional: set[str], versions: tuple[str, ...], id_key: str) -> list[str]:
-    """A document's keys, its schema_version among versions, and a non-empty id."""
-    problems = _keys(obj, required, optional)
-    if not isinstance(obj, dict):
-        return problems
-    if obj.get("schema_version") not in versions:
-        problems.append(f"line.schema_version: one of {', '.join(versions)}")
-    if not isinstance(obj.get(id_key), str) or not obj[id_key]:
-        problems.append(f"line.{id_key}: a non-empty string")
-    return problems
 
 
 class Image(NamedTuple):
