@@ -185,6 +185,44 @@ def refusal(card: dict[str, Any], fmt: str, split: str = "all") -> str:
     return ""
 
 
+ROLE_CHOICES = ("trainable", *ROLE_VARIANTS)
+# Formats that take a multi_agent episode whole but read the roles option: AgentJet's timelines
+# mark the selected roles trainable (their turns carry the loss).
+ROLES_READ_WHOLE = ("multiagent-agentjet",)
+
+
+def roles_refusal(card: dict[str, Any], fmt: str, roles: str) -> str:
+    """Why the roles option cannot be `roles` for this export ("" when it can): a choice other than
+    the default needs a multi_agent version and a format that reads it, and must write a line."""
+    if roles == "trainable":
+        return ""
+    if roles not in ROLE_CHOICES:
+        return f"roles: one of {', '.join(ROLE_CHOICES)}"
+    if MULTI_AGENT not in _scenes_of(card):
+        return (f"roles: only multi_agent versions have per-role views; this version has "
+                f"{', '.join(_scenes_of(card)) or 'no members'}")
+    if fmt in FORMATS and _whole_episode(fmt) and fmt not in ROLES_READ_WHOLE:
+        return f"roles: {fmt} takes each multi_agent episode whole (the lead's view or the whole record)"
+    measured = ((card.get("exportability") or {}).get("roles") or {}).get(roles) or {}
+    if fmt in measured and measured[fmt] == 0:
+        return f"roles: {fmt} would write no line of this version with roles {roles}"
+    return ""
+
+
+def role_options(card: dict[str, Any]) -> list[dict[str, Any]]:
+    """The export form's roles choices for a multi_agent version ([] for others): each
+    {"roles", "label", "lines": {fmt: lines}} (the default's lines are the formats' own)."""
+    if MULTI_AGENT not in _scenes_of(card):
+        return []
+    section = card.get("exportability") or {}
+    default = {f: t["lines"]["all"] for f, t in (section.get("formats") or {}).items()
+               if not _whole_episode(f)}
+    labels = {"trainable": "trainable roles (every role not marked trainable: false)", "lead": "the lead only",
+              "all": "all roles"}
+    return [{"roles": r, "label": labels[r], "lines": default if r == "trainable" else (section.get("roles") or {}).get(r, {})}
+            for r in ROLE_CHOICES]
+
+
 def publish_warnings(card: dict[str, Any]) -> list[str]:
     """Members of a version's own scenes that their scene's format would exclude, one line per
     format: what publishing warns about (the version publishes all the same)."""

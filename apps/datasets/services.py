@@ -610,10 +610,28 @@ def publish_warnings(version: DatasetVersion) -> list[str]:
 
 # --- exports ------------------------------------------------------------------------------------
 
-def export_path(version: DatasetVersion, fmt: str, split: str, layout: str = "jsonl") -> Path:
-    """Where the server-side export of (version, format, split) lives (a folder for layout "hf")."""
-    name = f"{fmt}-{split}.hf" if layout == "hf" else f"{fmt}-{split}.jsonl"
+def export_path(version: DatasetVersion, fmt: str, split: str, layout: str = "jsonl",
+                roles: str = "trainable") -> Path:
+    """Where the server-side export of (version, format, split[, roles choice]) lives (a folder for
+    layout "hf")."""
+    suffix = "" if roles == "trainable" else f"{ROLES_MARK}{roles}"
+    name = f"{fmt}-{split}{suffix}" + (".hf" if layout == "hf" else ".jsonl")
     return Path(settings.DATASET_EXPORT_DIR) / version.dataset.name / f"v{version.number}" / name
+
+
+# A server-side export's options other than the defaults are part of its file name (one file per
+# choice), and the job reads them back from there: `<format>-<split>.roles-lead.jsonl`.
+ROLES_MARK = ".roles-"
+
+
+def export_options(job: ExportJob) -> dict[str, Any]:
+    """The export options a job was started with (the roles choice of a server-side export)."""
+    name = Path(job.path).name
+    if job.in_export_dir and ROLES_MARK in name:
+        roles = name.rsplit(ROLES_MARK, 1)[1].removesuffix(".jsonl").removesuffix(".hf")
+        if roles in exportability.ROLE_CHOICES:
+            return {"roles": roles}
+    return {}
 
 
 def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
@@ -640,7 +658,7 @@ def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
 
 def export_start(
     *, version: DatasetVersion, fmt: str, split: str = "all", actor: Any, out_path: str | Path | None = None,
-    force: bool = False, enqueue: bool = True, layout: str = "jsonl",
+    force: bool = False, enqueue: bool = True, layout: str = "jsonl", roles: str = "trainable",
 ) -> ExportJob:
     """Queue an export of one split of a version in one format; the job runs after commit.
 
@@ -650,7 +668,8 @@ def export_start(
     Without out_path the file goes under DATASET_EXPORT_DIR; a finished export of the same
     file (same exporter version) is returned instead of a new job unless force, and an export
     already queued or running for it is returned as is. With out_path (the dataset_export
-    command), an existing file is refused unless force.
+    command), an existing file is refused unless force. roles (multi_agent versions, server-side
+    exports): whose views the per-role formats write, "trainable" / "lead" / "all".
     """
     _require(actor, EXPORT_PERMISSION, "exporting a dataset version")
     exporter = check_exportable(version, fmt, split)
@@ -658,9 +677,14 @@ def export_start(
         format_version = hf_layout.format_version(exporter.version, layout)
     except DatasetError as exc:
         raise ExportError(str(exc)) from None
+    refused = exportability.roles_refusal(version.data_card or {}, fmt, roles)
+    if refused:
+        raise ExportError(refused)
     in_export_dir = out_path is None
+    if out_path is not None and roles != "trainable":
+        raise ExportError("roles: a command-line export writes the default views (trainable roles)")
     if out_path is None:
-        path = export_path(version, fmt, split, layout)
+        path = export_path(version, fmt, split, layout, roles)
     else:
         # The folder is resolved, the file name is not: a link planted at the name is replaced by
         # the export (with force), never followed to overwrite its target.
@@ -711,7 +735,7 @@ def export_start(
         audit_record("datasets.export_start", actor=actor, target=job,
                      actor_repr=None if _is_user(actor) else "manage.py dataset_export",
                      data={"version": str(version), "format": fmt, "split": split, "path": str(path),
-                           "layout": layout})
+                           "layout": layout, "options": export_options(job)})
         export_state_changed(version.pk)
         if enqueue:
             transaction.on_commit(lambda: _enqueue_export(job.pk))

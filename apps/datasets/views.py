@@ -16,7 +16,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.datasets import selectors, services
+from apps.datasets import exportability, selectors, services
 from apps.datasets.models import DatasetVersion, VersionBuild
 from apps.datasets.svg import histogram_svg
 from apps.engines.registry import SCENE_CHOICES
@@ -67,14 +67,36 @@ def dataset_detail(request: HttpRequest, name: str) -> HttpResponse:
 
 
 class ExportForm(forms.Form):
+    """The formats that apply to the version's scenes and would write a line, with the card's
+    counts; for a multi_agent version, whose views the per-role formats write."""
+
     format = forms.ChoiceField(choices=())
     split = forms.ChoiceField(choices=[(s, s) for s in services.SPLITS])
     layout = forms.ChoiceField(choices=[("jsonl", "JSONL file"), ("hf", "Hugging Face layout (Parquet + card)")],
                                initial="jsonl", required=False)
+    roles = forms.ChoiceField(choices=[(r, r) for r in exportability.ROLE_CHOICES], initial="trainable",
+                              required=False)
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, version: DatasetVersion, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.fields["format"].choices = [(f, f) for f in sorted(services.exporter_formats())]
+        self.card = version.data_card or {}
+        self.offered = exportability.offered(self.card)
+        self.fields["format"].choices = [
+            (o["format"], o["format"] if o["lines"] is None else f"{o['format']} — {o['lines']} lines"
+             + (f", {o['excluded']} excluded" if o["excluded"] else "")) for o in self.offered]
+        self.role_options = exportability.role_options(self.card)
+        if self.role_options:  # shown for multi_agent versions; a choice posted for another is refused
+            self.fields["roles"].choices = [(r["roles"], r["label"]) for r in self.role_options]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if "format" in data:
+            for key, problem in (("split", exportability.refusal(self.card, data["format"], data.get("split", "all"))),
+                                 ("roles", exportability.roles_refusal(self.card, data["format"],
+                                                                       data.get("roles") or "trainable"))):
+                if problem:
+                    self.add_error(key, problem)
+        return data
 
 
 @login_required
@@ -111,7 +133,10 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "exports": exports, "exports_live": exports_live,
         "can_publish": not version.is_published and request.user.has_perm(services.PUBLISH_PERMISSION),
         "can_export": request.user.has_perm(services.EXPORT_PERMISSION),
-        "export_form": ExportForm(),
+        "export_form": ExportForm(version),
+        "pass_rate_svg": histogram_svg((card.get("pass_rates") or {}).get("histogram"),
+                                       title="tasks by pass rate over their rollouts (0-1)"),
+        "exportable": card.get("exportability"),
     })
 
 
@@ -121,6 +146,8 @@ def version_publish(request: HttpRequest, name: str, number: int) -> HttpRespons
     version = _version_or_404(name, number)
     services.dataset_version_publish(version=version, actor=request.user)  # PermissionDenied -> 403
     messages.success(request, f"Published {version}.")
+    for warning in services.publish_warnings(version):
+        messages.warning(request, warning)
     return redirect("datasets:version_detail", name=name, number=number)
 
 
@@ -130,14 +157,21 @@ def version_export(request: HttpRequest, name: str, number: int) -> HttpResponse
     version = _version_or_404(name, number)
     if not request.user.has_perm(services.EXPORT_PERMISSION):
         raise PermissionDenied("exporting needs the approver role")
-    form = ExportForm(request.POST)
+    form = ExportForm(version, request.POST)
     if not form.is_valid():
-        messages.error(request, "Choose a known format and split.")
+        fmt = request.POST.get("format", "")
+        problems = " ".join(f"{'' if k == '__all__' else k + ': '}{' '.join(v)}" for k, v in form.errors.items())
+        if "format" in form.errors and fmt not in {o["format"] for o in form.offered}:
+            problems = f"format {fmt!r} is not offered for this version: " + (
+                exportability.refusal(form.card, fmt) if fmt in services.exporter_formats()
+                else "no such format")
+        messages.error(request, problems)
         return redirect("datasets:version_detail", name=name, number=number)
     try:
         job = services.export_start(version=version, fmt=form.cleaned_data["format"],
                                     split=form.cleaned_data["split"], actor=request.user,
-                                    layout=form.cleaned_data.get("layout") or "jsonl")
+                                    layout=form.cleaned_data.get("layout") or "jsonl",
+                                    roles=form.cleaned_data.get("roles") or "trainable")
     except services.DatasetError as exc:
         messages.error(request, str(exc))
     else:

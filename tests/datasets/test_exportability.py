@@ -100,3 +100,53 @@ def test_publishing_warns_about_members_their_own_scenes_format_excludes(make_ta
     event = AuditEvent.objects.get(action="datasets.version_publish", target_id=str(version.pk))
     [warning] = event.data["warnings"]
     assert warning.startswith("toucan, toucan's format, would exclude 1 of this version's toucan rows (1 lines written)")
+
+
+def test_the_version_page_offers_only_the_formats_that_apply_with_their_counts(
+        client: Any, approver: Any, version: Any) -> None:
+    client.force_login(approver)
+    url = f"/datasets/{version.dataset.name}/v{version.number}/"
+    html = client.get(url).content.decode()
+    form = html.split('id="export-form"')[1].split("</form>")[0]
+    assert '<option value="sft-trl">sft-trl — 13 lines</option>' in form
+    assert '<option value="rl-verl">rl-verl — 5 lines, 8 excluded</option>' in form
+    for absent in ("aitw", "qa", "sft-openai-vision", "multiagent-agentjet"):
+        assert f'value="{absent}"' not in form
+    assert 'name="roles"' not in form  # no per-role views: not a multi_agent version
+    assert 'data-format="rl-verl"><td>rl-verl</td><td>5</td>' in html  # the card's table
+
+
+def test_the_console_refuses_an_inapplicable_format_by_name_and_queues_nothing(
+        client: Any, approver: Any, version: Any) -> None:
+    client.force_login(approver)
+    url = f"/datasets/{version.dataset.name}/v{version.number}/export/"
+    page = client.post(url, {"format": "aitw", "split": "all"}, follow=True).content.decode()
+    assert ("format &#x27;aitw&#x27; is not offered for this version: format aitw does not apply to this version: "
+            "aitw is made for mobile_agent trajectories; this version has code_exec") in page
+    page = client.post(url, {"format": "sft-trl", "split": "all", "roles": "lead"}, follow=True).content.decode()
+    assert "roles: only multi_agent versions have per-role views; this version has code_exec" in page
+    assert not ExportJob.objects.exists()
+    page = client.post(url, {"format": "sft-trl", "split": "train"}, follow=True).content.decode()
+    assert ExportJob.objects.get().format == "sft-trl"
+
+
+def test_the_api_accepts_only_formats_that_apply_and_names_the_field(approver: Any, version: Any) -> None:
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(approver)
+    url = f"/api/v1/datasets/{version.dataset.name}/versions/{version.number}/exports"
+    detail = api.get(f"/api/v1/datasets/{version.dataset.name}/versions/{version.number}").json()
+    offered = {o["format"]: o["lines"] for o in detail["export_formats"]}
+    assert offered["sft-trl"] == 13 and "aitw" not in offered and "qa-verl" not in offered
+    refused = api.post(url, {"format": "qa-verl"}, format="json")
+    assert refused.status_code == 400
+    [message] = refused.json()["error"]["details"]["fields"]["format"]
+    assert message.startswith("format qa-verl does not apply to this version: qa-verl is made for")
+    roles = api.post(url, {"format": "sft-trl", "roles": "lead"}, format="json")
+    assert roles.status_code == 400
+    assert roles.json()["error"]["details"]["fields"]["roles"] == [
+        "roles: only multi_agent versions have per-role views; this version has code_exec"]
+    assert not ExportJob.objects.exists()
+    started = api.post(url, {"format": "rl-verl", "split": "train"}, format="json")
+    assert started.status_code == 202, started.json()

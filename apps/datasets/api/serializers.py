@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.datasets import exportability
+from apps.datasets.exporters import FORMATS
 from apps.datasets.hf_layout import LAYOUTS, layout_of
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
@@ -44,9 +47,14 @@ class VersionDetailSerializer(VersionSerializer):
     exporter_versions = serializers.JSONField(read_only=True)
     exports = serializers.SerializerMethodField()
     template_checks = serializers.SerializerMethodField()
+    export_formats = serializers.SerializerMethodField(
+        help_text="the formats that apply to the version and would write a line: format, description, lines, excluded")
+    publish_warnings = serializers.SerializerMethodField(
+        help_text="members of the version's own scenes that their scene's format would exclude")
 
     class Meta(VersionSerializer.Meta):
-        fields = [*VersionSerializer.Meta.fields, "data_card", "exporter_versions", "exports", "template_checks"]
+        fields = [*VersionSerializer.Meta.fields, "data_card", "exporter_versions", "exports", "template_checks",
+                  "export_formats", "publish_warnings"]
         read_only_fields = fields
 
     def get_exports(self, version: DatasetVersion) -> list[dict[str, Any]]:
@@ -54,6 +62,15 @@ class VersionDetailSerializer(VersionSerializer):
 
     def get_template_checks(self, version: DatasetVersion) -> list[dict[str, Any]]:
         return template_checks(version)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_export_formats(self, version: DatasetVersion) -> list[dict[str, Any]]:
+        """The formats this version can be exported in (all splits), with the card's counts."""
+        return exportability.offered(version.data_card or {})
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_publish_warnings(self, version: DatasetVersion) -> list[str]:
+        return exportability.publish_warnings(version.data_card or {})
 
 
 class VersionCreateSerializer(StrictSerializerMixin, serializers.Serializer):
@@ -95,11 +112,33 @@ class VersionBuildSerializer(serializers.ModelSerializer):
 
 
 class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
-    format = serializers.CharField(max_length=40, help_text="an exporter name, e.g. sft-openai")
+    """With the version in the context: a format that does not apply to the version's scenes or
+    would write no line of the split (the card's exportability) is refused naming `format`, a
+    roles choice the version or the format cannot take naming `roles`."""
+
+    format = serializers.CharField(max_length=40, help_text=(
+        "an exporter name that applies to the version (its data card's exportability.formats with lines), "
+        "e.g. sft-openai"))
     split = serializers.ChoiceField(choices=ExportJob.Split.choices, default=ExportJob.Split.ALL)
     layout = serializers.ChoiceField(choices=LAYOUTS, default="jsonl", help_text=(
         "jsonl: one JSONL file (downloadable); hf: the Hugging Face layout, a folder of Parquet shards per split and "
         "a README.md card under DATASET_EXPORT_DIR (read on the server with datasets.load_dataset)"))
+    roles = serializers.ChoiceField(choices=list(exportability.ROLE_CHOICES), default="trainable", help_text=(
+        "multi_agent versions: whose views the per-role formats write — trainable (every role not marked "
+        "trainable: false), lead (the lead only) or all"))
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        version = self.context.get("version")
+        if version is not None:
+            card = version.data_card or {}
+            problem = exportability.refusal(card, data["format"], data["split"]) \
+                if data["format"] in FORMATS else f"unknown format {data['format']!r}"
+            if problem:
+                raise serializers.ValidationError({"format": [problem]})
+            problem = exportability.roles_refusal(card, data["format"], data["roles"])
+            if problem:
+                raise serializers.ValidationError({"roles": [problem]})
+        return data
 
 
 class ExportJobSerializer(serializers.ModelSerializer):

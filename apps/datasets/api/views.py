@@ -111,11 +111,12 @@ class ExportStartView(APIView):
 
     @extend_schema(request=s.ExportStartSerializer, responses={202: s.ExportJobSerializer, **ERRORS})
     def post(self, request: Request, name: str, number: int) -> Response:
-        body = s.ExportStartSerializer(data=request.data)
+        version = selectors.version_get(name, number)
+        body = s.ExportStartSerializer(data=request.data, context={"version": version})
         body.is_valid(raise_exception=True)
         job = services.export_start(
-            version=selectors.version_get(name, number), fmt=body.validated_data["format"],
-            split=body.validated_data["split"], actor=request.user, layout=body.validated_data["layout"],
+            version=version, fmt=body.validated_data["format"], split=body.validated_data["split"],
+            actor=request.user, layout=body.validated_data["layout"], roles=body.validated_data["roles"],
         )
         return Response(s.ExportJobSerializer(job).data, status=202)
 

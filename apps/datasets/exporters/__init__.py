@@ -157,7 +157,8 @@ class ExportResult:
 
 def validate_line(fmt: str, obj: Any) -> list[str]:
     """What is wrong with one line by the format's consumer's rules ([] = valid)."""
-    return _exporter(fmt).validate(obj)
+    rest, problems = roles.untag_view(fmt, obj)
+    return _exporter(fmt).validate(rest) + problems
 
 
 def _exporter(fmt: str) -> Exporter:
@@ -301,7 +302,7 @@ def export_records(
         prepared = []
         for n, obj in enumerate(objs):
             obj, data = redactor.apply(obj)
-            problems = exporter.validate(obj)
+            problems = validate_line(exporter.name, obj)
             if problems:
                 shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
                 where = f" {n + 1} of {len(objs)}" if exporter.many else ""
@@ -343,7 +344,7 @@ def export_records(
                                         "is already written"})
                 continue
             try:
-                obj = exporter.render(record, ctx)
+                obj = roles.tag_view(exporter.name, exporter.render(record, ctx), record)
             except (RenderError, KeyError, TypeError, AttributeError) as exc:
                 reason = str(exc) if isinstance(exc, RenderError) else f"malformed record: {type(exc).__name__}: {exc}"
                 result.excluded.append({"trajectory_id": record.get("trajectory_id"), "task_id": record.get("task_id"),

@@ -12,6 +12,8 @@ under `subtrajectories` (records.py; nested ones under theirs). Exports:
   say `trainable: false`), "lead", "all", or a list of role names. Pairwise and one-per-task
   formats (DPO, verl, AgentJet tasks) use the lead's view only; `raw` keeps the whole record,
   sub-trajectories included (the multi-speaker transcript).
+  Each view's line in sft-trl, sharegpt, alpaca, kto-trl, reward-score and rl has a `metadata`
+  column {role, trajectory_id, parent_trajectory_id} (`tag_view`; null parent for the lead).
 * `multiagent-agentjet`: one line per episode, the roles' timelines tagged by agent name with
   per-message author (llm | env) and loss mask (1 on the trainable agents' own turns), and the
   shared reward — AgentJet's MultiAgentContextTracker shape (ajet/context_tracker).
@@ -75,6 +77,35 @@ def views(record: dict[str, Any], choice: Any = "trainable") -> Iterator[dict[st
             yield {**record, **{k: child[k] for k in ("trajectory_id", "messages", "tools", "steps", "final_answer",
                                                       "content_sha256")},
                    "role": child["role"], "parent_trajectory_id": record["trajectory_id"], "subtrajectories": []}
+
+
+# Per-role views' lines in these formats carry a `metadata` column {role, trajectory_id,
+# parent_trajectory_id} so a trainer can tell the roles apart (their consumers keep extra columns;
+# OpenAI's fine-tuning format has no place for one, and the formats with a metadata of their own
+# keep theirs).
+METADATA_FORMATS = frozenset({"sft-trl", "sharegpt", "alpaca", "kto-trl", "reward-score", "rl"})
+METADATA_KEYS = ("role", "trajectory_id", "parent_trajectory_id")
+
+
+def tag_view(fmt: str, line: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """The line with its role view's metadata column (a multi_agent view in METADATA_FORMATS)."""
+    if fmt not in METADATA_FORMATS or "role" not in record:
+        return line
+    return {**line, "metadata": {k: record.get(k) for k in METADATA_KEYS}}
+
+
+def untag_view(fmt: str, line: Any) -> tuple[Any, list[str]]:
+    """(the line without a view's metadata column, what is wrong with that column): the format's
+    own validator judges the rest."""
+    if fmt not in METADATA_FORMATS or not isinstance(line, dict) or "metadata" not in line:
+        return line, []
+    meta = line["metadata"]
+    rest = {k: v for k, v in line.items() if k != "metadata"}
+    if not isinstance(meta, dict) or set(meta) != set(METADATA_KEYS) or not isinstance(meta["role"], str) \
+            or not isinstance(meta["trajectory_id"], int) \
+            or not (meta["parent_trajectory_id"] is None or isinstance(meta["parent_trajectory_id"], int)):
+        return rest, ["line.metadata: must be {role: string, trajectory_id: int, parent_trajectory_id: int or null}"]
+    return rest, []
 
 
 def _timeline(agent: str, label: str, messages: list[dict[str, Any]], trainable: bool) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
 from apps.datasets.cli import DatasetCommand, ProgressBar, get_version, resolve_user
-from apps.datasets.services import DatasetError, dataset_version_create, dataset_version_publish
+from apps.datasets.services import DatasetError, dataset_version_create, dataset_version_publish, publish_warnings
 
 HELP = """\
 Build a new version of dataset NAME (created if it does not exist) from the finished
@@ -158,4 +158,7 @@ class Command(DatasetCommand):
         if diff:
             self.stdout.write(f"against v{diff['parent']}: +{len(diff['added'])} added, "
                               f"-{len(diff['removed'])} removed, {diff['kept']} kept")
+        if version.is_published:
+            for warning in publish_warnings(version):
+                self.stderr.write(self.style.WARNING(f"warning: {warning}"))
         self.stdout.write(f"details: manage.py dataset_stats {version.dataset.name} --version {version.number}")
