@@ -179,6 +179,8 @@ def refusal(card: dict[str, Any], fmt: str, split: str = "all") -> str:
     if tally is None:
         return f"format {fmt} was not measured for this version; create a new version to export with it"
     if tally["lines"].get(split, 0) == 0:
+        if split != "all" and (card.get("counts") or {}).get(split) == 0:
+            return f"the {split} split of this version has no member (see its filter spec's validation_fraction)"
         reasons = "; ".join(f"{n} × {r}" for r, n in list(tally["reasons"].items())[:3])
         where = "" if split == "all" else f" of the {split} split"
         return f"format {fmt} would write no line{where} of this version" + (f" ({reasons})" if reasons else "")

@@ -13,7 +13,7 @@ from apps.datasets.jobs import export_run, run_export
 from apps.datasets.models import ExportJob
 from apps.datasets.selectors import export_checksums
 from apps.datasets.services import (
-    ExportError, dataset_version_create, dataset_version_publish, export_path, export_start,
+    ExportError, dataset_version_create, dataset_version_publish, export_path, export_start, split_of,
 )
 from apps.tasks.models import Trajectory
 from tests.datasets.version_data import (  # noqa: F401 (export_dir is a fixture)
@@ -28,11 +28,20 @@ def published_version(make_task: Any, approver: Any, name: str, tasks: int, *, p
                       failed_too: bool = False, **filters: Any) -> Any:
     """A published version of dataset `name`: `tasks` code tasks with a good rollout each (and a
     failed one with failed_too), no dedup, `filters` for the rest of the filter spec."""
+    task_ids = []
     for i in range(tasks):
         task = make_task(prompt=f"Write program number {i}{prompt_end}")
+        task_ids.append(task.pk)
         make_trajectory(task, code=f"print({i})", score=90, reward=1.0)
         if failed_too:
             make_trajectory(task, code=f"print({i}) # wrong", outcome="failure", reward=0.0, score=30)
+    if filters.get("validation_fraction"):
+        # Task ids differ between databases and runs: move the seed on until both splits hold a
+        # task, so the split tests never meet an empty split (an empty split is refused by name).
+        seed = filters.get("split_seed", 0)
+        while len({split_of(t, seed, filters["validation_fraction"]) for t in task_ids}) < 2:
+            seed += 1
+        filters["split_seed"] = seed
     v = dataset_version_create(dataset_name=name, actor=approver, filter_spec=no_dedup(**filters))
     return dataset_version_publish(version=v, actor=approver)
 
@@ -265,3 +274,11 @@ def test_migrate_registers_the_export_reaper() -> None:
     from apps.datasets import jobs
 
     assert Schedule.objects.filter(name=jobs.REAP_SCHEDULE_NAME, func=jobs.REAP_FUNC).exists()
+
+
+def test_an_empty_split_is_refused_by_name_before_any_job(make_task: Any, approver: Any) -> None:
+    empty = published_version(make_task, approver, "no-validation", 2, validation_fraction=0.0)
+    assert empty.counts["validation"] == 0
+    with pytest.raises(ExportError, match="the validation split of this version has no member"):
+        export_start(version=empty, fmt="sft-trl", split="validation", actor=None, enqueue=False)
+    assert not ExportJob.objects.filter(version=empty).exists()
