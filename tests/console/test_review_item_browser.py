@@ -164,6 +164,18 @@ def test_a_reviewer_reads_the_trace_and_decides_from_the_fixed_bar(delegated, da
     assert errors == []
 
 
+LOADED = """img => img.complete ? img.naturalWidth > 0 : new Promise(done => {
+    img.addEventListener("load", () => done(img.naturalWidth > 0), {once: true});
+    img.addEventListener("error", () => done(false), {once: true});
+})"""
+
+
+def loaded(img) -> bool:
+    """True once a (lazily loaded) image has arrived with pixels; False if it failed to load."""
+    img.scroll_into_view_if_needed()
+    return img.evaluate(LOADED)
+
+
 def test_a_tap_is_drawn_on_the_screen_it_tapped_at_both_widths(tapped, daphne_server, page, errors, make_user):
     trajectory = tapped
     tap = next(i for i, s in enumerate(trajectory.steps) if i and (s.get("action") or {}).get("type") == "click")
@@ -177,11 +189,11 @@ def test_a_tap_is_drawn_on_the_screen_it_tapped_at_both_widths(tapped, daphne_se
         expect(before.locator("img")).to_have_attribute(
             "src", f"/artifacts/{trajectory.steps[tap - 1]['images'][-1]['artifact']}")
         # the images loaded, and the point sits inside the before image
-        assert before.locator("img").evaluate("img => img.complete && img.naturalWidth > 0")
+        assert loaded(before.locator("img"))
         image, point = before.locator("img").bounding_box(), before.locator(".action-point").bounding_box()
         assert image["x"] <= point["x"] + 7 <= image["x"] + image["width"]
         assert image["y"] <= point["y"] + 7 <= image["y"] + image["height"]
-        assert step.locator("figure[data-shot=after] img").evaluate("img => img.complete && img.naturalWidth > 0")
+        assert loaded(step.locator("figure[data-shot=after] img"))
         assert step.locator("figure[data-shot=after] .action-point").count() == 0
         fits(page, width)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
