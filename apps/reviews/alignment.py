@@ -19,10 +19,14 @@ from difflib import SequenceMatcher
 from typing import Any
 
 from apps.tasks.episode import diff_html, plain_text, pretty_json
+from trajplatform import json_limits
 
 MAX_STEPS = 300  # per rollout: a longer one is cut (and says so), the page stays small
 MAX_PAIRING_CELLS = 2500  # a replaced block up to 50 x 50 steps is paired by similarity, a bigger one by position
 MIN_SIMILARITY = 0.3
+# How much of each signature the similarity reads: SequenceMatcher is quadratic in the text, and
+# two 8 KB write_file calls took 1.25 s a pair; the tool and the head of its arguments decide.
+SIMILAR_CHARS = 1024
 
 
 @dataclass
@@ -68,8 +72,8 @@ def _cell(index: int, record: Any) -> Cell:
     args = record.get("arguments")
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except ValueError:
+            args = json_limits.loads(args)
+        except ValueError:  # not JSON, or nested too deep to parse safely
             pass
     canonical = json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
     tool = str(record.get("tool") or "?")
@@ -82,7 +86,7 @@ def _similar(x: str, y: str) -> float:
     """How alike two signatures are, 0..1; a different tool never matches."""
     if x.split(":", 1)[0] != y.split(":", 1)[0]:
         return 0.0
-    return SequenceMatcher(None, x, y, autojunk=False).ratio()
+    return SequenceMatcher(None, x[:SIMILAR_CHARS], y[:SIMILAR_CHARS], autojunk=False).ratio()
 
 
 def _pair_block(pivot: list[str], other: list[str], i1: int, i2: int, j1: int, j2: int) -> list[tuple[int, int]]:

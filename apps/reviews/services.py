@@ -723,6 +723,14 @@ def _parse_arguments(steps: list[Any], tools: Any, edits: dict[int, str]) -> dic
                 pass
         if value == before:
             continue
+        if isinstance(value, str):  # a JSON string (checks.parse would decode it again and store it double-encoded)
+            errors.append(f"step {i + 1}: the arguments of {tool} must be a JSON object, got str")
+            continue
+        if steps[i].get("format") not in (None, "native"):
+            # a text-format call lives in the message's text, which an edit here would not change
+            errors.append(f"step {i + 1} ({tool}): a tool call written as text ({steps[i]['format']}) "
+                          "cannot have its arguments edited; drop the step instead")
+            continue
         _args, problem, _kind = checks.parse(tool, value)
         if problem:
             errors.append(f"step {i + 1}: {problem}")

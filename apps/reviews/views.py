@@ -360,7 +360,7 @@ DECISIONS = {"a": "A preferred", "b": "B preferred", "tie": "a tie", "skip": "sk
 
 
 def _picked(raw: Any, rollouts: dict[int, Trajectory]) -> Trajectory | None:
-    return rollouts.get(int(raw)) if isinstance(raw, str) and raw.isdigit() and int(raw) <= MAX_ID else None
+    return rollouts.get(int(raw)) if isinstance(raw, str) and raw.isascii() and raw.isdigit() and int(raw) <= MAX_ID else None
 
 
 def _next_to_compare(task: Task) -> Task | None:
@@ -441,7 +441,7 @@ def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
         # Nothing to store: a tie is no preference pair (the DPO exports need a chosen and a rejected).
         messages.info(request, f"Task #{task.pk}: {DECISIONS[decision]}, no preference stored.")
         return _after_decision(task, page)
-    if not all(i.isdigit() and 0 < int(i) <= MAX_ID for i in ids):
+    if not all(i.isascii() and i.isdigit() and 0 < int(i) <= MAX_ID for i in ids):
         messages.error(request, "Pick a preferred rollout (A) and the one it beats (B).")
         return HttpResponseRedirect(page)
     found = Trajectory.objects.in_bulk([int(i) for i in ids])
@@ -488,8 +488,10 @@ def correct(request: HttpRequest, trajectory_id: int) -> HttpResponse:
                 thoughts[i] = request.POST[f"thought_{i}"][:100_000]
             if request.POST.get(f"drop_{i}"):
                 drop.append(i)
-            if f"arguments_{i}" in request.POST and request.POST[f"arguments_{i}"] != _arguments_json(step):
-                arguments[i] = request.POST[f"arguments_{i}"][:200_000]
+            # browsers send a textarea's line breaks as CRLF: an untouched field is no edit
+            sent = request.POST.get(f"arguments_{i}")
+            if sent is not None and sent.replace("\r\n", "\n") != _arguments_json(step):
+                arguments[i] = sent.replace("\r\n", "\n")[:200_000]
         try:
             correction = services.trajectory_correct(
                 trajectory=trajectory, actor=request.user, thoughts=thoughts, drop_steps=drop, arguments=arguments,

@@ -103,3 +103,32 @@ def test_three_rollouts_share_the_gap_rows_and_a_different_result_is_a_divergenc
     assert write.same_action and not write.same_result and write.differs
     assert "EACCES" in write.cells[2].result_diff and not write.cells[1].result_diff
     assert align([a, _rollout(4, ["read", "write", "finish"])]).first is None
+
+
+def test_long_arguments_are_paired_by_their_head_and_deep_json_is_shown_not_parsed():
+    body = "x = 1\n" * 1700  # ~10 KB files: the similarity reads a bounded head of each call
+    a = SimpleNamespace(pk=1, steps=[{"tool": "write_file", "arguments": {"path": f"f{i}.py", "content": body + "a"},
+                                      "output": "ok"} for i in range(20)])
+    b = SimpleNamespace(pk=2, steps=[{"tool": "write_file", "arguments": {"path": f"f{i}.py", "content": body + "b"},
+                                      "output": "ok"} for i in range(20)])
+    result = align([a, b])
+    assert len(result.rows) == 20 and all(row.cells[0] and row.cells[1] for row in result.rows)
+    assert result.first == 0 and not result.rows[0].same_action
+    deep = "[" * 5000 + "]" * 5000  # nested beyond what json parses safely: shown as the text it is
+    c = SimpleNamespace(pk=3, steps=[{"tool": "run", "arguments": deep, "output": "ok"}])
+    [row] = align([c, c]).rows
+    assert row.same_action
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field", ["a", "b"])
+def test_a_unicode_digit_as_a_rollout_id_is_refused_not_a_500(make_task, reviewer, client, field):
+    task = make_task(prompt="anything")
+    client.force_login(reviewer)
+    data = {"a": "1", "b": "2", "decision": "a", field: "\u00b2"}  # '²'.isdigit() is True, int('²') raises
+    response = client.post(reverse("reviews:prefer", args=[task.pk]), data, follow=True)
+    assert response.status_code == 200
+    assert "Pick a preferred rollout (A) and the one it beats (B)." in response.content.decode()
+    assert not Preference.objects.exists()
+    page = client.get(reverse("reviews:compare", args=[task.pk]), {"a": "\u00b2", "b": "1"})
+    assert page.status_code in (200, 302)

@@ -90,3 +90,43 @@ def test_edited_arguments_are_shown_as_json_and_saved_into_the_step_and_the_call
     # the same JSON with other spacing is no edit
     response = client.post(reverse("reviews:correct", args=[ran.pk]), form(ran, arguments_1='{ "command":"python3 hello.py" }'))
     assert response.status_code == 400 and "nothing changed" in response.content.decode()
+
+
+def test_arguments_given_as_a_json_string_are_refused_not_stored_double_encoded(ran, reviewer, client):
+    client.force_login(reviewer)
+    text = json.dumps('{"command": "ls"}')  # a JSON string holding JSON: a valid object once decoded twice
+    response = client.post(reverse("reviews:correct", args=[ran.pk]), form(ran, arguments_1=text))
+    assert response.status_code == 400
+    assert "step 2: the arguments of run_shell must be a JSON object, got str" in response.content.decode()
+    assert not Correction.objects.exists()
+
+
+def test_an_untouched_arguments_field_sent_with_crlf_is_no_edit(ran, reviewer, client):
+    from apps.reviews.views import _arguments_json
+
+    steps = [dict(s) for s in ran.steps]
+    steps[1]["arguments"] = '{"command": "python3\nhello.py"'  # a call the model sent as broken JSON, kept as text
+    Trajectory.objects.filter(pk=ran.pk).update(steps=steps)
+    ran.refresh_from_db()
+    client.force_login(reviewer)
+    untouched = _arguments_json(ran.steps[1]).replace("\n", "\r\n")  # how a browser sends a textarea
+    assert "\r\n" in untouched
+    response = client.post(reverse("reviews:correct", args=[ran.pk]),
+                           form(ran, arguments_1=untouched, thought_0="write the file first"))
+    assert response.status_code == 302
+    correction = Correction.objects.get()
+    assert [d["edit"] for d in correction.diff] == ["thought"]
+    assert correction.corrected.steps[1]["arguments"] == ran.steps[1]["arguments"]
+
+
+def test_a_tool_call_written_as_text_cannot_have_its_arguments_edited(ran, reviewer, client):
+    steps = [dict(s) for s in ran.steps]
+    steps[1]["format"] = "json_text"  # as a text-action model writes its calls: inside the message text
+    Trajectory.objects.filter(pk=ran.pk).update(steps=steps)
+    ran.refresh_from_db()
+    client.force_login(reviewer)
+    response = client.post(reverse("reviews:correct", args=[ran.pk]),
+                           form(ran, arguments_1='{"command": "python3 -B hello.py"}'))
+    assert response.status_code == 400
+    assert "a tool call written as text (json_text) cannot have its arguments edited" in response.content.decode()
+    assert not Correction.objects.exists()
