@@ -422,20 +422,17 @@ def _after_decision(task: Task, fallback: str) -> HttpResponseRedirect:
 @require_POST
 def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
     """Record a preference: decision=a|b (A over B, or B over A) with a reason, stored by
-    preference_record as every preference is; tie and skip store nothing. The legacy form posts
-    chosen and rejected. A decision moves on to the batch's next task to compare."""
+    preference_record as every preference is; tie and skip store nothing. A decision moves on to
+    the batch's next task to compare."""
     if not request.user.has_perm("reviews.add_review"):
         raise PermissionDenied("recording a preference needs the reviewer role")
     page = reverse("reviews:compare", args=[min(task_id, MAX_ID)])
     decision = request.POST.get("decision")
-    if decision is not None and decision not in DECISIONS:
-        messages.error(request, f"Unknown decision {decision[:20]!r}: a, b, tie or skip.")
+    if decision not in DECISIONS:
+        messages.error(request, f"Unknown decision {(decision or '')[:20]!r}: a, b, tie or skip.")
         return HttpResponseRedirect(page)
-    if decision in ("a", "b"):
-        first, second = request.POST.get("a", ""), request.POST.get("b", "")
-        ids = [first, second] if decision == "a" else [second, first]
-    else:
-        ids = [request.POST.get("chosen", ""), request.POST.get("rejected", "")]
+    first, second = request.POST.get("a", ""), request.POST.get("b", "")
+    ids = [first, second] if decision == "a" else [second, first]
     task = get_object_or_404(Task, pk=min(task_id, MAX_ID))
     if decision in ("tie", "skip"):
         # Nothing to store: a tie is no preference pair (the DPO exports need a chosen and a rejected).
@@ -455,7 +452,7 @@ def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
         messages.error(request, "Preference not recorded: " + "; ".join(exc.messages))
         return HttpResponseRedirect(page)
     messages.success(request, f"Recorded: #{preference.chosen_id} preferred over #{preference.rejected_id}.")
-    return _after_decision(task, page) if decision else HttpResponseRedirect(page)
+    return _after_decision(task, page)
 
 
 # -- corrections --------------------------------------------------------------------------------------

@@ -29,14 +29,14 @@ def test_the_side_by_side_page_shows_every_rollout_and_records_a_pick(client, re
     client.force_login(reviewer)
     html = client.get(reverse("reviews:compare", args=[task.pk])).content.decode()
     assert all(f'id="rollout-{t.pk}"' in html for t in (a, b, c)) and ">88<" in html and 'id="prefer-form"' in html
-    response = client.post(reverse("reviews:prefer", args=[task.pk]), {"chosen": b.pk, "rejected": a.pk,
+    response = client.post(reverse("reviews:prefer", args=[task.pk]), {"decision": "a", "a": b.pk, "b": a.pk,
                                                                        "note": "b explains its steps"}, follow=True)
     assert f"#{b.pk} preferred over #{a.pk}" in response.content.decode()
     pick = Preference.objects.get()
     assert (pick.chosen_id, pick.rejected_id, pick.reviewer, pick.note) == (b.pk, a.pk, reviewer, "b explains its steps")
     assert AuditEvent.objects.filter(action="reviews.preference", actor=reviewer).count() == 1
     # the same pick again: no second row, no second audit row
-    client.post(reverse("reviews:prefer", args=[task.pk]), {"chosen": b.pk, "rejected": a.pk,
+    client.post(reverse("reviews:prefer", args=[task.pk]), {"decision": "a", "a": b.pk, "b": a.pk,
                                                             "note": "b explains its steps"})
     assert Preference.objects.count() == 1 and AuditEvent.objects.filter(action="reviews.preference").count() == 1
 
@@ -45,14 +45,15 @@ def test_bad_picks_are_refused_and_write_nothing(client, reviewer, viewer, three
     task, (a, b, _c) = three
     other = _rollout(make_task(prompt="another task"), 0)
     client.force_login(reviewer)
-    for data in ({"chosen": a.pk}, {"chosen": a.pk, "rejected": a.pk}, {"chosen": a.pk, "rejected": other.pk},
-                 {"chosen": "x", "rejected": "9" * 30}):
+    for data in ({"decision": "a", "a": a.pk}, {"decision": "a", "a": a.pk, "b": a.pk},
+                 {"decision": "b", "a": a.pk, "b": other.pk}, {"decision": "a", "a": "x", "b": "9" * 30},
+                 {"a": a.pk, "b": b.pk}, {"chosen": a.pk, "rejected": b.pk}):
         response = client.post(reverse("reviews:prefer", args=[task.pk]), data, follow=True)
         assert response.status_code == 200 and "messages" in response.content.decode()
     with pytest.raises(ValidationError, match="one task"):
         preference_record(chosen=a, rejected=other, actor=reviewer)
     client.force_login(viewer)
-    assert client.post(reverse("reviews:prefer", args=[task.pk]), {"chosen": a.pk, "rejected": b.pk}).status_code == 403
+    assert client.post(reverse("reviews:prefer", args=[task.pk]), {"decision": "a", "a": a.pk, "b": b.pk}).status_code == 403
     assert not Preference.objects.exists()
 
 
