@@ -216,14 +216,14 @@ def test_unrenderable_and_invalid_records_are_excluded_with_reasons(make_task: A
                            messages=rich_episode("lost_")[0][:6])  # the sandbox died: call_3 unanswered
     ids = [good.pk, broken.pk, lost.pk]
     result, lines, _ = export("sft-trl", ids)
-    assert result.lines == 1
+    # lost ends on its unanswered call: a next-action sample (the call is the target), not refused
+    assert result.lines == 2 and lines[-1]["messages"][-1]["tool_calls"][0]["id"] == "lost_call_3"
     reasons = {e["trajectory_id"]: e["reason"] for e in result.excluded}
     assert "arguments are not a JSON object" in reasons[broken.pk]
-    assert "never answered" in reasons[lost.pk]
     result, _, _ = export("sft-openai", ids)
     reasons = {e["trajectory_id"]: e["reason"] for e in result.excluded}
     assert "invalid sft-openai line" in reasons[broken.pk] and "not a JSON object" in reasons[broken.pk]
-    assert set(reasons) == {broken.pk, lost.pk}
+    assert set(reasons) == {broken.pk}
     result, lines, _ = export("raw", ids)  # lossless: raw keeps them all
     assert result.lines == 3 and result.excluded == []
 
@@ -263,6 +263,12 @@ def _delete(path: str) -> Any:
     return mutate
 
 
+def _cut(path: str, n: int) -> Any:
+    def mutate(line: dict[str, Any]) -> None:
+        del line[path][n:]
+    return mutate
+
+
 def _swap(path: str, i: int, j: int) -> Any:
     def mutate(line: dict[str, Any]) -> None:
         items = line[path]
@@ -275,7 +281,7 @@ BAD_LINES = [
     ("sft-openai", _set("messages.2.tool_calls.0.function.arguments", {"path": "x"}), "must be a JSON string"),
     ("sft-openai", _set("messages.2.tool_calls.0.function.arguments", "[1, 2]"), "not a JSON object"),
     ("sft-openai", _set("messages.2.tool_calls.0.function.name", "rm_rf"), "'rm_rf' is not in tools"),
-    ("sft-openai", _delete("messages.12"), "never answered"),
+    ("sft-openai", _cut("messages", 4), "tool call(s) i1s0_call_2 never answered"),  # a turn's calls half answered
     ("sft-openai", _delete("messages.4"), "before tool call(s) i1s0_call_2 were answered"),
     ("sft-openai", _swap("messages", 0, 1), "system message after the conversation started"),
     ("sft-openai", _delete("messages.1"), "must start with a user message"),
@@ -285,6 +291,7 @@ BAD_LINES = [
     ("sft-trl", _set("messages.2.tool_calls.0.function.arguments", "{}"), "must be an object"),
     ("sft-trl", _set("messages.5.tool_calls.0.id", "i1s0_call_1"), "used twice"),
     ("sft-trl", _set("messages.1.content", ""), "non-empty string"),
+    ("sft-trl", _cut("messages", 4), "tool call(s) i1s0_call_2 never answered"),
     ("sharegpt", _swap("conversations", 0, 1), "position 1"),
     ("sharegpt", _delete("conversations.9"), "even number of turns"),
     ("sharegpt", _set("conversations.3.value", "{not json"), "JSON object {name, arguments}"),

@@ -30,6 +30,14 @@ def _nonempty(obj: dict[str, Any], *keys: str) -> list[str]:
     return [f"line.{k}: must be a non-empty string" for k in keys if not isinstance(obj.get(k), str) or not obj[k]]
 
 
+def ends_on_a_call(messages: Any) -> bool:
+    """The conversation ends on an assistant turn's tool call(s) with no result: a next-action sample
+    (the turn is the target). TRL trains it and its chat templates render it; OpenAI's fine-tuning
+    guide's tool-calling example ends so."""
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    return isinstance(last, dict) and last.get("role") == "assistant" and bool(last.get("tool_calls"))
+
+
 def _parallel(messages: list[dict[str, Any]]) -> bool:
     return any(len(m.get("tool_calls") or ()) > 1 for m in messages)
 
@@ -72,7 +80,7 @@ def validate_sft_openai(obj: Any) -> list[str]:
     tool_problems, names = validate_tools(obj.get("tools", []))
     problems += tool_problems
     messages = obj.get("messages")
-    problems += validate_messages(messages, names, arguments="string")
+    problems += validate_messages(messages, names, arguments="string", allow_open_calls=ends_on_a_call(messages))
     parallel = obj.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         problems.append("line.parallel_tool_calls: must be a boolean")
@@ -114,7 +122,9 @@ def validate_sft_trl(obj: Any) -> list[str]:
     if problems and not isinstance(obj, dict):
         return problems
     tool_problems, names = validate_tools(obj.get("tools", []))
-    return problems + tool_problems + validate_messages(obj.get("messages"), names, arguments="object")
+    messages = obj.get("messages")
+    return problems + tool_problems + validate_messages(messages, names, arguments="object",
+                                                        allow_open_calls=ends_on_a_call(messages))
 
 
 # -- rl (platform-native), rl-verl, rl-agentjet -------------------------------------------

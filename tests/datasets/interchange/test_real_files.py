@@ -25,7 +25,8 @@ from tests.api.conftest import client_as, make_token  # noqa: F401 (fixtures: th
 pytestmark = pytest.mark.django_db
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# (import format, file, trajectories, the ones that end on an action (next-action episodes): no sft-trl line)
+# (import format, file, trajectories, the ones that end on an action (next-action episodes): their sft-trl
+# line ends on that call, the sample's target)
 REAL_FILES = [
     ("adp", "adp/agenttuning_alfworld-1.5.0.json", 1, ()),
     ("adp", "adp/agenttuning_os-1.3.1.json", 1, ()),
@@ -171,6 +172,7 @@ def test_a_real_file_imports_with_what_it_says_as_steps_and_exports_for_training
     trajectories, out, err = import_file(path, fmt, "--outcome", "success")
     assert len(trajectories) == count
     assert "hashed again" not in out  # the import writes the content hash of what it stored
+    assert "warning:" not in err  # every chat format takes every one of them
     for t, doc in zip(trajectories, documents(path)):
         assert t.content_sha256 == t.compute_content_sha256()
         steps = [(s["tool"], s["arguments"], s["output"] if "error" not in s else None, s["thought"]) for s in t.steps]
@@ -181,15 +183,11 @@ def test_a_real_file_imports_with_what_it_says_as_steps_and_exports_for_training
                      if m["role"] == "assistant" and not m.get("tool_calls") and m.get("reasoning_content")]
         assert reasoning == thoughts_of_messages(fmt, doc)
     lines, excluded = export("sft-trl", trajectories)
-    assert len(lines) == count - len(open_ended) and all(validate_line("sft-trl", line) == [] for line in lines)
-    names = {t.pk: Task.objects.get(pk=t.task_id).external_id for t in trajectories}
-    assert sorted(names[e["trajectory_id"]] for e in excluded) == sorted(open_ended)
-    assert all("never answered" in e["reason"] for e in excluded)
-    # said at import, per trajectory and format, not found out at export
-    warned = [line.split(": ")[2] for line in err.splitlines() if line.startswith(f"warning: {path.name}: ")]
-    assert sorted(set(warned)) == sorted(open_ended)
-    for name in open_ended:
-        assert f"warning: {path.name}: {name}: not exportable as sft-trl: " in err
+    assert not excluded and len(lines) == count and all(validate_line("sft-trl", line) == [] for line in lines)
+    # a next-action episode's line ends on its last call, unanswered as in the file; the others do not
+    names = [Task.objects.get(pk=t.task_id).external_id for t in trajectories]
+    ends_on_call = [n for n, line in zip(names, lines) if line["messages"][-1].get("tool_calls")]
+    assert ends_on_call == list(open_ended)
 
 
 @pytest.mark.parametrize(("fmt", "name", "count", "open_ended"), REAL_FILES, ids=IDS)
@@ -343,8 +341,17 @@ def test_the_api_names_its_fields_not_the_command_s_flags(client_as: Any) -> Non
         FIXTURES / "atif/agenttuning_alfworld-ATIF-v1.7.json").read_bytes()), "format": "atif", "outcome": "failure"},
         format="multipart")
     assert ok.status_code == 201, ok.content
-    assert ok.json()["rehashed"] == 0 and any(
-        w.startswith("alfworld.json: alfworld_0: not exportable as sft-trl:") for w in ok.json()["warnings"])
+    assert ok.json()["rehashed"] == 0 and ok.json()["warnings"] == []
+    # a call the file leaves unanswered in mid-episode: no chat format takes it, and the answer says so
+    [doc] = documents(FIXTURES / "atif/agenttuning_alfworld-ATIF-v1.7.json")
+    del doc["steps"][4]["observation"]
+    gap = client_as("admin").post(URL, {"file": SimpleUploadedFile("gap.json", json.dumps(doc).encode()),
+                                        "format": "atif", "outcome": "failure", "batch": "gap"}, format="multipart")
+    assert gap.status_code == 201, gap.content
+    assert [w.split(": ")[2] for w in gap.json()["warnings"]] == ["not exportable as sft-trl",
+                                                                 "not exportable as sft-openai",
+                                                                 "not exportable as sharegpt"]
+    assert all(w.startswith("gap.json: alfworld_0: ") for w in gap.json()["warnings"])
 
 
 def test_the_command_names_its_flags() -> None:
@@ -355,7 +362,7 @@ def test_the_command_names_its_flags() -> None:
     assert "say which it is: outcome success or failure (--outcome success|failure)" in err.getvalue()
 
 
-def test_a_version_of_imported_next_action_episodes_shows_them_in_its_per_format_counts(approver: Any) -> None:
+def test_a_version_of_imported_next_action_episodes_counts_them_in_its_chat_formats(approver: Any) -> None:
     from apps.datasets.services import dataset_version_create
     from tests.datasets.version_data import no_dedup
 
@@ -364,9 +371,27 @@ def test_a_version_of_imported_next_action_episodes_shows_them_in_its_per_format
     version = dataset_version_create(dataset_name="imported-db", actor=approver,
                                      filter_spec=no_dedup(batches=["agenttuning-db"]))
     assert version.counts["train"] + version.counts["validation"] == len(trajectories) == 5
-    sft = version.data_card["exportability"]["formats"]["sft-trl"]
-    assert (sft["lines"]["all"], sft["excluded"]) == (2, 3)
-    assert all("never answered" in reason for reason in sft["reasons"])
+    formats = version.data_card["exportability"]["formats"]
+    for fmt in ("sft-trl", "sft-openai", "sharegpt"):  # 3 of the 5 end on their code action, as the file does
+        assert (formats[fmt]["lines"]["all"], formats[fmt]["excluded"], formats[fmt]["reasons"]) == (5, 0, {}), fmt
+
+
+def test_next_action_lines_render_through_real_chat_templates_with_the_last_call_trained_on(tmp_path: Path) -> None:
+    """TRL's training templates (tests/datasets/chat_templates) render a line that ends on the
+    assistant's call, and the call lies inside the assistant mask: the sample's target is learnt."""
+    from apps.datasets import templates
+
+    trajectories = import_file(FIXTURES / "adp/agenttuning_db-1.2.0.json", "adp", "--outcome", "success")[0] + \
+        import_file(FIXTURES / "atif/agenttuning_alfworld-ATIF-v1.7.json", "atif", "--outcome", "success",
+                    "--batch", "alfworld")[0]
+    lines, _ = export("sft-trl", trajectories)
+    path = tmp_path / "next-action.sft-trl.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines if line["messages"][-1].get("tool_calls")))
+    chat_templates = Path(__file__).parents[1] / "chat_templates"
+    for name in ("qwen2_5_training", "qwen3_training"):
+        report = templates.check_file(path, "sft-trl", templates.load_template(str(chat_templates / f"{name}.jinja")))
+        assert len(report.records) == 4 and all(r.ok for r in report.records), (name, report.summary())
+        assert all(r.mask == "checked" and r.tool_calls == r.tool_results + 1 for r in report.records), name
 
 
 @pytest.mark.parametrize(("fmt", "name"), [("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json"),
