@@ -10,7 +10,9 @@ idempotent replays.
 * **Errors.** Every 4xx/5xx is `{"error": {"code", "message", "details"}}`: DRF's own
   exceptions, Django's Http404/PermissionDenied/ValidationError, and the services' domain
   errors (`DOMAIN_ERRORS`: the site's API views register the apps' ones, so this module,
-  which the apps' API modules build on, imports no app).
+  which the apps' API modules build on, imports no app). A domain error whose `field` names a
+  request field (an export's format, an import's batch) is answered under
+  `details.fields.<field>`, as a serializer's error is, so a view checks nothing twice.
 * **Input limits.** A body over API_MAX_BODY_BYTES is a 413 before anything reads it
   (`ApiBodyLimitMiddleware`); JSON nested deeper than API_MAX_JSON_DEPTH is a 400 before it is
   parsed (`LimitedJSONParser`, `LimitedJSONField`); id filters are integers in the 64-bit range
@@ -208,6 +210,16 @@ def _details_of(exc: Exception) -> Any:
     return {"errors": fields}
 
 
+def _field_errors(exc: Exception) -> dict[str, list[str]] | None:
+    """{field: [reasons]} for a domain error about one request field (its `field`; its `errors`
+    when it lists them, else its message), None for one about no field."""
+    field = getattr(exc, "field", "")
+    if not field or not isinstance(field, str):
+        return None
+    errors = getattr(exc, "errors", None)
+    return {field: [str(e) for e in errors] if isinstance(errors, list) and errors else [str(exc)]}
+
+
 def _message_of(detail: Any) -> str:
     if isinstance(detail, dict):
         for key, value in detail.items():
@@ -236,6 +248,9 @@ def error_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
         mapped = _domain_error(exc)
         if mapped is not None:
             code_status, code = mapped
+            fields = _field_errors(exc)
+            if fields is not None:
+                return Response(error_body(code, _message_of(fields), {"fields": fields}), status=code_status)
             return Response(error_body(code, str(exc), _details_of(exc)), status=code_status)
     response = drf_exception_handler(exc, context)
     if response is None:

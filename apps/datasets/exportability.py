@@ -166,6 +166,13 @@ def offered(card: dict[str, Any], split: str = "all") -> list[dict[str, Any]]:
     return out
 
 
+def empty_split(card: dict[str, Any], split: str) -> str:
+    """Why a split of a version with this card cannot be exported ("" when it can): it has no member."""
+    if split != "all" and (card.get("counts") or {}).get(split) == 0:
+        return f"the {split} split of this version has no member (see its filter spec's validation_fraction)"
+    return ""
+
+
 def refusal(card: dict[str, Any], fmt: str, split: str = "all") -> str:
     """Why `fmt` cannot be exported for a version with this card ("" when it can): the format is
     not made for its scenes, or it would write no line of the split (with the counted reasons)."""
@@ -179,8 +186,8 @@ def refusal(card: dict[str, Any], fmt: str, split: str = "all") -> str:
     if tally is None:
         return f"format {fmt} was not measured for this version; create a new version to export with it"
     if tally["lines"].get(split, 0) == 0:
-        if split != "all" and (card.get("counts") or {}).get(split) == 0:
-            return f"the {split} split of this version has no member (see its filter spec's validation_fraction)"
+        if empty := empty_split(card, split):
+            return empty
         reasons = "; ".join(f"{n} × {r}" for r, n in list(tally["reasons"].items())[:3])
         where = "" if split == "all" else f" of the {split} split"
         return f"format {fmt} would write no line{where} of this version" + (f" ({reasons})" if reasons else "")

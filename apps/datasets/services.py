@@ -56,7 +56,13 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 class ExportError(DatasetError):
-    """An export that cannot start or cannot finish; nothing was put in place."""
+    """An export that cannot start or cannot finish; nothing was put in place. `field` names the
+    export option a refusal is about (format, split, layout, roles), "" when it is none of them:
+    the API answers it under error.details.fields.<field>, the console form under that field."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def _require(actor: Any, permission: str, what: str) -> None:
@@ -635,24 +641,30 @@ def export_options(job: ExportJob) -> dict[str, Any]:
 
 
 def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
-    """The exporter for fmt, or ExportError (unknown format or split, or a changed exporter)."""
+    """The exporter for fmt, or ExportError naming the field: an unknown format or split, a
+    changed exporter, an empty split, or a format that does not apply or would write no line."""
     formats = exporter_formats()
     if fmt not in formats:
-        raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(sorted(formats))}")
+        raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(sorted(formats))}", field="format")
     if split not in SPLITS:
-        raise ExportError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+        raise ExportError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}", field="split")
     exporter = formats[fmt]
     frozen = (version.exporter_versions or {}).get(fmt)
     if frozen is not None and frozen != str(exporter.version):
         raise ExportError(
             f"{version} was frozen with {fmt} exporter {frozen}, but {exporter.version} is installed; "
-            "its files would differ from the version's record. Create a new version to export with it."
-        )
+            "its files would differ from the version's record. Create a new version to export with it.",
+            field="format")
     if frozen is None:
-        raise ExportError(f"{version} was frozen before the {fmt} exporter existed; create a new version")
-    refused = exportability.refusal(version.data_card or {}, fmt, split)
+        raise ExportError(f"{version} was frozen before the {fmt} exporter existed; create a new version",
+                          field="format")
+    card = version.data_card or {}
+    empty = exportability.empty_split(card, split)
+    if empty:
+        raise ExportError(empty, field="split")
+    refused = exportability.refusal(card, fmt, split)
     if refused:
-        raise ExportError(refused)
+        raise ExportError(refused, field="format")
     return exporter
 
 
@@ -676,13 +688,13 @@ def export_start(
     try:
         format_version = hf_layout.format_version(exporter.version, layout)
     except DatasetError as exc:
-        raise ExportError(str(exc)) from None
+        raise ExportError(str(exc), field="layout") from None
     refused = exportability.roles_refusal(version.data_card or {}, fmt, roles)
     if refused:
-        raise ExportError(refused)
+        raise ExportError(refused, field="roles")
     in_export_dir = out_path is None
     if out_path is not None and roles != "trainable":
-        raise ExportError("roles: a command-line export writes the default views (trainable roles)")
+        raise ExportError("roles: a command-line export writes the default views (trainable roles)", field="roles")
     if out_path is None:
         path = export_path(version, fmt, split, layout, roles)
     else:

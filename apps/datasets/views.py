@@ -68,9 +68,10 @@ def dataset_detail(request: HttpRequest, name: str) -> HttpResponse:
 
 class ExportForm(forms.Form):
     """The formats that apply to the version's scenes and would write a line, with the card's
-    counts; for a multi_agent version, whose views the per-role formats write."""
+    counts; for a multi_agent version, whose views the per-role formats write. What the version
+    cannot export is the service's to refuse (`start`): its ExportError lands on the field it names."""
 
-    format = forms.ChoiceField(choices=())
+    format = forms.CharField(max_length=40, widget=forms.Select)
     split = forms.ChoiceField(choices=[(s, s) for s in services.SPLITS])
     layout = forms.ChoiceField(choices=[("jsonl", "JSONL file"), ("hf", "Hugging Face layout (Parquet + card)")],
                                initial="jsonl", required=False)
@@ -79,24 +80,33 @@ class ExportForm(forms.Form):
 
     def __init__(self, version: DatasetVersion, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.card = version.data_card or {}
-        self.offered = exportability.offered(self.card)
-        self.fields["format"].choices = [
+        self.version = version
+        card = version.data_card or {}
+        self.offered = exportability.offered(card)
+        self.fields["format"].widget.choices = [
             (o["format"], o["format"] if o["lines"] is None else f"{o['format']} — {o['lines']} lines"
              + (f", {o['excluded']} excluded" if o["excluded"] else "")) for o in self.offered]
-        self.role_options = exportability.role_options(self.card)
+        self.role_options = exportability.role_options(card)
         if self.role_options:  # shown for multi_agent versions; a choice posted for another is refused
             self.fields["roles"].choices = [(r["roles"], r["label"]) for r in self.role_options]
 
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        if "format" in data:
-            for key, problem in (("split", exportability.refusal(self.card, data["format"], data.get("split", "all"))),
-                                 ("roles", exportability.roles_refusal(self.card, data["format"],
-                                                                       data.get("roles") or "trainable"))):
-                if problem:
-                    self.add_error(key, problem)
-        return data
+    def start(self, actor: Any) -> Any:
+        """The export the form asks for (services.export_start), or None with the refusal on the form."""
+        if not self.is_valid():
+            return None
+        try:
+            return services.export_start(version=self.version, fmt=self.cleaned_data["format"],
+                                         split=self.cleaned_data["split"], actor=actor,
+                                         layout=self.cleaned_data.get("layout") or "jsonl",
+                                         roles=self.cleaned_data.get("roles") or "trainable")
+        except services.ExportError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+            return None
+
+    def problems(self) -> str:
+        """The form's errors in one line, each under its field unless its text already names it."""
+        return " ".join(m if k == "__all__" or m.startswith(k) else f"{k}: {m}"
+                        for k, messages_ in self.errors.items() for m in messages_)
 
 
 @login_required
@@ -158,22 +168,9 @@ def version_export(request: HttpRequest, name: str, number: int) -> HttpResponse
     if not request.user.has_perm(services.EXPORT_PERMISSION):
         raise PermissionDenied("exporting needs the approver role")
     form = ExportForm(version, request.POST)
-    if not form.is_valid():
-        fmt = request.POST.get("format", "")
-        problems = " ".join(f"{'' if k == '__all__' else k + ': '}{' '.join(v)}" for k, v in form.errors.items())
-        if "format" in form.errors and fmt not in {o["format"] for o in form.offered}:
-            problems = f"format {fmt!r} is not offered for this version: " + (
-                exportability.refusal(form.card, fmt) if fmt in services.exporter_formats()
-                else "no such format")
-        messages.error(request, problems)
-        return redirect("datasets:version_detail", name=name, number=number)
-    try:
-        job = services.export_start(version=version, fmt=form.cleaned_data["format"],
-                                    split=form.cleaned_data["split"], actor=request.user,
-                                    layout=form.cleaned_data.get("layout") or "jsonl",
-                                    roles=form.cleaned_data.get("roles") or "trainable")
-    except services.DatasetError as exc:
-        messages.error(request, str(exc))
+    job = form.start(request.user)
+    if job is None:
+        messages.error(request, form.problems())
     else:
         messages.success(request, f"Export #{job.pk} ({job.format}/{job.split}) is {job.status}.")
     return redirect("datasets:version_detail", name=name, number=number)

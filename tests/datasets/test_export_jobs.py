@@ -279,6 +279,7 @@ def test_migrate_registers_the_export_reaper() -> None:
 def test_an_empty_split_is_refused_by_name_before_any_job(make_task: Any, approver: Any) -> None:
     empty = published_version(make_task, approver, "no-validation", 2, validation_fraction=0.0)
     assert empty.counts["validation"] == 0
-    with pytest.raises(ExportError, match="the validation split of this version has no member"):
+    with pytest.raises(ExportError, match="the validation split of this version has no member") as refused:
         export_start(version=empty, fmt="sft-trl", split="validation", actor=None, enqueue=False)
+    assert refused.value.field == "split"  # the API answers it under error.details.fields.split
     assert not ExportJob.objects.filter(version=empty).exists()

@@ -9,8 +9,9 @@ import pytest
 
 from apps.datasets.exporters import FORMATS
 from apps.datasets.jobs import export_run
-from apps.datasets.models import ExportJob
+from apps.datasets.models import DatasetVersion, ExportJob
 from apps.datasets.services import ExportError, dataset_version_create, dataset_version_publish, export_start
+from apps.datasets.views import ExportForm
 from tests.datasets.version_data import export_dir, make_trajectory, no_dedup  # noqa: F401 (export_dir is a fixture)
 from trajplatform.audit import AuditEvent
 
@@ -121,7 +122,7 @@ def test_the_console_refuses_an_inapplicable_format_by_name_and_queues_nothing(
     client.force_login(approver)
     url = f"/datasets/{version.dataset.name}/v{version.number}/export/"
     page = client.post(url, {"format": "aitw", "split": "all"}, follow=True).content.decode()
-    assert ("format &#x27;aitw&#x27; is not offered for this version: format aitw does not apply to this version: "
+    assert ("format aitw does not apply to this version: "
             "aitw is made for mobile_agent trajectories; this version has code_exec") in page
     page = client.post(url, {"format": "sft-trl", "split": "all", "roles": "lead"}, follow=True).content.decode()
     assert "roles: only multi_agent versions have per-role views; this version has code_exec" in page
@@ -150,3 +151,29 @@ def test_the_api_accepts_only_formats_that_apply_and_names_the_field(approver: A
     assert not ExportJob.objects.exists()
     started = api.post(url, {"format": "rl-verl", "split": "train"}, format="json")
     assert started.status_code == 202, started.json()
+
+
+def test_a_refusal_only_the_service_makes_is_answered_under_its_field_in_the_api_and_the_form(
+        client: Any, approver: Any, version: Any) -> None:
+    # The exporter changed after the version froze its version: neither the serializer nor the
+    # form knows that; the service's refusal names the field and both answer under it.
+    frozen = {**version.exporter_versions, "sft-trl": "0"}
+    DatasetVersion.objects.filter(pk=version.pk).update(exporter_versions=frozen)
+    version.refresh_from_db()
+    reason = (f"{version} was frozen with sft-trl exporter 0, but {FORMATS['sft-trl'].version} is installed; "
+              "its files would differ from the version's record. Create a new version to export with it.")
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(approver)
+    refused = api.post(f"/api/v1/datasets/{version.dataset.name}/versions/{version.number}/exports",
+                       {"format": "sft-trl"}, format="json")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "invalid" and error["details"] == {"fields": {"format": [reason]}}
+    assert error["message"] == f"format: {reason}"
+    form = ExportForm(version, {"format": "sft-trl", "split": "all"})
+    assert form.start(approver) is None and form.errors == {"format": [reason]}
+    form = ExportForm(version, {"format": "csv", "split": "all"})
+    assert form.start(approver) is None and form.problems().startswith("format: unknown format 'csv'; formats: ")
+    assert not ExportJob.objects.exists()

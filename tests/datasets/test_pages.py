@@ -105,7 +105,7 @@ def test_an_approver_publishes_and_starts_an_export_from_the_page(
     assert response.status_code == 200 and len(callbacks) == 2
     assert ExportJob.objects.get().split == "train"
     response = client.post("/datasets/demo/v1/export/", {"format": "csv", "split": "all"}, follow=True)
-    assert "format &#x27;csv&#x27; is not offered for this version: no such format" in response.content.decode()
+    assert "format: unknown format &#x27;csv&#x27;; formats: " in response.content.decode()
     # the Hugging Face layout from the form: recorded on the job, shown as a folder (no download link)
     with django_capture_on_commit_callbacks():
         client.post("/datasets/demo/v1/export/", {"format": "raw", "split": "train", "layout": "hf"}, follow=True)

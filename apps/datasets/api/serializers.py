@@ -7,7 +7,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.datasets import exportability
-from apps.datasets.exporters import FORMATS
 from apps.datasets.hf_layout import LAYOUTS, layout_of
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
@@ -112,9 +111,9 @@ class VersionBuildSerializer(serializers.ModelSerializer):
 
 
 class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
-    """With the version in the context: a format that does not apply to the version's scenes or
-    would write no line of the split (the card's exportability) is refused naming `format`, a
-    roles choice the version or the format cannot take naming `roles`."""
+    """The export's options; the service refuses a format that does not apply to the version or
+    would write no line of the split, and a roles choice the version or the format cannot take,
+    answered as a 400 naming the field (ExportError.field, mapped in trajplatform.api)."""
 
     format = serializers.CharField(max_length=40, help_text=(
         "an exporter name that applies to the version (its data card's exportability.formats with lines), "
@@ -126,19 +125,6 @@ class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
     roles = serializers.ChoiceField(choices=list(exportability.ROLE_CHOICES), default="trainable", help_text=(
         "multi_agent versions: whose views the per-role formats write — trainable (every role not marked "
         "trainable: false), lead (the lead only) or all"))
-
-    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
-        version = self.context.get("version")
-        if version is not None:
-            card = version.data_card or {}
-            problem = exportability.refusal(card, data["format"], data["split"]) \
-                if data["format"] in FORMATS else f"unknown format {data['format']!r}"
-            if problem:
-                raise serializers.ValidationError({"format": [problem]})
-            problem = exportability.roles_refusal(card, data["format"], data["roles"])
-            if problem:
-                raise serializers.ValidationError({"roles": [problem]})
-        return data
 
 
 class ExportJobSerializer(serializers.ModelSerializer):

@@ -6,7 +6,6 @@ from typing import Any
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.exceptions import ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -16,7 +15,7 @@ from rest_framework.views import APIView
 from apps.datasets import selectors, services
 from apps.datasets.api import serializers as s
 from apps.datasets.models import DatasetVersion, ExportJob, VersionBuild
-from apps.datasets.raw_import import RawImportError, interchange_import
+from apps.datasets.raw_import import interchange_import
 from apps.tasks.api.views import ERRORS
 from trajplatform.api import ErrorSerializer, get_object_or_404
 
@@ -112,7 +111,7 @@ class ExportStartView(APIView):
     @extend_schema(request=s.ExportStartSerializer, responses={202: s.ExportJobSerializer, **ERRORS})
     def post(self, request: Request, name: str, number: int) -> Response:
         version = selectors.version_get(name, number)
-        body = s.ExportStartSerializer(data=request.data, context={"version": version})
+        body = s.ExportStartSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = services.export_start(
             version=version, fmt=body.validated_data["format"], split=body.validated_data["split"],
@@ -176,14 +175,10 @@ class TrajectoryImportView(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         upload = data["file"]
-        try:
-            result = interchange_import(path_or_file=upload, fmt=data["format"], actor=request.user,
-                                        batch_name=data.get("batch"), outcome=data.get("outcome"),
-                                        scene=data.get("scene"))
-        except RawImportError as exc:
-            if exc.field:  # about a request field (batch, outcome): answered under it, as a serializer's error
-                raise ValidationError({exc.field: exc.errors}) from None
-            raise
+        # RawImportError about a request field (batch, outcome) is answered under it (trajplatform.api)
+        result = interchange_import(path_or_file=upload, fmt=data["format"], actor=request.user,
+                                    batch_name=data.get("batch"), outcome=data.get("outcome"),
+                                    scene=data.get("scene"))
         return Response({"batches": [{"id": b.pk, "name": b.name} for b in result.batches],
                          "tasks": result.task_count, "trajectories": result.trajectory_count,
                          "reviews": result.review_count, "rehashed": result.rehashed, "sha256": result.sha256,
