@@ -42,7 +42,8 @@ its document's own fields (details, agent, final_metrics, info, ...) under
 current schema_version. Its tasks get the scene given on import (default code_exec), an external id
 from the trajectory / session / instance id, and the outcome given on import — a foreign trajectory
 says nothing verifiable about success, so import refuses one without `outcome` rather than guess.
-The import builds the platform's steps from the messages (apps.datasets.interchange._common.steps_of)
+The import builds the platform's steps from the messages (apps.datasets.interchange._common.steps_of:
+one per tool call, and one per assistant text turn in the ReAct text protocol, which stays text)
 and the content hash.
 """
 from __future__ import annotations

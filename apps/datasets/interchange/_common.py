@@ -5,6 +5,7 @@ The formats themselves are described in the package's docstring."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterator, NamedTuple
 
 import orjson
@@ -196,22 +197,53 @@ def _text(content: Any) -> str:
     return ""
 
 
+TEXT_ACTION_TOOL, TEXT_ACTION_FORMAT = "action", "react_text"
+# The ReAct text protocol of AgentTuning's files (ADP's agenttuning samples without schema_version):
+# the agent's turn is text, "THOUGHT: ...\n ACTION: <action>" or "ACTION: <action>", and the
+# environment answers in the next user message.
+_ACTION_LINE = re.compile(r"(?:\A|\n)[ \t]*ACTION:[ \t]*(?P<action>[^\n]*\S)[ \t]*\Z", re.I)
+_THOUGHT_LABEL = re.compile(r"\A\s*THOUGHT:\s*", re.I)
+
+
+def text_action(content: Any) -> tuple[str, str] | None:
+    """(thought, action) of an assistant text written in the ReAct text protocol (its last line
+    `ACTION: <action>`), None for any other text."""
+    match = _ACTION_LINE.search(content) if isinstance(content, str) else None
+    if match is None:
+        return None
+    return _THOUGHT_LABEL.sub("", content[:match.start()]).strip(), match.group("action")
+
+
 def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The platform's step records (apps.engines.steps.Step) of an imported conversation: one per
     tool call, with the turn's thought (its text, else its reasoning) on the turn's first call, the
     observation the agent had before the turn, the call's result as output and the exit code where
     the file gives one (a result message's provenance `exit_code`); a call the file never answers
-    says so in `error`."""
+    says so in `error`. A text turn in the ReAct text protocol (text_action) is a step too: tool
+    `action` {"action": ...}, format `react_text`, the next user message its result (the message
+    stays text, as the file's prompt asks the model to write it)."""
     results = {m.get("tool_call_id"): m for m in messages if m.get("role") == "tool"}
     steps: list[dict[str, Any]] = []
     turn, observation = 0, ""
-    for msg in messages:
+    for i, msg in enumerate(messages):
         if msg.get("role") != "assistant":
             if msg.get("role") != "system":
                 observation = _text(msg.get("content"))
             continue
         turn += 1
         reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
+        said = text_action(msg.get("content")) if not msg.get("tool_calls") else None
+        if said is not None:
+            after = messages[i + 1] if i + 1 < len(messages) else {}
+            step = Step(index=len(steps), turn=turn, tool_call_id=None, tool=TEXT_ACTION_TOOL,
+                        arguments={"action": said[1]}, format=TEXT_ACTION_FORMAT, thought=said[0] or reasoning or "",
+                        observation=observation[:OBSERVATION_CHARS], llm={}, reasoning_content=reasoning or None)
+            if after.get("role") == "user":
+                step.update(output=_text(after.get("content")))
+            else:
+                step.update(error="the file has no result for this action")
+            steps.append(step.to_record())
+            continue
         thought = _text(msg.get("content")) or reasoning or ""
         for k, call in enumerate(msg.get("tool_calls") or []):
             fn = call.get("function") or {}

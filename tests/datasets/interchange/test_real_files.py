@@ -16,6 +16,7 @@ import orjson
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
+from django.utils.html import escape
 
 from apps.datasets.exporters import export_records, load_records, validate_line
 from apps.datasets.interchange import ADP_VERSION, ATIF_VERSION
@@ -69,6 +70,14 @@ def file_actions(fmt: str, doc: dict[str, Any]) -> list[tuple[str, dict[str, Any
         results = {i["tool_call_id"]: i["content"] for i in items
                    if i["class_"] == "text_observation" and i.get("tool_call_id")}
         for k, item in enumerate(items):
+            if item["class_"] == "text_observation" and item["source"] == "agent" and "ACTION:" in item["content"]:
+                # the ReAct text protocol of AgentTuning's files: "THOUGHT: ...\n ACTION: <action>", answered by
+                # the next (user-labelled) observation
+                thought, _, action = item["content"].rpartition("ACTION:")
+                after = items[k + 1] if k + 1 < len(items) else {}
+                out.append(("action", {"action": action.strip()},
+                            after.get("content") if after.get("source") == "user" else None,
+                            thought.strip().removeprefix("THOUGHT:").strip()))
             if item["class_"] not in ("api_action", "code_action"):
                 continue
             if item.get("tool_call_id"):
@@ -225,6 +234,15 @@ def test_a_no_version_file_reads_its_opening_environment_text_as_the_system_prom
     assert Task.objects.get(pk=t.task_id).prompt == "Ok? Understood?"
     assert t.messages[4]["content"].startswith("THOUGHT: In order to achieve the task")
     assert t.config_snapshot["imported_from"]["schema_version"] is None
+    # its ReAct text turns stay text (the prompt asks for "THOUGHT: ...\n ACTION: ..."; no tool is
+    # declared anywhere) and are the platform's steps, the next user message each one's result
+    assert not any(m.get("tool_calls") for m in t.messages) and t.tools == []
+    first = t.steps[0]
+    assert (first["tool"], first["arguments"], first["format"], first["output"]) == (
+        "action", {"action": "inventory"}, "react_text", "You are not carrying anything.")
+    assert first["thought"].startswith("In order to achieve the task") and first["observation"].startswith(
+        "Here is your task.")
+    assert [s["arguments"]["action"] for s in t.steps][-2:] == ["go to bed 1", "put cellphone 1 in/on bed 1"]
 
 
 def test_mini_swe_agent_s_closing_submit_is_answered_by_its_exit_status_and_return_codes_are_exit_codes() -> None:
@@ -395,7 +413,8 @@ def test_next_action_lines_render_through_real_chat_templates_with_the_last_call
 
 
 @pytest.mark.parametrize(("fmt", "name"), [("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json"),
-                                           ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json")])
+                                           ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json"),
+                                           ("adp", "adp/agenttuning-no-version.json")])
 def test_the_console_and_the_review_checks_see_an_imported_trajectory_s_steps(fmt: str, name: str, client: Any,
                                                                                viewer: Any) -> None:
     from apps.reviews.review_agent import run_checks
@@ -411,6 +430,9 @@ def test_the_console_and_the_review_checks_see_an_imported_trajectory_s_steps(fm
     assert page.status_code == 200
     html = page.content.decode()
     assert all(s["tool"] in html for s in t.steps)
+    if fmt == "adp":  # the text protocol's actions, as steps
+        assert checks["unhandled_errors"]["count"] == 0 and checks["repeated_actions"]["count"] == 0
+        assert all(escape(s["arguments"]["action"]) in html for s in t.steps)
 
 
 def test_adp_shapes_that_were_no_chat_become_one_turn_and_a_result_and_still_go_back_exactly(tmp_path: Path) -> None:
