@@ -27,10 +27,11 @@ from django.conf import settings
 
 from apps.datasets.exporters import FORMATS, export_records, load_records
 from apps.datasets.exporters.roles import SCENE as MULTI_AGENT, flatten
+from apps.datasets.models import ExportJob
 from apps.engines.registry import SCENES
 
 SPLITS = ("train", "validation")
-ROLE_VARIANTS = ("lead", "all")  # "trainable" is the default the formats are measured with
+ROLE_VARIANTS = ExportJob.ROLES[1:]  # "trainable" is the default the formats are measured with
 MAX_REASONS = 20
 Progress = Callable[[str, int, int], None]
 
@@ -194,7 +195,7 @@ def refusal(card: dict[str, Any], fmt: str, split: str = "all") -> str:
     return ""
 
 
-ROLE_CHOICES = ("trainable", *ROLE_VARIANTS)
+ROLE_CHOICES = ExportJob.ROLES
 # Formats that take a multi_agent episode whole but read the roles option: AgentJet's timelines
 # mark the selected roles trainable (their turns carry the loss).
 ROLES_READ_WHOLE = ("multiagent-agentjet",)

@@ -41,10 +41,11 @@ from typing import Any
 
 import orjson
 
+from apps.datasets.models import ExportJob
 from apps.datasets.spec import DatasetError
 
 LAYOUTS = ("jsonl", "hf")
-HF_SUFFIX = "+hf"  # ExportJob.format_version of a Hugging Face layout export: "<exporter version>+hf"
+HF_SUFFIX = ExportJob.HF_SUFFIX  # ExportJob.format_version of a Hugging Face layout export: "<exporter version>+hf"
 # Formats whose lines carry screenshots; the layout renders them with images="base64" and embeds them.
 IMAGE_FORMATS = frozenset({"aitw", "sft-openai-vision", "sharegpt-vision", "trl-vision"})
 IMAGE_COLUMNS = {"aitw": ("image/encoded", False), "sharegpt-vision": ("images", True), "trl-vision": ("images", True)}
@@ -75,9 +76,6 @@ def format_version(exporter_version: str, layout: str) -> str:
     """What ExportJob.format_version records: the exporter's version, "+hf" for this layout."""
     return f"{exporter_version}{HF_SUFFIX}" if check_layout(layout) == "hf" else str(exporter_version)
 
-
-def layout_of(job_format_version: str) -> str:
-    return "hf" if str(job_format_version).endswith(HF_SUFFIX) else "jsonl"
 
 
 # -- features -------------------------------------------------------------------------------------

@@ -285,7 +285,7 @@ def export_run(job_id: int, *, progress: ExportProgress | None = None) -> Export
     services.export_state_changed(job.version_id)
     facts = _to_an_end(
         lambda: write_export(version=job.version, fmt=job.format, split=job.split, path=Path(job.path),
-                             progress=progress, layout=hf_layout.layout_of(job.format_version),
+                             progress=progress, layout=job.layout,
                              options=services.export_options(job)),
         fail=lambda error: services.export_fail(job=job, error=error), expected=(DatasetError, UnsafePathError),
         interrupted="interrupted; finished chunks are kept and a re-run resumes from them", what=f"export #{job_id}")

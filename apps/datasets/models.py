@@ -174,6 +174,13 @@ class ExportJob(models.Model):
 
     FINAL = frozenset({Status.DONE, Status.FAILED})
     ACTIVE = frozenset({Status.QUEUED, Status.RUNNING})
+    # How an export's options are recorded (read back by `layout` and `roles`): the Hugging Face
+    # layout in format_version ("<exporter version>+hf", apps/datasets/hf_layout.py); a server-side
+    # export's roles choice other than the default in its file name, `<format>-<split>.roles-lead.jsonl`
+    # (services.export_path: one file per choice).
+    HF_SUFFIX = "+hf"
+    ROLES_MARK = ".roles-"
+    ROLES = ("trainable", "lead", "all")  # multi_agent: every role not marked trainable: false, the lead, all
 
     version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="exports")
     format = models.CharField(max_length=40)
@@ -225,6 +232,22 @@ class ExportJob(models.Model):
     @property
     def file_name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def layout(self) -> str:
+        """"hf" (the Hugging Face layout: a folder of Parquet shards and a card) or "jsonl" (one file)."""
+        return "hf" if self.format_version.endswith(self.HF_SUFFIX) else "jsonl"
+
+    @property
+    def roles(self) -> str:
+        """Whose views a multi_agent export's per-role formats write: "trainable" (the default,
+        and what every other export has), "lead" or "all"."""
+        name = self.file_name
+        if self.in_export_dir and self.ROLES_MARK in name:
+            roles = name.rsplit(self.ROLES_MARK, 1)[1].removesuffix(".jsonl").removesuffix(".hf")
+            if roles in self.ROLES:
+                return roles
+        return self.ROLES[0]
 
 
 class TemplateCheck(models.Model):

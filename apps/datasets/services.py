@@ -619,25 +619,15 @@ def publish_warnings(version: DatasetVersion) -> list[str]:
 def export_path(version: DatasetVersion, fmt: str, split: str, layout: str = "jsonl",
                 roles: str = "trainable") -> Path:
     """Where the server-side export of (version, format, split[, roles choice]) lives (a folder for
-    layout "hf")."""
-    suffix = "" if roles == "trainable" else f"{ROLES_MARK}{roles}"
+    layout "hf"); ExportJob.roles reads the choice back from the name."""
+    suffix = "" if roles == "trainable" else f"{ExportJob.ROLES_MARK}{roles}"
     name = f"{fmt}-{split}{suffix}" + (".hf" if layout == "hf" else ".jsonl")
     return Path(settings.DATASET_EXPORT_DIR) / version.dataset.name / f"v{version.number}" / name
 
 
-# A server-side export's options other than the defaults are part of its file name (one file per
-# choice), and the job reads them back from there: `<format>-<split>.roles-lead.jsonl`.
-ROLES_MARK = ".roles-"
-
-
 def export_options(job: ExportJob) -> dict[str, Any]:
-    """The export options a job was started with (the roles choice of a server-side export)."""
-    name = Path(job.path).name
-    if job.in_export_dir and ROLES_MARK in name:
-        roles = name.rsplit(ROLES_MARK, 1)[1].removesuffix(".jsonl").removesuffix(".hf")
-        if roles in exportability.ROLE_CHOICES:
-            return {"roles": roles}
-    return {}
+    """The export options a job was started with other than the defaults (its roles choice)."""
+    return {"roles": job.roles} if job.roles != "trainable" else {}
 
 
 def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:

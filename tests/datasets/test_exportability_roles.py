@@ -54,7 +54,9 @@ def test_roles_choices_are_counted_offered_and_written_with_a_metadata_column(
     for roles, expected in (("trainable", 2), ("lead", 1), ("all", 3)):
         started = api.post(url, {"format": "sft-trl", "roles": roles}, format="json")
         assert started.status_code == 202, started.json()
+        assert (started.json()["roles"], started.json()["layout"]) == (roles, "jsonl")  # read back from the job
         job = export_run(started.json()["id"])
+        assert job is not None and api.get(f"/api/v1/exports/{job.pk}").json()["roles"] == roles
         assert job is not None and job.status == "done", job and job.error
         lines = _lines(job)
         assert len(lines) == job.lines == expected
@@ -66,5 +68,7 @@ def test_roles_choices_are_counted_offered_and_written_with_a_metadata_column(
         {"role": "tester", "trajectory_id": tester.pk, "parent_trajectory_id": lead.pk},
     ]
     assert ExportJob.objects.filter(format="sft-trl").count() == 3  # one file per roles choice
+    exports = client.get(f"/datasets/team/v{version.number}/?fragment=exports").content.decode()
+    assert exports.count("roles: lead") == 1 and exports.count("roles: all") == 1  # the default is unmarked
     with pytest.raises(ExportError, match="roles: one of trainable, lead, all"):
         export_start(version=version, fmt="sft-trl", roles="everyone", actor=None, enqueue=False)

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.datasets import exportability
-from apps.datasets.hf_layout import LAYOUTS, layout_of
+from apps.datasets.hf_layout import LAYOUTS
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
 from trajplatform.api import INT64_MAX, LimitedJSONField, StrictSerializerMixin
@@ -130,20 +130,20 @@ class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
 class ExportJobSerializer(serializers.ModelSerializer):
     dataset = serializers.CharField(source="version.dataset.name", read_only=True)
     version = serializers.IntegerField(source="version.number", read_only=True)
-    layout = serializers.SerializerMethodField()
+    layout = serializers.ChoiceField(choices=LAYOUTS, read_only=True, help_text="jsonl (one file) or hf (a folder)")
+    roles = serializers.ChoiceField(choices=list(ExportJob.ROLES), read_only=True, help_text=(
+        "whose views a multi_agent export's per-role formats write; trainable (the default) for any other"))
     download_url = serializers.SerializerMethodField()
 
     class Meta:
         model = ExportJob
-        fields = ["id", "dataset", "version", "format", "format_version", "layout", "split", "status", "sha256",
-                  "lines", "bytes", "members", "error", "created_at", "started_at", "finished_at", "download_url"]
+        fields = ["id", "dataset", "version", "format", "format_version", "layout", "roles", "split", "status",
+                  "sha256", "lines", "bytes", "members", "error", "created_at", "started_at", "finished_at",
+                  "download_url"]
         read_only_fields = fields
 
-    def get_layout(self, job: ExportJob) -> str:
-        return layout_of(job.format_version)
-
     def get_download_url(self, job: ExportJob) -> str | None:
-        if job.status != ExportJob.Status.DONE or not job.in_export_dir or layout_of(job.format_version) == "hf":
+        if job.status != ExportJob.Status.DONE or not job.in_export_dir or job.layout == "hf":
             return None  # a Hugging Face layout is a folder, not one file to download
         return f"/api/v1/exports/{job.pk}/download"
 
