@@ -18,6 +18,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
 from django.db.models import Max
+from django.urls import reverse
 from django.utils import timezone
 
 from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, exportability, hf_layout, templates
@@ -505,10 +506,16 @@ def build_state_message(build_id: int) -> dict[str, Any]:
     build = VersionBuild.objects.filter(pk=build_id).select_related("version__dataset").first()
     if build is None:
         return {"type": "build.state", "build": build_id, "status": "missing"}
+    return build_state(build)
+
+
+def build_state(build: VersionBuild) -> dict[str, Any]:
+    """build_state_message of a build already read (with its version and dataset)."""
     version_url = None
     if build.version_id is not None:
-        version_url = f"/datasets/{build.version.dataset.name}/v{build.version.number}/"
-    return {"type": "build.state", "build": build_id, "status": build.status, "stage": build.stage,
+        version_url = reverse("datasets:version_detail", kwargs={"name": build.version.dataset.name,
+                                                                 "number": build.version.number})
+    return {"type": "build.state", "build": build.pk, "status": build.status, "stage": build.stage,
             "done": build.done, "total": build.total, "error": build.error, "version_url": version_url}
 
 

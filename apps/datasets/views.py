@@ -328,4 +328,4 @@ def build_detail(request: HttpRequest, build_id: int) -> HttpResponse:
     if build is None:
         raise Http404("no such build")
     return render(request, "datasets/build_detail.html", {"nav": "datasets", "build": build,
-                                                           "state": services.build_state_message(build.pk)})
+                                                           "state": services.build_state(build)})

@@ -10,6 +10,9 @@ import sys
 import pytest
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import set_script_prefix
 
 from apps.datasets import jobs, services
 from apps.datasets.models import DatasetVersion, VersionBuild
@@ -159,6 +162,37 @@ def test_the_reaper_requeues_a_build_whose_worker_died_and_fails_it_after_its_cl
     build.refresh_from_db()
     assert build.status == "failed" and "gave up after 3 runs" in build.error
     assert AuditEvent.objects.filter(action="datasets.version_build_requeue").count() == 2
+
+
+def test_the_build_page_reads_its_build_once_and_links_the_version(approver, three, queued, client):
+    build = version_build_start(dataset_name="built", filter_spec=no_dedup(), actor=approver)
+    jobs.run_version_build(build.pk)
+    client.force_login(approver)
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/datasets/builds/{build.pk}/")
+    assert page.status_code == 200 and 'data-version-url="/datasets/built/v1/"' in page.content.decode()
+    reads = [q["sql"] for q in queries.captured_queries if "datasets_versionbuild" in q["sql"]]
+    assert len(reads) == 1, reads
+
+
+def test_the_api_s_build_urls_follow_the_site_s_routes_under_a_script_prefix(approver, three, queued):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(approver)
+    # Served under /traj (a proxy's SCRIPT_NAME, which Django's WSGI handler sets as the script
+    # prefix; the test client does not): every URL the API hands out carries it.
+    set_script_prefix("/traj/")
+    try:
+        created = api.post("/api/v1/datasets/built/versions", {"filter_spec": no_dedup()}, format="json")
+        assert created.status_code == 202, created.json()
+        build = created.json()
+        assert created["Location"] == build["url"] == f"/traj/api/v1/version-builds/{build['id']}"
+        jobs.run_version_build(build["id"])
+        polled = api.get(f"/api/v1/version-builds/{build['id']}").json()
+        assert polled["version_url"] == "/traj/api/v1/datasets/built/versions/1"
+    finally:
+        set_script_prefix("/")
 
 
 def test_serving_the_builder_and_queueing_a_build_never_imports_the_embedding_model(tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -102,12 +103,12 @@ class VersionBuildSerializer(serializers.ModelSerializer):
         return build.version.number if build.version_id else None
 
     def get_url(self, build: VersionBuild) -> str:
-        return f"/api/v1/version-builds/{build.pk}"
+        return reverse("api:version-build-detail", kwargs={"build_id": build.pk})
 
     def get_version_url(self, build: VersionBuild) -> str | None:
         if not build.version_id:
             return None
-        return f"/api/v1/datasets/{build.dataset_name}/versions/{build.version.number}"
+        return reverse("api:version-detail", kwargs={"name": build.dataset_name, "number": build.version.number})
 
 
 class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):

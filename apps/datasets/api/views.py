@@ -68,9 +68,8 @@ class VersionListView(GenericAPIView):
             dataset_name=name, filter_spec=body.validated_data["filter_spec"], actor=request.user, parent=parent,
             notes=body.validated_data["notes"],
         )
-        response = Response(s.VersionBuildSerializer(build).data, status=202)
-        response["Location"] = f"/api/v1/version-builds/{build.pk}"
-        return response
+        data = s.VersionBuildSerializer(build).data
+        return Response(data, status=202, headers={"Location": data["url"]})
 
 
 class VersionBuildDetailView(APIView):
