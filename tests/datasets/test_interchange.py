@@ -291,22 +291,31 @@ def test_an_adp_web_trajectory_comes_in_as_the_pages_the_agent_saw_with_its_scre
     assert [x["role"] for x in m] == ["user", "user", "assistant", "tool", "user", "assistant", "tool", "assistant",
                                       "tool", "user", "assistant"]
     # The page before any action is an environment message, never the task's prompt.
-    assert m[1] == {"role": "user", "content": "URL: https://rent.example/\n\n[1] RootWebArea 'Car rental'\n  "
-                    "[2] link 'Vans'", "provenance": {"format": "adp", "source": "environment"}}
+    assert (m[1]["role"], m[1]["content"], m[1]["provenance"]["source"]) == (
+        "user", "URL: https://rent.example/\n\n[1] RootWebArea 'Car rental'\n  [2] link 'Vans'", "environment")
     assert Task.objects.get(pk=t.task_id).prompt == "Find a mini van in Brooklyn for April 5-8."
     # HTML without an accessibility tree: its visible text (navigation kept, script and head gone).
-    assert m[3] == {"role": "tool", "tool_call_id": "call_1", "name": "click",
-                    "content": "URL: https://rent.example/vans\n\nHome\nVans\nMini van Select\nCargo van"}
+    assert {k: m[3][k] for k in ("role", "tool_call_id", "name", "content")} == {
+        "role": "tool", "tool_call_id": "call_1", "name": "click",
+        "content": "URL: https://rent.example/vans\n\nHome\nVans\nMini van Select\nCargo van"}
     navy, teal = (m[4]["content"][0]["image_url"]["url"], m[9]["content"][0]["image_url"]["url"])
     assert navy.startswith("artifact:") and teal.startswith("artifact:") and navy != teal
+    # The page's item is kept whole beside its first message, its screenshot a reference to the
+    # stored image (kept once); the screenshot's own message says it belongs to that item.
+    kept = m[3]["provenance"]["adp"]
+    assert kept["class_"] == "web_observation" and kept["html"].startswith("<html><head><title>Vans")
+    assert kept["image_observation"]["content"] == navy and m[4]["provenance"]["rest_of_item"] is True
     # A long tree is cut at the documented limit; the original stays with the message.
     clipped = m[6]
-    assert clipped["tool_call_id"] == "call_2" and clipped["provenance"]["original"] == {"axtree": BIG_AXTREE}
+    assert clipped["tool_call_id"] == "call_2" and clipped["provenance"]["adp"]["axtree"] == BIG_AXTREE
     body = clipped["content"].split("\n\n", 1)[1]
     assert body.startswith(BIG_AXTREE[:20_000]) and f"cut at 20000 of {len(BIG_AXTREE)} characters" in body
     # An image result: an empty tool text, then the picture as the gui scene's screenshots come.
-    assert m[8] == {"role": "tool", "tool_call_id": "call_3", "name": "screenshot", "content": ""}
+    assert {k: m[8][k] for k in ("role", "tool_call_id", "name", "content")} == {
+        "role": "tool", "tool_call_id": "call_3", "name": "screenshot", "content": ""}
     assert m[9]["provenance"]["annotations"][0]["text"] == "Mini van"
+    assert m[8]["provenance"]["adp"]["content"] == teal  # the item's image, by reference
+    assert "data:image" not in json.dumps(m)  # the images are in the store only
     stored = {a.sha256: a for a in Artifact.objects.all()}
     assert set(stored) == {navy.removeprefix("artifact:"), teal.removeprefix("artifact:")}
     assert {(a.mime, a.width, a.height) for a in stored.values()} == {("image/png", 8, 6)}
@@ -319,8 +328,15 @@ def test_an_adp_web_trajectory_comes_in_as_the_pages_the_agent_saw_with_its_scre
     out = io.BytesIO()
     result = export_records("sft-openai-vision", load_records([t.pk]), out, options={"images": "base64"})
     assert result.lines == 1 and validate_line("sft-openai-vision", orjson.loads(out.getvalue())) == []
-    # And through our ADP exporter and back: the same lines apart from ids.
+    # Its ADP export is the file again, web and image observations as they were, apart from ids.
     data = export("adp", [t.pk])
+    [line] = [orjson.loads(data)]
+    assert validate_line("adp", line) == []
+    assert {k: v for k, v in line.items() if k not in ("id", "details", "schema_version")} == {
+        k: v for k, v in adp_web_record().items() if k not in ("id", "details", "schema_version")}
+    assert {k: v for k, v in line["details"].items() if not k.startswith("trajplatform")} == \
+        adp_web_record()["details"]
+    # And through our ADP exporter and back: the same lines apart from ids.
     again = tmp_path / "again.adp.jsonl"
     again.write_bytes(data)
     [back] = import_file(again, "--format", "adp", "--batch", "web-again")
@@ -434,6 +450,7 @@ def test_an_adp_file_without_tool_call_ids_links_each_page_to_the_action_before_
         ("tool", "adp_call_4"), ("assistant", None)]
     assert t.messages[3]["content"] == "URL: https://rent.example/vans\n\n[4] button 'Select'"
     assert validate_line("sft-openai", orjson.loads(export("sft-openai", [t.pk]))) == []
+    assert orjson.loads(export("adp", [t.pk]))["content"] == adp["content"]  # the pages as the file gave them
 
 
 def test_an_adp_observation_without_an_id_answers_the_turn_before_it_not_an_older_open_call(tmp_path: Path) -> None:
@@ -447,6 +464,6 @@ def test_an_adp_observation_without_an_id_answers_the_turn_before_it_not_an_olde
     path = tmp_path / "open.jsonl"
     path.write_text(json.dumps(adp) + "\n")
     [t] = import_file(path, "--format", "adp", "--outcome", "failure")
-    assert t.messages[-1] == {"role": "tool", "tool_call_id": "adp_call_3", "name": "reload",
-                              "content": "URL: https://a.example\n\n[1] heading 'A'"}
+    assert {k: v for k, v in t.messages[-1].items() if k != "provenance"} == {
+        "role": "tool", "tool_call_id": "adp_call_3", "name": "reload", "content": "URL: https://a.example\n\n[1] heading 'A'"}
     assert not any(m.get("tool_call_id") == "a" for m in t.messages)  # goto's result never came

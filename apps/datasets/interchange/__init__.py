@@ -18,8 +18,9 @@ the version table (what each reader takes); each module has its format's constan
   (assistant text; its `description` is the turn's thought, reasoning_content on our side). On
   import, a `web_observation` (`url`, `axtree`, `html`, `image_observation`, `viewport_size`)
   becomes the text the agent saw: `URL: <url>`, a blank line, then the accessibility tree or,
-  failing that, the HTML reduced to its visible text, cut at WEB_TEXT_MAX_CHARS (the original
-  field kept under the message's `provenance` when cut). An observation answers its
+  failing that, the HTML reduced to its visible text, cut at WEB_TEXT_MAX_CHARS (the whole item
+  kept under the message's `provenance.adp`, its images as `artifact:<sha>`, so the export writes
+  it back). An observation answers its
   `tool_call_id`, else the oldest unanswered call of the turn before it. An `image_observation`
   (alone or a web observation's screenshot) goes to the artifact store when its content is a
   data: URL and follows as a user message with an `artifact:<sha>` image part, as the gui

@@ -37,18 +37,67 @@ def _adp_doc(record: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str
     content: list[dict[str, Any]] = []
     for msg, results in _turns(messages):
         role = msg.get("role")
-        if role == "system" and not _from_item(msg):
-            continue  # in details.system
+        if (role == "system" and not _from_item(msg)) or _rest_of_item(msg):
+            continue  # in details.system; the screenshot of a web observation another message writes back
         if role == "user" and isinstance(msg.get("content"), list):
-            content += _adp_images(msg["content"])
+            items = _adp_images(msg["content"])
+            kept = kept_of(msg, "adp")
+            content += [_inlined(restore(items[0], kept))] if kept and len(items) == 1 else items
         elif role == "assistant":
             content += _adp_items(msg, results)
         elif role in ("system", "user"):
-            content.append(restore(_message_item(msg), kept_of(msg, "adp")))
+            content.append(_inlined(restore(_message_item(msg), kept_of(msg, "adp"))))
         else:
             raise RenderError(f"unsupported role {role!r}")
     return {"schema_version": ADP_VERSION, "id": f"trajplatform-{record['trajectory_id']}", "content": content,
             "details": _adp_details(messages)}
+
+
+def _rest_of_item(msg: dict[str, Any]) -> bool:
+    """A message an ADP web or image observation made after its first (the screenshot after the page
+    text): the first one keeps the whole item."""
+    return bool((msg.get("provenance") or {}).get("rest_of_item"))
+
+
+def _image_ref(url: Any, images: dict[str, Image]) -> Any:
+    """A data: URL as `artifact:<sha>` when the export writes the stored image back as exactly that
+    URL (the import keeps the image once, in the artifact store), else the URL itself."""
+    try:
+        image = _image_data(url)
+    except InterchangeError:
+        return url
+    sha = hashlib.sha256(image.data).hexdigest()
+    if sha in images and url == _data_url(image):
+        return f"{artifacts.URL_PREFIX}{sha}"
+    return url
+
+
+def _data_url(image: Image) -> str:
+    return f"data:{image.mime};base64,{base64.b64encode(image.data).decode('ascii')}"
+
+
+def _kept_images(kept: dict[str, Any], images: dict[str, Image]) -> dict[str, Any]:
+    """What an import keeps of a web or image observation, its images as references to the store."""
+    if isinstance(kept.get("content"), str):
+        kept["content"] = _image_ref(kept["content"], images)
+    shot = kept.get("image_observation")
+    if isinstance(shot, dict) and isinstance(shot.get("content"), str):
+        kept["image_observation"] = {**shot, "content": _image_ref(shot["content"], images)}
+    return kept
+
+
+def _inlined(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as the file had it: a kept `artifact:<sha>` image back as its data: URL (a new
+    object: the record's own stays as stored)."""
+    content = item.get("content")
+    if isinstance(content, str) and content.startswith(artifacts.URL_PREFIX):
+        try:
+            item = {**item, "content": artifacts.data_url(content[len(artifacts.URL_PREFIX):])}
+        except artifacts.ArtifactError as exc:
+            raise RenderError(f"image {content[len(artifacts.URL_PREFIX):][:12]}: {exc}") from None
+    if isinstance(item.get("image_observation"), dict):
+        item = {**item, "image_observation": _inlined(item["image_observation"])}
+    return item
 
 
 def _from_item(msg: dict[str, Any]) -> bool:
@@ -148,7 +197,7 @@ def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[
     calls = msg.get("tool_calls") or []
     items = [restore(_assistant_item(msg), kept_of(msg, "adp"))] if not calls or _joined(msg) else []
     items += [restore(_call_item(msg, k), kept_of(call, "adp")) for k, call in enumerate(calls)]
-    return items + [restore(_message_item(result), kept_of(result, "adp")) for result in results]
+    return items + [_inlined(restore(_message_item(result), kept_of(result, "adp"))) for result in results]
 
 
 def _adp_messages(items: list[dict[str, Any]], details: dict[str, Any],
@@ -176,6 +225,7 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
     parts name, for the importer to store. With `marked`, every message and call keeps what the
     export could not say again from it (keep_rest) under `provenance.adp`."""
     out: list[dict[str, Any]] = []
+    images = {} if images is None else images
     names: dict[Any, str] = {}
     pending: list[Any] = []  # calls not answered yet, oldest first
     made: list[tuple[dict[str, Any], int | None, dict[str, Any]]] = []  # (message, call index, item)
@@ -186,8 +236,10 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
             start = len(out)
             out += _observation_messages(item, pending, names, images, opening=not any(
                 m["role"] != "system" for m in out))
-            if kind == "text_observation" and len(out) == start + 1:
-                made.append((out[-1], None, item))
+            if (kind == "text_observation" and len(out) == start + 1) or (kind != "text_observation" and out[start:]):
+                made.append((out[start], None, item))  # a web or image observation: its first message keeps it
+                for rest in out[start + 1:] if marked else []:
+                    rest.setdefault("provenance", {"format": "adp"})["rest_of_item"] = True
         elif kind == "message_action":
             pending.clear()  # a new turn: an earlier call left unanswered stays so
             msg = {"role": "assistant", "content": item.get("content") or ""}
@@ -236,7 +288,7 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
     if marked:
         for msg, k, item in made:
             if k is None:
-                put_kept(msg, "adp", keep_rest(item, _rebuilt_text(msg)))
+                put_kept(msg, "adp", _kept_images(keep_rest(item, _rebuilt_text(msg, images)), images))
             else:
                 put_kept(msg["tool_calls"][k], "adp", keep_rest(item, _call_item(msg, k)))
     else:  # our own export read back: its messages as they were (no marks of a foreign file)
@@ -251,9 +303,16 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
     return out
 
 
-def _rebuilt_text(msg: dict[str, Any]) -> dict[str, Any]:
-    """What the export writes for a message a text_observation became (an agent one: a message_action)."""
-    return _assistant_item(msg) if msg["role"] == "assistant" else _message_item(msg)
+def _rebuilt_text(msg: dict[str, Any], images: dict[str, Image]) -> dict[str, Any]:
+    """What the export writes for a message an observation became (an agent text one: a
+    message_action; an image message: its image_observation)."""
+    if msg["role"] == "assistant":
+        return _assistant_item(msg)
+    if isinstance(msg.get("content"), list):
+        [part] = msg["content"]
+        image = images[part["image_url"]["url"][len(artifacts.URL_PREFIX):]]
+        return {"class_": "image_observation", "content": _data_url(image), "source": "environment"}
+    return _message_item(msg)
 
 
 def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[Any, str],
@@ -262,9 +321,8 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
     system prompt (environment text `opening` the conversation) or an environment message, then,
     for an image, a user message with its `artifact:<sha>` part."""
     kind = item["class_"]
-    kept: dict[str, Any] = {}
     if kind == "web_observation":
-        text, kept = _web_text(item)
+        text = _web_text(item)
         shot = item.get("image_observation")
     elif kind == "image_observation":
         text, shot = "", item
@@ -293,8 +351,6 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
             out.append({"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""), "content": text})
         elif text or kind == "text_observation":
             out.append({"role": "user", "content": text, "provenance": {"format": "adp", "source": "environment"}})
-        if kept and out:
-            out[-1].setdefault("provenance", {"format": "adp"})["original"] = kept
     if shot is not None:
         image = _image_data(shot.get("content"))
         sha = hashlib.sha256(image.data).hexdigest()
@@ -308,22 +364,20 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
     return out
 
 
-def _web_text(item: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _web_text(item: dict[str, Any]) -> str:
     """A web observation as the agent read it: `URL: <url>`, then its accessibility tree or, failing
-    that, its HTML's visible text, cut at WEB_TEXT_MAX_CHARS; and {field: original} when cut."""
+    that, its HTML's visible text, cut at WEB_TEXT_MAX_CHARS (the import keeps the whole item)."""
     body, field = "", None
     for name in ("axtree", "html"):
         value = item.get(name)
         if isinstance(value, str) and value.strip():
             body, field = (value if name == "axtree" else _html_text(value)), name
             break
-    kept: dict[str, Any] = {}
     if len(body) > WEB_TEXT_MAX_CHARS:
-        kept = {field: item[field]}
         body = (f"{body[:WEB_TEXT_MAX_CHARS]}\n[... cut at {WEB_TEXT_MAX_CHARS} of {len(body)} characters; "
                 f"the original {field} is kept with the record ...]")
     url = item.get("url")
-    return "\n\n".join(p for p in (f"URL: {url}" if url else "", body) if p), kept
+    return "\n\n".join(p for p in (f"URL: {url}" if url else "", body) if p)
 
 
 _HIDDEN_TAGS = ("head", "script", "style", "noscript", "template")
