@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
-from apps.tasks.episode import diff_html, plain_text, pretty_json
+from apps.tasks.episode import arguments_text, diff_html, plain_text
 from trajplatform import json_limits
 
 MAX_STEPS = 300  # per rollout: a longer one is cut (and says so), the page stays small
@@ -77,7 +77,7 @@ def _cell(index: int, record: Any) -> Cell:
             pass
     canonical = json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
     tool = str(record.get("tool") or "?")
-    return Cell(index=index, tool=tool, arguments=pretty_json(args) if not isinstance(args, str) else args,
+    return Cell(index=index, tool=tool, arguments=arguments_text(args),
                 result=plain_text(record.get("output")), error=bool(record.get("error") or record.get("env_error")),
                 signature=f"{tool}:{canonical}")
 

@@ -40,10 +40,10 @@ from apps.reviews import alignment, selectors, services
 from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
 from apps.tasks.consumers import MAX_ID
+from apps.tasks.episode import arguments_text
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.services import TransitionError, batch_cancel, batch_retry, task_cancel, task_retry, tasks_enqueue
 from apps.tasks.views import viewer_context
-from trajplatform import json_limits
 
 PAGE_SIZE = 50
 VIEW_PROPOSALS = "reviews.view_proposal"
@@ -459,14 +459,9 @@ def prefer(request: HttpRequest, task_id: int) -> HttpResponse:
 
 
 def _arguments_json(step: Any) -> str:
-    """A step's arguments as the JSON a reviewer edits (indented); text that is not JSON as it was sent."""
+    """A step's arguments as the reviewer edits them: as the trace shows them (none: `{}`)."""
     args = step.get("arguments") if isinstance(step, dict) else None
-    if isinstance(args, str):
-        try:
-            args = json_limits.loads(args)
-        except ValueError:
-            return args
-    return json.dumps(args if args is not None else {}, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    return arguments_text({} if args is None else args)
 
 
 @login_required

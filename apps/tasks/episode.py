@@ -91,8 +91,9 @@ def plain_text(content: Any) -> str:
     return pretty_json(content)
 
 
-def _arguments(raw: Any) -> str:
-    """Tool-call arguments indented when they are JSON; left as sent when they are not."""
+def arguments_text(raw: Any) -> str:
+    """Tool-call arguments indented when they are JSON (keys sorted); left as sent when they are not.
+    The trace shows them so and the correction form edits them so (apps/reviews/views.py)."""
     if isinstance(raw, str):
         try:
             return pretty_json(json_limits.loads(raw))
@@ -248,7 +249,7 @@ def _conversation(messages: list[Any]) -> list[Message]:
         for call in raw_calls if isinstance(raw_calls, list) else []:
             function = call.get("function") if isinstance(call, dict) and isinstance(call.get("function"), dict) else {}
             if function:
-                calls.append((str(function.get("name") or "?"), _arguments(function.get("arguments", ""))))
+                calls.append((str(function.get("name") or "?"), arguments_text(function.get("arguments", ""))))
             else:
                 calls.append(("?", plain_text(call)))
         conversation.append(Message(
@@ -294,7 +295,7 @@ def _steps_from_records(records: list[Any], seen: dict[str, Any] | None = None) 
             reasoning=plain_text(reasoning) if reasoning and reasoning != record.get("thought") else "",
             actions=[Action(
                 name=str(record.get("tool") or "?"),
-                arguments=_arguments(record.get("arguments", "")),
+                arguments=arguments_text(record.get("arguments", "")),
                 call_id=str(record.get("tool_call_id") or ""),
                 result=plain_text(record["output"]) if "output" in record else None,
                 meta=_step_meta(record),
@@ -334,7 +335,7 @@ def _steps_from_messages(messages: list[Any]) -> tuple[list[Step], list[tuple[st
                 function = call.get("function") if isinstance(call.get("function"), dict) else {}
                 action = Action(
                     name=str(function.get("name") or call.get("type") or "call"),
-                    arguments=_arguments(function.get("arguments", "")),
+                    arguments=arguments_text(function.get("arguments", "")),
                     call_id=str(call.get("id") or ""),
                 )
                 _show_arguments(action, function.get("arguments", ""), files)

@@ -130,3 +130,18 @@ def test_a_tool_call_written_as_text_cannot_have_its_arguments_edited(ran, revie
     assert response.status_code == 400
     assert "a tool call written as text (json_text) cannot have its arguments edited" in response.content.decode()
     assert not Correction.objects.exists()
+
+
+def test_the_correction_form_edits_the_arguments_as_the_trace_shows_them(ran, reviewer, client):
+    from django.utils.html import escape
+
+    from apps.tasks.episode import arguments_text
+
+    client.force_login(reviewer)
+    trace = client.get(reverse("reviews:trajectory", args=[ran.pk])).content.decode()
+    edit = client.get(reverse("reviews:correct", args=[ran.pk])).content.decode()
+    for i, step in enumerate(ran.steps):
+        shown = escape(arguments_text(step["arguments"]))
+        assert f'name="arguments_{i}"' in edit and f'class="json-edit">{shown}</textarea>' in edit, i
+        if step["tool"] == "run_shell":  # the trace shows a write_file's content as a file, not its arguments
+            assert shown in trace
