@@ -552,7 +552,7 @@ def test_admin_grants_a_role_from_the_user_changelist(client: Any, admin_user_ro
         users_url, {"action": "grant_role_reviewer", "_selected_action": [outsider.pk, former_viewer.pk]}, follow=True
     )
 
-    assert "Granted role reviewer to 2" in response.content.decode()
+    assert f"Granted role reviewer to {outsider.username} and {former_viewer.username}" in response.content.decode()
     for user in (outsider, former_viewer):
         user.refresh_from_db()
         assert user.is_staff
@@ -680,3 +680,12 @@ def test_django_q_schedules_and_job_records_are_view_only_even_for_superusers(cl
     assert Schedule.objects.filter(pk=schedule.pk).exists()
     for name in ("schedule", "success", "failure"):
         assert client.get(reverse(f"admin:django_q_{name}_add")).status_code == 403
+
+
+def test_the_grant_message_names_at_most_ten_users(client: Any, admin_user_role: Any, make_user: Any) -> None:
+    users = [make_user(None, username=f"user{n:02d}") for n in range(12)]
+    client.force_login(admin_user_role)
+    response = client.post(reverse("admin:auth_user_changelist"),
+                           {"action": "grant_role_viewer", "_selected_action": [u.pk for u in users]}, follow=True)
+    assert "Granted role viewer to user00, user01, user02, user03, user04, user05, user06, user07, user08, user09 " \
+           "and 2 more" in response.content.decode()

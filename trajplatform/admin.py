@@ -87,17 +87,26 @@ admin.site.enable_nav_sidebar = False
 # --- users and roles -------------------------------------------------------------------
 
 
+def _names(usernames: list[str], shown: int = 10) -> str:
+    """'alice', 'alice and bob', 'alice, bob and carol', or the first ten 'and 5 more'."""
+    if len(usernames) > shown:
+        return f"{', '.join(usernames[:shown])} and {len(usernames) - shown} more"
+    if len(usernames) > 1:
+        return f"{', '.join(usernames[:-1])} and {usernames[-1]}"
+    return usernames[0]
+
+
 def _grant_role_action(role: str) -> Callable[[Any, HttpRequest, QuerySet], None]:
     def action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-        granted = 0
-        for user in queryset:
-            try:
+        granted: list[str] = []
+        try:
+            for user in queryset.order_by("username"):
                 grant_role(user=user, role=role, actor=request.user)
-            except PermissionDenied as exc:
-                modeladmin.message_user(request, f"{user}: {exc}", messages.ERROR)
-                return
-            granted += 1
-        modeladmin.message_user(request, f"Granted role {role} to {granted}")
+                granted.append(user.get_username())
+        except PermissionDenied as exc:
+            modeladmin.message_user(request, f"{user.get_username()}: {exc}", messages.ERROR)
+        if granted:
+            modeladmin.message_user(request, f"Granted role {role} to {_names(granted)}")
 
     action.__name__ = f"grant_role_{role}"
     return admin.action(description=f"Grant role: {role}", permissions=["change"])(action)

@@ -37,5 +37,9 @@ class TrajplatformConfig(AppConfig):
     def ready(self) -> None:
         from trajplatform import checks  # noqa: F401  # deferred: AppConfig.ready pattern (registers the deploy checks)
 
+        from trajplatform.schedules import register_periodic  # deferred: AppConfig.ready pattern (django_q's models load first)
+
+        # By dotted path: the overview's job reads the apps above this one.
+        register_periodic("trajplatform.overview.ensure_activity_schedule")
         post_migrate.connect(_sync_roles_after_migrate, dispatch_uid="trajplatform.sync_roles")
         post_migrate.connect(_register_webhook_sweep, sender=self, dispatch_uid="trajplatform.webhook_sweep")

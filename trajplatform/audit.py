@@ -24,7 +24,7 @@ from django.db.models.fields.related_descriptors import ForwardManyToOneDescript
 ACTIONS: dict[str, str] = {
     "auth.bootstrap_admin": "an admin account was created or updated from the command line",
     "auth.role_grant": "a user was given a role (group) and staff access",
-    "auth.user_create": "an account was created in the admin",
+    "auth.user_create": "an account was created (in the admin, or with a role by manage.py create_user)",
     "auth.user_change": "an account's details (name, email, active, password) were changed in the admin",
     "auth.api_token_create": "an API token was created for a user (the plain token was shown once)",
     "auth.api_token_revoke": "an API token was revoked",

@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model, password_validation
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.validators import validate_email
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from trajplatform.audit import audit_record
 
@@ -132,9 +132,16 @@ def user_account_save(*, user: Any, actor: Any, created: bool, changed: list[str
     return user
 
 
-def bootstrap_admin(*, username: str, email: str | None = None, password: str) -> tuple[Any, bool]:
-    """Create or update a superuser in the admin group with this password; returns (user, created)."""
-    User = get_user_model()
+ROLE_DESCRIPTIONS = {
+    "viewer": "view every platform model in the console",
+    "reviewer": "+ create batches and tasks, cancel/re-queue tasks, write human reviews, decide yellow proposals",
+    "approver": "+ sign off red proposals, create and publish dataset versions",
+    "admin": "+ everything, including users, roles and the queue",
+}
+
+
+def _checked_account(User: Any, username: str, password: str, email: str | None) -> str:
+    """The normalized username, after refusing an empty one, an empty password, a bad email."""
     username = User.normalize_username((username or "").strip())
     if not username:
         raise ValidationError("a username is required")
@@ -142,11 +149,54 @@ def bootstrap_admin(*, username: str, email: str | None = None, password: str) -
         raise ValidationError("a non-empty password is required")
     if email:
         validate_email(email)
+    return username
+
+
+def _role_group(role: str) -> Group:
+    try:
+        return Group.objects.get(name=role)
+    except Group.DoesNotExist:
+        raise RuntimeError(f"the {role!r} group does not exist; run `manage.py migrate` first") from None
+
+
+class UserExists(Exception):
+    """An account of this username exists; user_create never changes one."""
+
+
+def user_create(*, username: str, role: str, password: str, email: str | None = None,
+                actor_repr: str = "manage.py create_user") -> Any:
+    """Create a new active staff account in exactly one role group with this password (validated
+    by AUTH_PASSWORD_VALIDATORS); refuses an existing username, an unknown role, a bad email."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    User = get_user_model()
+    username = _checked_account(User, username, password, email)
+    taken = UserExists(f"a user named {username!r} exists; change its role with the admin's Grant role action, "
+                       "its password in the admin")
+    try:
+        with transaction.atomic():
+            group = _role_group(role)
+            if User.objects.filter(username=username).exists():
+                raise taken
+            user = User(username=username, email=User.objects.normalize_email(email or ""), is_staff=True)
+            password_validation.validate_password(password, user)
+            user.set_password(password)
+            user.save()
+            user.groups.add(group)
+            # Never the password, nor its hash.
+            audit_record("auth.user_create", target=user, actor_repr=actor_repr,
+                         data={"role": role, "email": user.email, "is_staff": True, "password_set": True})
+    except IntegrityError:
+        raise taken from None  # created meanwhile by another process
+    return user
+
+
+def bootstrap_admin(*, username: str, email: str | None = None, password: str) -> tuple[Any, bool]:
+    """Create or update a superuser in the admin group with this password; returns (user, created)."""
+    User = get_user_model()
+    username = _checked_account(User, username, password, email)
     with transaction.atomic():
-        try:
-            group = Group.objects.get(name="admin")
-        except Group.DoesNotExist:
-            raise RuntimeError("the 'admin' group does not exist; run `manage.py migrate` first") from None
+        group = _role_group("admin")
         user = User.objects.select_for_update().filter(username=username).first()
         created = user is None
         if created:

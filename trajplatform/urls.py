@@ -38,6 +38,7 @@ urlpatterns = [
     # The schema and its viewer describe the API and hold no data: readable without a token.
     path("api/schema/", SpectacularAPIView.as_view(**PUBLIC), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema", **PUBLIC), name="api-docs"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("health", health.health, name="health"),
     path("metrics", health.metrics, name="metrics"),
     path("artifacts/<str:sha256>", artifact_views.artifact, name="artifact"),

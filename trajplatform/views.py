@@ -7,12 +7,12 @@ trajectories. Error pages say why (the PermissionDenied / Http404 message), exce
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseServerError
 from django.shortcuts import redirect, render
 from django.template import loader
@@ -20,8 +20,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from apps.reviews import selectors as review_selectors
-from apps.tasks.models import Task, Trajectory
 from trajplatform import api
+from trajplatform import overview as overview_reads
+from trajplatform.charts import series_svg
 from trajplatform.permissions import highest_role
 
 
@@ -48,14 +49,42 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
-    """The operator overview: what is running, failing, waiting for people."""
-    task_counts = dict(Task.objects.order_by().values_list("status").annotate(n=Count("id")))
-    running = Trajectory.objects.filter(status=Trajectory.Status.RUNNING).count()
+    """The operator overview: work by its real state, activity over time, batches in progress."""
+    batches, more_batches, not_started_batches = overview_reads.batches_in_progress()
+    awaiting, awaiting_more = overview_reads.awaiting_verdict()
     return render(request, "home.html", {
-        "nav": "home", "task_counts": [(label, task_counts.get(value, 0), value) for value, label in Task.Status.choices],
-        "running": running, "proposals": review_selectors.queue_counts(),
-        "awaiting_verdict": review_selectors.human_queue_size(),
+        "nav": "home", "task_states": overview_reads.task_states(), "live": overview_reads.live_trajectories(),
+        "proposals": review_selectors.queue_counts(), "awaiting": awaiting, "awaiting_more": awaiting_more,
+        "batches": batches, "more_batches": more_batches, "not_started_batches": not_started_batches,
+        "activity": _activity_charts(overview_reads.activity()),
     })
+
+
+def _activity_charts(activity: dict[str, Any]) -> dict[str, Any]:
+    points = activity["points"]
+    labels = [p["label"] for p in points]
+    activity["throughput_svg"] = series_svg(
+        labels, [("accepted", [p["accepted"] for p in points]), ("not accepted", [p["not_accepted"] for p in points])],
+        title="trajectories finished per day (accepted at the bottom)", fmt=lambda v: f"{v:,.0f}",
+        classes=("bar bar-1", "bar"))
+    activity["rate_svg"] = series_svg(labels, [("accepted", [p["rate"] for p in points])],
+                                      title="acceptance rate per day (%)", fmt=lambda v: f"{v:.0f}%", peak=100)
+    activity["cost_svg"] = series_svg(
+        labels, [("cost per accepted", [None if p["per_accepted"] is None else float(p["per_accepted"])
+                                        for p in points])],
+        title="cost per accepted trajectory per day (USD)", fmt=overview_reads.money)
+    return activity
+
+
+FAVICON = Path(__file__).resolve().parent / "static" / "console" / "favicon.ico"
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, which browsers ask for on every first visit of any page (the API docs' too)."""
+    response = HttpResponse(FAVICON.read_bytes(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 def admin_login(request: HttpRequest) -> HttpResponse:

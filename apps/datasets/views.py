@@ -18,9 +18,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.datasets import exportability, selectors, services
 from apps.datasets.models import DatasetVersion, VersionBuild
-from apps.datasets.svg import histogram_svg
 from apps.engines.registry import SCENE_CHOICES
 from apps.reviews.models import Correction, Review
+from trajplatform.charts import histogram_svg
 
 VIEW_PERMISSION = "datasets.view_datasetversion"
 PAGE_SIZE = 50

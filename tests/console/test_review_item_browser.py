@@ -49,10 +49,8 @@ def errors(page) -> list[str]:
     """Console errors and uncaught exceptions of every page the test opens."""
     seen: list[str] = []
     def console(message: Any) -> None:
-        url = message.location.get("url") or ""
-        # /favicon.ico's 404 is the site's, not these pages' (issue 40's small items serve it)
-        if message.type == "error" and not url.endswith("/favicon.ico"):
-            seen.append(f"{message.text} ({url})")
+        if message.type == "error":
+            seen.append(f"{message.text} ({message.location.get('url') or ''})")
 
     page.on("console", console)
     page.on("pageerror", lambda exc: seen.append(str(exc)))

@@ -93,3 +93,22 @@ def test_admin_change_pages_link_to_the_console_and_the_api(client, make_user, m
     assert f'href="{reverse("reviews:compare", args=[trajectory.task_id])}"' in html
     html = client.get(reverse("admin:tasks_batch_change", args=[trajectory.task.batch_id])).content.decode()
     assert f'href="{reverse("reviews:batch", args=[trajectory.task.batch_id])}"' in html
+
+
+def test_favicon_is_served_to_anyone(client):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200 and response["Content-Type"] == "image/x-icon"
+    assert response.content[:4] == b"\x00\x00\x01\x00"  # an ICO file's header
+    assert "max-age" in response["Cache-Control"]
+
+
+def test_the_comparison_page_highlights_the_review_queue_not_the_trajectories(client, make_user, make_task):
+    from apps.tasks.models import Batch
+    from tests.console.test_compare import OTHER, SAME, two_rollouts
+
+    a, b = two_rollouts(make_task, Batch.objects.create(name="nav"), SAME, OTHER)
+    client.force_login(make_user("reviewer"))
+    html = client.get(reverse("reviews:compare", args=[a.task_id])).content.decode()
+    nav = html[html.index('<nav class="sitenav"'):html.index("</nav>")]
+    assert nav.count('aria-current="page"') == 1
+    assert f'href="{reverse("reviews:work")}" aria-current="page">Review queue' in nav

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from apps.datasets.card import histogram, message_stats, quantiles, reason_summary
-from apps.datasets.svg import histogram_svg
+from trajplatform.charts import histogram_svg
 
 
 def test_histogram_bins_add_up_and_the_top_edge_is_included() -> None:

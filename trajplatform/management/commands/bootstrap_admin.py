@@ -1,14 +1,13 @@
 """Create or update an admin account: `manage.py bootstrap_admin USERNAME [--email E] [--password-env VAR]`."""
 from __future__ import annotations
 
-import getpass
 import os
-import sys
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from trajplatform.management.passwords import prompt_password
 from trajplatform.permissions import bootstrap_admin
 
 
@@ -29,7 +28,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, username: str, email: str | None, password_env: str | None, **options: Any) -> None:
-        password = self._password_from_env(password_env) if password_env else self._password_from_prompt()
+        if password_env:
+            password = self._password_from_env(password_env)
+        else:
+            password = prompt_password("use --password-env VAR with the password in the environment variable VAR")
         try:
             user, created = bootstrap_admin(username=username, email=email, password=password)
         except ValidationError as exc:
@@ -44,17 +46,3 @@ class Command(BaseCommand):
         if not value:
             raise CommandError(f"--password-env {var}: the environment variable {var} is unset or empty")
         return value
-
-    def _password_from_prompt(self) -> str:
-        if sys.stdin is None or not sys.stdin.isatty():
-            raise CommandError(
-                "stdin is not a terminal, so the password cannot be prompted for; "
-                "use --password-env VAR with the password in the environment variable VAR"
-            )
-        first = getpass.getpass("Password: ")
-        second = getpass.getpass("Password (again): ")
-        if not first:
-            raise CommandError("the password is empty")
-        if first != second:
-            raise CommandError("the two passwords do not match")
-        return first
