@@ -125,7 +125,10 @@ def template_checks(version: DatasetVersion) -> list[dict[str, Any]]:
         {"id": c.pk, "export": c.export_id, "format": c.format, "template": c.template,
          "template_sha256": c.template_sha256, "records": c.records, "passed": c.passed, "failed": c.failed,
          "mask": (c.summary or {}).get("mask"), "reasoning_kept": (c.summary or {}).get("reasoning_kept"),
-         "reasoning_stripped": (c.summary or {}).get("reasoning_stripped"), "created_at": c.created_at}
+         "reasoning_stripped": (c.summary or {}).get("reasoning_stripped"),
+         "properties": (c.summary or {}).get("properties", []), "render_errors": [
+             {"error": e["error"], "records": e["records"]} for e in (c.summary or {}).get("render_errors", [])],
+         "created_at": c.created_at}
         for c in TemplateCheck.objects.filter(version=version).order_by("-created_at", "-id")
     ]
 

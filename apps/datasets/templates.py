@@ -122,6 +122,12 @@ def tokenizer_for(template: ChatTemplate) -> Any:
 
 # --- one conversation --------------------------------------------------------------------------
 
+# What a template leaves out on purpose, reported once per template (TemplateReport.properties),
+# not as a failure of each record: training on such a line teaches what the template shows.
+TEXT_ON_CALL_TURNS = "drops the assistant's text on turns that call tools"
+NO_REASONING = "drops reasoning_content"
+EARLIER_REASONING = "drops reasoning_content of turns before the last user message"
+
 @dataclass
 class RecordReport:
     line: int
@@ -134,6 +140,8 @@ class RecordReport:
     reasoning_stripped: int = 0
     mask: str = "checked"  # checked | no generation markers
     tokens: int = 0
+    properties: dict[str, int] = field(default_factory=dict)  # what the template drops by design -> turns
+    render_error: str = ""  # the template's own error, when it cannot render a conversation of the line
 
     @property
     def ok(self) -> bool:
@@ -144,7 +152,7 @@ class RecordReport:
                 "conversations": self.conversations, "assistant_turns": self.assistant_turns,
                 "tool_calls": self.tool_calls, "tool_results": self.tool_results,
                 "reasoning_kept": self.reasoning_kept, "reasoning_stripped": self.reasoning_stripped,
-                "mask": self.mask, "tokens": self.tokens}
+                "mask": self.mask, "tokens": self.tokens, "properties": dict(self.properties)}
 
 
 def _leaves(value: Any) -> Iterator[Any]:
@@ -158,42 +166,128 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
+_HTML_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027"))
+
+
+def _html_safe(encoded: str) -> str:
+    for char, escape in _HTML_SAFE:
+        encoded = encoded.replace(char, escape)
+    return encoded
+
+
 def _forms(value: Any) -> list[str]:
-    """How a value can appear once rendered: as is, or JSON-encoded (tojson escapes differently)."""
+    """Every way a template may write a value: as is, JSON-encoded with and without ensure_ascii,
+    html-safe JSON (Jinja's own tojson: < > & ' as \\u003c \\u003e \\u0026 \\u0027), Python's repr
+    (`|string` of a dict, `%r`)."""
     if isinstance(value, str):
-        forms = [value, json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]]
+        encoded = [json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]]
+        forms = [value, *encoded, *(_html_safe(e) for e in encoded), repr(value)[1:-1]]
     else:
-        forms = [json.dumps(value), str(value)]
+        forms = [json.dumps(value), str(value), repr(value)]
     return list(dict.fromkeys(f for f in forms if f))
 
 
-def _pieces(messages: list[dict[str, Any]]) -> list[tuple[int, str, str, list[str], bool]]:
-    """(message index, role, what, forms, ordered) for every text that must survive rendering."""
-    out: list[tuple[int, str, str, list[str], bool]] = []
+@dataclass(frozen=True)
+class _Piece:
+    message: int
+    role: str
+    what: str
+    forms: list[str]
+    kind: str  # content | call name | argument
+
+
+def _pieces(messages: list[dict[str, Any]]) -> list[_Piece]:
+    """Every text of a conversation that must survive rendering, with the message that holds it."""
+    out: list[_Piece] = []
     for i, msg in enumerate(messages):
         role = msg.get("role")
         content = msg.get("content")
         if isinstance(content, str) and content.strip():
-            out.append((i, role, f"messages[{i}] ({role}) content", _forms(content.strip()), True))
+            out.append(_Piece(i, role, f"messages[{i}] ({role}) content", _forms(content.strip()), "content"))
         if role == "assistant":
             for j, call in enumerate(msg.get("tool_calls") or []):
                 fn = call.get("function") or {}
-                out.append((i, role, f"messages[{i}] tool call {j} name", _forms(fn.get("name") or ""), True))
+                out.append(_Piece(i, role, f"messages[{i}] tool call {j} name", _forms(fn.get("name") or ""),
+                                  "call name"))
                 args = fn.get("arguments")
                 for leaf in _leaves(args if isinstance(args, (dict, list)) else {}):
                     if leaf not in (None, "") and not isinstance(leaf, bool):
-                        out.append((i, role, f"messages[{i}] tool call {j} ({fn.get('name')}) argument "
-                                    f"{str(leaf)[:40]!r}", _forms(leaf), False))
+                        out.append(_Piece(i, role, f"messages[{i}] tool call {j} ({fn.get('name')}) argument "
+                                          f"{str(leaf)[:40]!r}", _forms(leaf), "argument"))
     return out
 
 
-def _find(text: str, forms: list[str], start: int) -> tuple[int, int] | None:
+def _find(text: str, forms: list[str], start: int = 0, end: int | None = None) -> tuple[int, int] | None:
+    """The earliest occurrence of any form inside text[start:end]."""
     best: tuple[int, int] | None = None
     for form in forms:
-        at = text.find(form, start)
+        at = text.find(form, start, len(text) if end is None else end)
         if at >= 0 and (best is None or at < best[0]):
             best = (at, at + len(form))
     return best
+
+
+def _occurrences(text: str, forms: list[str], start: int, end: int, limit: int = 50) -> list[tuple[int, int]]:
+    """Every occurrence of any form inside text[start:end] (up to limit), in order."""
+    found: set[tuple[int, int]] = set()
+    for form in forms:
+        at = text.find(form, start, end)
+        while at >= 0 and len(found) < limit:
+            found.add((at, at + len(form)))
+            at = text.find(form, at + 1, end)
+    return sorted(found)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # slices compare in C: log2(n) comparisons instead of a loop over characters
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(texts: list[str]) -> int:
+    shortest = min(len(t) for t in texts)
+    n = 0
+    while n < shortest and all(t[-n - 1] == texts[0][-n - 1] for t in texts):
+        n += 1
+    return n
+
+
+def turns(render: Any, messages: list[dict[str, Any]], text: str) -> list[tuple[int, int]]:
+    """Per message, the span of the rendered text that holds its turn.
+
+    The template itself says where a turn starts: rendering messages[:k] gives the text up to
+    message k, and where it stops agreeing with the whole conversation's text is message k's edge.
+    A template that renders a message differently once more messages follow (Qwen 3 drops the
+    reasoning of turns before the last user message), or refuses a prefix (tools in the first user
+    message with no user message yet), leaves that edge unknown: its turn joins its neighbour's.
+    Text a template appends after every conversation (ToolACE's assistant header) is allowed for.
+    """
+    n = len(messages)
+    renders: dict[int, str] = {}
+    for k in range(1, n):
+        try:
+            renders[k] = render(messages[:k])
+        except Exception:  # noqa: BLE001 - a template's refusal of a prefix only leaves that edge unknown
+            continue
+    trailer = _common_suffix([*renders.values(), text]) if renders else 0
+    edges: list[int | None] = [0] + [None] * (n - 1) + [len(text)]
+    last = 0
+    for k in sorted(renders):
+        prefix = renders[k]
+        at = _common_prefix(prefix, text)
+        if at >= len(prefix) - trailer and at >= last:
+            edges[k] = last = at
+    spans = []
+    for k in range(n):
+        start = next(e for e in reversed(edges[:k + 1]) if e is not None)
+        end = next(e for e in edges[k + 1:] if e is not None)
+        spans.append((start, end))
+    return spans
 
 
 def _char_mask(tokenizer: Any, ids: list[int], mask: list[int]) -> tuple[str, list[bool]]:
@@ -210,50 +304,84 @@ def _char_mask(tokenizer: Any, ids: list[int], mask: list[int]) -> tuple[str, li
     return "".join(text_parts), flags
 
 
+def _reasoning(messages: list[dict[str, Any]], text: str, spans: list[tuple[int, int]],
+               report: RecordReport) -> None:
+    """Count kept and stripped reasoning_content, and name what the template does with it."""
+    kept: list[bool] = []
+    turns_with: list[int] = []
+    for i, msg in enumerate(messages):
+        reasoning = msg.get("reasoning_content") if msg.get("role") == "assistant" else None
+        if isinstance(reasoning, str) and reasoning.strip():
+            turns_with.append(i)
+            kept.append(_find(text, _forms(reasoning.strip()), *spans[i]) is not None)
+    report.reasoning_kept += sum(kept)
+    report.reasoning_stripped += len(kept) - sum(kept)
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for i, was_kept in zip(turns_with, kept):
+        if not was_kept:
+            what = EARLIER_REASONING if i < last_user else NO_REASONING
+            report.properties[what] = report.properties.get(what, 0) + 1
+
+
 def check_conversation(template: ChatTemplate, tokenizer: Any, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None, report: RecordReport, where: str) -> None:
-    """Render one conversation and add what is wrong with it to report.problems."""
+    """Render one conversation and add what is wrong with it to report.problems (what the template
+    drops by design to report.properties)."""
     report.conversations += 1
     report.mask = "checked" if template.has_generation_markers else "no generation markers"
     problems = report.problems
-    try:
-        text = tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=template.text,
+
+    def render(conversation: list[dict[str, Any]]) -> str:
+        return tokenizer.apply_chat_template(conversation, tools=tools or None, chat_template=template.text,
                                              tokenize=False)
-    except Exception as exc:  # noqa: BLE001 - a template's own error is the finding
-        problems.append(f"{where}: the template cannot render it: {type(exc).__name__}: {exc}")
+
+    encoded: Any = None
+    for _ in range(3):
+        try:
+            text = render(messages)
+        except Exception as exc:  # noqa: BLE001 - a template's own error is the finding
+            report.render_error = f"{type(exc).__name__}: {exc}"
+            problems.append(f"{where}: the template cannot render it: {report.render_error}")
+            return
+        try:
+            encoded = tokenizer.apply_chat_template(
+                messages, tools=tools or None, chat_template=template.text, tokenize=True, return_dict=True,
+                return_assistant_tokens_mask=template.has_generation_markers)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"{where}: tokenizing the rendered conversation failed: {type(exc).__name__}: {exc}")
+            encoded = None
+            break
+        # A template that prints the time (Hunyuan's strftime_now) may render another text a second later:
+        # the ids are compared with a text rendered in the same second.
+        if render(messages) == text:
+            break
+    else:
+        problems.append(f"{where}: the template renders this conversation differently each time it is rendered")
         return
     for msg in messages:
         if msg.get("role") == "assistant":
             report.assistant_turns += 1
             report.tool_calls += len(msg.get("tool_calls") or [])
-            reasoning = msg.get("reasoning_content")
-            if isinstance(reasoning, str) and reasoning.strip():
-                if reasoning.strip() in text:
-                    report.reasoning_kept += 1
-                else:
-                    report.reasoning_stripped += 1
         elif msg.get("role") == "tool":
             report.tool_results += 1
     for tool in tools or []:
         name = (tool.get("function") or {}).get("name") or ""
         if name and name not in text:
             problems.append(f"{where}: tool {name!r} is not in the rendered text (the template drops the tools)")
-    pieces = _pieces(messages)
-    spans: list[tuple[int, int, str, str]] = []
-    position = reach = 0
-    for _, role, what, forms, ordered in pieces:
-        # Argument values are searched from their call's name on, in any order (tojson may sort keys).
-        if ordered:
-            position = max(position, reach)
-        found = _find(text, forms, position)
-        if found is None:
-            problems.append(f"{where}: {what} is missing from the rendered text")
-            continue
-        spans.append((found[0], found[1], role, what))
-        if ordered:
-            position = reach = found[1]
+    spans_of_turns = turns(render, messages, text)
+    _reasoning(messages, text, spans_of_turns, report)
+    # Per piece found, every place it occurs in its turn (a value may also occur in a result the turn shares).
+    found_pieces: list[tuple[_Piece, list[tuple[int, int]]]] = []
+    for piece in _pieces(messages):
+        occurrences = _occurrences(text, piece.forms, *spans_of_turns[piece.message])
+        if occurrences:
+            found_pieces.append((piece, occurrences))
+        elif piece.kind == "content" and piece.role == "assistant" and messages[piece.message].get("tool_calls"):
+            report.properties[TEXT_ON_CALL_TURNS] = report.properties.get(TEXT_ON_CALL_TURNS, 0) + 1
+        elif _find(text, piece.forms) is not None:
+            problems.append(f"{where}: {piece.what} is not in its turn of the rendered text (only elsewhere)")
         else:
-            reach = max(reach, found[1])
+            problems.append(f"{where}: {piece.what} is missing from the rendered text")
     specials = set(_CONTROL.findall(template.text))
     for i, msg in enumerate(messages):
         content = msg.get("content")
@@ -261,12 +389,7 @@ def check_conversation(template: ChatTemplate, tokenizer: Any, messages: list[di
         if hit:
             problems.append(f"{where}: messages[{i}] contains the control token(s) {', '.join(hit)}, "
                             "which tokenize as control tokens, not text")
-    try:
-        encoded = tokenizer.apply_chat_template(
-            messages, tools=tools or None, chat_template=template.text, tokenize=True, return_dict=True,
-            return_assistant_tokens_mask=template.has_generation_markers)
-    except Exception as exc:  # noqa: BLE001
-        problems.append(f"{where}: tokenizing the rendered conversation failed: {type(exc).__name__}: {exc}")
+    if encoded is None:
         return
     ids = list(encoded["input_ids"])
     report.tokens += len(ids)
@@ -289,13 +412,17 @@ def check_conversation(template: ChatTemplate, tokenizer: Any, messages: list[di
     if masked_text != text:
         problems.append(f"{where}: the masked runs do not decode to the rendered text")
         return
-    for start, end, role, what in spans:
-        inside = flags[start:end]
-        if role == "assistant" and not all(inside):
-            problems.append(f"{where}: {what} is outside the assistant mask (not trained on)")
-        elif role != "assistant" and any(inside):
-            problems.append(f"{where}: {what} is inside the assistant mask (trained on)")
-    assistant_spans = [(s, e) for s, e, role, _ in spans if role == "assistant"]
+    # A piece is under (or outside) the mask where any of its occurrences in its turn is: a report says
+    # that no occurrence is where it should be.
+    assistant_spans: list[tuple[int, int]] = []
+    for piece, occurrences in found_pieces:
+        if piece.role == "assistant":
+            trained = [(a, b) for a, b in occurrences if all(flags[a:b])]
+            assistant_spans += trained
+            if not trained:
+                problems.append(f"{where}: {piece.what} is outside the assistant mask (not trained on)")
+        elif not any(not any(flags[a:b]) for a, b in occurrences):
+            problems.append(f"{where}: {piece.what} is inside the assistant mask (trained on)")
     k = 0
     while k < len(flags):
         if not flags[k]:
@@ -357,8 +484,31 @@ class TemplateReport:
             "mask": "checked" if any(r.mask == "checked" for r in self.records) else "no generation markers",
             "reasoning_kept": sum(r.reasoning_kept for r in self.records),
             "reasoning_stripped": sum(r.reasoning_stripped for r in self.records),
+            "properties": self.properties(),
+            "render_errors": self.render_errors(),
             "failures": [r.as_dict() for r in self.records if not r.ok][:200],
         }
+
+    def properties(self) -> list[dict[str, Any]]:
+        """What the template drops by design, once each: the turns and records it happened in."""
+        out: dict[str, dict[str, Any]] = {}
+        for record in self.records:
+            for what, turns_dropped in record.properties.items():
+                entry = out.setdefault(what, {"property": what, "turns": 0, "records": 0})
+                entry["turns"] += turns_dropped
+                entry["records"] += 1
+        return sorted(out.values(), key=lambda e: (-e["records"], e["property"]))
+
+    def render_errors(self) -> list[dict[str, Any]]:
+        """The template's own errors (it cannot render those lines), once each with the lines it refused."""
+        out: dict[str, dict[str, Any]] = {}
+        for record in self.records:
+            if record.render_error:
+                entry = out.setdefault(record.render_error, {"error": record.render_error, "records": 0, "lines": []})
+                entry["records"] += 1
+                if len(entry["lines"]) < 20:
+                    entry["lines"].append(record.line)
+        return sorted(out.values(), key=lambda e: -e["records"])
 
 
 def check_file(path: str | Path, fmt: str, template: ChatTemplate) -> TemplateReport:

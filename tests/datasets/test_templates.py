@@ -57,20 +57,26 @@ def test_it_reports_what_llama3_and_deepseek_templates_drop_or_cannot_render(sft
     llama = templates.check_file(sft_file, "sft-trl", template("llama3_training")).records[0].problems
     assert "messages: messages[2] tool call 0 name is missing from the rendered text" in llama
     assert any("tool 'run_shell' is not in the rendered text" in p for p in llama)
-    assert any("messages[3] (tool) content is missing" in p for p in llama)
-    # Llama 3.1's original renders tools but refuses parallel calls.
-    llama31 = templates.check_file(sft_file, "sft-trl", template("llama3_1")).records[0].problems
-    assert llama31 == ["messages: the template cannot render it: TemplateError: This model only supports single "
-                       "tool-calls at once!"]
+    # Llama 3's template writes a tool message as a turn of role "tool": its results are there.
+    assert not any("(tool) content" in p for p in llama), llama
+    # Llama 3.1's original renders tools but refuses parallel calls: the template's error, named once.
+    report = templates.check_file(sft_file, "sft-trl", template("llama3_1"))
+    assert report.records[0].problems == ["messages: the template cannot render it: TemplateError: This model only "
+                                          "supports single tool-calls at once!"]
+    assert report.summary()["render_errors"] == [
+        {"error": "TemplateError: This model only supports single tool-calls at once!", "records": 1, "lines": [1]}]
     # DeepSeek-V3's original concatenates arguments as strings: object arguments cannot render.
     original = templates.check_file(sft_file, "sft-trl", template("deepseekv3")).records[0].problems
     assert original == ['messages: the template cannot render it: TypeError: can only concatenate str (not "dict") '
                         'to str']
-    # TRL's patched one renders them, but never renders the tool list and keeps the text of only the
-    # first assistant turn that calls tools.
-    patched = templates.check_file(sft_file, "sft-trl", template("deepseekv3_training")).records[0].problems
-    assert "messages: messages[7] (assistant) content is missing from the rendered text" in patched
-    assert any("tool 'read_file' is not in the rendered text" in p for p in patched)
+    # TRL's patched one renders them but never the tool list (a failure), and keeps the text of only the
+    # first assistant turn that calls tools: the template's property, reported once, not a failure.
+    patched = templates.check_file(sft_file, "sft-trl", template("deepseekv3_training"))
+    [record] = patched.records
+    assert any("tool 'read_file' is not in the rendered text" in p for p in record.problems)
+    assert not any("content is missing" in p for p in record.problems), record.problems
+    assert {p["property"] for p in patched.summary()["properties"]} == {templates.NO_REASONING,
+                                                                         templates.TEXT_ON_CALL_TURNS}
 
 
 def test_a_mask_that_covers_a_tool_result_or_misses_an_assistant_turn_is_reported(sft_file: Path,

@@ -45,9 +45,12 @@ class Command(DatasetCommand):
                                  "datasets.load_dataset(PATH) (docs/exports.md, \"Hugging Face layout\")")
         parser.add_argument("--check-template", action="append", default=[], metavar="NAME",
                             help="after writing, render every line through this chat template (a .jinja file, a "
-                                 "tokenizer directory, or a name in DATASET_CHAT_TEMPLATE_DIR) and report per record: "
-                                 "nothing dropped, assistant mask, reasoning, round trip; repeatable; exit 1 if a "
-                                 "record fails (formats sft-trl, dpo-trl, dpo-step-trl, kto-trl, reward-score)")
+                                 "tokenizer directory, or a name in DATASET_CHAT_TEMPLATE_DIR) and report per record "
+                                 "what the template drops from a message's turn (in any form it writes it: raw, JSON, "
+                                 "html-safe JSON, repr), the assistant mask, the round trip; what it drops by design "
+                                 "(text or reasoning on tool-call turns) and its own errors once per template; "
+                                 "repeatable; exit 1 if a record fails (formats sft-trl, dpo-trl, dpo-step-trl, "
+                                 "kto-trl, reward-score)")
         parser.add_argument("--user", metavar="USERNAME", help="act as this user (their permissions apply)")
         parser.add_argument("--no-progress", action="store_true")
 
@@ -90,17 +93,25 @@ class Command(DatasetCommand):
             except (DatasetError, PermissionDenied) as exc:
                 raise CommandError(f"--check-template {name}: {exc}") from None
             for record in report.records:
-                if not record.ok:
-                    for problem in record.problems[:MAX_PROBLEMS_SHOWN]:
-                        self.stderr.write(f"{check.template}: line {record.line}: {problem}")
-                    if len(record.problems) > MAX_PROBLEMS_SHOWN:
-                        self.stderr.write(f"{check.template}: line {record.line}: ... and "
-                                          f"{len(record.problems) - MAX_PROBLEMS_SHOWN} more")
+                # A template's own error is said once for the template, below, not once per line.
+                shown = [p for p in record.problems if not record.render_error or record.render_error not in p]
+                for problem in shown[:MAX_PROBLEMS_SHOWN]:
+                    self.stderr.write(f"{check.template}: line {record.line}: {problem}")
+                if len(shown) > MAX_PROBLEMS_SHOWN:
+                    self.stderr.write(f"{check.template}: line {record.line}: ... and "
+                                      f"{len(shown) - MAX_PROBLEMS_SHOWN} more")
             s = check.summary
+            for error in s["render_errors"]:
+                lines = ", ".join(map(str, error["lines"])) + (", ..." if error["records"] > len(error["lines"]) else "")
+                self.stderr.write(f"{check.template}: the template cannot render {error['records']} of "
+                                  f"{check.records} record(s) (line {lines}): {error['error']}")
             reasoning = (f", reasoning kept in {s['reasoning_kept']} turn(s), stripped in {s['reasoning_stripped']}"
                          if s["reasoning_kept"] or s["reasoning_stripped"] else "")
             self.stdout.write(f"template {check.template} ({check.template_sha256[:12]}): {check.passed}/{check.records}"
                               f" records pass; assistant mask {s['mask']}{reasoning}")
+            for prop in s["properties"]:
+                self.stdout.write(f"template {check.template} by design {prop['property']}: {prop['turns']} turn(s) "
+                                  f"in {prop['records']} record(s) (not counted as failures)")
             failed += check.failed
         if failed:
             raise CommandError(f"{failed} record check(s) failed against the chat template(s); the file is written")

@@ -115,3 +115,7 @@ class Command(DatasetCommand):
             for c in checks:
                 w(f"  {c['template']} ({c['template_sha256'][:12]}) on export #{c['export']} {c['format']}: "
                   f"{c['passed']}/{c['records']} records pass; mask {c['mask']}")
+                for e in c["render_errors"]:
+                    w(f"    cannot render {e['records']} record(s): {e['error']}")
+                for prop in c["properties"]:
+                    w(f"    by design {prop['property']} ({prop['turns']} turn(s) in {prop['records']} record(s))")
