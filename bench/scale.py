@@ -7,10 +7,12 @@
 Fills one throwaway database step by step to each size (--sizes, default 10000,100000,1000000)
 with bench/export.py's synthetic code_exec rollouts (12 messages, 5 tool calls with their full
 step records and an `llm` record each, about 6 KB a trajectory; 4 rollouts per task, an automatic
-review each, a human verdict on every tenth), bulk-inserted in batches of 5,000, and with the
-dedup embeddings of every new trajectory stored as the finished-iteration job would store them,
-then ANALYZEd (as autovacuum would after a bulk load; without it PostgreSQL plans the version's
-scan from empty-table statistics: 40 s instead of 1 s at 10k).
+review each, a human verdict on every tenth, a pending proposal on every tenth task: the console's
+queues), bulk-inserted in batches of 5,000, and with the dedup embeddings of every new trajectory
+stored as the finished-iteration job would store them, then ANALYZEd (as autovacuum would after
+a bulk load; without it PostgreSQL plans the version's scan from empty-table statistics: 40 s
+instead of 1 s at 10k). On PostgreSQL the rows above --python-fill-max (100k) are the database's
+copies of the first 100k (replicate()). bench/review_console.py fills its database with grow() too.
 Those vectors are SYNTHETIC (seeded unit vectors with the shape of real ones: tasks that share a
 topic, one task in 50 a paraphrase of the one before, the rollouts of a task done one of two ways
 with small differences), so that filling 1M takes minutes, not the days MiniLM would take here; the
@@ -57,6 +59,8 @@ import review_console  # bench/review_console.py: the console pages
 ROOT = Path(__file__).resolve().parent.parent
 FILL_BATCH = 5000
 PER_TASK = 4
+BATCH_NAME = "scale"
+PROPOSAL_EVERY = 10  # every tenth task waits for approval of a pending proposal
 DIM = 384
 TOPICS = 64
 VERSION_TARGET_S_AT_1M = 1800
@@ -91,6 +95,15 @@ def synthetic_vectors(task: int, rollouts: range) -> tuple[Any, Any]:
     ways = _unit(rng.standard_normal((2, DIM)))
     actions = [_unit(ways[k % 2] + 0.25 * rng.standard_normal(DIM) / math.sqrt(DIM)) for k in rollouts]
     return prompt, np.stack(actions)
+
+
+def _proposal(task_id: int) -> Any:
+    """A pending yellow proposal of the review agent (the console's approval queue)."""
+    from apps.reviews.models import Proposal
+
+    return Proposal(task_id=task_id, iteration=1, field="model", from_value="bench-model", to_value="gpt-4o-mini",
+                    options=["gpt-4o-mini", "deepseek-chat"], tier="yellow", proposer="review-agent",
+                    rationale="the judge's correctness scores stay below the threshold")
 
 
 def _steps_with_llm(steps: list[dict[str, Any]], messages: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
@@ -141,6 +154,8 @@ class Copier:
         return pk
 
     def flush(self) -> None:
+        if not self.rows:
+            return
         table = self.model._meta.db_table
         cols = ", ".join(f'"{c}"' for c in self.columns)
         with self.connection.cursor() as cursor:
@@ -160,7 +175,7 @@ def fill(start: int, stop: int, batch: Any, reviewer: Any) -> None:
     from apps.engines.embedding_store import RowStore
     from apps.engines.embeddings import EMBEDDING_MODEL_NAME, text_sha256
     from apps.engines.models import TextEmbedding
-    from apps.reviews.models import Review
+    from apps.reviews.models import Proposal, Review
     from apps.tasks.models import Task, Trajectory, content_sha256
 
     if connection.vendor != "postgresql":
@@ -170,7 +185,8 @@ def fill(start: int, stop: int, batch: Any, reviewer: Any) -> None:
     now = timezone.now()
     for first in range(start, stop, FILL_BATCH):
         count = min(FILL_BATCH, stop - first)
-        tasks = Copier(Task, Task(batch=batch, scene="code_exec", prompt="", status="completed"))
+        tasks = Copier(Task, Task(batch=batch, scene="code_exec", prompt="", status="completed", current_iteration=1))
+        proposals = Copier(Proposal, _proposal(0))
         trajectories = Copier(Trajectory, Trajectory(
             task_id=0, iteration=1, sample_index=0, status="finished", messages=[], tools=export_bench.TOOLS, steps=[],
             finished_at=now, verifier_output={"command": "python3 -m pytest -q", "exit_code": 0, "passed": 3},
@@ -188,7 +204,11 @@ def fill(start: int, stop: int, batch: Any, reviewer: Any) -> None:
             messages, steps = export_bench.episode(i)
             if k % PER_TASK == 0:
                 prompt = messages[1]["content"]
-                task_id = tasks.add(prompt=prompt, external_id=f"t{i // PER_TASK}")
+                pending = (i // PER_TASK) % PROPOSAL_EVERY == 0
+                task_id = tasks.add(prompt=prompt, external_id=f"t{i // PER_TASK}",
+                                    status="waiting_approval" if pending else "completed")
+                if pending:
+                    proposals.add(task_id=task_id)
                 prompt_vec, action_vecs = synthetic_vectors(i // PER_TASK, range(PER_TASK))
                 vectors.add(sha256=text_sha256(prompt), vector=prompt_vec.tobytes())
             success = i % PER_TASK != PER_TASK - 1
@@ -203,8 +223,24 @@ def fill(start: int, stop: int, batch: Any, reviewer: Any) -> None:
                 humans.add(trajectory_id=pk)
             vectors.add(sha256=text_sha256(dedup.action_sequence(messages)), vector=action_vecs[k % PER_TASK].tobytes())
         with transaction.atomic():
-            for copier in (tasks, trajectories, reviews, humans, vectors):
+            for copier in (tasks, proposals, trajectories, reviews, humans, vectors):
                 copier.flush()
+
+
+def grow(filled: int, n: int, batch: Any, reviewer: Any, *, python_fill_max: int) -> None:
+    """The database from `filled` to `n` trajectories (fill(); on PostgreSQL above python_fill_max,
+    replicate() of the first python_fill_max or more), then ANALYZEd. bench/review_console.py's fill too."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql" and n > python_fill_max:
+        if filled < python_fill_max:
+            fill(filled, python_fill_max, batch, reviewer)
+            filled = python_fill_max
+        replicate(filled, n)
+    else:
+        fill(filled, n, batch, reviewer)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # what autovacuum does after a bulk load: plans from real statistics
 
 
 def _finish_arguments(i: int) -> str:
@@ -230,13 +266,14 @@ def replicate(base: int, stop: int) -> None:
     from apps.datasets import dedup
     from apps.engines.embeddings import EMBEDDING_MODEL_NAME, text_sha256
     from apps.engines.models import TextEmbedding
-    from apps.reviews.models import Review
+    from apps.reviews.models import Proposal, Review
     from apps.tasks.models import Task, Trajectory
 
     if base % PER_TASK or stop % base:
         raise SystemExit(f"replicate: {stop} must be a multiple of the base {base} (itself of {PER_TASK})")
     actions = [dedup.action_sequence(export_bench.episode(i)[0]) for i in range(base)]
     t_table, r_table, v_table = Task._meta.db_table, Trajectory._meta.db_table, Review._meta.db_table
+    p_table = Proposal._meta.db_table
     batch_id, first_task = Task.objects.filter(external_id="t0").values_list("batch_id", "id").get()
     first_traj = Trajectory.objects.filter(task_id=first_task, sample_index=0).values_list("id", flat=True).get()
     base_tasks = base // PER_TASK
@@ -257,6 +294,11 @@ def replicate(base: int, stop: int) -> None:
             cursor.execute(f'INSERT INTO "{t_table}" ({cols}) SELECT {exprs} FROM "{t_table}" r '
                            f"WHERE r.batch_id = %s AND r.id >= %s AND r.id < %s", [batch_id, first_task,
                                                                                   first_task + base_tasks])
+            cols, exprs = _select(Proposal, {"id": f"r.id - (SELECT min(id) FROM \"{p_table}\") + "
+                                                   f"(SELECT max(id) FROM \"{p_table}\") + 1",
+                                             "task_id": f"r.task_id + {task_off}"})
+            cursor.execute(f'INSERT INTO "{p_table}" ({cols}) SELECT {exprs} FROM "{p_table}" r '
+                           f"WHERE r.task_id >= %s AND r.task_id < %s", [first_task, first_task + base_tasks])
             new_i = f"(substr(t.external_id, 2)::int * {PER_TASK} + r.sample_index + {shift_i})"
             cols, exprs = _select(Trajectory, {
                 "id": f"r.id + {traj_off}", "task_id": f"r.task_id + {task_off}", "uuid": "gen_random_uuid()",
@@ -272,7 +314,7 @@ def replicate(base: int, stop: int) -> None:
                                            "trajectory_id": f"r.trajectory_id + {traj_off}"})
             cursor.execute(f'INSERT INTO "{v_table}" ({cols}) SELECT {exprs} FROM "{v_table}" r '
                            f"WHERE r.trajectory_id >= %s AND r.trajectory_id < %s", [first_traj, first_traj + base])
-            for table in (t_table, r_table, v_table):
+            for table in (t_table, p_table, r_table, v_table):
                 cursor.execute(f"SELECT setval(pg_get_serial_sequence('\"{table}\"', 'id'), "
                                f'(SELECT max(id) FROM "{table}"))')
             vectors = Copier(TextEmbedding, TextEmbedding(sha256="", model=EMBEDDING_MODEL_NAME, dim=DIM, vector=b""))
@@ -313,7 +355,7 @@ def _fill_orm(start: int, stop: int, batch: Any, reviewer: Any) -> None:
     from apps.datasets import dedup
     from apps.engines.embedding_store import RowStore
     from apps.engines.embeddings import EMBEDDING_MODEL_NAME, text_sha256
-    from apps.reviews.models import Review
+    from apps.reviews.models import Proposal, Review
     from apps.tasks.models import Task, Trajectory
 
     store = RowStore()
@@ -324,8 +366,10 @@ def _fill_orm(start: int, stop: int, batch: Any, reviewer: Any) -> None:
             episodes = [export_bench.episode(first + k) for k in range(count)]
             tasks = Task.objects.bulk_create([
                 Task(batch=batch, scene="code_exec", prompt=episodes[k][0][1]["content"],
-                     external_id=f"t{(first + k) // PER_TASK}", status="completed")
+                     external_id=f"t{(first + k) // PER_TASK}", current_iteration=1,
+                     status="waiting_approval" if ((first + k) // PER_TASK) % PROPOSAL_EVERY == 0 else "completed")
                 for k in range(0, count, PER_TASK)])
+            Proposal.objects.bulk_create([_proposal(t.pk) for t in tasks if t.status == "waiting_approval"])
             rows, shas, vectors = [], [], []
             for k, (messages, steps) in enumerate(episodes):
                 i = first + k
@@ -404,15 +448,10 @@ def child_version(n: int, *, through_dedup: bool) -> dict[str, Any]:
 def child_console(requests: int) -> dict[str, Any]:
     from apps.tasks.models import Batch
 
-    batch = Batch.objects.get(name="scale")
-    times: dict[str, list[float]] = {}
-    queries: dict[str, int] = {}
+    batch = Batch.objects.get(name=BATCH_NAME)
     review_console.measure(1, batch)  # warm-up: templates compiled, caches filled
-    for _ in range(requests):
-        for page, (seconds, count) in review_console.measure(1, batch).items():
-            times.setdefault(page, []).append(seconds)
-            queries[page] = count
-    return {"pages": {page: {"p95_ms": _p95(ts) * 1000, "queries": queries[page]} for page, ts in times.items()}}
+    return {"pages": {page: {"p95_ms": review_console.p95(times) * 1000, "queries": queries}
+                      for page, (times, queries) in review_console.measure(requests, batch).items()}}
 
 
 def child_metrics(requests: int) -> dict[str, Any]:
@@ -434,7 +473,8 @@ def child_metrics(requests: int) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
         if response.status_code != 200:
             raise SystemExit(f"/metrics: HTTP {response.status_code}")
-    return {"p95_ms": _p95(times) * 1000, "median_ms": statistics.median(times) * 1000, "queries": len(captured)}
+    return {"p95_ms": review_console.p95(times) * 1000, "median_ms": statistics.median(times) * 1000,
+            "queries": len(captured)}
 
 
 def child_import(path: str) -> dict[str, Any]:
@@ -473,11 +513,6 @@ def _wait_until(hhmm: str) -> None:
     if start > now:
         print(f"(waiting until {hhmm} UTC before the largest size)", flush=True)
         time.sleep((start - now).total_seconds())
-
-
-def _p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 def run_child(args: argparse.Namespace, mode: str, *extra: str) -> dict[str, Any]:
@@ -574,7 +609,7 @@ def main() -> int:
     from apps.tasks.models import Batch
 
     call_command("migrate", verbosity=0)
-    batch = Batch.objects.create(name="scale")
+    batch = Batch.objects.create(name=BATCH_NAME)
     reviewer = review_console._user("bench-reviewer", "reviewer")
     print(f"database: {connection.vendor}; {os.cpu_count()} cores; sizes {', '.join(f'{n:,}' for n in sizes)}", flush=True)
     results: dict[int, dict[str, Any]] = {}
@@ -588,12 +623,7 @@ def main() -> int:
             if n == sizes[-1] and args.largest_not_before:
                 _wait_until(args.largest_not_before)
             t0 = time.perf_counter()
-            if filled and n > args.python_fill_max and connection.vendor == "postgresql":
-                replicate(filled, n)
-            else:
-                fill(filled, n, batch, reviewer)
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE")  # what autovacuum does after a bulk load: plans from real statistics
+            grow(filled, n, batch, reviewer, python_fill_max=args.python_fill_max)
             fill_s = time.perf_counter() - t0
             print(f"\n== {n:,} trajectories (filled {n - filled:,} in {fill_s:.0f}s, "
                   f"{(n - filled) / fill_s:,.0f}/s)", flush=True)

@@ -172,6 +172,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file (not :memory:) so live-server tests can share it with subprocesses; one per
     # process so parallel test runs never collide.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test_db_{os.getpid()}.sqlite3")}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # PostgreSQL compiles a query with LLVM (JIT) when its estimated cost passes jit_above_cost;
+    # the console's queues (correlated subqueries, estimated per row of the table) pass it while
+    # they run in milliseconds, and compiling them took 1-5 s per page at 100k trajectories
+    # (docs/benchmarks.md). Off for the platform's sessions; a DATABASE_URL with its own
+    # `?options=...` replaces this (add `-c jit=off` there to keep it).
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("options", "-c jit=off")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
