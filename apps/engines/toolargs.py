@@ -7,6 +7,10 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+# The error kinds `ToolArguments.parse` gives a call it refuses: such a call never ran, and its
+# step's result is the refusal (the loop records the kind as the step's `error_kind`).
+REFUSED_KINDS = frozenset({"unknown_tool", "unparseable_arguments", "invalid_arguments"})
+
 
 @functools.lru_cache(maxsize=256)
 def _validator_for(schema_json: str) -> Draft202012Validator:

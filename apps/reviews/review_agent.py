@@ -49,6 +49,7 @@ from jsonschema import Draft202012Validator
 
 from apps.engines.llm import LLMError, get_llm_client, llm_route
 from apps.engines.registry import RUBRICS, rubric_for, rubric_id  # noqa: F401 (RUBRICS: each scene declares its rubric)
+from apps.engines.toolargs import REFUSED_KINDS
 from apps.reviews import policy
 
 # The judge's calls are routed so (apps.engines.llm.llm_route): the offline stand-in knows them by
@@ -158,7 +159,7 @@ def _call_error_kind(step: dict[str, Any], validators: dict[str, Any]) -> str:
     "invalid_arguments" or "". The agent loop records the kind on the step (`error_kind`) with
     the arguments as parsed; steps stored before it did are read from their error text."""
     kind = str(step.get("error_kind") or "")
-    if kind in ("unparseable_arguments", "unknown_tool", "invalid_arguments"):
+    if kind in REFUSED_KINDS:
         return kind
     if kind:  # e.g. "infrastructure": the call itself was fine
         return ""

@@ -38,7 +38,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.engines.toolargs import ToolArguments
+from apps.engines.toolargs import REFUSED_KINDS, ToolArguments
 from apps.reviews import policy
 from apps.reviews.models import Correction, Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import Rejected, draft_proposals, overall_score
@@ -730,6 +730,12 @@ def _parse_arguments(steps: list[Any], tools: Any, edits: dict[int, str]) -> dic
             # a text-format call lives in the message's text, which an edit here would not change
             errors.append(f"step {i + 1} ({tool}): a tool call written as text ({steps[i]['format']}) "
                           "cannot have its arguments edited; drop the step instead")
+            continue
+        if steps[i].get("error_kind") in REFUSED_KINDS:
+            # The call never ran: its result is the refusal of the old arguments, which would then
+            # answer the new ones (a valid call answered "not valid JSON" in every export).
+            errors.append(f"step {i + 1} ({tool}): the call was refused for its arguments and never ran, so "
+                          "there is no result for other arguments; drop the step instead")
             continue
         _args, problem, _kind = checks.parse(tool, value)
         if problem:

@@ -36,6 +36,7 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.engines.registry import SCENE_CHOICES
+from apps.engines.toolargs import REFUSED_KINDS
 from apps.reviews import alignment, selectors, services
 from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
@@ -503,6 +504,7 @@ def correct(request: HttpRequest, trajectory_id: int) -> HttpResponse:
             "index": i, "tool": str(step.get("tool") or "?"), "result": _value(step.get("output", "")),
             "thought": request.POST.get(f"thought_{i}", step.get("thought") or ""),
             "arguments": request.POST.get(f"arguments_{i}", original), "edited": bool(step.get("arguments_edited")),
+            "never_ran": step.get("error_kind") in REFUSED_KINDS,
             "arguments_lines": min(12, original.count("\n") + 2), "dropped": bool(request.POST.get(f"drop_{i}")),
         })
     return render(request, "reviews/correct.html", {

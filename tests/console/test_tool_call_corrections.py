@@ -28,16 +28,21 @@ SCRIPT = [call("write_file", path="hello.py", content="print('hello')\n"), call(
           call("finish", answer="it prints hello")]
 
 
-@pytest.fixture
-def ran(make_task: Any) -> Trajectory:
+def _finished(make_task: Any, script: list[dict[str, Any]]) -> Trajectory:
+    """A trajectory of the real loop: the offline model plays `script` in a code_exec sandbox."""
     task = make_task(prompt=PROMPT)
     task_start_iteration(task=task)
     [claim] = jobs.claim_trajectories(1, worker="w")
-    with running_offline_model(scripts=[{"id": "s", "prompt": PROMPT, "reference_solution": SCRIPT}]) as server:
+    with running_offline_model(scripts=[{"id": "s", "prompt": PROMPT, "reference_solution": script}]) as server:
         result = run(claim.trajectory.config_snapshot, client(server.url))
     [row] = trajectories_finish([{"trajectory_id": claim.pk, "claim_token": claim.token, "result": result}])
     assert row.status == "finished" and row.steps[1]["tool"] == "run_shell"
     return row
+
+
+@pytest.fixture
+def ran(make_task: Any) -> Trajectory:
+    return _finished(make_task, SCRIPT)
 
 
 def form(trajectory: Trajectory, **edits: str) -> dict[str, str]:
@@ -145,3 +150,27 @@ def test_the_correction_form_edits_the_arguments_as_the_trace_shows_them(ran, re
         assert f'name="arguments_{i}"' in edit and f'class="json-edit">{shown}</textarea>' in edit, i
         if step["tool"] == "run_shell":  # the trace shows a write_file's content as a file, not its arguments
             assert shown in trace
+
+
+def test_a_call_refused_for_its_arguments_cannot_be_edited_only_dropped(make_task, reviewer, client):
+    # The model's second call is broken JSON: the loop refuses it (it never runs), the model retries.
+    broken = {"tool_calls": [{"name": "run_shell", "arguments": '{"command": "python3 hello.py"'}]}
+    refused = _finished(make_task, [SCRIPT[0], broken, *SCRIPT[1:]])
+    step = refused.steps[1]
+    assert step["error_kind"] == "unparseable_arguments" and "not valid JSON" in step["output"]
+    url = reverse("reviews:correct", args=[refused.pk])
+    client.force_login(reviewer)
+    page = client.get(url).content.decode()
+    assert 'aria-describedby="never-ran-1"' in page and "refused for its arguments and never ran" in page
+    # Fixing the arguments would leave the refusal answering the fixed call, in every export: refused.
+    response = client.post(url, form(refused, arguments_1='{"command": "python3 hello.py"}'))
+    assert response.status_code == 400 and not Correction.objects.exists()
+    assert ("step 2 (run_shell): the call was refused for its arguments and never ran, so there is no result "
+            "for other arguments; drop the step instead") in response.content.decode()
+    # Dropping it is the correction: the call and its refusal go, the retry stays.
+    response = client.post(url, form(refused, drop_1="1"))
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    corrected = Correction.objects.get().corrected
+    assert [s["tool"] for s in corrected.steps] == ["write_file", "run_shell", "finish"]
+    assert not any(s.get("error") for s in corrected.steps)
+    assert "not valid JSON" not in json.dumps(corrected.messages)

@@ -56,9 +56,9 @@ import math
 import re
 from typing import Any, Callable
 
+from apps.engines.toolargs import REFUSED_KINDS  # loop error kinds of a call that never reached a server
+
 FINISH = "finish"
-# Loop error kinds of a call that never reached a server.
-REFUSED_KINDS = frozenset({"unknown_tool", "unparseable_arguments", "invalid_arguments"})
 # Toucan's error patterns for tool responses (step 3.2), matched case-insensitively.
 ERROR_PATTERNS = [
     r"error", r"an error occurred", r"exception", r"failed", r"not found", r"unavailable", r"invalid",
