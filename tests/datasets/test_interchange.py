@@ -465,5 +465,6 @@ def test_an_adp_observation_without_an_id_answers_the_turn_before_it_not_an_olde
     path.write_text(json.dumps(adp) + "\n")
     [t] = import_file(path, "--format", "adp", "--outcome", "failure")
     assert {k: v for k, v in t.messages[-1].items() if k != "provenance"} == {
-        "role": "tool", "tool_call_id": "adp_call_3", "name": "reload", "content": "URL: https://a.example\n\n[1] heading 'A'"}
+        "role": "tool", "tool_call_id": "adp_call_3", "name": "reload",
+        "content": "URL: https://a.example\n\n[1] heading 'A'"}
     assert not any(m.get("tool_call_id") == "a" for m in t.messages)  # goto's result never came

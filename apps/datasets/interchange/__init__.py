@@ -7,7 +7,9 @@ the version table (what each reader takes); each module has its format's constan
   final_metrics, notes, extra}` per line. A system step, a user step, then one agent step per
   assistant turn: `message`, `reasoning_content`, `tool_calls [{tool_call_id, function_name,
   arguments (object)}]` and the turn's tool results as `observation.results [{source_call_id,
-  content}]`. Ids a file repeats (ADP's converter writes "call_1" in every step) get a suffix.
+  content}]`. Ids a file repeats (ADP's converter writes "call_1" in every step) get a suffix. An
+  agent step that only observes (no message, no call, results answering no call) is an
+  environment message (a result's extra.web, ADP's converter's page, read as its page text).
 * **ADP** (Agent Data Protocol; export "1.5.0", import every 1.x and files without schema_version):
   `{schema_version, id, content, details, available_*}` with `content` a sequence of
   `text_observation` (source user — 1.0-1.2's user_msg read as user —, agent: an assistant turn,

@@ -322,7 +322,7 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
     for an image, a user message with its `artifact:<sha>` part."""
     kind = item["class_"]
     if kind == "web_observation":
-        text = _web_text(item)
+        text = web_text(item)
         shot = item.get("image_observation")
     elif kind == "image_observation":
         text, shot = "", item
@@ -364,7 +364,7 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
     return out
 
 
-def _web_text(item: dict[str, Any]) -> str:
+def web_text(item: dict[str, Any]) -> str:
     """A web observation as the agent read it: `URL: <url>`, then its accessibility tree or, failing
     that, its HTML's visible text, cut at WEB_TEXT_MAX_CHARS (the import keeps the whole item)."""
     body, field = "", None

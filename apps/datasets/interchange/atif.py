@@ -11,6 +11,7 @@ from ._common import (
     InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours,
     _provenance, _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore,
 )
+from .adp import web_text
 
 ATIF_VERSION = "ATIF-v1.7"  # what the export writes (the version neulab's schema/atif.py accepts)
 # What the reader takes (docs/interchange.md has the table): v1.0 to v1.7, and a later v1.x the
@@ -57,9 +58,11 @@ def _atif_steps(messages: list[dict[str, Any]], model: str, *, marked: bool) -> 
         kept = kept_of(msg, "atif")
         step = restore(_atif_step(msg, len(steps) + 1, model), {k: v for k, v in kept.items() if k != "_observation"})
         observation = kept.get("_observation") if isinstance(kept.get("_observation"), dict) else {}
-        if results or observation:
+        if results:
             step["observation"] = {**observation, "results": [
                 restore(_atif_result(r), kept_of(r, "atif")) for r in results]}
+        elif observation:  # results that answer no call (an observation step) are kept whole
+            step["observation"] = {"results": [], **observation}
         originals = {} if marked else _argument_texts([msg])
         if originals:
             step["extra"] = {**(step.get("extra") or {}), "trajplatform_arguments": originals}
@@ -133,6 +136,11 @@ def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model:
             put_kept(out, "atif", keep_rest(step, _atif_step(out, step.get("step_id"), model)))
         return [out]
     calls = step.get("tool_calls") or []
+    observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
+    if source == "agent" and not message and not calls and not step.get("reasoning_content") \
+            and observation.get("results") and all(isinstance(r, dict) and r.get("source_call_id") is None
+                                                   for r in observation["results"]):
+        return [_environment_message(step, observation, marked=marked, model=model, at=at)]
     out = {"role": "assistant", "content": message if message or not calls else None}
     if step.get("reasoning_content"):
         out["reasoning_content"] = step["reasoning_content"]
@@ -147,7 +155,6 @@ def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model:
                 put_kept(made, "atif", keep_rest(call, _atif_call(made)))
             out["tool_calls"].append(made)
             names[call.get("tool_call_id")] = call.get("function_name")
-    observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
     tools = []
     for j, result in enumerate(observation.get("results") or []):
         made = {"role": "tool", "tool_call_id": result.get("source_call_id"),
@@ -163,6 +170,32 @@ def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model:
             kept["_observation"] = rest
         put_kept(out, "atif", kept)
     return _restore_arguments([out, *tools], extra.get("trajplatform_arguments") if isinstance(extra, dict) else None)
+
+
+def _environment_message(step: dict[str, Any], observation: dict[str, Any], *, marked: bool, model: str,
+                         at: str) -> dict[str, Any]:
+    """An agent step that only observes (no message, no call; results answering no call, as
+    neulab's ADP converter writes an ADP observation that answers no action): an environment
+    message, its results' text (the page text of an ADP web observation the converter put in a
+    result's extra.web). The step is kept whole for the export."""
+    texts = []
+    for j, result in enumerate(observation["results"]):
+        where = f"{at}.observation.results[{j}]"
+        text = _text_of(result.get("content"), f"{where}.content")
+        web = (result.get("extra") or {}).get("web") if isinstance(result.get("extra"), dict) else None
+        if not text and isinstance(web, dict):
+            if web.get("image_observation") is not None:
+                raise InterchangeError(f"{where}.extra.web.image_observation: a web observation's screenshot in an "
+                                       "ATIF extra cannot be imported (only its page text is read)")
+            text = web_text(web)
+        if text:
+            texts.append(text)
+    out = {"role": "user", "content": "\n\n".join(texts), "provenance": {"format": "atif", "source": "environment"}}
+    if marked:
+        kept = keep_rest({k: v for k, v in step.items() if k != "observation"}, _atif_step(out, step.get("step_id"),
+                                                                                          model))
+        put_kept(out, "atif", {**kept, "_observation": observation})
+    return out
 
 
 def _content_problem(content: Any) -> bool:

@@ -37,14 +37,16 @@ REAL_FILES = [
     ("adp", "adp/synatra-1.2.0.json", 1, ("1",)),  # a web observation (accessibility tree), then the next action
     ("atif", "atif/agenttuning_alfworld-ATIF-v1.7.json", 1, ("alfworld_0",)),
     ("atif", "atif/agenttuning_os-ATIF-v1.7.json", 1, ()),
+    ("atif", "atif/synatra-ATIF-v1.7.json", 1, ("1",)),  # the same synatra episode through neulab's ATIF converter
     ("mini-swe-agent", "mini_swe_agent/calc-textbased.traj.json", 1, ()),
     ("mini-swe-agent", "mini_swe_agent/calc-toolcall.traj.json", 1, ()),
 ]
 IDS = [Path(f).name for _, f, _, _ in REAL_FILES]
 # What the import warns of (per trajectory and chat format): synatra's page is an environment message
 # right after the user's task, and LLaMA-Factory's sharegpt alternates human and gpt turns.
-WARNED = {"adp/synatra-1.2.0.json": ["1: not exportable as sharegpt: messages[1]: a user message after tool results "
-                                     "that no finish call ended"]}
+SHAREGPT_TWO_USER_TURNS = ["1: not exportable as sharegpt: messages[1]: a user message after tool results that no "
+                           "finish call ended"]
+WARNED = {"adp/synatra-1.2.0.json": SHAREGPT_TWO_USER_TURNS, "atif/synatra-ATIF-v1.7.json": SHAREGPT_TWO_USER_TURNS}
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -97,7 +99,8 @@ def file_actions(fmt: str, doc: dict[str, Any]) -> list[tuple[str, dict[str, Any
                             item.get("description") or ""))
     elif fmt == "atif":
         for step in doc["steps"]:
-            results = {r["source_call_id"]: r["content"] for r in (step.get("observation") or {}).get("results", [])}
+            observation = step.get("observation") or {}
+            results = {r.get("source_call_id"): r["content"] for r in observation.get("results", [])}
             for k, call in enumerate(step.get("tool_calls") or []):
                 out.append((call["function_name"], call["arguments"], results.get(call["tool_call_id"]),
                             step["message"] if k == 0 else ""))
@@ -135,8 +138,15 @@ def file_texts(fmt: str, doc: dict[str, Any]) -> list[tuple[str, str]]:
                 out.append(("assistant", item["content"]))
         return out
     if fmt == "atif":
-        return [("user" if s["source"] == "user" else "assistant", s["message"]) for s in doc["steps"]
-                if s["source"] != "agent" or not s.get("tool_calls")]
+        out = []
+        for s in doc["steps"]:
+            results = (s.get("observation") or {}).get("results") or []
+            if s["source"] == "agent" and not s["message"] and not s.get("tool_calls") and results:
+                # a step that only observes (neulab's converter: the ADP page in the result's extra.web)
+                out.append(("system/user", "\n\n".join(r["content"] or r["extra"]["web"]["axtree"] for r in results)))
+            elif s["source"] != "agent" or not s.get("tool_calls"):
+                out.append(("user" if s["source"] == "user" else "assistant", s["message"]))
+        return out
     return [(m["role"], m["content"]) for m in doc["messages"] if m["role"] in ("system", "user")
             and not m["content"].startswith("<returncode>")]
 
