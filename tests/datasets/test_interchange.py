@@ -336,6 +336,7 @@ def test_an_adp_web_trajectory_comes_in_as_the_pages_the_agent_saw_with_its_scre
         k: v for k, v in adp_web_record().items() if k not in ("id", "details", "schema_version")}
     assert {k: v for k, v in line["details"].items() if not k.startswith("trajplatform")} == \
         adp_web_record()["details"]
+    assert "trajplatform_messages" not in line["details"]  # the items say it all: no second copy of the messages
     # And through our ADP exporter and back: the same lines apart from ids.
     again = tmp_path / "again.adp.jsonl"
     again.write_bytes(data)

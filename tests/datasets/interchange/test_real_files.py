@@ -226,6 +226,8 @@ def test_a_real_file_goes_out_again_as_it_came_apart_from_ids(fmt: str, name: st
     lines, excluded = export(fmt, trajectories)
     assert not excluded and all(validate_line(fmt, line) == [] for line in lines)
     assert [normalized(fmt, line) for line in lines] == [normalized(fmt, doc) for doc in documents(path)]
+    if fmt == "adp":  # the standard items say the messages exactly: no copy of them rides along
+        assert not any("trajplatform_messages" in line["details"] for line in lines)
     # and our export comes back as the same trajectory (its record rides along)
     again = tmp_path / "again.jsonl"
     again.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
