@@ -17,6 +17,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.datasets import exportability, selectors, services
+from apps.datasets.exporters import format_table
 from apps.datasets.models import DatasetVersion, VersionBuild
 from apps.engines.registry import SCENE_CHOICES
 from apps.reviews.models import Correction, Review
@@ -83,9 +84,11 @@ class ExportForm(forms.Form):
         self.version = version
         card = version.data_card or {}
         self.offered = exportability.offered(card)
+        lines = {row.name: row.line for row in format_table()}
         self.fields["format"].widget.choices = [
-            (o["format"], o["format"] if o["lines"] is None else f"{o['format']} — {o['lines']} lines"
-             + (f", {o['excluded']} excluded" if o["excluded"] else "")) for o in self.offered]
+            (o["format"], o["format"] + ("" if o["lines"] is None else f" — {o['lines']} lines"
+                                         + (f", {o['excluded']} excluded" if o["excluded"] else ""))
+             + f" — {lines[o['format']]}") for o in self.offered]
         self.role_options = exportability.role_options(card)
         if self.role_options:  # shown for multi_agent versions; a choice posted for another is refused
             self.fields["roles"].choices = [(r["roles"], r["label"]) for r in self.role_options]

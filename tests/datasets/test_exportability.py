@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.utils.html import escape
 
-from apps.datasets.exporters import FORMATS
+from apps.datasets.exporters import FORMATS, format_table
 from apps.datasets.jobs import export_run
 from apps.datasets.models import DatasetVersion, ExportJob
 from apps.datasets.services import ExportError, dataset_version_create, dataset_version_publish, export_start
@@ -109,8 +110,9 @@ def test_the_version_page_offers_only_the_formats_that_apply_with_their_counts(
     url = f"/datasets/{version.dataset.name}/v{version.number}/"
     html = client.get(url).content.decode()
     form = html.split('id="export-form"')[1].split("</form>")[0]
-    assert '<option value="sft-trl">sft-trl — 13 lines</option>' in form
-    assert '<option value="rl-verl">rl-verl — 5 lines, 8 excluded</option>' in form
+    lines = {row.name: escape(row.line) for row in format_table()}  # each labelled with its line of the table
+    assert f'<option value="sft-trl">sft-trl — 13 lines — {lines["sft-trl"]}</option>' in form
+    assert f'<option value="rl-verl">rl-verl — 5 lines, 8 excluded — {lines["rl-verl"]}</option>' in form
     for absent in ("aitw", "qa", "sft-openai-vision", "multiagent-agentjet"):
         assert f'value="{absent}"' not in form
     assert 'name="roles"' not in form  # no per-role views: not a multi_agent version

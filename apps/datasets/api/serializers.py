@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.datasets import exportability
+from apps.datasets.exporters import format_table
 from apps.datasets.hf_layout import LAYOUTS
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
@@ -111,14 +112,21 @@ class VersionBuildSerializer(serializers.ModelSerializer):
         return reverse("api:version-detail", kwargs={"name": build.dataset_name, "number": build.version.number})
 
 
+@extend_schema_field({"type": "string", "enum": [row.name for row in format_table()]})
+class ExportFormatField(serializers.CharField):
+    """An exporter name: every format is in the schema's enum, with its line (exporters.format_table);
+    which of them apply to a version is the service's to say."""
+
+
 class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
     """The export's options; the service refuses a format that does not apply to the version or
     would write no line of the split, and a roles choice the version or the format cannot take,
     answered as a 400 naming the field (ExportError.field, mapped in trajplatform.api)."""
 
-    format = serializers.CharField(max_length=40, help_text=(
-        "an exporter name that applies to the version (its data card's exportability.formats with lines), "
-        "e.g. sft-openai"))
+    format = ExportFormatField(max_length=40, help_text=(
+        "an exporter name that applies to the version (its data card's exportability.formats with lines, the "
+        "version detail's export_formats); what each is for and which consumer loads it:\n\n"
+        + "\n".join(f"* `{row.name}`: {row.line}" for row in format_table())))
     split = serializers.ChoiceField(choices=ExportJob.Split.choices, default=ExportJob.Split.ALL)
     layout = serializers.ChoiceField(choices=LAYOUTS, default="jsonl", help_text=(
         "jsonl: one JSONL file (downloadable); hf: the Hugging Face layout, a folder of Parquet shards per split and "

@@ -37,7 +37,8 @@ from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
 __all__ = [
-    "FORMATS", "RAW_SCHEMA_VERSION", "ExportResult", "Exporter", "export_records", "load_records", "validate_line",
+    "FORMATS", "RAW_SCHEMA_VERSION", "ExportResult", "Exporter", "FormatSummary", "export_records", "format_table",
+    "load_records", "validate_line",
 ]
 
 DUMPS_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -143,6 +144,62 @@ _ALL = [
              scenes=export_scenes("trl-vision")),
 ]
 FORMATS: dict[str, Exporter] = {e.name: e for e in _ALL}
+
+# Every format in one line: what it is for, and which consumer loads it. `dataset_export --help`,
+# the API schema's format enum and the console's export form all read it (format_table()).
+_SUMMARIES: dict[str, tuple[str, str]] = {
+    "sft-openai": ("supervised fine-tuning on tool-calling chats", "OpenAI chat fine-tuning (also Together, Fireworks)"),
+    "sft-trl": ("supervised fine-tuning, tool-call arguments as objects, reasoning kept",
+                "TRL SFTTrainer (conversational, with tools)"),
+    "dpo-openai": ("preference pairs of two rollouts of a task", "OpenAI preference fine-tuning"),
+    "dpo-trl": ("preference pairs: shared prompt, chosen and rejected continuations", "TRL DPOTrainer"),
+    "rl": ("one record per trajectory: messages, reward, verifier output, judge scores",
+           "your own RL pipeline (the platform's schema)"),
+    "rl-verl": ("RL tasks, one per task, with the ground truth for a rule reward",
+                "verl (RLHFDataset; Parquet with --layout hf)"),
+    "rl-agentjet": ("RL tasks, one per task, for agent environments", "AgentJet"),
+    "sharegpt": ("supervised fine-tuning with function calls and observations", "LLaMA-Factory (formatting: sharegpt)"),
+    "alpaca": ("instruction tuning, tool use flattened to text", "LLaMA-Factory (formatting: alpaca)"),
+    "raw": ("the lossless record: archives, moving data between installations",
+            "import_trajectories (this platform)"),
+    "toucan": ("rows exactly as the released Toucan dataset", "code that reads Agent-Ark/Toucan-1.5M"),
+    "toolace": ("rows exactly as the released ToolACE dataset", "code that reads Team-ACE/ToolACE"),
+    "qa": ("question-answer pairs with sources and gates, one per task (search2qa, deep_search)",
+           "QA training and evaluation (JSONL)"),
+    "qa-verl": ("RL tasks from QA pairs, the answer as ground truth", "verl"),
+    "multiagent-agentjet": ("multi_agent episodes as per-agent timelines tagged by role", "AgentJet (multi-agent)"),
+    "dpo-step-trl": ("step-level preference pairs at the first divergence of two rollouts",
+                     "TRL DPOTrainer (step level)"),
+    "kto-trl": ("unpaired preference data with a good/bad label", "TRL KTOTrainer"),
+    "atif": ("trajectory interchange (ATIF-v1.7)", "Harbor and other ATIF readers"),
+    "adp": ("trajectory interchange (Agent Data Protocol 1.5.0)", "neulab's ADP tools and datasets"),
+    "mini-swe-agent": ("saved trajectories of mini-swe-agent (mini-swe-agent-1.1)", "mini-swe-agent's own tools"),
+    "aitw": ("Android in the Wild rows, one per step, of mobile_agent episodes", "code that reads Android in the Wild"),
+    "reward-score": ("pointwise reward-model data: prompt, completion, score 0-1", "pointwise reward-model trainers"),
+    "sft-openai-vision": ("supervised fine-tuning with screenshots as image parts", "OpenAI vision fine-tuning"),
+    "sharegpt-vision": ("supervised fine-tuning with screenshots and <image> tokens",
+                        "LLaMA-Factory (sharegpt with images)"),
+    "trl-vision": ("supervised fine-tuning with screenshots as image placeholders", "TRL SFTTrainer (vision)"),
+}
+if set(_SUMMARIES) != set(FORMATS):  # a new format needs its line; said at import, not found in --help later
+    raise RuntimeError(f"exporters: formats without a summary line: {sorted(set(FORMATS) - set(_SUMMARIES))}, "
+                       f"summaries without a format: {sorted(set(_SUMMARIES) - set(FORMATS))}")
+
+
+@dataclass(frozen=True)
+class FormatSummary:
+    name: str
+    purpose: str  # what the format is for
+    consumer: str  # who loads it
+
+    @property
+    def line(self) -> str:
+        return f"{self.purpose} — for {self.consumer}"
+
+
+def format_table() -> list[FormatSummary]:
+    """Every export format in the registry's order, with what it is for and which consumer loads it."""
+    return [FormatSummary(name, *_SUMMARIES[name]) for name in FORMATS]
 
 
 @dataclass

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
 from apps.datasets.cli import DatasetCommand, ProgressBar, get_version, resolve_user
+from apps.datasets.exporters import format_table
 from apps.datasets.hf_layout import LAYOUTS
 from apps.datasets.jobs import export_run
 from apps.datasets.models import ExportJob
@@ -21,19 +23,32 @@ PATH only when complete: PATH never holds a partial file. An interrupted run (Ct
 crash) keeps its finished chunks; running the same command again resumes from them.
 An existing PATH is refused unless --force. The export is recorded (checksum, lines,
 excluded records) on the version page and in `dataset_stats`.
+
+Formats (--format F): what each is for, and which consumer loads it. A version exports in
+those that apply to its scenes and would write a line (its card's exportability, dataset_stats).
 """
+
+
+def formats_help(width: int = 100) -> str:
+    """The format table as help text: a name, then its line, wrapped under it."""
+    rows = format_table()
+    pad = max(len(r.name) for r in rows) + 4
+    return "\n".join(textwrap.fill(r.line, width=width, initial_indent=f"  {r.name:<{pad - 4}}  ",
+                                   subsequent_indent=" " * pad, break_on_hyphens=False) for r in rows)
+
+
 MAX_EXCLUDED_SHOWN = 20
 MAX_PROBLEMS_SHOWN = 5
 
 
 class Command(DatasetCommand):
-    help = HELP
+    help = HELP + formats_help() + "\n"
 
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("name", metavar="NAME", help="dataset name")
         parser.add_argument("--version", dest="number", type=int, metavar="N", help="version (default: the newest)")
-        parser.add_argument("--format", required=True, metavar="F", help="e.g. sft-openai, sft-trl, dpo-trl, raw")
+        parser.add_argument("--format", required=True, metavar="F", help="the export format: one of those listed above")
         parser.add_argument("--out", required=True, metavar="PATH", help="the file to write (with --layout hf, the directory)")
         parser.add_argument("--split", default="all", choices=SPLITS)
         parser.add_argument("--force", action="store_true", help="overwrite PATH if it exists (the directory, with "
