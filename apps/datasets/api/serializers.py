@@ -171,7 +171,9 @@ class TemplateCheckSerializer(serializers.Serializer):
     records = serializers.IntegerField()
     passed = serializers.IntegerField()
     failed = serializers.IntegerField()
-    summary = serializers.JSONField(help_text="totals and the failing records with their problems")
+    summary = serializers.JSONField(help_text="totals, what the template drops by design (properties: property, "
+                                        "turns, records), its own errors (render_errors: error, records, lines) "
+                                        "and the failing records with their problems")
     created_at = serializers.DateTimeField()
 
 
