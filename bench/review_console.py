@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from typing import Any
+from urllib.parse import quote
 
 import export as export_bench  # bench/export.py: the shared Django set-up
 
@@ -69,15 +70,16 @@ def measure(requests: int, batch: Any) -> dict[str, tuple[list[float], int]]:
     pages = {
         "queue": "/review/",
         "queue, last page": "/review/?page=999999",
-        "queue, filtered": f"/review/?tier=yellow&batch={batch.pk}&older_than_hours=0",
+        "queue, filtered": f"/review/?tier=yellow&batch={quote(batch.name)}&older_than_hours=0",
         "batches": "/review/batches/",
         "batch": f"/review/batches/{batch.pk}/",
         "task history": f"/review/tasks/{task.pk}/",
         "trajectory": f"/review/trajectories/{trajectory.pk}/",
         "agreement": "/review/agreement/",
+        "team": "/review/team/",
         "review queue": "/review/work/",
         "review queue, later": "/review/work/?offset=500",
-        "review queue, batch": f"/review/work/?batch={batch.pk}&score_max=70",
+        "review queue, batch": f"/review/work/?batch={quote(batch.name)}&score_max=70",
         "trajectories": "/trajectories/",
         "trajectories, search": "/trajectories/?q=Task+1%3A&verdict=none",  # one task's prompt: a rare match
     }

@@ -34,6 +34,7 @@ REVIEWER_EXTRA = {
 }
 APPROVER_EXTRA = {
     "reviews.decide_red_proposal",
+    "reviews.assign_review",
     "datasets.add_dataset",
     "datasets.change_dataset",
     "datasets.add_datasetversion",

@@ -20,6 +20,7 @@ from apps.datasets import exportability, selectors, services
 from apps.datasets.exporters import format_table
 from apps.datasets.models import DatasetVersion, VersionBuild
 from apps.engines.registry import SCENE_CHOICES
+from apps.reviews.fields import SuggestInput, batch_ids
 from apps.reviews.models import Correction, Review
 from trajplatform.charts import histogram_svg
 
@@ -234,8 +235,10 @@ class BuilderForm(forms.Form):
 
     dataset = forms.SlugField(max_length=100, label="Dataset name", help_text="an existing dataset or a new one")
     scenes = forms.MultipleChoiceField(choices=(), required=False, widget=forms.CheckboxSelectMultiple)
-    batches = forms.CharField(required=False, max_length=2000, label="Batch ids", help_text="comma-separated")
-    models = forms.CharField(required=False, max_length=2000, help_text="comma-separated model names")
+    batches = forms.CharField(required=False, max_length=2000, label="Batches", help_text="names, comma-separated",
+                              widget=SuggestInput("batches", "batch names"))
+    models = forms.CharField(required=False, max_length=2000, help_text="comma-separated",
+                             widget=SuggestInput("models", "model names"))
     min_score = forms.FloatField(required=False, min_value=0, max_value=100, label="Minimum judge score")
     min_reward = forms.FloatField(required=False, label="Minimum reward")
     accepted_only = forms.BooleanField(required=False, label="Human-accepted only")
@@ -252,16 +255,20 @@ class BuilderForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["scenes"].choices = SCENE_CHOICES
 
+    def clean_batches(self) -> list[int]:
+        return batch_ids(self.cleaned_data["batches"] or "")
+
     def spec(self) -> dict[str, Any]:
         """The raw filter spec for validate_filter_spec (which reports what is still wrong)."""
         data = self.cleaned_data
         spec: dict[str, Any] = {"dedup": {"exact": data["dedup_exact"], "near": data["dedup_near"]}}
         if data["scenes"]:
             spec["scenes"] = list(data["scenes"])
-        for key, cast in (("batches", int), ("models", str)):
-            parts = [p.strip() for p in (data[key] or "").split(",") if p.strip()]
-            if parts:
-                spec[key] = [int(p) if cast is int and p.isdigit() else p for p in parts]
+        if data["batches"]:
+            spec["batches"] = data["batches"]
+        models = [p.strip() for p in (data["models"] or "").split(",") if p.strip()]
+        if models:
+            spec["models"] = models
         for key in ("min_score", "min_reward", "validation_fraction"):
             if data[key] is not None:
                 spec[key] = data[key]

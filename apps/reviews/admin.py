@@ -19,8 +19,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
-from apps.reviews import policy, services
-from apps.reviews.models import PolicyRule, Proposal, Review
+from apps.reviews import policy, queue_actions, services
+from apps.reviews.models import PolicyRule, Proposal, Review, ReviewAssignment
 from apps.reviews.selectors import stale_before
 from apps.tasks.models import Task
 from apps.tasks.services import TransitionError
@@ -226,3 +226,31 @@ class PolicyRuleAdmin(AuditTrailMixin, ReadableJSONMixin, admin.ModelAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         for rule in queryset:
             services.policy_rule_delete(rule=rule, actor=request.user)
+
+
+@admin.register(ReviewAssignment)
+class ReviewAssignmentAdmin(ViewOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
+    """Assignments are made in the review queue (bulk "assign", approvers); here they are read, and
+    withdrawn through review_unassign."""
+
+    list_display = ("id", "trajectory_id", "assignee", "assigned_by", "status", "assigned_at", "ended_at")
+    list_filter = ("status",)
+    list_select_related = ("assignee", "assigned_by")
+    search_fields = ("assignee__username",)
+    show_full_result_count = False
+    actions = ["withdraw"]
+    fields = readonly_fields = ("trajectory", "assignee", "assigned_by", "status", "assigned_at", "ended_at",
+                                "recent_audit_events")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # the withdraw action needs it (no object: the changelist's actions); no change form
+        return obj is None and request.user.has_perm(queue_actions.ASSIGN_PERMISSION)
+
+    @admin.action(description="Withdraw the selected active assignments")
+    def withdraw(self, request: HttpRequest, queryset: QuerySet[ReviewAssignment]) -> None:
+        done = 0
+        for assignment in queryset.filter(status=ReviewAssignment.Status.ACTIVE).select_related("trajectory", "assignee"):
+            if queue_actions.review_unassign(trajectory=assignment.trajectory, assignee=assignment.assignee,
+                                             actor=request.user):
+                done += 1
+        self.message_user(request, f"Withdrew {done} assignment(s).")

@@ -271,3 +271,51 @@ class Correction(models.Model):
 
     def __str__(self) -> str:
         return f"correction #{self.pk}: trajectory {self.original_id} -> {self.corrected_id}"
+
+
+class ReviewAssignment(models.Model):
+    """An approver's assignment of one review queue item to a named reviewer: the item is in their
+    queue ("assigned to me") and holds one of its REVIEW_REVIEWERS_PER_ITEM slots for them, as a claim
+    does, until they record a verdict (done) or the assignment is withdrawn."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "active"
+        DONE = "done", "verdict recorded"
+        WITHDRAWN = "withdrawn", "withdrawn"
+
+    trajectory = models.ForeignKey("tasks.Trajectory", on_delete=models.CASCADE, related_name="review_assignments")
+    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                 related_name="review_assignments")
+    assigned_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE, db_index=True)
+    assigned_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-assigned_at", "-id"]
+        permissions = [("assign_review", "Can assign review queue items to reviewers")]
+        constraints = [
+            models.UniqueConstraint(fields=["trajectory", "assignee"], condition=Q(status="active"),
+                                    name="reviewassignment_one_active"),
+        ]
+        indexes = [models.Index(fields=["assignee", "status"], name="reviewassignment_assignee_idx")]
+
+    def __str__(self) -> str:
+        return f"assignment #{self.pk} of trajectory {self.trajectory_id} to {self.assignee_id} ({self.status})"
+
+
+class SavedView(models.Model):
+    """A person's named filter set of the review queue (/review/work/), reopened from the queue."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_review_views")
+    name = models.CharField(max_length=100)
+    query = models.CharField(max_length=2000, blank=True, help_text="the queue's filters as a query string")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], name="savedview_one_name_per_user")]
+
+    def __str__(self) -> str:
+        return f"saved view {self.name!r} of {self.user_id}"

@@ -7,11 +7,13 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Coalesce, Mod
+from django.contrib.auth import get_user_model
+from django.db.models import (Count, Exists, F, FilteredRelation, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum,
+                              Value)
+from django.db.models.functions import Coalesce, Mod, TruncDate
 from django.utils import timezone
 
-from apps.reviews.models import Proposal, Review, ReviewClaim
+from apps.reviews.models import Proposal, Review, ReviewAssignment, ReviewClaim
 from apps.tasks.budgets import MICRO, ZERO
 from apps.tasks.models import Batch, Task, Trajectory
 
@@ -228,9 +230,15 @@ def _count(queryset: QuerySet[Any], column: str, *, distinct: bool = False) -> A
     return Coalesce(Subquery(rows, output_field=IntegerField()), Value(0))
 
 
+UNASSIGNED = "nobody"  # the assignee facet's "assigned to nobody"
+NO_VERDICT = "none"  # the verdict facet's "no human verdict yet"
+
+
 def human_queue(*, reviewer: Any = None, batch: int | None = None, scene: str | None = None,
                 score_min: float | None = None, score_max: float | None = None, check: str | None = None,
-                judge: str | None = None, include_done: bool = False) -> QuerySet[Trajectory]:
+                judge: str | None = None, include_done: bool = False, model: str | None = None,
+                outcome: str | None = None, verdict: str | None = None, judged_by: Any = None,
+                assignee: Any = None, iteration: int | None = None) -> QuerySet[Trajectory]:
     """Trajectories awaiting a human verdict, oldest first, one query (correlated subqueries, no per-row reads).
 
     In the queue: finished trajectories of their task's current iteration whose automatic review
@@ -239,18 +247,30 @@ def human_queue(*, reviewer: Any = None, batch: int | None = None, scene: str | 
     until they hold REVIEW_REVIEWERS_PER_ITEM distinct human verdicts. Annotated: score, judge_status,
     audit (sampled), verdicts, holds (unexpired claims), open_slots. With `reviewer`, items they
     judged and items they released within the claim time (skipped) are left out; with
-    `include_done`, items that hold all their verdicts stay in (progress counts)."""
+    `include_done`, items that hold all their verdicts stay in (progress counts).
+
+    Facets: model, outcome, iteration; `verdict` the latest human verdict (or NO_VERDICT);
+    `judged_by` a person who gave a verdict on it; `assignee` a person it is actively assigned to
+    (or UNASSIGNED). A verdict value or `judged_by` asks for decided items: those stay in whatever
+    their verdict count, and `reviewer` does not hide the ones they judged. An active assignment
+    holds a slot as an unexpired claim does (`holds` counts each person once)."""
     now = timezone.now()
     per_item = max(1, settings.REVIEW_REVIEWERS_PER_ITEM)
     audit_buckets = round(min(max(settings.REVIEW_AUDIT_SHARE, 0.0), 1.0) * AUDIT_BUCKETS)
     auto = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO)
     humans = Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.HUMAN)
-    holds = ReviewClaim.objects.filter(trajectory=OuterRef("pk"), status=ReviewClaim.Status.ACTIVE, expires_at__gt=now)
+    assignments = ReviewAssignment.objects.filter(trajectory=OuterRef("pk"), status=ReviewAssignment.Status.ACTIVE)
+    # an assignee's own claim is the slot their assignment holds: counted once
+    holds = ReviewClaim.objects.filter(trajectory=OuterRef("pk"), status=ReviewClaim.Status.ACTIVE, expires_at__gt=now
+                                       ).exclude(Exists(ReviewAssignment.objects.filter(
+                                           trajectory=OuterRef("trajectory"), assignee=OuterRef("reviewer"),
+                                           status=ReviewAssignment.Status.ACTIVE)))
     queue = (
         Trajectory.objects.filter(status=Trajectory.Status.FINISHED, iteration=F("task__current_iteration"))
         .select_related("task", "task__batch")
         .annotate(score=Subquery(auto.values("overall")[:1]), judge_status=Subquery(auto.values("status")[:1]),
-                  verdicts=_count(humans, "reviewer", distinct=True), holds=_count(holds, "id"),
+                  verdicts=_count(humans, "reviewer", distinct=True),
+                  holds=_count(holds, "id") + _count(assignments, "id"),
                   bucket=Mod(F("id") * 7919, AUDIT_BUCKETS))
         .annotate(audit=Q(score__gte=F("task__quality_threshold")),
                   open_slots=Value(per_item) - F("verdicts") - F("holds"))
@@ -258,21 +278,17 @@ def human_queue(*, reviewer: Any = None, batch: int | None = None, scene: str | 
         .filter(Q(score__isnull=True) | Q(score__lt=F("task__quality_threshold")) | Q(bucket__lt=audit_buckets))
         .order_by("id")
     )
-    if not include_done:
+    decided = verdict in Review.Verdict.values or judged_by is not None
+    if not include_done and not decided:
         queue = queue.filter(verdicts__lt=per_item)
-    if reviewer is not None:
+    if reviewer is not None and not decided:
         skipped = ReviewClaim.objects.filter(
             trajectory=OuterRef("pk"), reviewer=reviewer, status=ReviewClaim.Status.RELEASED,
             ended_at__gt=now - timedelta(minutes=settings.REVIEW_CLAIM_MINUTES))
         queue = queue.exclude(Exists(humans.filter(reviewer=reviewer))).exclude(Exists(skipped))
-    if batch:
-        queue = queue.filter(task__batch_id=batch)
-    if scene:
-        queue = queue.filter(task__scene=scene)
-    if score_min is not None:
-        queue = queue.filter(score__gte=score_min)
-    if score_max is not None:
-        queue = queue.filter(score__lte=score_max)
+    facets = {"task__batch_id": batch, "task__scene": scene, "score__gte": score_min, "score__lte": score_max,
+              "model": model, "outcome": outcome, "iteration": iteration}
+    queue = queue.filter(**{lookup: value for lookup, value in facets.items() if value not in (None, "")})
     if check:
         queue = queue.filter(Exists(Review.objects.filter(trajectory=OuterRef("pk"), kind=Review.Kind.AUTO,
                                                           **{f"checks__{check}__fired": True})))
@@ -282,6 +298,17 @@ def human_queue(*, reviewer: Any = None, batch: int | None = None, scene: str | 
         queue = queue.filter(score__gte=F("task__quality_threshold"))
     elif judge == "failed":
         queue = queue.filter(judge_status=Review.Status.JUDGE_FAILED)
+    if verdict == NO_VERDICT:
+        queue = queue.exclude(Exists(humans))
+    elif verdict:
+        queue = queue.annotate(latest_verdict=Subquery(
+            humans.order_by("-created_at", "-id").values("verdict")[:1])).filter(latest_verdict=verdict)
+    if judged_by is not None:
+        queue = queue.filter(Exists(humans.filter(reviewer=judged_by)))
+    if assignee == UNASSIGNED:
+        queue = queue.exclude(Exists(assignments))
+    elif assignee is not None:
+        queue = queue.filter(Exists(assignments.filter(assignee=assignee)))
     return queue
 
 
@@ -335,3 +362,130 @@ def batch_spend(batch: Batch) -> dict[str, Any]:
         "accepted": accepted,
         "cost_per_accepted_usd": money(spent / accepted) if accepted else None,
     }
+
+
+# -- facets' choices, assignments and the team page -------------------------------------------------
+
+SUGGESTIONS = 20
+
+
+def batch_names(text: str) -> list[str]:
+    """Up to SUGGESTIONS batch names containing the text (case-insensitive), newest batch first."""
+    text = text.strip()[:200]
+    batches = Batch.objects.filter(name__icontains=text) if text else Batch.objects.all()
+    return list(batches.order_by("-created_at", "-id").values_list("name", flat=True)[:SUGGESTIONS])
+
+
+def model_names(text: str) -> list[str]:
+    """Up to SUGGESTIONS model names trajectories ran with that start with the text, in order."""
+    text = text.strip()[:200]
+    rows = Trajectory.objects.exclude(model="")
+    if text:
+        rows = rows.filter(model__istartswith=text)
+    return list(rows.order_by("model").values_list("model", flat=True).distinct()[:SUGGESTIONS])
+
+
+def reviewers() -> QuerySet[Any]:
+    """The active people who may give verdicts (the reviewers' queue owners), by username; one query."""
+    perm = Q(groups__permissions__codename="add_review", groups__permissions__content_type__app_label="reviews") | Q(
+        user_permissions__codename="add_review", user_permissions__content_type__app_label="reviews")
+    return (get_user_model().objects.filter(perm | Q(is_superuser=True), is_active=True)
+            .distinct().order_by("username"))
+
+
+def assignees(trajectory_ids: list[int]) -> dict[int, list[str]]:
+    """trajectory id -> the usernames it is actively assigned to; one query."""
+    found: dict[int, list[str]] = {}
+    for trajectory_id, name in (ReviewAssignment.objects.filter(trajectory_id__in=trajectory_ids,
+                                                                 status=ReviewAssignment.Status.ACTIVE)
+                                .order_by("id").values_list("trajectory_id", "assignee__username")):
+        found.setdefault(trajectory_id, []).append(name)
+    return found
+
+
+@dataclass
+class TeamRow:
+    """One reviewer on the team page."""
+
+    user_id: int
+    username: str
+    today: int = 0
+    week: int = 0
+    total: int = 0
+    accepts: int = 0
+    per_day: list[int] = field(default_factory=list)
+    pairs: int = 0
+    agree: int = 0
+    kappa: float | None = None
+    open_assigned: int = 0
+    done_assigned: int = 0
+    claims: int = 0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepts / self.total if self.total else None
+
+    @property
+    def agreement(self) -> float | None:
+        return self.agree / self.pairs if self.pairs else None
+
+
+TEAM_DAYS = 14
+
+
+def team(*, days: int = TEAM_DAYS, threshold: float | None = None) -> tuple[list[TeamRow], list[Any]]:
+    """Per reviewer (the current ones and anyone who gave a verdict): verdicts today, in the last 7
+    days and in all, per day over the last `days` days (local dates, oldest first), the acceptance
+    rate, agreement with the judge — the judge accepts at overall >= threshold
+    (REVIEW_QUALITY_THRESHOLD), as on the agreement page; Cohen's kappa over each of their latest
+    verdicts per trajectory that the judge scored — and their open / done assignments and held
+    claims. Returns (rows by username, the dates). Six queries, whatever the team's size."""
+    threshold = settings.REVIEW_QUALITY_THRESHOLD if threshold is None else threshold
+    tz = timezone.get_current_timezone()
+    today = timezone.localdate()
+    midnight = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    dates = [today - timedelta(days=n) for n in range(days - 1, -1, -1)]
+    rows = {u.pk: TeamRow(u.pk, u.get_username()) for u in reviewers()}
+    humans = Review.objects.filter(kind=Review.Kind.HUMAN, status=Review.Status.DONE).order_by()
+    counts = humans.values("reviewer_id", "reviewer__username").annotate(
+        total=Count("id"), accepts=Count("id", filter=Q(verdict=Review.Verdict.ACCEPT)),
+        today=Count("id", filter=Q(created_at__gte=midnight)),
+        week=Count("id", filter=Q(created_at__gte=midnight - timedelta(days=6))))
+    for c in counts:
+        row = rows.setdefault(c["reviewer_id"], TeamRow(c["reviewer_id"], c["reviewer__username"]))
+        row.total, row.accepts, row.today, row.week = c["total"], c["accepts"], c["today"], c["week"]
+    daily: dict[tuple[int, Any], int] = {
+        (r["reviewer_id"], r["day"]): r["n"]
+        for r in humans.filter(created_at__gte=midnight - timedelta(days=days - 1))
+        .annotate(day=TruncDate("created_at", tzinfo=tz)).values("reviewer_id", "day").annotate(n=Count("id"))}
+    latest = humans.exclude(Exists(Review.objects.filter(
+        trajectory=OuterRef("trajectory"), reviewer=OuterRef("reviewer"), kind=Review.Kind.HUMAN,
+        created_at__gt=OuterRef("created_at"))))
+    judged = Q(auto__overall__isnull=False)
+    judge_yes, human_yes = Q(auto__overall__gte=threshold), Q(verdict=Review.Verdict.ACCEPT)
+    tables = (latest.annotate(auto=FilteredRelation("trajectory__reviews", condition=Q(
+        trajectory__reviews__kind=Review.Kind.AUTO, trajectory__reviews__status=Review.Status.DONE)))
+        .values("reviewer_id").annotate(
+            yes_yes=Count("id", filter=judged & judge_yes & human_yes),
+            yes_no=Count("id", filter=judged & judge_yes & ~human_yes),
+            no_yes=Count("id", filter=judged & ~judge_yes & human_yes),
+            no_no=Count("id", filter=judged & ~judge_yes & ~human_yes)))
+    for t in tables:
+        row = rows.get(t["reviewer_id"])
+        if row is None:
+            continue
+        pairs = ([(True, True)] * t["yes_yes"] + [(True, False)] * t["yes_no"] + [(False, True)] * t["no_yes"]
+                 + [(False, False)] * t["no_no"])
+        row.pairs, row.agree, row.kappa = len(pairs), t["yes_yes"] + t["no_no"], cohen_kappa(pairs)
+    for a in (ReviewAssignment.objects.order_by().values("assignee_id").annotate(
+            open=Count("id", filter=Q(status=ReviewAssignment.Status.ACTIVE)),
+            done=Count("id", filter=Q(status=ReviewAssignment.Status.DONE)))):
+        if a["assignee_id"] in rows:
+            rows[a["assignee_id"]].open_assigned, rows[a["assignee_id"]].done_assigned = a["open"], a["done"]
+    for reviewer_id, n in (ReviewClaim.objects.filter(status=ReviewClaim.Status.ACTIVE, expires_at__gt=timezone.now())
+                           .order_by().values_list("reviewer_id").annotate(n=Count("id"))):
+        if reviewer_id in rows:
+            rows[reviewer_id].claims = n
+    for row in rows.values():
+        row.per_day = [daily.get((row.user_id, d), 0) for d in dates]
+    return sorted(rows.values(), key=lambda r: r.username), dates

@@ -35,12 +35,12 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from apps.engines.toolargs import REFUSED_KINDS, ToolArguments
 from apps.reviews import policy
-from apps.reviews.models import Correction, Preference, Proposal, Review, ReviewClaim
+from apps.reviews.models import Correction, Preference, Proposal, Review, ReviewAssignment, ReviewClaim
 from apps.reviews.review_agent import Rejected, draft_proposals, overall_score
 from apps.tasks.models import Task, Trajectory
 from apps.tasks.services import TransitionError, task_start_iteration
@@ -438,12 +438,15 @@ def human_verdict_record(*, trajectory: Trajectory, actor: Any, verdict: str, re
             trajectory=trajectory, kind=Review.Kind.HUMAN, status=Review.Status.DONE, verdict=verdict,
             rationale=reason[:10000], step_flags=flags, reviewer=actor, finished_at=timezone.now(),
         )
-        # The verdict ends the reviewer's claim on the item (the queue's slot is now a verdict).
+        # The verdict ends the reviewer's claim and assignment of the item (its slot is now a verdict).
         closed = ReviewClaim.objects.filter(trajectory=trajectory, reviewer=actor, status=ReviewClaim.Status.ACTIVE
                                             ).update(status=ReviewClaim.Status.DONE, ended_at=review.finished_at)
+        assignment = ReviewAssignment.objects.filter(
+            trajectory=trajectory, assignee=actor, status=ReviewAssignment.Status.ACTIVE,
+        ).update(status=ReviewAssignment.Status.DONE, ended_at=review.finished_at)
         audit_record("reviews.human_verdict", actor=actor, target=review, data={
             "trajectory": trajectory.pk, "verdict": verdict, "reason": reason[:500], "step_flags": flags,
-            "claim_closed": bool(closed),
+            "claim_closed": bool(closed), "assignment_closed": bool(assignment),
         })
     return review
 
@@ -548,6 +551,31 @@ def _require_reviewer(actor: Any) -> None:
         raise PermissionDenied("the review queue needs the reviewer role")
 
 
+def slot_refusal(trajectory_id: int, actor: Any, now: Any, *, who: str = "you") -> str | None:
+    """Why the actor cannot take one of the trajectory's REVIEW_REVIEWERS_PER_ITEM verdict slots, or
+    None: they gave a verdict already, or the verdicts and other people's reservations (unexpired
+    claims, active assignments; one per person) fill every slot."""
+    per_item = max(1, settings.REVIEW_REVIEWERS_PER_ITEM)
+    judged = Review.objects.filter(trajectory_id=trajectory_id, kind=Review.Kind.HUMAN)
+    if judged.filter(reviewer=actor).exists():
+        return f"{who} already gave a verdict on trajectory {trajectory_id}"
+    verdicts = judged.values("reviewer").distinct().count()
+    claimed = {c.reviewer_id: f"{c.reviewer.get_username()} until {timezone.localtime(c.expires_at):%H:%M}"
+               for c in ReviewClaim.objects.filter(trajectory_id=trajectory_id, status=ReviewClaim.Status.ACTIVE,
+                                                   expires_at__gt=now).exclude(reviewer=actor)
+               .select_related("reviewer").order_by("slot")}
+    assigned = {a.assignee_id: a.assignee.get_username() for a in ReviewAssignment.objects.filter(
+        trajectory_id=trajectory_id, status=ReviewAssignment.Status.ACTIVE).exclude(assignee=actor)
+        .select_related("assignee").order_by("id") if a.assignee_id not in claimed}
+    if verdicts + len(claimed) + len(assigned) < per_item:
+        return None
+    held = ([f"claimed by {', '.join(claimed.values())}"] if claimed else []) + \
+        ([f"assigned to {', '.join(assigned.values())}"] if assigned else [])
+    if held:
+        return f"trajectory {trajectory_id} is {' and '.join(held)}"
+    return f"trajectory {trajectory_id} already has its {per_item} verdict(s)"
+
+
 def review_claim(*, trajectory: Trajectory, actor: Any) -> ReviewClaim:
     """Reserve one of the trajectory's REVIEW_REVIEWERS_PER_ITEM verdict slots for the actor until
     REVIEW_CLAIM_MINUTES from now; the actor's own unexpired claim is returned as it is.
@@ -572,18 +600,10 @@ def review_claim(*, trajectory: Trajectory, actor: Any) -> ReviewClaim:
             status = Trajectory.objects.filter(pk=trajectory.pk).values_list("status", flat=True).first()
             if status not in Trajectory.FINAL:
                 raise ClaimError(f"trajectory {trajectory.pk} has not finished")
-            judged = Review.objects.filter(trajectory_id=trajectory.pk, kind=Review.Kind.HUMAN)
-            if judged.filter(reviewer=actor).exists():
-                raise ClaimError(f"you already gave a verdict on trajectory {trajectory.pk}")
-            verdicts = judged.values("reviewer").distinct().count()
-            held = list(active.select_related("reviewer").order_by("slot"))
-            if verdicts + len(held) >= per_item:
-                if held:
-                    who = ", ".join(f"{c.reviewer.get_username()} until {timezone.localtime(c.expires_at):%H:%M}"
-                                    for c in held)
-                    raise ClaimError(f"trajectory {trajectory.pk} is claimed by {who}")
-                raise ClaimError(f"trajectory {trajectory.pk} already has its {per_item} verdict(s)")
-            slot = min(set(range(per_item)) - {c.slot for c in held})
+            refusal = slot_refusal(trajectory.pk, actor, now)
+            if refusal:
+                raise ClaimError(refusal)
+            slot = min(set(range(per_item)) - set(active.values_list("slot", flat=True)))
             with transaction.atomic():  # a savepoint: the losing insert of a race rolls back alone
                 claim = ReviewClaim.objects.create(
                     trajectory_id=trajectory.pk, reviewer=actor, slot=slot,
@@ -623,7 +643,11 @@ def review_claim_next(*, actor: Any, queue: Any) -> ReviewClaim | None:
                                       trajectory__in=queue.values("pk")).order_by("claimed_at").first())
     if own is not None:
         return own
-    for trajectory in queue.filter(open_slots__gt=0)[:NEXT_CANDIDATES]:
+    assigned = ReviewAssignment.objects.filter(trajectory=OuterRef("pk"), assignee=actor,
+                                               status=ReviewAssignment.Status.ACTIVE)
+    candidates = [*queue.filter(Exists(assigned))[:NEXT_CANDIDATES],
+                  *queue.filter(open_slots__gt=0).exclude(Exists(assigned))[:NEXT_CANDIDATES]]
+    for trajectory in candidates:
         try:
             return review_claim(trajectory=trajectory, actor=actor)
         except ClaimError:

@@ -5,8 +5,7 @@
     /review/trajectories/<id>/          the trajectory viewer: review, checks, human verdicts, steps, live log
     /review/trajectories/<id>/verdict   POST verdict, reason (reject / needs fix), flag (step indices),
                                         note_<index>; queue=<filters>: then the next item of the queue
-    /review/work/                       the human review queue: filters, progress; POST work/next claims
-    /review/trajectories/<id>/claim | /release   POST (release then=next: skip to the next item)
+    /review/work/ ...                   the human review queue: apps.reviews.queue_views
     /review/tasks/<id>/                 iteration history with config diffs; end loop / force iteration
     /review/tasks/<id>/end | /force     POST
     /review/batches/                    batch progress; /review/batches/<id>/ its tasks
@@ -28,7 +27,7 @@ from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Avg, OuterRef, Subquery
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -37,7 +36,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.engines.registry import SCENE_CHOICES
 from apps.engines.toolargs import REFUSED_KINDS
-from apps.reviews import alignment, selectors, services
+from apps.reviews import alignment, queue_views, selectors, services
+from apps.reviews.fields import BatchNameField
 from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
 from apps.tasks.consumers import MAX_ID
@@ -77,7 +77,7 @@ def _value(value: Any) -> str:
 class QueueFilterForm(forms.Form):
     tier = forms.ChoiceField(choices=[("", "yellow and red"), ("yellow", "yellow"), ("red", "red")], required=False)
     scene = forms.ChoiceField(choices=[("", "any scene"), *SCENE_CHOICES], required=False)
-    batch = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, label="batch id")
+    batch = BatchNameField()
     task = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, label="task id")
     older_than_hours = forms.FloatField(required=False, min_value=0, max_value=24 * 3650, label="older than (h)")
     stale = forms.BooleanField(required=False, label="stale only")
@@ -157,7 +157,7 @@ def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     claims = list(ReviewClaim.objects.filter(trajectory=trajectory, status=ReviewClaim.Status.ACTIVE,
                                              expires_at__gt=timezone.now()).select_related("reviewer"))
     own_claim = next((c for c in claims if c.reviewer_id == request.user.pk), None)
-    queue_query = _queue_query(request.GET.get("queue", ""))
+    queue_query = queue_views.queue_query(request.GET.get("queue", ""))
     return render(request, "reviews/trajectory.html", {
         **viewer_context(trajectory),
         "claims": claims, "own_claim": own_claim, "queue_query": queue_query,
@@ -181,7 +181,7 @@ def verdict(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     if not request.user.has_perm("reviews.add_review"):
         raise PermissionDenied("human verdicts need the reviewer role")
     trajectory = get_object_or_404(Trajectory, pk=min(trajectory_id, MAX_ID))
-    queue_query = _queue_query(request.POST.get("queue", ""))
+    queue_query = queue_views.queue_query(request.POST.get("queue", ""))
     in_queue = "queue" in request.POST
     page = reverse("reviews:trajectory", args=[trajectory.pk]) + (f"?{urlencode({'queue': queue_query})}" if in_queue else "")
     flags = []
@@ -199,112 +199,8 @@ def verdict(request: HttpRequest, trajectory_id: int) -> HttpResponse:
         return HttpResponseRedirect(page)
     messages.success(request, f"Verdict recorded: {review.get_verdict_display()} on trajectory #{trajectory.pk}.")
     if in_queue:
-        return _next_item(request, queue_query)
+        return queue_views.next_item(request, queue_query)
     return HttpResponseRedirect(page)
-
-
-# -- the human review queue -------------------------------------------------------------------------
-
-
-class WorkFilterForm(forms.Form):
-    batch = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, label="batch id")
-    scene = forms.ChoiceField(choices=[("", "any scene"), *SCENE_CHOICES], required=False)
-    score_min = forms.FloatField(required=False, min_value=0, max_value=100, label="score from")
-    score_max = forms.FloatField(required=False, min_value=0, max_value=100, label="score to")
-    check = forms.ChoiceField(choices=[("", "any checks"), *sorted(CHECK_TITLES.items())], required=False,
-                              label="check fired")
-    judge = forms.ChoiceField(choices=[("", "any judge verdict"), *selectors.JUDGE_VERDICTS.items()], required=False,
-                              label="judge verdict")
-
-
-def _queue_query(raw: str) -> str:
-    """The queue's filters as a query string, keeping only fields the filter form knows."""
-    form = WorkFilterForm(QueryDict(raw[:2000]))
-    kept = {k: v for k, v in form.data.items() if k in form.fields and v}
-    return urlencode(kept)
-
-
-def _work_queue(request: HttpRequest, query: str) -> tuple[WorkFilterForm, Any]:
-    form = WorkFilterForm(QueryDict(query))
-    data = form.cleaned_data if form.is_valid() else {}
-    queue = selectors.human_queue(
-        reviewer=request.user, batch=data.get("batch"), scene=data.get("scene") or None,
-        score_min=data.get("score_min"), score_max=data.get("score_max"), check=data.get("check") or None,
-        judge=data.get("judge") or None)
-    return form, queue
-
-
-def _next_item(request: HttpRequest, query: str) -> HttpResponse:
-    _form, queue = _work_queue(request, query)
-    claim = services.review_claim_next(actor=request.user, queue=queue)
-    if claim is None:
-        messages.info(request, "Nothing left to review with these filters. Well done.")
-        return HttpResponseRedirect(reverse("reviews:work") + (f"?{query}" if query else ""))
-    return HttpResponseRedirect(reverse("reviews:trajectory", args=[claim.trajectory_id]) + "?" +
-                                urlencode({"queue": query}))
-
-
-@login_required
-@permission_required(VIEW_TRAJECTORIES, raise_exception=True)
-@require_GET
-def work(request: HttpRequest) -> HttpResponse:
-    query = _queue_query(request.GET.urlencode())
-    form, queue = _work_queue(request, query)
-    # A page of PAGE_SIZE + 1 rows says whether there is more: no count over the whole queue.
-    offset = max(0, min(int(request.GET["offset"]) if request.GET.get("offset", "").isdigit() else 0, 10**7))
-    rows = list(queue[offset:offset + PAGE_SIZE + 1])
-    batch = form.cleaned_data.get("batch") if form.is_valid() else None
-    own = {c.trajectory_id: c for c in ReviewClaim.objects.filter(
-        reviewer=request.user, status=ReviewClaim.Status.ACTIVE, expires_at__gt=timezone.now(),
-        trajectory_id__in=[t.pk for t in rows])}
-    return render(request, "reviews/work.html", {
-        "nav": "work", "form": form, "rows": [(t, own.get(t.pk)) for t in rows[:PAGE_SIZE]], "query": query,
-        "offset": offset, "more": len(rows) > PAGE_SIZE, "next_offset": offset + PAGE_SIZE,
-        "prev_offset": max(0, offset - PAGE_SIZE),
-        "progress": selectors.reviewer_progress(request.user),
-        "batch_progress": selectors.batch_review_progress(batch) if batch else None,
-        "can_review": request.user.has_perm("reviews.add_review"),
-        "per_item": settings.REVIEW_REVIEWERS_PER_ITEM, "claim_minutes": settings.REVIEW_CLAIM_MINUTES,
-        "audit_share": settings.REVIEW_AUDIT_SHARE,
-    })
-
-
-@login_required
-@require_POST
-def work_next(request: HttpRequest) -> HttpResponse:
-    """Claim the next item of the (filtered) queue and open it."""
-    if not request.user.has_perm("reviews.add_review"):
-        raise PermissionDenied("the review queue needs the reviewer role")
-    return _next_item(request, _queue_query(request.POST.get("queue", "")))
-
-
-@login_required
-@require_POST
-def claim(request: HttpRequest, trajectory_id: int) -> HttpResponse:
-    trajectory = get_object_or_404(Trajectory, pk=min(trajectory_id, MAX_ID))
-    query = _queue_query(request.POST.get("queue", ""))
-    try:
-        taken = services.review_claim(trajectory=trajectory, actor=request.user)
-    except services.ClaimError as exc:
-        messages.error(request, f"Not claimed: {exc}.")
-        return HttpResponseRedirect(reverse("reviews:work") + (f"?{query}" if query else ""))
-    messages.success(request, f"Trajectory #{trajectory.pk} is yours until "
-                              f"{timezone.localtime(taken.expires_at):%H:%M}.")
-    return HttpResponseRedirect(reverse("reviews:trajectory", args=[trajectory.pk]) + "?" + urlencode({"queue": query}))
-
-
-@login_required
-@require_POST
-def release(request: HttpRequest, trajectory_id: int) -> HttpResponse:
-    """Give the item back; with then=next, open the next one (a skip)."""
-    trajectory = get_object_or_404(Trajectory, pk=min(trajectory_id, MAX_ID))
-    query = _queue_query(request.POST.get("queue", ""))
-    released = services.review_claim_release(trajectory=trajectory, actor=request.user)
-    if released is not None:
-        messages.info(request, f"Trajectory #{trajectory.pk} released.")
-    if request.POST.get("then") == "next":
-        return _next_item(request, query)
-    return HttpResponseRedirect(reverse("reviews:work") + (f"?{query}" if query else ""))
 
 
 # -- a task's iterations --------------------------------------------------------------------------
@@ -622,15 +518,18 @@ def task_control(request: HttpRequest, task_id: int, action: str) -> HttpRespons
 # -- agreement -----------------------------------------------------------------------------------------
 
 
+class AgreementFilterForm(forms.Form):
+    batch = BatchNameField()
+
+
 @login_required
 @permission_required("reviews.view_review", raise_exception=True)
 @require_GET
 def agreement(request: HttpRequest) -> HttpResponse:
-    batch_id = request.GET.get("batch")
-    trajectories = None
-    if batch_id and batch_id.isdigit():
-        trajectories = Trajectory.objects.filter(task__batch_id=min(int(batch_id), MAX_ID))
+    form = AgreementFilterForm(request.GET or None)
+    batch_id = form.cleaned_data["batch"] if form.is_bound and form.is_valid() else None
+    trajectories = Trajectory.objects.filter(task__batch_id=batch_id) if batch_id else None
     return render(request, "reviews/agreement.html", {
-        "nav": "review", "table": selectors.judge_human_agreement(trajectories), "batch_id": batch_id or "",
+        "nav": "review", "table": selectors.judge_human_agreement(trajectories), "form": form,
         "threshold": settings.REVIEW_QUALITY_THRESHOLD,
     })

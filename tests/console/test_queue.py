@@ -136,8 +136,8 @@ def test_the_queue_filters_by_batch_score_check_and_judge(client, awaiting, revi
     assert listed(score_min=50) == {mid[0].pk}
     assert listed(check="invalid_arguments") == {mid[0].pk}
     assert listed(judge="failed") == {failed[0].pk}
-    assert listed(batch=low[0].task.batch_id) == {low[0].pk}
-    page = client.get(reverse("reviews:work"), {"batch": low[0].task.batch_id}).content.decode()
+    assert listed(batch=low[0].task.batch.name) == {low[0].pk}
+    page = client.get(reverse("reviews:work"), {"batch": low[0].task.batch.name}).content.decode()
     assert 'id="batch-progress"' in page and "0</strong> of 1 reviewed" in page
     assert client.get(reverse("reviews:work"), {"score_min": "abc", "check": "<x>"}).status_code == 200
 

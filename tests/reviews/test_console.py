@@ -29,7 +29,7 @@ def _client(client: Any, make_user: Any, role: str) -> Any:
 
 PAGES = {
     "queue": lambda w: reverse("reviews:queue"),
-    "queue filtered": lambda w: reverse("reviews:queue") + f"?tier=red&batch={w['task'].batch_id}&stale=on",
+    "queue filtered": lambda w: reverse("reviews:queue") + f"?tier=red&batch={w['task'].batch.name}&stale=on",
     "trajectory": lambda w: reverse("reviews:trajectory", args=[w["trajectory"].pk]),
     "task history": lambda w: reverse("reviews:task", args=[w["task"].pk]),
     "batches": lambda w: reverse("reviews:batches"),
@@ -129,7 +129,7 @@ def test_the_queue_filters_by_tier_and_flags_stale_proposals(client, viewer, wor
     body = client.get(reverse("reviews:queue") + "?stale=on").content.decode()
     assert f"proposal-{world['red'].pk}" in body and "stale</span>" in body
     other = Batch.objects.create(name="other")
-    body = client.get(reverse("reviews:queue") + f"?batch={other.pk}").content.decode()
+    body = client.get(reverse("reviews:queue") + f"?batch={other.name}").content.decode()
     assert "No pending proposals match these filters." in body
 
 
