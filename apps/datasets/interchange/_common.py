@@ -28,6 +28,32 @@ class InterchangeError(ValueError):
         super().__init__(message)
 
 
+# --- what a reader checks of a file's values before it reads them ------------------------------
+
+MAX_COUNT = 2**31 - 1  # token counts are the trajectory's integer columns
+MAX_COST_USD = 10**6  # cost_usd holds 12 digits, 6 of them decimals
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def type_problems(obj: dict[str, Any], at: str, *, strings: tuple[str, ...] = (), objects: tuple[str, ...] = (),
+                  lists: tuple[str, ...] = (), counts: tuple[str, ...] = (), costs: tuple[str, ...] = ()) -> list[str]:
+    """What of `obj`'s optional fields has the wrong type (each may be absent or null): strings, objects,
+    lists, token counts (whole numbers from 0) and costs (numbers from 0)."""
+    problems = []
+    for keys, ok, what in (
+            (strings, lambda v: isinstance(v, str), "a string or null"),
+            (objects, lambda v: isinstance(v, dict), "an object or null"),
+            (lists, lambda v: isinstance(v, list), "a list or null"),
+            (counts, lambda v: _is_int(v) and 0 <= v <= MAX_COUNT, f"a whole number from 0 to {MAX_COUNT} or null"),
+            (costs, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < MAX_COST_USD,
+             f"a number from 0 to {MAX_COST_USD} or null")):
+        problems += [f"{at}.{k}: {what}" for k in keys if obj.get(k) is not None and not ok(obj[k])]
+    return problems
+
+
 def _args_object(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
@@ -278,6 +304,8 @@ def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str,
              and (m.get("provenance") or {}).get("source") != "environment"]
     if not users:
         raise InterchangeError(f"{external_id}: no user message (the task)")
+    if not users[0]["content"].strip():
+        raise InterchangeError(f"{external_id}: the first user message (the task's prompt) is empty")
     task = {f: Task._meta.get_field(f).get_default() for f in TASK_FIELDS}  # the defaults a new task gets
     task.update(scene=options.get("scene") or "code_exec", prompt=users[0]["content"], external_id=external_id[:200],
                 model=model[:200], batch="")

@@ -498,7 +498,7 @@ def validate_adp(obj: Any) -> list[str]:
     for i, item in enumerate(items):
         at = f"line.content[{i}]"
         kind = item.get("class_") if isinstance(item, dict) else None
-        if kind not in _ADP_ITEM_KEYS:
+        if not isinstance(kind, str) or kind not in _ADP_ITEM_KEYS:
             problems.append(f"{at}.class_: one of {', '.join(_ADP_ITEM_KEYS)}")
             continue
         if kind == "image_observation":
@@ -520,12 +520,16 @@ def validate_adp(obj: Any) -> list[str]:
             problems += _web_problems(item, at)
         if kind == "api_action" and not isinstance(item.get("kwargs"), dict):
             problems.append(f"{at}.kwargs: an object")
-        if kind in ("api_action", "code_action") and item.get("tool_call_id") is not None:
-            if item["tool_call_id"] in call_ids:
-                problems.append(f"{at}.tool_call_id: {item['tool_call_id']!r} is an earlier action's too")
-            call_ids.add(item["tool_call_id"])
-        if kind in _ADP_OBSERVATIONS and item.get("tool_call_id") is not None \
-                and item["tool_call_id"] not in call_ids:
+        if kind == "api_action" and not (isinstance(item.get("function"), str) and item["function"]):
+            problems.append(f"{at}.function: a function name")
+        call_id = item.get("tool_call_id")
+        if call_id is not None and not isinstance(call_id, str):
+            problems.append(f"{at}.tool_call_id: a string or null")
+        elif kind in ("api_action", "code_action") and call_id is not None:
+            if call_id in call_ids:
+                problems.append(f"{at}.tool_call_id: {call_id!r} is an earlier action's too")
+            call_ids.add(call_id)
+        elif kind in _ADP_OBSERVATIONS and call_id is not None and call_id not in call_ids:
             problems.append(f"{at}.tool_call_id: matches no earlier action")
     return problems
 

@@ -8,8 +8,8 @@ from typing import Any
 from apps.datasets.record_schema import RenderError
 
 from ._common import (
-    InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours,
-    _provenance, _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore,
+    InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours, _provenance,
+    _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore, type_problems,
 )
 from .adp import web_text
 
@@ -211,15 +211,20 @@ def validate_atif(obj: Any) -> list[str]:
     if not (isinstance(version, str) and _READABLE_VERSION.fullmatch(version)):
         problems.append(f"line.schema_version: {version!r} is not one of {ATIF_VERSIONS[0]}...{ATIF_VERSIONS[-1]} "
                         "(or a later ATIF-v1.x)")
+    problems += type_problems(obj, "line", strings=("session_id", "trajectory_id", "notes"),
+                              objects=("agent", "extra", "final_metrics"))
     if not any(isinstance(obj.get(k), str) and obj[k] for k in ("trajectory_id", "session_id")):
         problems.append("line.session_id: a non-empty string (or trajectory_id)")
     agent = obj.get("agent")
-    if agent is not None and (not isinstance(agent, dict) or not all(
-            isinstance(agent.get(k), str) for k in ("name", "version") if k in agent)):
-        problems.append("line.agent: an object with name and version strings")
-    for key in ("extra", "final_metrics"):
-        if obj.get(key) is not None and not isinstance(obj[key], dict):
-            problems.append(f"line.{key}: an object")
+    if isinstance(agent, dict):
+        if not all(isinstance(agent.get(k), str) for k in ("name", "version") if k in agent):
+            problems.append("line.agent: an object with name and version strings")
+        problems += type_problems(agent, "line.agent", strings=("model_name",), lists=("tool_definitions",))
+    final = obj.get("final_metrics")
+    if isinstance(final, dict):
+        problems += type_problems(final, "line.final_metrics", objects=("extra",), costs=("total_cost_usd",),
+                                  counts=("total_prompt_tokens", "total_completion_tokens", "total_cached_tokens",
+                                          "total_steps"))
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps:
         return problems + ["line.steps: a non-empty list"]
@@ -234,8 +239,11 @@ def validate_atif(obj: Any) -> list[str]:
             problems.append(f"{at}.source: one of system, user, agent")
         if _content_problem(step.get("message", "")):
             problems.append(f"{at}.message: a string (may be empty) or content parts")
+        problems += type_problems(step, at, strings=("reasoning_content", "model_name"), objects=("extra",),
+                                  lists=("tool_calls",))
         ids = set()
-        for j, call in enumerate(step.get("tool_calls") or []):
+        calls = step.get("tool_calls") if isinstance(step.get("tool_calls"), list) else []
+        for j, call in enumerate(calls):
             if step.get("source") != "agent":
                 problems.append(f"{at}.tool_calls: only agent steps call tools")
             if not isinstance(call, dict) or not isinstance(call.get("tool_call_id"), str) \
@@ -251,7 +259,11 @@ def validate_atif(obj: Any) -> list[str]:
             else:
                 for j, result in enumerate(results):
                     source = result.get("source_call_id") if isinstance(result, dict) else 0
-                    if source is not None and source not in ids:
+                    if not isinstance(result, dict):
+                        problems.append(f"{at}.observation.results[{j}]: must be an object")
+                    elif source is not None and not isinstance(source, str):
+                        problems.append(f"{at}.observation.results[{j}].source_call_id: a string or null")
+                    elif source is not None and source not in ids:
                         problems.append(f"{at}.observation.results[{j}].source_call_id: {source!r} is no call of "
                                         "this step")
                     elif _content_problem(result.get("content")):

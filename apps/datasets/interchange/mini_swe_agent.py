@@ -8,8 +8,10 @@ from typing import Any
 
 from apps.datasets.record_schema import RenderError
 
-from ._common import InterchangeError, _args_object, _args_text, _foreign_record, imported_from, keep_rest, kept_of, \
-    put_kept, restore
+from ._common import (
+    InterchangeError, _args_object, _args_text, _foreign_record, imported_from, keep_rest, kept_of, put_kept, restore,
+    type_problems,
+)
 
 TRAJECTORY_FORMAT = "mini-swe-agent-1.1"  # what mini-swe-agent 2.x saves, and what the export writes
 # What the reader takes: its saved trajectories (an object with messages; info and
@@ -27,9 +29,47 @@ def _returncode(msg: dict[str, Any]) -> int | None:
     return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
+def _read_problems(obj: dict[str, Any]) -> list[str]:
+    """The values of a saved trajectory the reader would misread: the types of what it takes."""
+    problems = type_problems(obj, "line", strings=("instance_id", "trajectory_format"), objects=("info",))
+    info = obj.get("info") if isinstance(obj.get("info"), dict) else {}
+    problems += type_problems(info, "line.info", strings=("submission", "exit_status", "mini_version"),
+                              objects=("config", "model_stats"))
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    problems += type_problems(config, "line.info.config", strings=("agent_type",), objects=("model",))
+    if isinstance(config.get("model"), dict):
+        problems += type_problems(config["model"], "line.info.config.model", strings=("model_name",))
+    if isinstance(info.get("model_stats"), dict):
+        problems += type_problems(info["model_stats"], "line.info.model_stats", costs=("instance_cost",))
+    for i, msg in enumerate(obj["messages"]):
+        at = f"line.messages[{i}]"
+        if not isinstance(msg, dict):
+            problems.append(f"{at}: must be an object")
+            continue
+        problems += type_problems(msg, at, strings=("tool_call_id", "reasoning_content"), objects=("extra",),
+                                  lists=("tool_calls",))
+        if msg.get("content") is not None and not isinstance(msg["content"], (str, list)):
+            problems.append(f"{at}.content: a string, content parts or null")
+        for k, call in enumerate(msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else []):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not (isinstance(fn, dict) and isinstance(call.get("id"), str) and isinstance(fn.get("name"), str)
+                    and fn["name"] and isinstance(fn.get("arguments"), (str, type(None)))):
+                problems.append(f"{at}.tool_calls[{k}]: needs an id, a function name and arguments (a JSON string)")
+        extra = msg.get("extra") if isinstance(msg.get("extra"), dict) else {}
+        actions = extra.get("actions")
+        if actions is not None and not (isinstance(actions, list) and all(
+                isinstance(a, dict) and isinstance(a.get("command", ""), str) for a in actions)):
+            problems.append(f"{at}.extra.actions: a list of {{command: a string}}")
+    return problems
+
+
 def from_mini_swe_agent(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
         raise InterchangeError(f"{label}: not a mini-swe-agent trajectory (no messages list)")
+    problems = _read_problems(obj)
+    if problems:
+        raise InterchangeError(f"{label}: not a mini-swe-agent trajectory",
+                               [f"{label}: not a mini-swe-agent trajectory: {p}" for p in problems])
     info = obj.get("info") if isinstance(obj.get("info"), dict) else {}
     messages: list[dict[str, Any]] = []
     made: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (our message, the file's message) to keep_rest
