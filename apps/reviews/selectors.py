@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import (Count, Exists, F, FilteredRelation, IntegerField, OuterRef, Q, QuerySet, Subquery, Sum,
                               Value)
-from django.db.models.functions import Coalesce, Mod, TruncDate
+from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
 from apps.reviews.models import Proposal, Review, ReviewAssignment, ReviewClaim
@@ -303,12 +303,15 @@ def human_queue(*, reviewer: Any = None, batch: int | None = None, scene: str | 
     elif verdict:
         queue = queue.annotate(latest_verdict=Subquery(
             humans.order_by("-created_at", "-id").values("verdict")[:1])).filter(latest_verdict=verdict)
+    # a person's verdicts and assignments are few beside the queue: looked up from their side
     if judged_by is not None:
-        queue = queue.filter(Exists(humans.filter(reviewer=judged_by)))
+        queue = queue.filter(pk__in=Review.objects.filter(kind=Review.Kind.HUMAN, reviewer=judged_by)
+                             .values("trajectory_id"))
     if assignee == UNASSIGNED:
         queue = queue.exclude(Exists(assignments))
     elif assignee is not None:
-        queue = queue.filter(Exists(assignments.filter(assignee=assignee)))
+        queue = queue.filter(pk__in=ReviewAssignment.objects.filter(
+            assignee=assignee, status=ReviewAssignment.Status.ACTIVE).values("trajectory_id"))
     return queue
 
 
@@ -439,25 +442,27 @@ def team(*, days: int = TEAM_DAYS, threshold: float | None = None) -> tuple[list
     rate, agreement with the judge — the judge accepts at overall >= threshold
     (REVIEW_QUALITY_THRESHOLD), as on the agreement page; Cohen's kappa over each of their latest
     verdicts per trajectory that the judge scored — and their open / done assignments and held
-    claims. Returns (rows by username, the dates). Six queries, whatever the team's size."""
+    claims. Returns (rows by username, the dates). Five queries, whatever the team's size."""
     threshold = settings.REVIEW_QUALITY_THRESHOLD if threshold is None else threshold
     tz = timezone.get_current_timezone()
     today = timezone.localdate()
-    midnight = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    midnight = timezone.make_aware(datetime.combine(today, time.min), tz)
     dates = [today - timedelta(days=n) for n in range(days - 1, -1, -1)]
     rows = {u.pk: TeamRow(u.pk, u.get_username()) for u in reviewers()}
     humans = Review.objects.filter(kind=Review.Kind.HUMAN, status=Review.Status.DONE).order_by()
+    # one count per local day, by time range (no per-row date conversion), in the same grouped query
+    starts = [timezone.make_aware(datetime.combine(d, time.min), tz) for d in dates]
+    ends = [*starts[1:], midnight + timedelta(days=1)]
+    per_day = {f"day{n}": Count("id", filter=Q(created_at__gte=a, created_at__lt=b))
+               for n, (a, b) in enumerate(zip(starts, ends))}
     counts = humans.values("reviewer_id", "reviewer__username").annotate(
         total=Count("id"), accepts=Count("id", filter=Q(verdict=Review.Verdict.ACCEPT)),
-        today=Count("id", filter=Q(created_at__gte=midnight)),
-        week=Count("id", filter=Q(created_at__gte=midnight - timedelta(days=6))))
+        week=Count("id", filter=Q(created_at__gte=midnight - timedelta(days=6))), **per_day)
     for c in counts:
         row = rows.setdefault(c["reviewer_id"], TeamRow(c["reviewer_id"], c["reviewer__username"]))
-        row.total, row.accepts, row.today, row.week = c["total"], c["accepts"], c["today"], c["week"]
-    daily: dict[tuple[int, Any], int] = {
-        (r["reviewer_id"], r["day"]): r["n"]
-        for r in humans.filter(created_at__gte=midnight - timedelta(days=days - 1))
-        .annotate(day=TruncDate("created_at", tzinfo=tz)).values("reviewer_id", "day").annotate(n=Count("id"))}
+        row.total, row.accepts, row.week = c["total"], c["accepts"], c["week"]
+        row.per_day = [c[f"day{n}"] for n in range(days)]
+        row.today = row.per_day[-1]
     latest = humans.exclude(Exists(Review.objects.filter(
         trajectory=OuterRef("trajectory"), reviewer=OuterRef("reviewer"), kind=Review.Kind.HUMAN,
         created_at__gt=OuterRef("created_at"))))
@@ -487,5 +492,5 @@ def team(*, days: int = TEAM_DAYS, threshold: float | None = None) -> tuple[list
         if reviewer_id in rows:
             rows[reviewer_id].claims = n
     for row in rows.values():
-        row.per_day = [daily.get((row.user_id, d), 0) for d in dates]
+        row.per_day = row.per_day or [0] * days
     return sorted(rows.values(), key=lambda r: r.username), dates

@@ -35,7 +35,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 from django.utils import timezone
 
 from apps.engines.toolargs import REFUSED_KINDS, ToolArguments
@@ -643,10 +643,10 @@ def review_claim_next(*, actor: Any, queue: Any) -> ReviewClaim | None:
                                       trajectory__in=queue.values("pk")).order_by("claimed_at").first())
     if own is not None:
         return own
-    assigned = ReviewAssignment.objects.filter(trajectory=OuterRef("pk"), assignee=actor,
-                                               status=ReviewAssignment.Status.ACTIVE)
-    candidates = [*queue.filter(Exists(assigned))[:NEXT_CANDIDATES],
-                  *queue.filter(open_slots__gt=0).exclude(Exists(assigned))[:NEXT_CANDIDATES]]
+    assigned = ReviewAssignment.objects.filter(assignee=actor, status=ReviewAssignment.Status.ACTIVE
+                                               ).values("trajectory_id")
+    candidates = [*queue.filter(pk__in=assigned)[:NEXT_CANDIDATES],
+                  *queue.filter(open_slots__gt=0).exclude(pk__in=assigned)[:NEXT_CANDIDATES]]
     for trajectory in candidates:
         try:
             return review_claim(trajectory=trajectory, actor=actor)
