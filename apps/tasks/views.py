@@ -22,6 +22,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from apps.engines.registry import SCENE_CHOICES
+from apps.reviews.fields import BatchNameField
 from apps.reviews.models import Correction, Review
 from apps.reviews.selectors import latest_human_verdicts
 from apps.tasks.consumers import MAX_ID, MAX_SEQ
@@ -54,7 +55,7 @@ class TrajectoryFilterForm(forms.Form):
     verdict = forms.ChoiceField(choices=[("", "any human verdict"), ("none", "no human verdict"),
                                          *Review.Verdict.choices], required=False, label="human verdict")
     task = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1, label="task id")
-    batch = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1, label="batch id")
+    batch = BatchNameField()
 
     def clean_q(self) -> str:
         value = self.cleaned_data["q"]

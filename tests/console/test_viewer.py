@@ -105,7 +105,7 @@ def test_the_list_has_score_verdict_batch_and_review_link_and_searches(client, v
     assert listed(q=str(b.pk)) == {b.pk}
     assert listed(verdict="reject") == {a.pk}
     assert listed(verdict="none") == {b.pk}
-    assert listed(batch=b.task.batch_id) == {b.pk}
+    assert listed(batch=b.task.batch.name) == {b.pk}
     assert client.get(reverse("tasks:trajectory_list"), {"q": "a\x00b", "batch": "x"}).status_code == 200
 
 

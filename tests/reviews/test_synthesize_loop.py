@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from django.core.management import call_command
@@ -35,4 +36,4 @@ def test_wait_ends_when_a_task_waits_for_approval_and_says_so(offline_model, tmp
                                                                                      "pending", [6])
     assert "1 task(s): 0 done, 0 failed, 1 waiting for approval" in output
     assert "proposals:    1 yellow pending" in output
-    assert f"1 task(s) wait for a decision at /review/?batch={task.batch_id}" in output
+    assert f"1 task(s) wait for a decision at /review/?{urlencode({'batch': task.batch.name})}" in output

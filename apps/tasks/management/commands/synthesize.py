@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import urlparse
+from urllib.parse import urlencode, urlparse
 
 import httpx
 from django.conf import settings
@@ -340,7 +340,7 @@ def _review_lines(batch: Batch, tasks: dict[str, int]) -> list[str]:
     ]
     if tasks[Task.Status.WAITING_APPROVAL]:
         lines.append(f"  waiting:      {tasks[Task.Status.WAITING_APPROVAL]} task(s) wait for a decision at "
-                     f"{reverse('reviews:queue')}?batch={batch.pk}")
+                     f"{reverse('reviews:queue')}?{urlencode({'batch': batch.name})}")
     return lines
 
 
