@@ -176,3 +176,24 @@ def test_two_reviewers_bulk_accepting_one_item_at_once_give_one_verdict(awaiting
     assert outcomes == [(0, 1), (1, 0)]
     refused = next(r for r in results.values() if r.failed)
     assert "already has its 1 verdict" in refused.failed[0][1]
+
+
+def test_the_admin_lists_assignments_and_withdraws_them_through_the_service(client, awaiting, make_user, approver,
+                                                                            reviewer):
+    (item,) = awaiting(1)
+    alice = make_user("reviewer", username="alice")
+    assignment = queue_actions.review_assign(trajectory=item, assignee=alice, actor=approver)
+    url = reverse("admin:reviews_reviewassignment_changelist")
+    client.force_login(reviewer)  # may read, not withdraw
+    assert client.get(url).status_code == 200
+    client.post(url, {"action": "withdraw", "_selected_action": [assignment.pk]})
+    assignment.refresh_from_db()
+    assert assignment.status == "active"
+    client.force_login(approver)
+    assert client.get(reverse("admin:reviews_reviewassignment_change", args=[assignment.pk])).status_code == 200
+    assert client.get(reverse("admin:reviews_reviewassignment_add")).status_code == 403
+    response = client.post(url, {"action": "withdraw", "_selected_action": [assignment.pk]}, follow=True)
+    assert "Withdrew 1 assignment(s)." in response.content.decode()
+    assignment.refresh_from_db()
+    assert assignment.status == "withdrawn"
+    assert AuditEvent.objects.get(action="reviews.unassign").actor == approver
