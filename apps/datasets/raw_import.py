@@ -10,6 +10,7 @@ Imported tasks are `completed`: they are data, not work for the queue.
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 from collections.abc import Iterator
@@ -34,11 +35,16 @@ from apps.datasets.interchange import Image, InterchangeError, to_raw_lines
 from apps.reviews.models import Review
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.services import BatchNameTaken, batch_create
-from trajplatform import artifacts
+from trajplatform import artifacts, json_limits
 from trajplatform.audit import audit_record
+from trajplatform.redaction import unstorable_fields
 
 MAX_ERRORS = 1000
 CHUNK = 1000
+# The levels a record converted from another tool's file adds around the file's values (which are
+# checked against API_MAX_JSON_DEPTH themselves): config_snapshot.imported_from.kept.<field>, a
+# message's provenance.<format>.<item>.
+CONVERTED_NESTING = 8
 TRAJECTORY_COPY_FIELDS = (
     "iteration", "sample_index", "status", "messages", "tools", "steps", "final_answer", "outcome",
     "outcome_reason", "reward", "verifier_output", "model", "config_snapshot", "prompt_tokens",
@@ -87,6 +93,8 @@ def _open(path_or_file: Any) -> tuple[IO[bytes], str, bool]:
 
 def _lines(fp: IO[bytes]) -> Iterator[tuple[int, bytes]]:
     for number, line in enumerate(fp, start=1):
+        if number == 1:
+            line = line.removeprefix(codecs.BOM_UTF8)  # RFC 8259 lets a reader ignore it; Windows tools write it
         if line.strip():
             yield number, line
 
@@ -122,10 +130,17 @@ class _Checker:
         return self.batch_name or task.get("batch") or default
 
     def check(self, number: int, line: bytes, default_batch: str) -> dict[str, Any]:
-        try:
+        try:  # before the parse: the checks, the record's JSON and the database's each recurse per level
+            json_limits.check_depth(line, json_limits.max_depth() + CONVERTED_NESTING)
             record = orjson.loads(line)
+        except json_limits.JSONTooDeep as exc:
+            raise _LineError(f"{exc} (API_MAX_JSON_DEPTH)") from None
         except orjson.JSONDecodeError as exc:
             raise _LineError(f"not valid JSON ({exc})") from None
+        if b"\\u0000" in line:  # escaped NUL: PostgreSQL's jsonb cannot store it; refused, as a task import does
+            unstorable = unstorable_fields(record)
+            if unstorable:
+                raise _LineError("; ".join(f"{path}: {reason}" for path, reason in unstorable[:5]))
         problems = validate_raw(record)
         if problems:
             raise _LineError("; ".join(p.removeprefix("line.") for p in problems[:5]))
@@ -386,16 +401,29 @@ def chat_shape_warnings(raw: bytes, label: str) -> list[str]:
     """Per trajectory and chat format, why the file's shape cannot become that format's
     conversation (an episode that ends on an action, as next-action datasets do): said at import,
     not found out at export."""
-    records = [orjson.loads(line) for line in raw.splitlines() if line.strip()]
-    names = {r["trajectory_id"]: r["task"].get("external_id") or f"trajectory {r['trajectory_id']}" for r in records}
+    lines = [line for line in raw.splitlines() if line.strip()]
     warnings = []
-    for fmt in CHAT_FORMATS:
-        for excluded in export_records(fmt, records, io.BytesIO()).excluded:
-            warnings.append(f"{label}: {names.get(excluded['trajectory_id'])}: not exportable as {fmt}: "
-                            f"{excluded['reason'].removeprefix(f'{fmt}: ')}")
+    for start in range(0, len(lines), CHUNK):  # a chunk of records at a time: a big file is not all parsed at once
+        records = [orjson.loads(line) for line in lines[start:start + CHUNK]]
+        names = {r["trajectory_id"]: r["task"].get("external_id") or f"trajectory {r['trajectory_id']}"
+                 for r in records}
+        for fmt in CHAT_FORMATS:
+            for excluded in export_records(fmt, records, _Nowhere(), dry_run=True).excluded:
+                warnings.append(f"{label}: {names.get(excluded['trajectory_id'])}: not exportable as {fmt}: "
+                                f"{excluded['reason'].removeprefix(f'{fmt}: ')}")
     if len(warnings) > MAX_ERRORS:
         warnings[MAX_ERRORS:] = [f"{label}: ... and {len(warnings) - MAX_ERRORS} more"]
     return warnings
+
+
+class _Nowhere(io.RawIOBase):
+    """Where the warnings' trial exports write: only their refusals are read."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return len(data)
 
 
 def _keep_images(images: dict[str, Image], batches: list[Any]) -> None:

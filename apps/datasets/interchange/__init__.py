@@ -51,6 +51,7 @@ and the content hash.
 """
 from __future__ import annotations
 
+import codecs
 import io
 from pathlib import Path
 from typing import Any, Iterator
@@ -60,6 +61,8 @@ import orjson
 from apps.datasets.record_schema import RenderError
 
 from apps.datasets.record_schema import RAW_SCHEMA_VERSION
+from trajplatform import json_limits
+from trajplatform.redaction import unstorable_fields
 
 from ._common import OUTCOMES, Image, InterchangeError
 from .adp import ADP_VERSION, ADP_VERSIONS, WEB_TEXT_MAX_CHARS, from_adp, render_adp, validate_adp
@@ -79,23 +82,52 @@ MAX_ERRORS = 1000
 
 # --- import -----------------------------------------------------------------------------------
 
-def _documents(data: bytes, label: str) -> Iterator[tuple[str, Any]]:
-    """One JSON document (trajectory.json, .traj.json) or JSONL; (where, object) each."""
-    text = data.strip()
-    if not text:
-        raise InterchangeError(f"{label}: empty file")
+def _text(data: bytes, label: str) -> bytes:
+    """The file as UTF-8 JSON text: a UTF-8 byte order mark dropped (RFC 8259 lets a reader ignore
+    it; Windows tools write it), any other encoding refused with one error saying which."""
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise InterchangeError(f"{label}: UTF-16 text (its byte order mark says so); save the file as UTF-8")
+    if b"\x00" in data[:4]:
+        raise InterchangeError(f"{label}: not UTF-8 JSON text (NUL bytes at its start: UTF-16, UTF-32 or binary); "
+                               "save the file as UTF-8")
     try:
-        whole = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        whole = None
-    if isinstance(whole, dict):
-        yield f"{label}:1", whole  # one document (trajectory.json), from its first line
-        return
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InterchangeError(f"{label}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                               "save the file as UTF-8") from None
+    return data
+
+
+def _parsed(text: bytes, label: str) -> Any:
+    """The file as one JSON value (a document or a list of them), None when it is JSONL; a file that
+    is one broken document (its lines are no JSON objects of their own) is refused with the one
+    parse error, not one per line."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        whole = exc
+    for line in text.splitlines():
+        try:
+            if isinstance(orjson.loads(line), dict):
+                return None  # JSONL: each line is read (and reported) on its own
+        except orjson.JSONDecodeError:
+            continue
+    raise InterchangeError(f"{label}: not valid JSON ({whole})")
+
+
+def _documents(text: bytes, whole: Any, label: str) -> Iterator[tuple[str, Any]]:
+    """One JSON document (trajectory.json, .traj.json), a JSON list of them, or JSONL; (where, object) each."""
     if isinstance(whole, list):
         for i, obj in enumerate(whole):
             yield f"{label}[{i}]", obj
         return
-    for number, line in enumerate(data.splitlines(), start=1):
+    if whole is not None:
+        yield f"{label}:1", whole  # one document (trajectory.json), from its first line
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -128,12 +160,10 @@ def looks_like(whole: Any) -> tuple[str, str | None]:
     return "an object with none of the formats' fields", None
 
 
-def _refuse_other_shapes(data: bytes, fmt: str, label: str) -> None:
+def _refuse_other_shapes(text: bytes, whole: Any, fmt: str, label: str) -> None:
     """One error for a file that is not what `fmt` reads, naming what it looks like."""
-    try:
-        whole = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        first = next((line for line in data.splitlines() if line.strip()), b"")
+    if whole is None:  # JSONL: its first line
+        first = next((line for line in text.splitlines() if line.strip()), b"")
         try:
             whole = orjson.loads(first)
         except orjson.JSONDecodeError:
@@ -156,21 +186,32 @@ def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = Non
     if fmt not in READERS:
         raise InterchangeError(f"unknown import format {fmt!r}; one of: raw, {', '.join(IMPORT_FORMATS)}")
     options = {"outcome": outcome, "scene": scene, "file": Path(label).name, "images": images}
-    if data.strip():
-        _refuse_other_shapes(data.strip(), fmt, label)
+    text = _text(data, label).strip()
+    if not text:
+        raise InterchangeError(f"{label}: empty file")
+    try:  # before any parse: the readers, the record's JSON and the database's each recurse per level
+        json_limits.check_depth(text)
+    except json_limits.JSONTooDeep as exc:
+        raise InterchangeError(f"{label}: {exc} (API_MAX_JSON_DEPTH); no trajectory nests that deep") from None
+    whole = _parsed(text, label)
+    nul = b"\\u0000" in text  # escaped NUL: PostgreSQL's jsonb cannot store it
+    _refuse_other_shapes(text, whole, fmt, label)
     out = io.BytesIO()
     errors: list[str] = []
     field_errors: list[InterchangeError] = []
-    for n, (where, obj) in enumerate(_documents(data, label), start=1):
+    for n, (where, obj) in enumerate(_documents(text, whole, label), start=1):
         try:
             if isinstance(obj, InterchangeError):
                 raise obj
+            unstorable = unstorable_fields(obj) if nul else []
+            if unstorable:  # refused, not altered, as a task import refuses it: it is the file's text
+                raise InterchangeError(where, [f"{where}: {path}: {reason}" for path, reason in unstorable])
             record = READERS[fmt](obj, n, options, where)
         except (InterchangeError, RenderError) as exc:
             found = exc.errors if isinstance(exc, InterchangeError) else [str(exc)]
             if isinstance(exc, InterchangeError):
                 field_errors.append(exc)
-            errors += [e if e.startswith(where) else f"{where}: {e}" for e in found]
+            errors += [e if e.startswith(where) else f"{where}: {e}" for e in found[:MAX_ERRORS - len(errors)]]
             if len(errors) >= MAX_ERRORS:
                 errors.append(f"{label}: stopped after {MAX_ERRORS} errors")
                 break
