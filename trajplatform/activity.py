@@ -23,6 +23,8 @@ class ActivityDay(models.Model):
                                    help_text="the day's trajectories' recorded cost (cancelled ones too), no judge")
     judge_usd = models.DecimalField(max_digits=16, decimal_places=6, default=0,
                                     help_text="the judge's calls on the day's trajectories")
+    awaiting_review = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the human review queue's size when computed (a past day: at its last run)")
     computed_at = models.DateTimeField()
 
     class Meta:

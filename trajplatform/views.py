@@ -51,11 +51,9 @@ def home(request: HttpRequest) -> HttpResponse:
 def overview(request: HttpRequest) -> HttpResponse:
     """The operator overview: work by its real state, activity over time, batches in progress."""
     batches, more_batches, not_started_batches = overview_reads.batches_in_progress()
-    awaiting, awaiting_more = overview_reads.awaiting_verdict()
     return render(request, "home.html", {
         "nav": "home", "task_states": overview_reads.task_states(), "live": overview_reads.live_trajectories(),
-        "proposals": review_selectors.queue_counts(), "awaiting": awaiting, "awaiting_more": awaiting_more,
-        "batches": batches, "more_batches": more_batches, "not_started_batches": not_started_batches,
+        "proposals": review_selectors.queue_counts(), "batches": batches, "more_batches": more_batches, "not_started_batches": not_started_batches,
         "activity": _activity_charts(overview_reads.activity()),
     })
 
@@ -73,6 +71,9 @@ def _activity_charts(activity: dict[str, Any]) -> dict[str, Any]:
         labels, [("cost per accepted", [None if p["per_accepted"] is None else float(p["per_accepted"])
                                         for p in points])],
         title="cost per accepted trajectory per day (USD)", fmt=overview_reads.money)
+    activity["backlog_svg"] = series_svg(labels, [("awaiting a human verdict", [p["awaiting"] for p in points])],
+                                         title="trajectories awaiting a human verdict, at each day's last count",
+                                         fmt=lambda v: f"{v:,.0f}")
     return activity
 
 

@@ -149,7 +149,7 @@ def test_the_page_draws_the_three_charts_and_the_numbers(client, make_user, make
     overview.refresh_activity(now=now)
 
     html = html_of(client, make_user)
-    for chart in ("chart-throughput", "chart-acceptance", "chart-cost"):
+    for chart in ("chart-throughput", "chart-acceptance", "chart-cost", "chart-backlog"):
         figure = html[html.index(f'id="{chart}"'):]
         assert figure.index("<svg") < figure.index("</figure>")
     throughput = html[html.index('id="chart-throughput"'):html.index('id="chart-acceptance"')]
@@ -164,7 +164,8 @@ def test_before_the_job_has_run_the_page_says_so_and_draws_no_zeros(client, make
     finished_trajectory(make_task())
     html = html_of(client, make_user)
     assert "Not computed yet: the workers compute it every 5 minutes" in html
-    assert html.count("no data</title>") == 3 * overview.WINDOW_DAYS and "<rect" not in html.split('id="activity"')[1]
+    assert "the review queue (counted by the activity job, not run yet)" in html
+    assert html.count("no data</title>") == 4 * overview.WINDOW_DAYS and "<rect" not in html.split('id="activity"')[1]
 
 
 def test_the_activity_job_is_scheduled_after_migrate():
@@ -174,16 +175,33 @@ def test_the_activity_job_is_scheduled_after_migrate():
     assert (schedule.func, schedule.minutes, schedule.repeats) == (overview.ACTIVITY_JOB, 5, -1)
 
 
-def test_the_awaiting_count_stops_at_its_cap(client, make_user, make_task, monkeypatch):
+def test_the_review_backlog_is_counted_by_the_job_and_kept_per_day(client, make_user, make_task):
     task = make_task()
     Task.objects.filter(pk=task.pk).update(current_iteration=1, status=Task.Status.WAITING_APPROVAL)
+    items = [finished_trajectory(task, sample=i) for i in range(3)]
+    for item in items:
+        auto_review(item, 40.0)
+    overview.refresh_activity(now=NOON - timedelta(days=1))
+    human_verdict_record(trajectory=items[0], actor=make_user("reviewer"), verdict="accept", reason="")
+    overview.refresh_activity(now=NOON)
+    backlog = {r.day: r.awaiting_review for r in ActivityDay.objects.all()}
+    assert backlog[NOON.date()] == 2 and backlog[NOON.date() - timedelta(days=1)] == 3
+    assert backlog[NOON.date() - timedelta(days=2)] is None  # never counted that day: no data, not 0
+
+    overview.refresh_activity()
+    html = html_of(client, make_user)
+    assert '<span class="n">2</span> trajectories awaiting a human verdict' in html
+    assert "awaiting a human verdict: 2</title>" in html[html.index('id="chart-backlog"'):]
+
+
+def test_the_last_hour_is_counted_up_to_its_cap(make_task, monkeypatch):
+    task = make_task()
     for i in range(3):
-        auto_review(finished_trajectory(task, sample=i), 40.0)
-    monkeypatch.setattr(overview, "AWAITING_CAP", 2)
-    assert overview.awaiting_verdict() == (2, True)
-    assert '<span class="n">2+</span> trajectories awaiting a human verdict' in html_of(client, make_user)
-    monkeypatch.setattr(overview, "AWAITING_CAP", 3)
-    assert overview.awaiting_verdict() == (3, False)
+        finished_trajectory(task, sample=i)
+    monkeypatch.setattr(overview, "LAST_HOUR_CAP", 2)
+    assert overview.live_trajectories()["last_hour"] == 2 and overview.live_trajectories()["last_hour_more"]
+    monkeypatch.setattr(overview, "LAST_HOUR_CAP", 3)
+    assert (overview.live_trajectories()["last_hour"], overview.live_trajectories()["last_hour_more"]) == (3, False)
 
 
 def page_queries(client) -> int:
