@@ -38,7 +38,7 @@ from apps.engines.registry import SCENE_CHOICES
 from apps.engines.toolargs import REFUSED_KINDS
 from apps.reviews import alignment, queue_views, selectors, services
 from apps.reviews.fields import BatchNameField
-from apps.reviews.models import Preference, Proposal, Review, ReviewClaim
+from apps.reviews.models import Preference, Proposal, Review, ReviewAssignment, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
 from apps.tasks.consumers import MAX_ID
 from apps.tasks.episode import arguments_text
@@ -161,6 +161,8 @@ def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     return render(request, "reviews/trajectory.html", {
         **viewer_context(trajectory),
         "claims": claims, "own_claim": own_claim, "queue_query": queue_query,
+        "assignments": list(ReviewAssignment.objects.filter(trajectory=trajectory, status=ReviewAssignment.Status.ACTIVE)
+                            .select_related("assignee", "assigned_by")),
         "in_queue": own_claim is not None or "queue" in request.GET,
         "progress": selectors.reviewer_progress(request.user) if own_claim else None,
         "batch_progress": selectors.batch_review_progress(trajectory.task.batch_id)

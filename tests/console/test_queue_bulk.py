@@ -96,9 +96,13 @@ def test_an_approver_assigns_items_to_a_reviewer_who_finds_them_first(client, aw
     # assigning again is a no-op, no second row or audit row
     queue_actions.review_assign(trajectory=third, assignee=alice, actor=approver)
     assert ReviewAssignment.objects.filter(status="active").count() == 2 == events.count()
-    # alice's next item is her oldest assigned one, not the free first item
+    # alice's next item is her oldest assigned one, not the free first item; its page says so
     claim = services.review_claim_next(actor=alice, queue=selectors.human_queue(reviewer=alice))
     assert claim.trajectory_id == second.pk
+    client.force_login(alice)
+    html = client.get(reverse("reviews:trajectory", args=[second.pk])).content.decode()
+    assert f'id="assigned-to">Assigned to <strong>you</strong> by {approver.username}.' in html
+    client.force_login(approver)
     # bob's queue skips items assigned to someone else when their slots are full
     claim = services.review_claim_next(actor=bob, queue=selectors.human_queue(reviewer=bob))
     assert claim.trajectory_id == first.pk
