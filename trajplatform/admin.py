@@ -22,6 +22,7 @@ from django_q import admin as q_admin
 from django_q.models import Failure, OrmQ, Schedule, Success
 
 from trajplatform import api_admin  # noqa: F401  (API tokens, webhooks)
+from trajplatform.activity import ActivityDay
 from trajplatform.admin_base import ReadableJSONMixin, ViewOnlyMixin, admin_change_url, truncated
 from trajplatform.audit import ACTIONS, AuditEvent
 from trajplatform.permissions import ROLES, grant_role, user_account_save
@@ -154,6 +155,15 @@ class RoleUserAdmin(UserAdmin):
     def roles(self, obj: Any) -> str:
         names = {g.name for g in obj.groups.all()}
         return ", ".join(r for r in ROLES if r in names) or "-"
+
+
+@admin.register(ActivityDay)
+class ActivityDayAdmin(ViewOnlyMixin, admin.ModelAdmin):
+    """The overview's daily activity: rows the activity job derives and rewrites; view-only."""
+
+    list_display = ("day", "finished", "succeeded", "accepted", "human_reviewed", "cost_usd", "judge_usd",
+                    "awaiting_review", "computed_at")
+    date_hierarchy = "day"
 
 
 if admin.site.is_registered(Group):

@@ -236,3 +236,16 @@ def test_only_an_admin_sees_the_overview(client, make_user):
         client.force_login(make_user(role))
         assert client.get("/").status_code == 302
     assert not Review.objects.exists()
+
+
+def test_the_activity_rows_are_view_only_in_the_admin(client, make_user):
+    overview.refresh_activity(now=NOON)
+    client.force_login(make_user("admin", is_superuser=True))
+    changelist = client.get("/admin/trajplatform/activityday/")
+    assert changelist.status_code == 200 and f"{NOON:%b}" in changelist.content.decode()
+    row = ActivityDay.objects.get(day=NOON.date())
+    assert client.get(f"/admin/trajplatform/activityday/{row.pk}/change/").status_code == 200
+    assert client.post(f"/admin/trajplatform/activityday/{row.pk}/change/", {"finished": 99}).status_code == 403
+    assert client.get("/admin/trajplatform/activityday/add/").status_code == 403
+    row.refresh_from_db()
+    assert row.finished == 0
