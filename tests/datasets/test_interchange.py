@@ -451,7 +451,11 @@ def test_an_adp_file_without_tool_call_ids_links_each_page_to_the_action_before_
         ("tool", "adp_call_4"), ("assistant", None)]
     assert t.messages[3]["content"] == "URL: https://rent.example/vans\n\n[4] button 'Select'"
     assert validate_line("sft-openai", orjson.loads(export("sft-openai", [t.pk]))) == []
-    assert orjson.loads(export("adp", [t.pk]))["content"] == adp["content"]  # the pages as the file gave them
+    content = orjson.loads(export("adp", [t.pk]))["content"]
+    # ADP 1.5.0 (what the export writes) wants each answered action linked to its observation by id
+    assert [i.pop("tool_call_id", None) for i in content] == [None, None, "adp_call_2", "adp_call_2", "adp_call_4",
+                                                              "adp_call_4", None]
+    assert content == adp["content"]  # the pages as the file gave them
 
 
 def test_an_adp_observation_without_an_id_answers_the_turn_before_it_not_an_older_open_call(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from trajplatform import artifacts, images
 
 from ._common import (
     Image, InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours,
-    _provenance, _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore,
+    ABSENT, _provenance, _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore,
 )
 
 ADP_VERSION = "1.5.0"  # what the export writes (ADP's schema/version.py SCHEMA_VERSION)
@@ -35,6 +35,7 @@ WEB_TEXT_MAX_CHARS = 20_000  # a web observation's page text (the gui scene's sn
 def _adp_doc(record: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The standard document of a record (no trajplatform keys)."""
     content: list[dict[str, Any]] = []
+    answered = _answered(messages)
     for msg, results in _turns(messages):
         role = msg.get("role")
         if (role == "system" and not _from_item(msg)) or _rest_of_item(msg):
@@ -44,7 +45,7 @@ def _adp_doc(record: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str
             kept = kept_of(msg, "adp")
             content += [_inlined(restore(items[0], kept))] if kept and len(items) == 1 else items
         elif role == "assistant":
-            content += _adp_items(msg, results)
+            content += _adp_items(msg, results, answered)
         elif role in ("system", "user"):
             content.append(_inlined(restore(_message_item(msg), kept_of(msg, "adp"))))
         else:
@@ -167,19 +168,26 @@ def _assistant_item(msg: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-def _call_item(msg: dict[str, Any], k: int) -> dict[str, Any]:
+def _answered(messages: list[dict[str, Any]]) -> set[Any]:
+    return {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+
+
+def _call_item(msg: dict[str, Any], k: int, answered: set[Any]) -> dict[str, Any]:
     """The action of a turn's k-th call: a code_action for a call an ADP code action became
     (`execute_<language>` with its code), else an api_action; the turn's text and reasoning on its
-    first (unless a message_action said them: a joined turn)."""
+    first (unless a message_action said them: a joined turn). Its tool_call_id only when an
+    observation answers it: ADP (1.5.0's Trajectory) refuses an action id no observation names,
+    and the last action of a next-action episode has none."""
     call = msg["tool_calls"][k]
     args = _args_object(call["function"].get("arguments"))
     code = (call.get("provenance") or {}).get("code_action")
-    if isinstance(code, dict):
+    if isinstance(code, dict):  # ADP's CodeAction requires its description (null allowed)
         item = {"class_": "code_action", "language": code.get("language"), "content": args.get("code", ""),
-                "tool_call_id": call.get("id")}
+                "description": None}
     else:
-        item = {"class_": "api_action", "function": call["function"]["name"], "kwargs": args,
-                "tool_call_id": call.get("id")}
+        item = {"class_": "api_action", "function": call["function"]["name"], "kwargs": args}
+    if call.get("id") in answered:
+        item["tool_call_id"] = call["id"]
     reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
     if k == 0 and not _joined(msg):
         if msg.get("content"):
@@ -193,10 +201,10 @@ def _joined(msg: dict[str, Any]) -> bool:
     return bool((msg.get("provenance") or {}).get("joined"))
 
 
-def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _adp_items(msg: dict[str, Any], results: list[dict[str, Any]], answered: set[Any]) -> list[dict[str, Any]]:
     calls = msg.get("tool_calls") or []
     items = [restore(_assistant_item(msg), kept_of(msg, "adp"))] if not calls or _joined(msg) else []
-    items += [restore(_call_item(msg, k), kept_of(call, "adp")) for k, call in enumerate(calls)]
+    items += [restore(_call_item(msg, k, answered), kept_of(call, "adp")) for k, call in enumerate(calls)]
     return items + [_inlined(restore(_message_item(result), kept_of(result, "adp"))) for result in results]
 
 
@@ -286,11 +294,12 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
         else:
             raise InterchangeError(f"ADP content item {kind!r} is not supported")
     if marked:
+        answered = _answered(out)
         for msg, k, item in made:
             if k is None:
-                put_kept(msg, "adp", _kept_images(keep_rest(item, _rebuilt_text(msg, images)), images))
+                put_kept(msg, "adp", _kept_images(_linked(keep_rest(item, _rebuilt_text(msg, images))), images))
             else:
-                put_kept(msg["tool_calls"][k], "adp", keep_rest(item, _call_item(msg, k)))
+                put_kept(msg["tool_calls"][k], "adp", _linked(keep_rest(item, _call_item(msg, k, answered))))
     else:  # our own export read back: its messages as they were (no marks of a foreign file)
         for msg in out:
             for call in msg.get("tool_calls") or []:
@@ -301,6 +310,15 @@ def _messages_of_adp(items: list[dict[str, Any]], images: dict[str, Image] | Non
                 if provenance == {"format": "adp"}:
                     del msg["provenance"]
     return out
+
+
+def _linked(kept: dict[str, Any]) -> dict[str, Any]:
+    """What an import keeps, less the absence of a tool_call_id: an action and the observation that
+    answers it are written with the call's id (one the import made, `adp_call_<n>`, for a file
+    without ids): ADP 1.5.0, the version the export writes, refuses an answered action without one."""
+    absent = [k for k in kept.get(ABSENT) or [] if k != "tool_call_id"]
+    kept = {k: v for k, v in kept.items() if k != ABSENT}
+    return {**kept, ABSENT: absent} if absent else kept
 
 
 def _rebuilt_text(msg: dict[str, Any], images: dict[str, Image]) -> dict[str, Any]:
@@ -331,8 +349,8 @@ def _observation_messages(item: dict[str, Any], pending: list[Any], names: dict[
     out: list[dict[str, Any]] = []
     source = _SOURCE_ALIASES.get(item.get("source"), item.get("source"))
     # files without tool_call_id (1.0.0) label some results user: the answer of the action before it
-    answers = kind == "text_observation" and item.get("tool_call_id") is None and bool(pending) \
-        and str(pending[0]).startswith(GENERATED_CALL)
+    answers = kind == "text_observation" and bool(pending) and (item.get("tool_call_id") in pending or (
+        item.get("tool_call_id") is None and str(pending[0]).startswith(GENERATED_CALL)))
     if source == "user" and not answers:
         if kind == "text_observation":
             out.append({"role": "user", "content": text})
@@ -495,6 +513,7 @@ def validate_adp(obj: Any) -> list[str]:
     if not isinstance(items, list) or not items:
         return problems + ["line.content: a non-empty list"]
     call_ids: set[Any] = set()
+    answered: set[Any] = set()
     for i, item in enumerate(items):
         at = f"line.content[{i}]"
         kind = item.get("class_") if isinstance(item, dict) else None
@@ -523,6 +542,11 @@ def validate_adp(obj: Any) -> list[str]:
         if kind == "api_action" and not (isinstance(item.get("function"), str) and item["function"]):
             problems.append(f"{at}.function: a function name")
         call_id = item.get("tool_call_id")
+        following = items[i + 1].get("class_") if i + 1 < len(items) and isinstance(items[i + 1], dict) else None
+        if kind in ("api_action", "code_action") and call_id is None and following in _ADP_OBSERVATIONS \
+                and obj.get("schema_version") == ADP_VERSION:
+            problems.append(f"{at}.tool_call_id: missing; an observation follows the action (ADP {ADP_VERSION} links "
+                            "them by id)")
         if call_id is not None and not isinstance(call_id, str):
             problems.append(f"{at}.tool_call_id: a string or null")
         elif kind in ("api_action", "code_action") and call_id is not None:
@@ -531,6 +555,14 @@ def validate_adp(obj: Any) -> list[str]:
             call_ids.add(call_id)
         elif kind in _ADP_OBSERVATIONS and call_id is not None and call_id not in call_ids:
             problems.append(f"{at}.tool_call_id: matches no earlier action")
+        elif kind in _ADP_OBSERVATIONS and call_id is not None:
+            if call_id in answered and obj.get("schema_version") == ADP_VERSION:
+                problems.append(f"{at}.tool_call_id: {call_id!r} is answered by an earlier observation too")
+            answered.add(call_id)
+    if obj.get("schema_version") == ADP_VERSION:  # the version we write: its Trajectory's tool-call links
+        problems += [f"line.content: the action with tool_call_id {call_id!r} has no observation naming it (ADP "
+                     f"{ADP_VERSION} refuses it: an unanswered action carries no id)"
+                     for call_id in sorted(call_ids - answered, key=str)]
     return problems
 
 

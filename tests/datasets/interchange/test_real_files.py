@@ -20,6 +20,7 @@ from django.utils.html import escape
 
 from apps.datasets.exporters import export_records, load_records, validate_line
 from apps.datasets.interchange import ADP_VERSION, ATIF_VERSION
+from apps.datasets.interchange.adp import GENERATED_CALL
 from apps.tasks.models import Batch, Task, Trajectory
 from tests.api.conftest import client_as, make_token  # noqa: F401 (fixtures: the API as an admin)
 
@@ -171,12 +172,16 @@ def thoughts_of_messages(fmt: str, doc: dict[str, Any]) -> list[str]:
 def normalized(fmt: str, obj: dict[str, Any]) -> dict[str, Any]:
     """A document with what a round trip may change taken out: ids (ours, and tool-call ids a file
     repeats), the schema version (the export writes the current one) and the block that carries our
-    own record."""
+    own record, and the ids the import gave actions a file left without (`adp_call_<n>`: ADP 1.5.0
+    wants an answered action and its observation linked)."""
     obj = copy.deepcopy(obj)
     if fmt == "adp":
         obj.pop("id")
         obj["schema_version"] = ADP_VERSION
         obj["details"] = {k: v for k, v in obj.get("details", {}).items() if not k.startswith("trajplatform")}
+        for item in obj["content"]:
+            if str(item.get("tool_call_id")).startswith(GENERATED_CALL):
+                del item["tool_call_id"]
     elif fmt == "atif":
         for key in ("session_id", "trajectory_id"):
             obj.pop(key, None)
