@@ -1,6 +1,7 @@
 """The review queue's facets, saved views, bulk actions and assignment, and the team page, in
 Chromium against a real daphne (issue 40, item 4), at 1440 and 390 px: an approver filters by a batch
-name the box suggests, saves the view and assigns the batch's items to a reviewer in one go; the
+name the box suggests, saves the view and assigns the batch's items to a reviewer in one go (and
+the version builder completes batch names in its comma-separated list); the
 reviewer opens "assigned to me", is told a bulk reject needs a reason, rejects two and accepts the
 rest; the team page counts them. No page wider than the screen, no console error; screenshots under
 var/test-artifacts/console/ (docs/console.md, "Screenshots of the queue and the team page")."""
@@ -59,6 +60,15 @@ def test_an_approver_assigns_a_batch_and_the_reviewer_decides_it_in_bulk(daphne_
     page.locator("#saved-views a", has_text="nightly").click()
     expect(page.locator("#work-queue tbody tr")).to_have_count(4)
     assert SavedView.objects.get(user=approver).query == "batch=swe-gym+nightly+2026-12-01"
+    # the version builder completes the last of its comma-separated batch names the same way
+    page.goto(f"{daphne_server.url}/datasets/new/")
+    page.locator("#id_dataset").fill("nightly")
+    page.locator("#id_batches").fill("gui smoke, night")
+    expect(page.locator("#batches-names option")).to_have_count(1)
+    assert page.locator("#batches-names option").get_attribute("value") == "gui smoke, swe-gym nightly 2026-12-01"
+    page.locator("#id_batches").fill("gui smoke, swe-gym nightly 2026-12-01")
+    expect(page.locator("#live-count")).to_contain_text("5 trajectories of 5 tasks")
+    fits(page, 1440)
 
     page.context.clear_cookies()
     page.set_viewport_size({"width": 390, "height": 844})
