@@ -293,9 +293,22 @@ def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return steps
 
 
+def tool_spec(definition: Any) -> dict[str, Any] | None:
+    """A tool definition a file declares as the trajectory's tool spec (OpenAI's function calling
+    schema: {type: function, function: {name, ...}}, or its inner {name, ...}); None when it names none."""
+    if isinstance(definition, dict) and isinstance(definition.get("function"), dict):
+        definition = definition["function"]
+    if not (isinstance(definition, dict) and isinstance(definition.get("name"), str) and definition["name"]):
+        return None
+    return {"type": "function", "function": definition}
+
+
 def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str, source: dict[str, Any],
                     options: dict[str, Any], model: str = "", final_answer: str = "",
-                    tokens: tuple[int, int] = (0, 0), cost: float = 0.0, reward: Any = None) -> dict[str, Any]:
+                    tokens: tuple[int, int] = (0, 0), cost: float = 0.0, reward: Any = None,
+                    declared: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Our record of another tool's trajectory; its tools are the ones the file `declared` (tool
+    specs), then one guessed from the calls for each tool it calls without declaring."""
     outcome = options.get("outcome")
     if outcome not in OUTCOMES:
         raise InterchangeError(f"{external_id}: a trajectory from another tool has no outcome we can verify; say "
@@ -310,7 +323,10 @@ def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str,
     task.update(scene=options.get("scene") or "code_exec", prompt=users[0]["content"], external_id=external_id[:200],
                 model=model[:200], batch="")
     unique_call_ids(messages)
-    tools = _tools_for(messages)
+    tools: list[dict[str, Any]] = []
+    for tool in [*declared, *_tools_for(messages)]:  # a name declared twice, or declared and called: its first
+        if all(t["function"]["name"] != tool["function"]["name"] for t in tools):
+            tools.append(tool)
     final_answer = final_answer if isinstance(final_answer, str) else ""
     reward = reward if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
     return {

@@ -9,7 +9,7 @@ from apps.datasets.record_schema import RenderError
 
 from ._common import (
     InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours, _provenance,
-    _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore, type_problems,
+    _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore, tool_spec, type_problems,
 )
 from .adp import web_text
 
@@ -77,6 +77,8 @@ def _atif_doc(record: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, 
     agent: dict[str, Any] = {"name": AGENT_NAME, "version": AGENT_VERSION, "extra": {}}
     if record.get("model"):
         agent["model_name"] = record["model"]
+    if record.get("tools"):  # ATIF's tool_definitions follow OpenAI's function calling schema, as ours do
+        agent["tool_definitions"] = record["tools"]
     final = {"total_prompt_tokens": record.get("prompt_tokens") or 0,
              "total_completion_tokens": record.get("completion_tokens") or 0,
              "total_steps": len(steps), "extra": {"reward": record.get("reward"), "outcome": record.get("outcome")}}
@@ -220,6 +222,9 @@ def validate_atif(obj: Any) -> list[str]:
         if not all(isinstance(agent.get(k), str) for k in ("name", "version") if k in agent):
             problems.append("line.agent: an object with name and version strings")
         problems += type_problems(agent, "line.agent", strings=("model_name",), lists=("tool_definitions",))
+        definitions = agent.get("tool_definitions") if isinstance(agent.get("tool_definitions"), list) else []
+        problems += [f"line.agent.tool_definitions[{j}]: a function definition with a name (OpenAI's function "
+                     "calling schema)" for j, d in enumerate(definitions) if tool_spec(d) is None]
     final = obj.get("final_metrics")
     if isinstance(final, dict):
         problems += type_problems(final, "line.final_metrics", objects=("extra",), costs=("total_cost_usd",),
@@ -292,7 +297,8 @@ def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str
     record = _foreign_record(
         messages, n=n, external_id=external_id, source=source, options=options, model=model,
         tokens=(int(final.get("total_prompt_tokens") or 0), int(final.get("total_completion_tokens") or 0)),
-        cost=float(final.get("total_cost_usd") or 0.0), reward=(final.get("extra") or {}).get("reward"))
+        cost=float(final.get("total_cost_usd") or 0.0), reward=(final.get("extra") or {}).get("reward"),
+        declared=[tool_spec(d) for d in agent.get("tool_definitions") or []])
     # the document's own fields (agent, final_metrics, notes, extra, fields this reader does not know)
     top = {k: v for k, v in obj.items() if k not in ("steps", "schema_version", "session_id", "trajectory_id")}
     rebuilt = {k: v for k, v in _atif_doc(record, []).items()
