@@ -192,22 +192,32 @@ def put_kept(obj: dict[str, Any], fmt: str, kept: dict[str, Any]) -> None:
 
 def unique_call_ids(messages: list[dict[str, Any]]) -> None:
     """Make tool-call ids unique in the conversation (chat formats require it; some files reuse
-    "call_1" in every turn): a repeated id gets a suffix in its call and its results."""
-    seen: set[str] = set()
-    renamed: dict[str, str] = {}
+    "call_1" in every turn, or for two calls of one turn): a repeated id gets a suffix in its call
+    and its result. Results answer the calls of the turn before them, in order: the first result
+    naming a repeated id answers the first call of the turn with it, the next the next."""
+    seen: set[Any] = set()
+    waiting: dict[Any, list[str]] = {}  # the turn's calls not answered yet, by the id the file gave them
+    latest: dict[Any, str] = {}  # the id the file gave -> its latest call's id now
     for msg in messages:
-        if msg.get("role") == "tool" and msg.get("tool_call_id") in renamed:
-            msg["tool_call_id"] = renamed[msg["tool_call_id"]]
+        if msg.get("role") == "tool":
+            call_id = msg.get("tool_call_id")
+            if waiting.get(call_id):
+                msg["tool_call_id"] = waiting[call_id].pop(0)
+            elif call_id in latest:  # a second result for an answered call stays with that call
+                msg["tool_call_id"] = latest[call_id]
+            continue
+        if msg.get("tool_calls"):
+            waiting = {}
         for call in msg.get("tool_calls") or []:
-            call_id = call.get("id")
+            call_id = given = call.get("id")
             if call_id in seen:
                 n = 2
-                while f"{call_id}~{n}" in seen:
+                while f"{given}~{n}" in seen:
                     n += 1
-                renamed[call_id] = call["id"] = f"{call_id}~{n}"
-            elif call_id in renamed:
-                del renamed[call_id]
-            seen.add(call["id"])
+                call_id = call["id"] = f"{given}~{n}"
+            seen.add(call_id)
+            waiting.setdefault(given, []).append(call_id)
+            latest[given] = call_id
 
 
 # --- the platform's steps from a conversation ----------------------------------------------------

@@ -189,3 +189,20 @@ def test_a_raw_export_with_a_utf8_bom_imports(exported: tuple[list[int], Path]) 
     _free_source_names()
     result = trajectories_import(path_or_file=_upload("bom.jsonl", b"\xef\xbb\xbf" + path.read_bytes()), actor=None)
     assert result.trajectory_count == 4
+
+
+def test_two_calls_of_one_step_with_one_id_are_answered_in_order() -> None:
+    [doc] = json.loads((FIXTURES / "atif/agenttuning_os-ATIF-v1.7.json").read_text())
+    step = next(s for s in doc["steps"] if s.get("tool_calls"))
+    first = step["tool_calls"][0]
+    step["tool_calls"] = [first, {**first, "arguments": {"command": "pwd"}}]
+    step["observation"] = {"results": [{"source_call_id": first["tool_call_id"], "content": "first"},
+                                       {"source_call_id": first["tool_call_id"], "content": "second"}]}
+    [line] = _convert(json.dumps([doc]).encode()).splitlines()
+    messages = orjson.loads(line)["messages"]
+    turn = next(i for i, m in enumerate(messages) if m.get("tool_calls") and len(m["tool_calls"]) == 2)
+    ids = [c["id"] for c in messages[turn]["tool_calls"]]
+    # before: both results named the renamed second call; the first call stayed unanswered
+    assert [(m["tool_call_id"], m["content"]) for m in messages[turn + 1:turn + 3]] == [
+        (ids[0], "first"), (ids[1], "second")]
+    assert len(set(ids)) == 2
