@@ -9,7 +9,8 @@ the result in the data card under `exportability`:
      "formats": {fmt: {"lines": {"all": n, "train": n, "validation": n}, "excluded": n,
                        "reasons": {reason: count}}},
      "not_applicable": {fmt: why},            # a scene's own format, and none of its scenes here
-     "roles": {"lead": {fmt: lines}, "all": {fmt: lines}}}   # multi_agent versions: the other choices
+     "roles": {"lead": {fmt: lines}, "all": {fmt: lines}},   # multi_agent versions: the other choices
+     "final_answer": {"tool": {fmt: lines}}}   # the chat formats with final_answer tool (answers.py)
 
 A format applies to a version when it is made for every scene (no `scenes` declared) or for one
 of the version's scenes (apps/engines/scenes/<id>/scene.py export_formats), and it is offered for
@@ -25,7 +26,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.datasets.exporters import FORMATS, export_records, load_records
+from apps.datasets.exporters import FORMATS, check_options, export_records, load_records
 from apps.datasets.exporters.roles import SCENE as MULTI_AGENT, flatten
 from apps.datasets.models import ExportJob
 from apps.engines.registry import SCENES
@@ -97,6 +98,8 @@ def measure(members: Sequence[tuple[int, int, str]], scenes: Iterable[str], *,
                    "by_scene": {}} for f in applicable}
     variants = ROLE_VARIANTS if MULTI_AGENT in scenes else ()
     roles = {v: {f: 0 for f in applicable if not _whole_episode(f)} for v in variants}
+    # the formats' default is final_answer text (or no such option); the tool form is counted beside it
+    tool = {f: 0 for f in applicable if "tool" in FORMATS[f].final_answers}
     size = max(1, chunk_size or settings.DATASET_EXPORT_CHUNK)
     done = 0
     for split in SPLITS:
@@ -120,6 +123,9 @@ def measure(members: Sequence[tuple[int, int, str]], scenes: Iterable[str], *,
                     tally["reasons"][kind] += 1
                     by_scene = tally["by_scene"].setdefault(scene_of.get(e["trajectory_id"], ""), Counter())
                     by_scene[kind] += 1
+                if fmt in tool:
+                    tool[fmt] += export_records(fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
+                                                options={"split": split, "final_answer": "tool"}).lines
                 for variant in variants:
                     if fmt in roles[variant]:
                         roles[variant][fmt] += export_records(
@@ -133,9 +139,10 @@ def measure(members: Sequence[tuple[int, int, str]], scenes: Iterable[str], *,
         tally["by_scene"] = {scene: {"excluded": sum(c.values()), "reasons": dict(c.most_common(MAX_REASONS))}
                              for scene, c in sorted(tally["by_scene"].items())}
     section: dict[str, Any] = {
-        "options": {"roles": "trainable", "images": "files"},
+        "options": {"roles": "trainable", "images": "files", "final_answer": "text"},
         "formats": formats,
         "not_applicable": {f: not_applicable_reason(f, scenes) for f in sorted(FORMATS) if f not in formats},
+        "final_answer": {"tool": tool},
     }
     if variants:
         section["roles"] = roles
@@ -172,6 +179,14 @@ def empty_split(card: dict[str, Any], split: str) -> str:
     if split != "all" and (card.get("counts") or {}).get(split) == 0:
         return f"the {split} split of this version has no member (see its filter spec's validation_fraction)"
     return ""
+
+
+def rows(card: dict[str, Any]) -> list[tuple[str, dict[str, Any], int | None]]:
+    """The card's per-format counts as the version page lists them: (format, its tally, its lines with
+    final_answer tool, None for a format without the option or a card made before they were counted)."""
+    section = card.get("exportability") or {}
+    tool = (section.get("final_answer") or {}).get("tool") or {}
+    return [(fmt, tally, tool.get(fmt)) for fmt, tally in (section.get("formats") or {}).items()]
 
 
 def refusal(card: dict[str, Any], fmt: str, split: str = "all") -> str:
@@ -216,6 +231,22 @@ def roles_refusal(card: dict[str, Any], fmt: str, roles: str) -> str:
     measured = ((card.get("exportability") or {}).get("roles") or {}).get(roles) or {}
     if fmt in measured and measured[fmt] == 0:
         return f"roles: {fmt} would write no line of this version with roles {roles}"
+    return ""
+
+
+def final_answer_refusal(card: dict[str, Any], fmt: str, final_answer: str | None) -> str:
+    """Why the final_answer option cannot be `final_answer` for this export ("" when it can): the format
+    does not take that value (exporters.check_options), or it would write no line of this version so."""
+    if final_answer is None:
+        return ""
+    if fmt in FORMATS:
+        try:
+            check_options(fmt, {"final_answer": final_answer})
+        except ValueError as exc:
+            return str(exc)
+    measured = ((card.get("exportability") or {}).get("final_answer") or {}).get(final_answer) or {}
+    if measured.get(fmt) == 0:
+        return f"final_answer: {fmt} would write no line of this version with final_answer {final_answer}"
     return ""
 
 

@@ -196,6 +196,9 @@ class ExportJob(models.Model):
     bytes = models.PositiveBigIntegerField(null=True, blank=True)
     members = models.PositiveIntegerField(null=True, blank=True, help_text="trajectories fed to the exporter")
     excluded = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
+    options = models.JSONField(default=dict, blank=True, help_text=(
+        "export options other than the format's defaults that the job runs with and the file name does not "
+        "carry (final_answer); exporters.check_options accepted them before the job was made"))
     resumed_chunks = models.PositiveIntegerField(default=0, help_text="chunks reused from an interrupted run")
     error = models.TextField(blank=True)
     requested_by = models.ForeignKey(
@@ -248,6 +251,12 @@ class ExportJob(models.Model):
             if roles in self.ROLES:
                 return roles
         return self.ROLES[0]
+
+    @property
+    def final_answer(self) -> str | None:
+        """How the chat formats end an episode in this export: "text" or "tool" (exporters/answers.py),
+        None for the format's default."""
+        return (self.options or {}).get("final_answer")
 
 
 class TemplateCheck(models.Model):

@@ -624,17 +624,34 @@ def publish_warnings(version: DatasetVersion) -> list[str]:
 # --- exports ------------------------------------------------------------------------------------
 
 def export_path(version: DatasetVersion, fmt: str, split: str, layout: str = "jsonl",
-                roles: str = "trainable") -> Path:
-    """Where the server-side export of (version, format, split[, roles choice]) lives (a folder for
-    layout "hf"); ExportJob.roles reads the choice back from the name."""
-    suffix = "" if roles == "trainable" else f"{ExportJob.ROLES_MARK}{roles}"
+                roles: str = "trainable", final_answer: str | None = None) -> Path:
+    """Where the server-side export of (version, format, split[, roles choice, final_answer]) lives (a
+    folder for layout "hf"); ExportJob.roles reads the roles choice back from the name (after the
+    final_answer mark, which ExportJob.options keeps)."""
+    suffix = (f"{FINAL_ANSWER_MARK}{final_answer}" if final_answer else "") + (
+        "" if roles == "trainable" else f"{ExportJob.ROLES_MARK}{roles}")
     name = f"{fmt}-{split}{suffix}" + (".hf" if layout == "hf" else ".jsonl")
     return Path(settings.DATASET_EXPORT_DIR) / version.dataset.name / f"v{version.number}" / name
 
 
+FINAL_ANSWER_MARK = ".final-"  # `<format>-<split>.final-tool[.roles-lead].jsonl`: one file per choice
+
+
 def export_options(job: ExportJob) -> dict[str, Any]:
-    """The export options a job was started with other than the defaults (its roles choice)."""
-    return {"roles": job.roles} if job.roles != "trainable" else {}
+    """The export options a job was started with other than the defaults (its roles choice and
+    ExportJob.options: final_answer)."""
+    return {**({"roles": job.roles} if job.roles != "trainable" else {}), **(job.options or {})}
+
+
+def _final_answer_option(version: DatasetVersion, fmt: str, final_answer: str | None) -> str | None:
+    """The final_answer an export keeps (None: the format's default), or ExportError naming the
+    option when the format does not take that value or would write no line of the version so."""
+    if final_answer is None:
+        return None
+    refused = exportability.final_answer_refusal(version.data_card or {}, fmt, final_answer)
+    if refused:
+        raise ExportError(refused, field="final_answer")
+    return None if final_answer == FORMATS[fmt].final_answers[0] else final_answer
 
 
 def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
@@ -668,6 +685,7 @@ def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
 def export_start(
     *, version: DatasetVersion, fmt: str, split: str = "all", actor: Any, out_path: str | Path | None = None,
     force: bool = False, enqueue: bool = True, layout: str = "jsonl", roles: str = "trainable",
+    final_answer: str | None = None,
 ) -> ExportJob:
     """Queue an export of one split of a version in one format; the job runs after commit.
 
@@ -678,7 +696,10 @@ def export_start(
     file (same exporter version) is returned instead of a new job unless force, and an export
     already queued or running for it is returned as is. With out_path (the dataset_export
     command), an existing file is refused unless force. roles (multi_agent versions, server-side
-    exports): whose views the per-role formats write, "trainable" / "lead" / "all".
+    exports): whose views the per-role formats write, "trainable" / "lead" / "all". final_answer
+    (the chat formats; None: the format's default): "text" ends each episode on the answer as an
+    assistant message, "tool" keeps the finish call (exporters/answers.py). Options the format or
+    the version cannot take are refused by name before the job is made; the job keeps the others.
     """
     _require(actor, EXPORT_PERMISSION, "exporting a dataset version")
     exporter = check_exportable(version, fmt, split)
@@ -689,11 +710,13 @@ def export_start(
     refused = exportability.roles_refusal(version.data_card or {}, fmt, roles)
     if refused:
         raise ExportError(refused, field="roles")
+    final_answer = _final_answer_option(version, fmt, final_answer)
+    options = {"final_answer": final_answer} if final_answer else {}
     in_export_dir = out_path is None
     if out_path is not None and roles != "trainable":
         raise ExportError("roles: a command-line export writes the default views (trainable roles)", field="roles")
     if out_path is None:
-        path = export_path(version, fmt, split, layout, roles)
+        path = export_path(version, fmt, split, layout, roles, final_answer)
     else:
         # The folder is resolved, the file name is not: a link planted at the name is replaced by
         # the export (with force), never followed to overwrite its target.
@@ -739,7 +762,7 @@ def export_start(
                 return done
         job = ExportJob.objects.create(
             version=version, format=fmt, format_version=format_version, split=split, path=str(path),
-            in_export_dir=in_export_dir, requested_by=actor if _is_user(actor) else None,
+            in_export_dir=in_export_dir, requested_by=actor if _is_user(actor) else None, options=options,
         )
         audit_record("datasets.export_start", actor=actor, target=job,
                      actor_repr=None if _is_user(actor) else "manage.py dataset_export",

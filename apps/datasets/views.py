@@ -68,10 +68,18 @@ def dataset_detail(request: HttpRequest, name: str) -> HttpResponse:
                   {"nav": "datasets", "dataset": dataset, "page": page, "compare_form": CompareForm()})
 
 
+FINAL_ANSWER_CHOICES = [
+    ("", "the format's default (text where it takes the option)"),
+    ("text", "text: the answer as the last assistant message"),
+    ("tool", "tool: the finish call kept (submit-tool agents)"),
+]
+
+
 class ExportForm(forms.Form):
     """The formats that apply to the version's scenes and would write a line, with the card's
-    counts; for a multi_agent version, whose views the per-role formats write. What the version
-    cannot export is the service's to refuse (`start`): its ExportError lands on the field it names."""
+    counts; for a multi_agent version, whose views the per-role formats write; how the chat formats
+    end an episode (final_answer). What the version cannot export is the service's to refuse (`start`):
+    its ExportError lands on the field it names."""
 
     format = forms.CharField(max_length=40, widget=forms.Select)
     split = forms.ChoiceField(choices=[(s, s) for s in services.SPLITS])
@@ -79,6 +87,7 @@ class ExportForm(forms.Form):
                                initial="jsonl", required=False)
     roles = forms.ChoiceField(choices=[(r, r) for r in exportability.ROLE_CHOICES], initial="trainable",
                               required=False)
+    final_answer = forms.ChoiceField(choices=FINAL_ANSWER_CHOICES, initial="", required=False)
 
     def __init__(self, version: DatasetVersion, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -102,7 +111,8 @@ class ExportForm(forms.Form):
             return services.export_start(version=self.version, fmt=self.cleaned_data["format"],
                                          split=self.cleaned_data["split"], actor=actor,
                                          layout=self.cleaned_data.get("layout") or "jsonl",
-                                         roles=self.cleaned_data.get("roles") or "trainable")
+                                         roles=self.cleaned_data.get("roles") or "trainable",
+                                         final_answer=self.cleaned_data.get("final_answer") or None)
         except services.ExportError as exc:
             self.add_error(exc.field if exc.field in self.fields else None, str(exc))
             return None
@@ -151,6 +161,7 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "pass_rate_svg": histogram_svg((card.get("pass_rates") or {}).get("histogram"),
                                        title="tasks by pass rate over their rollouts (0-1)"),
         "exportable": card.get("exportability"),
+        "exportable_rows": exportability.rows(card),
     })
 
 

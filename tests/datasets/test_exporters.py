@@ -79,7 +79,11 @@ def test_sft_openai_keeps_parallel_calls_text_failed_calls_and_empty_observation
     assert messages[4] == {"role": "tool", "tool_call_id": turn["tool_calls"][1]["id"], "content": ""}
     assert "SyntaxError" in messages[6]["content"]
     assert "reasoning_content" not in messages[7]
-    assert line["parallel_tool_calls"] is True and line["tools"] == TOOLS
+    # final_answer text (the default): the finish call is the answer message, its thought dropped
+    # (OpenAI's format has no place for one), no acknowledgement, no finish tool
+    assert messages[-2:] == [{"role": "tool", "tool_call_id": "i1s0_call_5", "content": "2 3 5 7 11 13 17 19 23 29"},
+                             {"role": "assistant", "content": "2 3 5 7 11 13 17 19 23 29 ✓"}]
+    assert line["parallel_tool_calls"] is True and line["tools"] == TOOLS[:3]
     assert failing["parallel_tool_calls"] is False
     assert failing["messages"][-1] == {"role": "assistant", "content": "I could not do it. Désolé."}
 
@@ -91,13 +95,20 @@ def test_sft_trl_has_argument_objects_tool_names_and_reasoning(pair: tuple[Any, 
     assert turn["tool_calls"][1]["function"] == {"name": "run_shell", "arguments": {"command": "ls"}}
     assert line["messages"][3]["name"] == "write_file"
     assert line["messages"][7]["reasoning_content"] == "The dash broke it."
+    # the finish turn's text kept as the answer's reasoning
+    assert line["messages"][-1] == {"role": "assistant", "content": "2 3 5 7 11 13 17 19 23 29 ✓",
+                                    "reasoning_content": "Done. Finishing."}
+    _, (tool,), _ = export("sft-trl", [good.pk], final_answer="tool")
+    assert tool["messages"][-2]["tool_calls"][0]["function"]["name"] == "finish"
+    assert tool["messages"][-1]["content"] == "finish accepted; the episode ends"
+    assert [t["function"]["name"] for t in tool["tools"]] == ["run_shell", "write_file", "read_file", "finish"]
 
 
 def test_sharegpt_positions_parallel_calls_and_thoughts(pair: tuple[Any, Any]) -> None:
     good, bad = pair
     _, (line, failing), _ = export("sharegpt", [good.pk, bad.pk])
     turns = line["conversations"]
-    assert [t["from"] for t in turns] == ["human"] + ["function_call", "observation"] * 4 + ["function_call"]
+    assert [t["from"] for t in turns] == ["human"] + ["function_call", "observation"] * 4 + ["gpt"]
     first = turns[1]["value"]
     # LLaMA-Factory's default thought words, newlines included: its function formatter finds them
     # exactly and parses the rest as JSON.
@@ -105,10 +116,14 @@ def test_sharegpt_positions_parallel_calls_and_thoughts(pair: tuple[Any, Any]) -
     calls = json.loads(first.split("\n</think>\n\n", 1)[1])
     assert [c["name"] for c in calls] == ["write_file", "run_shell"] and calls[1]["arguments"] == {"command": "ls"}
     assert json.loads(turns[2]["value"]) == ["wrote 25 bytes to primes.py", ""]  # parallel results, one turn
-    assert turns[-1]["value"].startswith("<think>\nDone. Finishing.\n</think>\n\n{")
-    assert json.loads(turns[-1]["value"].split("</think>")[1])["name"] == "finish"  # its acknowledgement is dropped
+    # the answer as the gpt turn, the text beside the finish call as its thought
+    assert turns[-1]["value"] == "<think>\nDone. Finishing.\n</think>\n\n2 3 5 7 11 13 17 19 23 29 ✓"
     assert line["system"] == SYSTEM
-    assert [t["name"] for t in json.loads(line["tools"])] == ["run_shell", "write_file", "read_file", "finish"]
+    assert [t["name"] for t in json.loads(line["tools"])] == ["run_shell", "write_file", "read_file"]
+    _, (tool,), _ = export("sharegpt", [good.pk], final_answer="tool")
+    assert tool["conversations"][-1]["value"].startswith("<think>\nDone. Finishing.\n</think>\n\n{")
+    assert json.loads(tool["conversations"][-1]["value"].split("</think>")[1])["name"] == "finish"  # ack dropped
+    assert [t["name"] for t in json.loads(tool["tools"])] == ["run_shell", "write_file", "read_file", "finish"]
     assert [t["from"] for t in failing["conversations"]] == ["human", "function_call", "observation",
                                                             "function_call", "observation", "gpt"]
 
@@ -146,7 +161,7 @@ def test_rl_record_has_reward_step_success_verifier_and_judge(pair: tuple[Any, A
     make_review(good, overall=91)
     make_review(bad, kind="human", verdict="reject", reviewer=reviewer)
     _, (g, b), _ = export("rl", [good.pk, bad.pk])
-    assert [s["success"] for s in g["steps"]] == [True, True, False, True, True, True]
+    assert [s["success"] for s in g["steps"]] == [True, True, False, True, True]  # finish is the answer
     assert [s["success"] for s in b["steps"]] == [False, False]
     assert b["steps"][1]["error"] == "no such file: missing.txt"
     assert g["reward"] == 1.0 and b["reward"] == 0.0 and g["outcome"] == "success"

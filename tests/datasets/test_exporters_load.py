@@ -100,7 +100,9 @@ def test_trl_formats_load_with_datasets_exactly(trl_exports: dict[str, Path], tm
         assert [dict(row) for row in loaded] == lines, fmt
     sft = [orjson.loads(line) for line in trl_exports["sft-trl"].read_bytes().splitlines()]
     arguments = [c["function"]["arguments"] for m in sft[0]["messages"] for c in m.get("tool_calls") or ()]
-    assert {"command": "ls"} in arguments and {"answer": "2 3 5 7 11 13 17 19 23 29 ✓"} in arguments
+    assert {"command": "ls"} in arguments and {"path": "primes.py", "content": "print('2 3 5 7 — ✓')\n"} in arguments
+    assert sft[0]["messages"][-1] == {"role": "assistant", "content": "2 3 5 7 11 13 17 19 23 29 ✓",
+                                      "reasoning_content": "Done. Finishing."}  # finish as the answer
 
 
 def test_trl_chat_template_renders_our_rows(trl_exports: dict[str, Path], tmp_path: Path, hf_datasets: Any) -> None:
@@ -114,7 +116,8 @@ def test_trl_chat_template_renders_our_rows(trl_exports: dict[str, Path], tmp_pa
     text = maybe_apply_chat_template(sft[0], tokenizer, tools=sft[0]["tools"])["text"]
     assert '"name": "run_shell", "arguments": {"command": "ls"}}' in text
     assert '"name": "read_file"' in text.split("</tools>")[0]  # the tools are rendered
-    assert text.count("<tool_response>") == 6 and text.endswith("<|im_end|>\n")
+    assert text.count("<tool_response>") == 5 and text.endswith("<|im_start|>assistant\n2 3 5 7 11 13 17 19 23 29 ✓"
+                                                                  "<|im_end|>\n")
     dpo = hf_datasets.load_dataset("json", data_files=str(trl_exports["dpo-trl"]), split="train",
                                    cache_dir=str(tmp_path / "cache"))
     assert [row["prompt"][-1]["role"] for row in dpo] == ["tool", "tool"]

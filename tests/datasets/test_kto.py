@@ -38,7 +38,9 @@ def test_kto_labels_come_from_human_verdicts_first_then_verifier_outcomes(make_t
     first = lines[0]
     assert set(first) == {"prompt", "completion", "label", "tools"}
     assert [m["role"] for m in first["prompt"]] == ["system", "user"]
-    assert first["completion"][0]["role"] == "assistant" and first["completion"][-1]["role"] == "tool"
+    assert first["completion"][0]["role"] == "assistant"
+    assert first["completion"][-1] == {"role": "assistant", "content": "2 3 5 7 11 13 17 19 23 29 ✓",
+                                       "reasoning_content": "Done. Finishing."}  # finish as the answer
     assert first["completion"][0]["tool_calls"][0]["function"]["arguments"] == {
         "path": "primes.py", "content": "print('2 3 5 7 — ✓')\n"}
     assert result.excluded == [{"trajectory_id": errored.pk, "task_id": task.pk,

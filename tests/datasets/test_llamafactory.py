@@ -125,7 +125,9 @@ def test_sharegpt_loads_in_llamafactory_get_dataset(llamafactory: Any, ids: list
         # Text beside tool calls is trained on, in front of the calls it explains.
         said = rich.index("Je vais écrire le fichier puis lister le dossier.")
         assert said < rich.index('"primes.py"') < rich.index('"ls"'), name
-        assert rich.index("修正します。") < rich.index("finish"), name
+        # final_answer text: the episode ends on the answer, its thought before it; no finish call is trained
+        assert rich.index("修正します。") < rich.index("Done. Finishing.") < rich.index("2 3 5 7 11 13 17 19 23 29 ✓")
+        assert '"finish"' not in rich and "finish accepted" not in rich, name
         assert failing.index("Let me read the file.") < failing.index("I could not do it. Désolé."), name
         assert "a model might write </think> or <think> in its text." in thoughtful, name
         assert thoughtful.index("Checking.") < thoughtful.index("list_env"), name

@@ -45,12 +45,14 @@ def test_qwen_templates_render_every_call_and_result_and_mask_exactly_the_assist
         report = templates.check_file(sft_file, "sft-trl", template(name))
         [record] = report.records
         assert record.ok, (name, record.problems)
-        assert (record.assistant_turns, record.tool_calls, record.tool_results) == (5, 6, 6)
+        # finish is the last assistant turn's answer (final_answer text): 5 calls, 5 results
+        assert (record.assistant_turns, record.tool_calls, record.tool_results) == (5, 5, 5)
         assert record.mask == "checked"
-    # Qwen 2.5's template has no reasoning field: it drops reasoning_content; Qwen 3 keeps it.
-    assert templates.check_file(sft_file, "sft-trl", template("qwen2_5")).summary()["reasoning_stripped"] == 1
+    # Qwen 2.5's template has no reasoning field: it drops reasoning_content (a turn's and the answer's
+    # thought); Qwen 3 keeps them.
+    assert templates.check_file(sft_file, "sft-trl", template("qwen2_5")).summary()["reasoning_stripped"] == 2
     qwen3 = templates.check_file(sft_file, "sft-trl", template("qwen3")).summary()
-    assert (qwen3["reasoning_kept"], qwen3["failed"], qwen3["mask"]) == (1, 0, "no generation markers")
+    assert (qwen3["reasoning_kept"], qwen3["failed"], qwen3["mask"]) == (2, 0, "no generation markers")
 
 
 def test_it_reports_what_llama3_and_deepseek_templates_drop_or_cannot_render(sft_file: Path) -> None:
@@ -148,8 +150,8 @@ def test_dataset_export_check_template_reports_per_record_and_records_it(
                  "--check-template", "qwen3_training", "--check-template", "qwen2_5", "--no-progress",
                  stdout=out, stderr=err)
     assert "template qwen3_training (" in out.getvalue()
-    assert "2/2 records pass; assistant mask checked, reasoning kept in 2 turn(s), stripped in 0" in out.getvalue()
-    assert "2/2 records pass; assistant mask no generation markers, reasoning kept in 0 turn(s), stripped in 2" \
+    assert "2/2 records pass; assistant mask checked, reasoning kept in 4 turn(s), stripped in 0" in out.getvalue()
+    assert "2/2 records pass; assistant mask no generation markers, reasoning kept in 0 turn(s), stripped in 4" \
         in out.getvalue()
     checks = {c.template: c for c in TemplateCheck.objects.all()}
     assert set(checks) == {"qwen3_training", "qwen2_5"}

@@ -21,9 +21,9 @@ QUESTION = "The amount is missing.\n\nWhat amount should I enter for the lunch?"
 CALL = '[add_expense(report_id="R-7", category="meals", amount=23.4, date="2026-11-21")]'
 
 
-def export(fmt: str, ids: list[int]) -> tuple[Any, list[dict[str, Any]]]:
+def export(fmt: str, ids: list[int], **options: Any) -> tuple[Any, list[dict[str, Any]]]:
     buf = io.BytesIO()
-    result = export_records(fmt, load_records(ids), buf)
+    result = export_records(fmt, load_records(ids), buf, options=options or None)
     return result, [orjson.loads(line) for line in buf.getvalue().splitlines()]
 
 
@@ -70,13 +70,19 @@ def test_a_follow_up_request_is_a_human_turn_after_the_models_answer(make_task: 
         _episodes["budget"] = solve(config, solution)
     result = _episodes["budget"]
     task = make_task(scene="toolace", prompt=config["prompt"], scene_config=config["scene_config"])
-    stored = make_trajectory(task, messages=result.messages, tools=result.tools, steps=result.steps)
+    stored = make_trajectory(task, messages=result.messages, tools=result.tools, steps=result.steps,
+                             final_answer=result.final_answer)
     _, [sharegpt] = export("sharegpt", [stored.pk])
     assert validate_line("sharegpt", sharegpt) == []
+    # final_answer text: each finish is the model's answer, the user's follow-up the next human turn
     assert [t["from"] for t in sharegpt["conversations"]] == [
-        "human", "function_call", "observation", "gpt", "human", "function_call", "observation", "function_call"]
+        "human", "function_call", "observation", "gpt", "human", "function_call", "observation", "gpt"]
     assert sharegpt["conversations"][3:5] == [{"from": "gpt", "value": "Budget review is booked."},
                                               {"from": "human", "value": "Thanks. What else is on my calendar that day?"}]
+    assert sharegpt["conversations"][-1]["value"].endswith(result.final_answer) and result.final_answer
+    _, [tool] = export("sharegpt", [stored.pk], final_answer="tool")  # ShareGPT's tool form: the first finish
+    assert [t["from"] for t in tool["conversations"]] == [  # answers (a human turn cannot follow an observation)
+        "human", "function_call", "observation", "gpt", "human", "function_call", "observation", "function_call"]
     _, [row] = export("toolace", [stored.pk])
     assert validate_line("toolace", row) == []
     assert [t["from"] for t in row["conversations"]] == [

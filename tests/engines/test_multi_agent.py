@@ -212,7 +212,15 @@ def test_exports_give_each_trainable_roles_view_with_the_shared_reward(make_task
     assert result.excluded == [] and len(lines) == 2
     assert lines[0]["messages"][1]["content"] == PROMPT
     assert lines[1]["messages"][1]["content"] == CODER
+    # the coder's report to the lead (its finish) is its view's last assistant message (final_answer text);
+    # the lead's delegate calls stay tool calls
     assert [c["function"]["name"] for m in lines[1]["messages"] if m["role"] == "assistant"
+            for c in m.get("tool_calls") or ()] == ["write_file"]
+    assert lines[1]["messages"][-1]["role"] == "assistant" and lines[1]["messages"][-1]["content"] == \
+        coder.final_answer and "finish" not in {t["function"]["name"] for t in lines[1]["tools"]}
+    assert "delegate" in {c["function"]["name"] for m in lines[0]["messages"] for c in m.get("tool_calls") or ()}
+    tool, _ = _export("sft-openai", [lead.pk], final_answer="tool")
+    assert [c["function"]["name"] for m in tool[1]["messages"] if m["role"] == "assistant"
             for c in m["tool_calls"]] == ["write_file", "finish"]
     rl, _ = _export("rl", [lead.pk], roles="all")
     assert [(r["trajectory_id"], r["reward"]) for r in rl] == [(lead.pk, 1.0), (coder.pk, 1.0), (tester.pk, 1.0)]

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from apps.datasets import exportability
 from apps.datasets.exporters import format_table
+from apps.datasets.exporters.answers import MODES
 from apps.datasets.hf_layout import LAYOUTS
 from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
@@ -120,8 +121,9 @@ class ExportFormatField(serializers.CharField):
 
 class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
     """The export's options; the service refuses a format that does not apply to the version or
-    would write no line of the split, and a roles choice the version or the format cannot take,
-    answered as a 400 naming the field (ExportError.field, mapped in trajplatform.api)."""
+    would write no line of the split, a roles choice the version or the format cannot take, and a
+    final_answer the format does not take, answered as a 400 naming the field (ExportError.field,
+    mapped in trajplatform.api)."""
 
     format = ExportFormatField(max_length=40, help_text=(
         "an exporter name that applies to the version (its data card's exportability.formats with lines, the "
@@ -134,6 +136,12 @@ class ExportStartSerializer(StrictSerializerMixin, serializers.Serializer):
     roles = serializers.ChoiceField(choices=list(exportability.ROLE_CHOICES), default="trainable", help_text=(
         "multi_agent versions: whose views the per-role formats write — trainable (every role not marked "
         "trainable: false), lead (the lead only) or all"))
+    final_answer = serializers.ChoiceField(choices=list(MODES), required=False, allow_null=True, default=None,
+                                           help_text=(
+        "the chat formats: text (their default) ends each episode on the final answer as an assistant message, "
+        "finish out of the tools; tool keeps the finish call and its acknowledgement (a submit-tool agent). "
+        "toucan and toolace take text only; a format without the option (raw, atif, adp, mini-swe-agent, qa, aitw) "
+        "refuses it. Omitted or null: the format's default"))
 
 
 class ExportJobSerializer(serializers.ModelSerializer):
@@ -142,12 +150,14 @@ class ExportJobSerializer(serializers.ModelSerializer):
     layout = serializers.ChoiceField(choices=LAYOUTS, read_only=True, help_text="jsonl (one file) or hf (a folder)")
     roles = serializers.ChoiceField(choices=list(ExportJob.ROLES), read_only=True, help_text=(
         "whose views a multi_agent export's per-role formats write; trainable (the default) for any other"))
+    final_answer = serializers.ChoiceField(choices=list(MODES), read_only=True, allow_null=True, help_text=(
+        "the final_answer the job was started with (exports.md, \"Final answers\"); null: the format's default"))
     download_url = serializers.SerializerMethodField()
 
     class Meta:
         model = ExportJob
-        fields = ["id", "dataset", "version", "format", "format_version", "layout", "roles", "split", "status",
-                  "sha256", "lines", "bytes", "members", "error", "created_at", "started_at", "finished_at",
+        fields = ["id", "dataset", "version", "format", "format_version", "layout", "roles", "final_answer", "split",
+                  "status", "sha256", "lines", "bytes", "members", "error", "created_at", "started_at", "finished_at",
                   "download_url"]
         read_only_fields = fields
 

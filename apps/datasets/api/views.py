@@ -115,6 +115,7 @@ class ExportStartView(APIView):
         job = services.export_start(
             version=version, fmt=body.validated_data["format"], split=body.validated_data["split"],
             actor=request.user, layout=body.validated_data["layout"], roles=body.validated_data["roles"],
+            final_answer=body.validated_data.get("final_answer"),
         )
         return Response(s.ExportJobSerializer(job).data, status=202)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, BinaryIO
 
@@ -32,13 +32,13 @@ from apps.datasets.interchange.mini_swe_agent import render_mini_swe_agent, vali
 from apps.engines.registry import export_scenes
 from trajplatform.redaction import redact, secret_values
 
-from . import aitw, dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
+from . import aitw, answers, dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
 
 __all__ = [
-    "FORMATS", "RAW_SCHEMA_VERSION", "ExportResult", "Exporter", "FormatSummary", "export_records", "format_table",
-    "load_records", "validate_line",
+    "FORMATS", "RAW_SCHEMA_VERSION", "ExportResult", "Exporter", "FormatSummary", "check_options", "export_records",
+    "format_table", "load_records", "validate_line",
 ]
 
 DUMPS_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -59,40 +59,46 @@ class Exporter:
     # scenes whose declaration names it (apps/engines/scenes/<id>/scene.py export_formats).
     scenes: tuple[str, ...] = ()
     many: bool = False  # render returns a list of lines (one per step: aitw); written all or none
+    # Option final_answer (answers.py): the values the format takes, its default first; () for the
+    # formats that write the episode as stored (raw, the interchange formats) or no conversation.
+    final_answers: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<Exporter {self.name} v{self.version}>"
 
 
 # 2 (raw, rl, rl-verl): the task's pass rate over its rollouts (records.task_pass_rates)
+# final_answer text by default (answers.py): sft-openai, sft-trl, dpo-*, rl-agentjet, alpaca, qa-verl,
+# multiagent-agentjet, kto-trl, reward-score and the vision formats 2, rl and rl-verl 3, sharegpt 3 (also a
+# gpt turn's reasoning in its thought words), toucan 3 (the answer's thought: the turn's reasoning and text)
 _ALL = [
-    Exporter("sft-openai", "1", False, "OpenAI chat fine-tuning: messages with tool_calls (arguments as JSON "
+    Exporter("sft-openai", "2", False, "OpenAI chat fine-tuning: messages with tool_calls (arguments as JSON "
              "strings), role tool with tool_call_id, tools, parallel_tool_calls",
              formats.render_sft_openai, formats.validate_sft_openai),
-    Exporter("sft-trl", "1", False, "TRL conversational SFT: messages + tools, tool-call arguments as objects, "
+    Exporter("sft-trl", "2", False, "TRL conversational SFT: messages + tools, tool-call arguments as objects, "
              "reasoning_content kept", formats.render_sft_trl, formats.validate_sft_trl),
-    Exporter("dpo-openai", "1", True, "OpenAI preference fine-tuning: input (shared prompt, tools), one preferred "
+    Exporter("dpo-openai", "2", True, "OpenAI preference fine-tuning: input (shared prompt, tools), one preferred "
              "and one non-preferred assistant message; pairs within a task only", None, dpo.validate_dpo_openai,
              render_group=partial(dpo.pair_group, style="openai")),
-    Exporter("dpo-trl", "1", True, "TRL DPO, conversational with explicit prompt: prompt (shared prefix), "
+    Exporter("dpo-trl", "2", True, "TRL DPO, conversational with explicit prompt: prompt (shared prefix), "
              "chosen/rejected continuations, tools; pairs within a task only", None, dpo.validate_dpo_trl,
              render_group=partial(dpo.pair_group, style="trl")),
-    Exporter("rl", "2", False, "platform RL record per trajectory: prompt, tools, full messages, final reward, "
+    Exporter("rl", "3", False, "platform RL record per trajectory: prompt, tools, full messages, final reward, "
              "per-step tool success, verifier output, judge scores", formats.render_rl, formats.validate_rl),
-    Exporter("rl-verl", "2", False, "verl RL task per task: data_source, prompt, ability, "
+    Exporter("rl-verl", "3", False, "verl RL task per task: data_source, prompt, ability, "
              "reward_model{style, ground_truth}, extra_info", formats.render_verl, formats.validate_verl,
              one_per_task=True),
-    Exporter("rl-agentjet", "1", False, "AgentJet task per task: main_query, init_messages, task_id, env_type, "
+    Exporter("rl-agentjet", "2", False, "AgentJet task per task: main_query, init_messages, task_id, env_type, "
              "metadata{answer}", formats.render_agentjet, formats.validate_agentjet, one_per_task=True),
     # 2: thoughts in LLaMA-Factory's thought words ("<think>\n", "\n</think>\n\n"), tools with parameters.properties
-    Exporter("sharegpt", "2", False, "LLaMA-Factory ShareGPT: conversations with human/gpt/function_call/"
+    Exporter("sharegpt", "3", False, "LLaMA-Factory ShareGPT: conversations with human/gpt/function_call/"
              "observation turns, system, tools as a JSON string", formats.render_sharegpt, formats.validate_sharegpt),
-    Exporter("alpaca", "1", False, "LLaMA-Factory Alpaca: instruction/input/output/system/history; tool calls "
+    Exporter("alpaca", "2", False, "LLaMA-Factory Alpaca: instruction/input/output/system/history; tool calls "
              "and results flattened into tagged text", formats.render_alpaca, formats.validate_alpaca),
     Exporter("raw", "2", False, f"our canonical lossless record ({RAW_SCHEMA_VERSION}), read back by "
              "import_trajectories", formats.render_raw, formats.validate_raw),
     # 2: the released dataset's nine string columns (uuid, subset_name, JSON text), function_call messages
-    Exporter("toucan", "2", False, "Toucan's released row (Agent-Ark/Toucan-1.5M): uuid, subset_name, messages "
+    Exporter("toucan", "3", False, "Toucan's released row (Agent-Ark/Toucan-1.5M): uuid, subset_name, messages "
              "(JSON text: function_call / function turns), question, available_tools, target_tools, the question and "
              "response quality assessments, metadata - every column a string", toucan.render_toucan,
              toucan.validate_toucan),
@@ -103,17 +109,17 @@ _ALL = [
     Exporter("qa", "1", False, "QA pairs (search2qa / deep_search): question, answer, aliases, sources, gates, "
              "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True,
              scenes=export_scenes("qa")),
-    Exporter("qa-verl", "1", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
+    Exporter("qa-verl", "2", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
              "answer and extra_info {aliases, sources, gates}", qa.render_qa_verl, qa.validate_qa_verl,
              one_per_task=True, scenes=export_scenes("qa-verl")),
-    Exporter("multiagent-agentjet", "1", False, "multi_agent episodes in AgentJet's shape: per-agent timelines "
+    Exporter("multiagent-agentjet", "2", False, "multi_agent episodes in AgentJet's shape: per-agent timelines "
              "(messages with author llm|env and loss_mask) tagged by role, the shared reward (roles.py)",
              roles.render_agentjet_multiagent, roles.validate_agentjet_multiagent,
              scenes=export_scenes("multiagent-agentjet")),
-    Exporter("dpo-step-trl", "1", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
+    Exporter("dpo-step-trl", "2", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
              "= the single assistant turns where they first diverge, tools, metadata (both ids, prefix length, "
              "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),
-    Exporter("kto-trl", "1", False, "TRL KTO, unpaired: prompt, completion, label (human verdict, else verifier "
+    Exporter("kto-trl", "2", False, "TRL KTO, unpaired: prompt, completion, label (human verdict, else verifier "
              "outcome), tools", kto.render_kto, kto.validate_kto),
     # 2: ATIF-v1.7 with trajectory_id; an imported file's agent, metrics and extras written back
     Exporter("atif", "2", False, "Harbor's Agent Trajectory Interchange Format (ATIF-v1.7), one trajectory per "
@@ -130,20 +136,30 @@ _ALL = [
              "with AitW's features (image/encoded beside the export or base64, image/ui_annotations_*, "
              "results/action_type, normalised results/yx_touch and yx_lift, results/type_action)",
              aitw.render_aitw, aitw.validate_aitw, scenes=export_scenes("aitw"), many=True),
-    Exporter("reward-score", "1", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
+    Exporter("reward-score", "2", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
              "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
-    Exporter("sft-openai-vision", "1", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
+    Exporter("sft-openai-vision", "2", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
              "parts of user messages (files next to the JSONL or data: URLs, option images)",
              vision.render_sft_openai_vision, vision.validate_sft_openai_vision,
              scenes=export_scenes("sft-openai-vision")),
-    Exporter("sharegpt-vision", "1", False, "LLaMA-Factory ShareGPT with an images column and one <image> token "
+    Exporter("sharegpt-vision", "2", False, "LLaMA-Factory ShareGPT with an images column and one <image> token "
              "per image in its turn", vision.render_sharegpt_vision, vision.validate_sharegpt_vision,
              scenes=export_scenes("sharegpt-vision")),
-    Exporter("trl-vision", "1", False, "TRL vision SFT: messages of content parts ({type: image} placeholders), "
+    Exporter("trl-vision", "2", False, "TRL vision SFT: messages of content parts ({type: image} placeholders), "
              "images list, tools", vision.render_trl_vision, vision.validate_trl_vision,
              scenes=export_scenes("trl-vision")),
 ]
-FORMATS: dict[str, Exporter] = {e.name: e for e in _ALL}
+# What option final_answer takes per format (answers.py; docs/exports.md, "Final answers"): the chat
+# formats "text" (default) or "tool"; the anchors' rows (toucan, toolace) end on the answer as text,
+# as the released datasets do; the others write no conversation or the episode as stored.
+_FINAL_ANSWERS = {
+    **{name: answers.MODES for name in (
+        "sft-openai", "sft-trl", "dpo-openai", "dpo-trl", "rl", "rl-verl", "rl-agentjet", "sharegpt", "alpaca",
+        "qa-verl", "multiagent-agentjet", "dpo-step-trl", "kto-trl", "reward-score", "sft-openai-vision",
+        "sharegpt-vision", "trl-vision")},
+    "toucan": ("text",), "toolace": ("text",),
+}
+FORMATS: dict[str, Exporter] = {e.name: replace(e, final_answers=_FINAL_ANSWERS.get(e.name, ())) for e in _ALL}
 
 # Every format in one line: what it is for, and which consumer loads it. `dataset_export --help`,
 # the API schema's format enum and the console's export form all read it (format_table()).
@@ -225,9 +241,17 @@ def _exporter(fmt: str) -> Exporter:
         raise ValueError(f"unknown export format {fmt!r}; one of: {', '.join(FORMATS)}") from None
 
 
-def _options(options: dict[str, Any] | None) -> dict[str, Any]:
+def check_options(fmt: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The options an export of `fmt` runs with, or ValueError naming the first that is wrong:
+    an unknown key, a bad value, or an option the format does not take (callers check before
+    they write anything)."""
+    return _options(_exporter(fmt), options)
+
+
+def _options(exporter: Exporter, options: dict[str, Any] | None) -> dict[str, Any]:
     resolved = {
         "dpo_min_margin": 0.2,
+        "final_answer": None,  # the format's default (Exporter.final_answers)
         "image_dir": "",  # vision formats: where images="files" writes them (the export job: next to the file)
         "images": "files",  # vision formats: "files" or "base64" (data: URLs in the line)
         "include_system": True,
@@ -254,7 +278,22 @@ def _options(options: dict[str, Any] | None) -> dict[str, Any]:
     if resolved["images"] not in vision.IMAGE_MODES:
         raise ValueError(f"images: must be one of {', '.join(vision.IMAGE_MODES)}")
     resolved["roles"] = roles.check_roles_option(resolved["roles"])
+    resolved["final_answer"] = _final_answer(exporter, resolved["final_answer"])
     return resolved
+
+
+def _final_answer(exporter: Exporter, value: Any) -> str | None:
+    if value is None:
+        return exporter.final_answers[0] if exporter.final_answers else None
+    answers.check_mode(value)
+    if not exporter.final_answers:
+        takes = ", ".join(e.name for e in _ALL if _FINAL_ANSWERS.get(e.name))
+        raise ValueError(f"final_answer: {exporter.name} does not take this option (it writes no conversation or "
+                         f"the episode as stored); formats that take it: {takes}")
+    if value not in exporter.final_answers:
+        raise ValueError(f"final_answer: {exporter.name} writes the final answer as "
+                         f"{' or '.join(exporter.final_answers)} only, as its anchor's released rows do, not {value!r}")
+    return value
 
 
 # -- redaction ------------------------------------------------------------------------------
@@ -314,6 +353,17 @@ def _role_views(records: Iterable[dict[str, Any]], choice: Any) -> Iterator[dict
         yield from roles.views(record, choice)
 
 
+def _answers_as_text(records: Iterable[dict[str, Any]], exporter: Exporter,
+                     result: ExportResult) -> Iterator[dict[str, Any]]:
+    """The records with final answers as text (answers.py); one that cannot be is excluded, saying why."""
+    for record in records:
+        try:
+            yield answers.as_text(record)
+        except RenderError as exc:
+            result.excluded.append({"trajectory_id": record.get("trajectory_id"), "task_id": record.get("task_id"),
+                                    "reason": f"{exporter.name}: {exc}"})
+
+
 def _groups(records: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     """Consecutive records of one task; a task id seen again after its group is an error."""
     done: set[int] = set()
@@ -338,7 +388,9 @@ def export_records(
 ) -> ExportResult:
     """Write one JSONL line per rendered record (per pair, for DPO) to `out`; see the module doc.
 
-    Options: dpo_min_margin (0.2), include_system (True), redact_pii (settings.EXPORT_REDACT_PII),
+    Options: dpo_min_margin (0.2), final_answer (the chat formats: "text", the default, ends each episode
+    on the answer as an assistant message; "tool" keeps the finish call; answers.py), include_system
+    (True), redact_pii (settings.EXPORT_REDACT_PII),
     split (verl's extra_info.split, "train"), start_index (verl's extra_info.index of the first
     line, 0: a file written in chunks continues the count), roles (multi_agent: whose views the
     per-trajectory formats write, "trainable" / "lead" / "all" / a list of names; roles.py).
@@ -346,7 +398,7 @@ def export_records(
     images are only looked up); the card's exportability counts (apps/datasets/exportability.py).
     """
     exporter = _exporter(fmt)
-    ctx = _options(options)
+    ctx = _options(exporter, options)
     ctx["dry_run"] = dry_run
     ctx["index"] = ctx["start_index"]
     redactor = _Redactor(pii=ctx["redact_pii"])
@@ -376,6 +428,8 @@ def export_records(
             ctx["index"] += 1
         return True
 
+    if ctx["final_answer"] == "text":
+        records = _answers_as_text(records, exporter, result)
     if exporter.pairwise:
         assert exporter.render_group is not None
         for group in _groups(records):

@@ -324,7 +324,7 @@ _MODEL_SIDE = ("gpt", "function_call")
 
 
 def render_sharegpt(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
-    messages = render_messages(record, arguments="object", include_system=True)
+    messages = render_messages(record, arguments="object", include_system=True, reasoning=True)
     system = [m["content"] for m in messages if m["role"] == "system"]
     turns: list[dict[str, str]] = []
     results: list[str] = []
@@ -348,29 +348,37 @@ def render_sharegpt(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
         flush_results()
         if role == "user":
             if turns and turns[-1]["from"] in _HUMAN_SIDE:
-                _finish_as_answer(turns, i)  # a follow-up request after the model's finish
+                _finish_as_answer(turns, i)  # final_answer tool: a follow-up request after the model's finish
             turns.append({"from": "human", "value": msg["content"]})
         elif msg.get("tool_calls"):
             calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                      for c in msg["tool_calls"]]
             value = dumps_compact(calls[0] if len(calls) == 1 else calls)
-            if msg.get("content"):
-                # Text beside tool calls has no turn of its own in ShareGPT; LLaMA-Factory's
-                # function formatter keeps text wrapped in the template's thought words.
-                value = f"{THINK_OPEN}{msg['content']}{THINK_CLOSE}{value}"
-                if split_thought(value)[0] != msg["content"]:
-                    raise RenderError(f"messages[{i}]: text beside a tool call contains LLaMA-Factory's "
-                                      f"thought end {THINK_CLOSE!r}, which would end the thought early")
-            turns.append({"from": "function_call", "value": value})
+            # Text beside tool calls has no turn of its own in ShareGPT; LLaMA-Factory's
+            # function formatter keeps text wrapped in the template's thought words.
+            turns.append({"from": "function_call", "value": with_thought(i, msg.get("content") or "", value)})
         else:
-            turns.append({"from": "gpt", "value": msg.get("content") or ""})
+            turns.append({"from": "gpt", "value": with_thought(i, msg.get("reasoning_content") or "",
+                                                                 msg.get("content") or "")})
     flush_results()
     while turns and turns[-1]["from"] in _HUMAN_SIDE:
-        turns.pop()  # a conversation must end on the model's turn (e.g. finish's acknowledgement)
+        turns.pop()  # a conversation must end on the model's turn (final_answer tool: finish's acknowledgement)
     line: Line = {"conversations": turns, "tools": dumps_compact(_sharegpt_tools(record))}
     if system and ctx["include_system"]:
         line["system"] = "\n\n".join(system)
     return line
+
+
+def with_thought(i: int, thought: str, value: str) -> str:
+    """A model turn's value with its thought first, in LLaMA-Factory's thought words: the text beside
+    a function_call's calls, a gpt answer's reasoning (its ReasoningTemplate reads them there)."""
+    if not thought:
+        return value
+    out = f"{THINK_OPEN}{thought}{THINK_CLOSE}{value}"
+    if split_thought(out)[0] != thought:
+        raise RenderError(f"messages[{i}]: a thought contains LLaMA-Factory's thought end {THINK_CLOSE!r}, "
+                          "which would end the thought early")
+    return out
 
 
 def _finish_as_answer(turns: list[dict[str, str]], i: int) -> None:

@@ -14,7 +14,7 @@ are kept as they are, spaces included ("Get Manager Placeholder Image"), as Tool
 them. An assistant turn with calls is only the calls in ToolACE's bracket syntax
 `[name(key=value, ...), ...]` (values as Python literals); the turn's text is not kept, as in
 ToolACE. The results of one turn's calls are one `tool` turn (a JSON list of {name, results}; an
-output that is JSON is kept as JSON). `finish(answer)` becomes the assistant's answer turn;
+output that is JSON is kept as JSON). `finish(answer)` becomes the assistant's answer turn (answers.py);
 clarifications (ask_user) are ordinary assistant / user turns (chat.render_messages). Every call
 turn is parsed back with `parse_calls` when rendered and when validated, and must give the same
 calls: a call that cannot round-trip (a name with a bracket, a comma or a quote in it, an argument
@@ -32,7 +32,6 @@ from trajplatform.pyparse import parse_python
 from .chat import RenderError, function_specs, parse_arguments, render_messages
 
 Line = dict[str, Any]
-FINISH = "finish"
 TOOLS_ANCHOR = "Here is a list of functions in JSON format that you can invoke:\n"
 # ToolACE's system prompt, as its released rows have it (tests/datasets/anchor_rows/toolace_rows.json)
 SYSTEM_HEAD = (
@@ -184,24 +183,19 @@ def _results(content: str) -> Any:
 
 def render_toolace(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
     messages = render_messages(record, arguments="string", include_system=False)
-    tools = [toolace_function(fn) for fn in function_specs(record.get("tools") or []) if fn["name"] != FINISH]
+    tools = [toolace_function(fn) for fn in function_specs(record.get("tools") or [])]
     turns: list[dict[str, str]] = []
     names: dict[Any, str] = {}
     results: list[dict[str, Any]] = []
-    finished: set[Any] = set()  # finish's acknowledgement is not a tool result
-    answer: list[str] = []  # finish's answer: the assistant's turn once the turn's results are in
 
     def flush() -> None:
         if results:
             turns.append({"from": "tool", "value": json.dumps(results, ensure_ascii=False)})
             results.clear()
-        if answer:
-            turns.append({"from": "assistant", "value": answer.pop()})
 
     for i, msg in enumerate(messages):
         if msg["role"] == "tool":
-            if msg.get("tool_call_id") not in finished:
-                results.append({"name": names.get(msg.get("tool_call_id"), ""), "results": _results(msg["content"])})
+            results.append({"name": names.get(msg.get("tool_call_id"), ""), "results": _results(msg["content"])})
             continue
         flush()
         if msg["role"] == "user":
@@ -213,10 +207,6 @@ def render_toolace(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
             args = parse_arguments(fn["arguments"])
             if args is None:
                 raise RenderError(f"messages[{i}]: tool call {call.get('id')} ({fn['name']}): arguments are not an object")
-            if fn["name"] == FINISH:
-                answer[:] = [text] if (text := str(args.get("answer") or "").strip()) else []
-                finished.add(call.get("id"))
-                continue
             if NAME_FORBIDDEN & set(fn["name"]) or fn["name"] != fn["name"].strip():
                 raise RenderError(f"messages[{i}]: tool {fn['name']!r} is not a name ToolACE's call syntax can carry")
             names[call.get("id")] = fn["name"]
@@ -226,7 +216,7 @@ def render_toolace(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
             if parse_calls(value) != calls:
                 raise RenderError(f"messages[{i}]: the calls do not survive ToolACE's call syntax: {value[:200]}")
             turns.append({"from": "assistant", "value": value})
-        elif not answer and msg.get("content"):
+        elif msg.get("content"):
             turns.append({"from": "assistant", "value": msg["content"]})
     flush()
     if not turns or turns[-1]["from"] != "assistant":

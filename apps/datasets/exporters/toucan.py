@@ -20,8 +20,8 @@ Message conventions are Toucan's (Qwen-Agent's function calling): an assistant t
 tools is one assistant message per call, `content` "" (the turn's text on the first) and
 `function_call: {name, arguments}` with the arguments as JSON text; each result is a
 `function` message with the tool's `name`; thoughts are `reasoning_content`; the episode ends
-on the assistant's answer as text (our `finish(answer)` becomes that message, its
-acknowledgement is never written). Tools are named as Toucan names them, `<server>-<tool>`
+on the assistant's answer as text (our `finish(answer)` becomes that message, with the turn's
+reasoning and text as its reasoning_content, its acknowledgement never written: answers.py). Tools are named as Toucan names them, `<server>-<tool>`
 (its converter's `server_name.lower().replace(" ", "-") + "-" + name`; our `<server>__<tool>`),
 and `metadata.mcp_servers` lists each server with its tools as Toucan's metadata does
 (`server_name`, `remote_server_response.tools` of {name, description, input_schema}).
@@ -51,7 +51,6 @@ KEYS = ("uuid", "subset_name", "messages", "question", "available_tools", "targe
 RESPONSE_DIMENSIONS = ("completeness", "conciseness")
 SUBSETS = ("single-turn-original", "single-turn-diversify", "multi-turn", "irrelevant")
 ROLES = ("system", "user", "assistant", "function")
-FINISH = "finish"
 UUID_NAMESPACE = uuid.UUID("9f1d3c2e-5b7a-4c1e-8f00-7472616a706c")  # "trajpl"
 
 
@@ -75,10 +74,10 @@ def _judged(auto: dict[str, Any] | None, dim: str) -> dict[str, Any] | None:
 
 
 def _messages(record: dict[str, Any], include_system: bool) -> list[dict[str, Any]]:
-    """Our rendered chat in Toucan's function-calling convention (see the module doc)."""
+    """Our rendered chat in Toucan's function-calling convention (see the module doc); the record's
+    finish is already its answer message (answers.as_text: toucan takes final_answer text only)."""
     rendered = render_messages(record, arguments="string", include_system=include_system, reasoning=True)
     names: dict[Any, str] = {}
-    skipped: set[Any] = set()  # finish's acknowledgement is not a tool result
     out: list[dict[str, Any]] = []
     for msg in rendered:
         role = msg["role"]
@@ -86,34 +85,20 @@ def _messages(record: dict[str, Any], include_system: bool) -> list[dict[str, An
             out.append({"role": role, "content": msg["content"]})
             continue
         if role == "tool":
-            if msg.get("tool_call_id") not in skipped:
-                out.append({"role": "function", "content": msg["content"], "name": names.get(msg.get("tool_call_id"), "")})
+            out.append({"role": "function", "content": msg["content"], "name": names.get(msg.get("tool_call_id"), "")})
             continue
         text, reasoning = msg.get("content") or "", msg.get("reasoning_content") or ""
         calls = msg.get("tool_calls") or []
-        answer = None
-        first = True
-        for call in calls:
+        for n, call in enumerate(calls):
             fn = call["function"]
-            if fn["name"] == FINISH:
-                skipped.add(call.get("id"))
-                answer = str((parse_arguments(fn["arguments"]) or {}).get("answer") or "").strip()
-                continue
             names[call.get("id")] = toucan_name(fn["name"])
-            item: dict[str, Any] = {"role": "assistant", "content": text if first else "",
+            item: dict[str, Any] = {"role": "assistant", "content": text if n == 0 else "",
                                     "function_call": {"name": names[call.get("id")], "arguments": fn["arguments"]}}
-            if first and reasoning:
+            if n == 0 and reasoning:
                 item["reasoning_content"] = reasoning
             out.append(item)
-            first = False
-        if answer is not None or not calls:
-            final = answer if answer is not None else text
-            item = {"role": "assistant", "content": final}
-            thought = reasoning or (text if answer is not None and first else "")
-            if thought:
-                item["reasoning_content"] = thought
-            if final:
-                out.append(item)
+        if not calls and text:
+            out.append({"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})})
     if not out or out[-1]["role"] != "assistant" or "function_call" in out[-1] or not out[-1]["content"]:
         raise RenderError("the episode does not end on the assistant's answer")
     return out
@@ -133,7 +118,7 @@ def render_toucan(record: dict[str, Any], ctx: dict[str, Any]) -> Line:
     task = record.get("task") or {}
     scene = task.get("scene_config") or {}
     messages = _messages(record, ctx["include_system"])
-    tools = [fn for fn in function_specs(record.get("tools") or []) if fn["name"] != FINISH]
+    tools = function_specs(record.get("tools") or [])
     steps = record.get("steps") or []
     targets = list(scene.get("target_tools") or [])
     accuracy = quality.tool_call_accuracy(targets, quality.called_tools(steps))

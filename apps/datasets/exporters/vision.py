@@ -36,7 +36,7 @@ from trajplatform.artifacts import URL_PREFIX, Artifact, ArtifactUse
 from trajplatform.safefiles import atomic_output, private_directory
 
 from .chat import RenderError, dumps_compact, function_specs, parse_arguments, validate_tools
-from .formats import THINK_CLOSE, THINK_OPEN, validate_sharegpt
+from .formats import validate_sharegpt, with_thought
 
 IMAGE_MODES = ("files", "base64")
 IMAGE_TOKEN = "<image>"
@@ -56,8 +56,8 @@ def _image_refs(content: Any) -> list[str]:
 def conversation(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The record's messages with `images` (artifact hashes) on the turns they belong to.
 
-    Each item: role, content (text), tool_calls (arguments as parsed objects), tool_call_id,
-    images ([sha256, ...]). An image message of a vision episode is folded into the turn before
+    Each item: role, content (text), reasoning (an assistant turn's, when it has one), tool_calls
+    (arguments as parsed objects), tool_call_id, images ([sha256, ...]). An image message of a vision episode is folded into the turn before
     it (the tool result it shows, or the task's prompt for the start page)."""
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -77,6 +77,8 @@ def conversation(record: dict[str, Any]) -> list[dict[str, Any]]:
             out[-1]["images"] = out[-1]["images"] + refs
             continue
         item: dict[str, Any] = {"role": role, "content": content or "", "images": []}
+        if role == "assistant" and isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
+            item["reasoning"] = msg["reasoning_content"]
         if role == "assistant" and msg.get("tool_calls"):
             calls = []
             for call in msg["tool_calls"]:
@@ -223,7 +225,7 @@ def render_sharegpt_vision(record: dict[str, Any], ctx: dict[str, Any]) -> dict[
             turns.append(({"from": "observation", "value": value}, [sha for _, imgs in pending for sha in imgs]))
             pending.clear()
 
-    for turn in conversation(record):
+    for i, turn in enumerate(conversation(record)):
         if turn["role"] == "system":
             system = turn["content"]
             continue
@@ -237,14 +239,13 @@ def render_sharegpt_vision(record: dict[str, Any], ctx: dict[str, Any]) -> dict[
         elif turn.get("tool_calls"):
             calls = [{"name": c["name"], "arguments": c["arguments"]} for c in turn["tool_calls"]]
             value = dumps_compact(calls[0] if len(calls) == 1 else calls)
-            if turn["content"]:  # as the text format keeps it: in LLaMA-Factory's thought words
-                value = f"{THINK_OPEN}{turn['content']}{THINK_CLOSE}{value}"
-            turns.append(({"from": "function_call", "value": value}, []))
+            # as the text format keeps them: in LLaMA-Factory's thought words
+            turns.append(({"from": "function_call", "value": with_thought(i, turn["content"], value)}, []))
         else:
-            turns.append(({"from": "gpt", "value": turn["content"]}, []))
+            turns.append(({"from": "gpt", "value": with_thought(i, turn.get("reasoning") or "", turn["content"])}, []))
     flush()
     while turns and turns[-1][0]["from"] in ("human", "observation"):
-        turns.pop()  # end on the model's turn (finish's acknowledgement goes), as sharegpt does
+        turns.pop()  # end on the model's turn (final_answer tool: finish's acknowledgement goes), as sharegpt does
     images = [sink(sha) for _, shas in turns for sha in shas]
     line = {"conversations": [t for t, _ in turns], "images": images,
             "tools": dumps_compact(function_specs(record.get("tools") or []))}
@@ -284,6 +285,8 @@ def render_trl_vision(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
         if turn["content"] or not parts:
             parts.append({"type": "text", "text": turn["content"]})
         item: dict[str, Any] = {"role": turn["role"], "content": parts}
+        if turn.get("reasoning"):  # as sft-trl keeps it
+            item["reasoning_content"] = turn["reasoning"]
         if turn.get("tool_calls"):
             item["tool_calls"] = [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                                   for c in turn["tool_calls"]]

@@ -10,6 +10,7 @@ from django.core.management.base import CommandError
 
 from apps.datasets.cli import DatasetCommand, ProgressBar, get_version, resolve_user
 from apps.datasets.exporters import format_table
+from apps.datasets.exporters.answers import MODES as FINAL_ANSWERS
 from apps.datasets.hf_layout import LAYOUTS
 from apps.datasets.jobs import export_run
 from apps.datasets.models import ExportJob
@@ -58,6 +59,13 @@ class Command(DatasetCommand):
                                  "directory of Parquet shards per split (data/<split>-00000-of-0000N.parquet, "
                                  "DATASET_HF_SHARD_ROWS rows each) and a README.md card with the Hub's YAML, read by "
                                  "datasets.load_dataset(PATH) (docs/exports.md, \"Hugging Face layout\")")
+        parser.add_argument("--final-answer", choices=FINAL_ANSWERS, default=None,
+                            help="how the chat formats end an episode: text (their default) - the finish call becomes "
+                                 "the last assistant message with the answer as its text, finish leaves the tools, no "
+                                 "acknowledgement; tool - the finish call and its acknowledgement are kept (agents "
+                                 "trained on a submit tool, SWE-agent / OpenHands style). toucan and toolace take text "
+                                 "only; raw, the interchange formats, qa and aitw refuse the option (docs/exports.md, "
+                                 "\"Final answers\")")
         parser.add_argument("--check-template", action="append", default=[], metavar="NAME",
                             help="after writing, render every line through this chat template (a .jinja file, a "
                                  "tokenizer directory, or a name in DATASET_CHAT_TEMPLATE_DIR) and report per record "
@@ -77,7 +85,7 @@ class Command(DatasetCommand):
         try:
             job = export_start(version=version, fmt=options["format"], split=options["split"], actor=actor,
                                out_path=options["out"], force=options["force"], enqueue=False,
-                               layout=options["layout"])
+                               layout=options["layout"], final_answer=options["final_answer"])
         except (DatasetError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         bar = ProgressBar(self.stderr._out, enabled=not options["no_progress"])

@@ -1,0 +1,187 @@
+"""The episode's final answer as the model's last message: export option `final_answer`.
+
+The agent loop ends an episode on an accepted call of the scene's finish tool (`finish(answer)`;
+search2qa's `propose_qa`, a delegated role's `finish` report, a round_robin role's `say`), answers
+it with the acknowledgement FINISH_ACK, and answers calls made after it in the same turn with
+NOT_EXECUTED (apps/engines/agent.py). A model trained on that learns to call a tool no deployment
+has, so the chat formats render the record through `as_text` by default (final_answer "text"):
+
+* the accepted finish call leaves its turn and the answer follows the turn's tool results as an
+  assistant message: its text the answer (the record's `final_answer` for the episode's last
+  finish, the runtime's reading of it; the call's `answer` argument for an earlier finish of a
+  multi-turn episode), its `reasoning_content` the turn's reasoning and, when finish was the
+  turn's only call, the text written beside it (a format with a place for reasoning keeps it);
+* the acknowledgement, calls made after the finish and their NOT_EXECUTED results, and their steps
+  go; so do the finish tools (`finish` and every tool an accepted call named) from `tools`;
+* a JSON-text episode (tool_mode json) has its finish action in the assistant's text and the
+  acknowledgement in a user message "[finish result]\\n…": the text becomes the answer, the
+  user message goes;
+* sub-episodes (a multi_agent record's `subtrajectories`) are rendered the same way.
+
+A `finish` call answered otherwise but not with an error (an episode another version stored, or
+imported), or not answered at all (a next-action sample ending on it), counts as accepted. A finish call the loop did not accept (refused arguments, the
+wall-clock limit: its result an error) has no answer to write: the record is excluded saying so. final_answer "tool" exports the record as it ran (the
+SWE-agent / OpenHands submit-tool style). Other platform tools keep their meaning: `ask_user` is
+the assistant asking in text and the user's reply a user turn in every chat format
+(chat.render_messages), `delegate` stays a tool call whose result is the role's report.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from apps.engines.textactions import parse_json_action
+
+from .chat import RenderError, parse_arguments
+
+# The loop's texts (apps/engines/agent.py; toolace's runtime FINISH_OUTPUT): tests/datasets check
+# they are still the ones it writes.
+FINISH_ACK = "finish accepted; the episode ends"
+NOT_EXECUTED = "not executed: the episode already ended with finish"
+FINISH = "finish"
+MODES = ("text", "tool")
+ANSWER_KEYS = ("answer", "report", "message", "summary")  # what the scenes' finish tools call their answer
+
+
+def check_mode(value: Any) -> str:
+    if value not in MODES:
+        raise ValueError(f"final_answer: one of {', '.join(MODES)}")
+    return value
+
+
+def _answer_of(arguments: Any) -> str:
+    args = parse_arguments(arguments) if not isinstance(arguments, dict) else arguments
+    for key in ANSWER_KEYS:
+        value = (args or {}).get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return ""
+
+
+def _answered(result: Any) -> bool:
+    """A finish call's result that is not an error: an episode stored by another version or imported
+    acknowledges its finish in its own words ("ok", "finish accepted")."""
+    return isinstance(result, str) and result != NOT_EXECUTED and not result.startswith(("error", "not executed"))
+
+
+def _json_ack(msg: Any) -> str | None:
+    """The tool name of a JSON-text episode's acknowledgement message "[name result]\\n<ack>", else None."""
+    content = msg.get("content") if isinstance(msg, dict) and msg.get("role") == "user" else None
+    if isinstance(content, str) and content.startswith("[") and content.endswith(f" result]\n{FINISH_ACK}"):
+        return content[1:-len(f" result]\n{FINISH_ACK}")]
+    return None
+
+
+def _results(messages: list[Any]) -> dict[Any, str]:
+    return {m.get("tool_call_id"): m.get("content") for m in messages
+            if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)}
+
+
+def _answer_message(answer: str, thoughts: list[Any]) -> dict[str, Any]:
+    if not answer:
+        raise RenderError("the episode's finish gave no answer: there is no final message to write "
+                          "(final_answer tool keeps the call)")
+    item: dict[str, Any] = {"role": "assistant", "content": answer}
+    thought = "\n\n".join(t.strip() for t in thoughts if isinstance(t, str) and t.strip())
+    if thought:
+        item["reasoning_content"] = thought
+    return item
+
+
+def as_text(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with its finish calls rendered as final answers (the module doc); unchanged
+    when it has no accepted finish and offers no finish tool."""
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        return record  # the format's renderer says what is wrong
+    results = _results(messages)
+    accepted: set[Any] = set()
+    skipped: set[Any] = set()
+    names = {FINISH}
+    total = 0  # accepted finishes, native and JSON-text
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        if (name := _json_ack(msg)) is not None:
+            names.add(name)
+            total += 1
+        for call in (msg.get("tool_calls") or []) if msg.get("role") == "assistant" else []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict):
+                continue
+            result = results.get(call.get("id"))
+            if result == FINISH_ACK or (fn.get("name") == FINISH and (result is None or _answered(result))):
+                accepted.add(call.get("id"))
+                names.add(fn.get("name"))
+                total += 1
+            elif result == NOT_EXECUTED:
+                skipped.add(call.get("id"))
+    out: list[Any] = []
+    pending: dict[str, Any] | None = None  # the answer, once the finish turn's other results are in
+    seen = 0
+
+    def answer_for(arguments: Any) -> str:
+        last = record.get("final_answer")
+        if seen == total and isinstance(last, str) and last.strip():
+            return last.strip()
+        return _answer_of(arguments)
+
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            out.append(msg)
+            continue
+        role = msg.get("role")
+        if role == "tool":
+            if msg.get("tool_call_id") not in accepted | skipped:
+                out.append(msg)
+            continue
+        if pending is not None:
+            out.append(pending)
+            pending = None
+        if _json_ack(msg) is not None:
+            seen += 1
+            previous = out[-1] if out else None
+            action = parse_json_action(previous.get("content")) if isinstance(previous, dict) \
+                and previous.get("role") == "assistant" and not previous.get("tool_calls") else None
+            if action is None:
+                raise RenderError(f"messages[{i}]: a finish acknowledgement after no finish action")
+            text = previous["content"]
+            out[-1] = _answer_message(answer_for(action.arguments), [
+                previous.get("reasoning_content"), text[: action.span[0]] + text[action.span[1]:]])
+            continue
+        calls = msg.get("tool_calls") if role == "assistant" else None
+        if not calls:
+            out.append(msg)
+            continue
+        finish = next((c for c in calls if isinstance(c, dict) and c.get("id") in accepted), None)
+        kept = [c for c in calls if not (isinstance(c, dict) and c.get("id") in accepted | skipped)]
+        for c in kept:
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict) and fn.get("name") in names:
+                said = (results.get(c.get("id")) or "no result")[:200]
+                raise RenderError(f"messages[{i}]: a {fn.get('name')} call the loop did not accept (its result: "
+                                  f"{said}): it has no answer to write as text (final_answer tool keeps the call)")
+        if finish is None:
+            out.append(msg)
+            continue
+        seen += 1
+        answer = answer_for(finish["function"].get("arguments"))
+        if kept:
+            out.append({**msg, "tool_calls": kept})
+            pending = _answer_message(answer, [])
+        else:
+            rest = {k: v for k, v in msg.items() if k not in ("tool_calls", "content", "reasoning_content")}
+            pending = {**rest, **_answer_message(answer, [msg.get("reasoning_content"), msg.get("content")])}
+    if pending is not None:
+        out.append(pending)
+    dropped = accepted | skipped
+    new = {**record, "messages": out}
+    if isinstance(record.get("tools"), list):
+        new["tools"] = [t for t in record["tools"] if not (
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") in names)]
+    if isinstance(record.get("steps"), list):
+        new["steps"] = [s for s in record["steps"] if not (isinstance(s, dict) and (
+            (s.get("tool_call_id") is not None and s.get("tool_call_id") in dropped)
+            or (s.get("tool_call_id") is None and s.get("output") == FINISH_ACK)))]
+    if isinstance(record.get("subtrajectories"), list) and record["subtrajectories"]:
+        new["subtrajectories"] = [as_text(child) for child in record["subtrajectories"]]
+    return new
