@@ -82,13 +82,14 @@ class _LineError(Exception):
     pass
 
 
-def _open(path_or_file: Any) -> tuple[IO[bytes], str, bool]:
+def _open(path_or_file: Any, unnamed: str = "input") -> tuple[IO[bytes], str, bool]:
+    """(the file, its label in messages, whether this call opened it) of a path or an open binary file."""
     if isinstance(path_or_file, (str, Path)):
         path = Path(path_or_file)
         if not path.is_file():
             raise RawImportError([f"{path}: no such file"])
         return path.open("rb"), str(path), True
-    return path_or_file, str(getattr(path_or_file, "name", "") or "input"), False
+    return path_or_file, str(getattr(path_or_file, "name", "") or unnamed), False
 
 
 def _lines(fp: IO[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -369,13 +370,12 @@ def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: s
     images: dict[str, Image] = {}
     warnings: list[str] = []
     if fmt != "raw":
-        if isinstance(path_or_file, (str, Path)):
-            path = Path(path_or_file)
-            if not path.is_file():
-                raise RawImportError([f"{path}: no such file"])
-            data, label = path.read_bytes(), str(path)
-        else:
-            data, label = path_or_file.read(), str(getattr(path_or_file, "name", "") or "upload")
+        fp, label, owned = _open(path_or_file, unnamed="upload")
+        try:
+            data = fp.read()
+        finally:
+            if owned:
+                fp.close()
         try:
             raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene, images=images)
         except InterchangeError as exc:

@@ -54,6 +54,39 @@ def type_problems(obj: dict[str, Any], at: str, *, strings: tuple[str, ...] = ()
     return problems
 
 
+def refuse(problems: list[str], label: str, what: str) -> None:
+    """Raise the reader's InterchangeError for a document with problems: one `LABEL: not WHAT: problem` each."""
+    if problems:
+        raise InterchangeError(f"{label}: not {what}", [f"{label}: not {what}: {p}" for p in problems])
+
+
+def fetched_image(what: str) -> InterchangeError:
+    """The refusal of an image a file names by path or link (an import fetches nothing)."""
+    return InterchangeError(f"the image {what[:80]!r} is a path or link; only images inlined as data:image/...;base64 "
+                            "URLs can be imported (nothing is fetched)")
+
+
+def reasoning_of(msg: dict[str, Any]) -> str | None:
+    """A message's reasoning_content when it has some (a non-empty string)."""
+    reasoning = msg.get("reasoning_content")
+    return reasoning if isinstance(reasoning, str) and reasoning else None
+
+
+def record_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages a record's export is written from (RenderError when it has none)."""
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RenderError("no messages")
+    return messages
+
+
+def document_rest(obj: dict[str, Any], rebuilt: dict[str, Any], written: tuple[str, ...]) -> dict[str, Any]:
+    """What the export must put back of a document's own top-level fields (keep_rest of them against
+    the document the export writes, `rebuilt`), less the `written` ones it writes from our record."""
+    return keep_rest({k: v for k, v in obj.items() if k not in written},
+                     {k: v for k, v in rebuilt.items() if k not in written})
+
+
 def _args_object(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
@@ -233,6 +266,22 @@ def _text(content: Any) -> str:
     return ""
 
 
+def parts_text(content: Any, at: str, image: Any = None) -> str:
+    """A file's message content as text: a string, or content parts whose texts are joined by a line;
+    a part `image` recognises (it returns the path or link the part names) is refused, not dropped
+    (nothing is fetched, and a silent drop would train on a turn without what the agent saw)."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content if isinstance(content, list) else []:
+        named = image(part) if image is not None and isinstance(part, dict) else None
+        if named is not None:
+            raise InterchangeError(f"{at}: {fetched_image(str(named))}")
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "\n".join(texts)
+
+
 TEXT_ACTION_TOOL, TEXT_ACTION_FORMAT = "action", "react_text"
 # The ReAct text protocol of AgentTuning's files (ADP's agenttuning samples without schema_version):
 # the agent's turn is text, "THOUGHT: ...\n ACTION: <action>" or "ACTION: <action>", and the
@@ -267,7 +316,7 @@ def steps_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 observation = _text(msg.get("content"))
             continue
         turn += 1
-        reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
+        reasoning = reasoning_of(msg)
         said = text_action(msg.get("content")) if not msg.get("tool_calls") else None
         if said is not None:
             after = messages[i + 1] if i + 1 < len(messages) else {}

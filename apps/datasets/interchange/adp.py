@@ -17,7 +17,8 @@ from trajplatform import artifacts, images
 
 from ._common import (
     Image, InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours,
-    ABSENT, _provenance, _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore,
+    ABSENT, _provenance, _restore_arguments, _turns, document_rest, fetched_image, imported_from, keep_rest, kept_of,
+    put_kept, reasoning_of, record_messages, refuse, restore,
 )
 
 ADP_VERSION = "1.5.0"  # what the export writes (ADP's schema/version.py SCHEMA_VERSION)
@@ -113,9 +114,7 @@ def _adp_details(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render_adp(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RenderError("no messages")
+    messages = record_messages(record)
     doc = _adp_doc(record, messages)
     source = imported_from(record, "adp")
     if source is not None:  # the file's own top-level fields and details, as it had them
@@ -161,7 +160,7 @@ def _assistant_item(msg: dict[str, Any]) -> dict[str, Any]:
     """The message_action of an assistant turn without calls; its thought goes where it came from
     (description, ADP's thought field, or reasoning_content)."""
     item = {"class_": "message_action", "content": msg.get("content") or ""}
-    reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
+    reasoning = reasoning_of(msg)
     if reasoning:
         item["description" if (msg.get("provenance") or {}).get("thought") == "description"
              else "reasoning_content"] = reasoning
@@ -188,7 +187,7 @@ def _call_item(msg: dict[str, Any], k: int, answered: set[Any]) -> dict[str, Any
         item = {"class_": "api_action", "function": call["function"]["name"], "kwargs": args}
     if call.get("id") in answered:
         item["tool_call_id"] = call["id"]
-    reasoning = msg.get("reasoning_content") if isinstance(msg.get("reasoning_content"), str) else None
+    reasoning = reasoning_of(msg)
     if k == 0 and not _joined(msg):
         if msg.get("content"):
             item["description"] = msg["content"]
@@ -426,8 +425,7 @@ def _image_data(content: Any) -> Image:
     """An ADP image the importer can keep: a data: URL of a PNG, JPEG, WebP or GIF (nothing is fetched)."""
     match = _DATA_URL.match(content) if isinstance(content, str) else None
     if match is None:
-        raise InterchangeError(f"the image {str(content)[:80]!r} is a path or link; only images inlined as "
-                               "data:image/...;base64 URLs can be imported (nothing is fetched)")
+        raise fetched_image(str(content))
     if match.group(1) not in artifacts.EXTENSIONS:
         raise InterchangeError(f"the image type {match.group(1)} is not one of {', '.join(artifacts.EXTENSIONS)}")
     try:
@@ -567,9 +565,7 @@ def validate_adp(obj: Any) -> list[str]:
 
 
 def from_adp(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
-    problems = validate_adp(obj)
-    if problems:
-        raise InterchangeError(f"{label}: not ADP", [f"{label}: not ADP: {p}" for p in problems])
+    refuse(validate_adp(obj), label, "ADP")
     details = obj.get("details") if isinstance(obj.get("details"), dict) else {}
     ours = _ours(details, [])
     marked = ours is None or bool(imported_from(ours, "adp"))
@@ -581,7 +577,5 @@ def from_adp(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str,
               "details": {k: v for k, v in details.items() if isinstance(v, (str, int, float, bool))}}
     record = _foreign_record(messages, n=n, external_id=obj["id"], source=source, options=options)
     # the document's own fields (details, available_*, fields this reader does not know) for the export
-    top = {k: v for k, v in obj.items() if k not in ("content", "id", "schema_version")}
-    rebuilt = {"details": _adp_details(messages)}
-    source["kept"] = keep_rest(top, rebuilt)
+    source["kept"] = document_rest(obj, {"details": _adp_details(messages)}, ("content", "id", "schema_version"))
     return record

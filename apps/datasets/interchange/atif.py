@@ -9,7 +9,8 @@ from apps.datasets.record_schema import RenderError
 
 from ._common import (
     InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours, _provenance,
-    _restore_arguments, _turns, imported_from, keep_rest, kept_of, put_kept, restore, tool_spec, type_problems,
+    _restore_arguments, _turns, document_rest, imported_from, keep_rest, kept_of, parts_text, put_kept, reasoning_of,
+    record_messages, refuse, restore, tool_spec, type_problems,
 )
 from .adp import web_text
 
@@ -33,8 +34,8 @@ def _atif_step(msg: dict[str, Any], step_id: int, model: str) -> dict[str, Any]:
     step.update(source="agent", message=msg.get("content") or "")
     if model:
         step["model_name"] = model
-    if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
-        step["reasoning_content"] = msg["reasoning_content"]
+    if reasoning_of(msg):
+        step["reasoning_content"] = reasoning_of(msg)
     calls = msg.get("tool_calls") or []
     if calls:
         step["tool_calls"] = [restore(_atif_call(c), kept_of(c, "atif")) for c in calls]
@@ -95,9 +96,7 @@ def _atif_doc(record: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, 
 
 
 def render_atif(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RenderError("no messages")
+    messages = record_messages(record)
     source = imported_from(record, "atif")
     doc = _atif_doc(record, _atif_steps(messages, record.get("model") or "", marked=source is not None))
     if source is not None:  # the file's agent, metrics, notes and extras, as it had them
@@ -107,20 +106,16 @@ def render_atif(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "extra": {**extra, "trajplatform": _provenance(record)}}
 
 
+def _image_part(part: dict[str, Any]) -> Any:
+    """What an ATIF image (or audio) part names: a file by path, or a link."""
+    if part.get("type") not in ("image", "audio"):
+        return None
+    source = part.get("source")
+    return str((source.get("path") if isinstance(source, dict) else None) or "a part without a source path")
+
+
 def _text_of(content: Any, at: str) -> str:
-    """A message or result as text: a string, or ATIF's content parts (text only; an image part
-    names a file by path, which an import cannot fetch)."""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for part in content if isinstance(content, list) else []:
-        if isinstance(part, dict) and part.get("type") == "image":
-            path = ((part.get("source") or {}).get("path")) if isinstance(part.get("source"), dict) else None
-            raise InterchangeError(f"{at}: the image {str(path)[:80]!r} is a path or link; only images inlined as "
-                                   "data:image/...;base64 URLs can be imported (nothing is fetched)")
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return "\n".join(texts)
+    return parts_text(content, at, _image_part)
 
 
 def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model: str = "",
@@ -277,9 +272,7 @@ def validate_atif(obj: Any) -> list[str]:
 
 
 def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
-    problems = validate_atif(obj)
-    if problems:
-        raise InterchangeError(f"{label}: not ATIF", [f"{label}: not ATIF: {p}" for p in problems])
+    refuse(validate_atif(obj), label, "ATIF")
     ours = _ours(obj.get("extra"), [])
     marked = ours is None or bool(imported_from(ours, "atif"))
     agent = obj.get("agent") or {}
@@ -300,8 +293,6 @@ def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str
         cost=float(final.get("total_cost_usd") or 0.0), reward=(final.get("extra") or {}).get("reward"),
         declared=[tool_spec(d) for d in agent.get("tool_definitions") or []])
     # the document's own fields (agent, final_metrics, notes, extra, fields this reader does not know)
-    top = {k: v for k, v in obj.items() if k not in ("steps", "schema_version", "session_id", "trajectory_id")}
-    rebuilt = {k: v for k, v in _atif_doc(record, []).items()
-               if k not in ("steps", "schema_version", "session_id", "trajectory_id")}
-    source["kept"] = keep_rest(top, rebuilt)
+    source["kept"] = document_rest(obj, _atif_doc(record, []), ("steps", "schema_version", "session_id",
+                                                                "trajectory_id"))
     return record

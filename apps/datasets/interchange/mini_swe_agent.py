@@ -9,8 +9,8 @@ from typing import Any
 from apps.datasets.record_schema import RenderError
 
 from ._common import (
-    InterchangeError, _args_object, _args_text, _foreign_record, imported_from, keep_rest, kept_of, put_kept, restore,
-    type_problems,
+    InterchangeError, _args_object, _args_text, _foreign_record, document_rest, imported_from, keep_rest, kept_of,
+    parts_text, put_kept, reasoning_of, record_messages, refuse, restore, type_problems,
 )
 
 TRAJECTORY_FORMAT = "mini-swe-agent-1.1"  # what mini-swe-agent 2.x saves, and what the export writes
@@ -22,6 +22,14 @@ _MSWEA_BLOCK = re.compile(r"```(?:mswea_bash_command|bash)\s*\n(.*?)\n```", re.S
 _RETURNCODE = re.compile(r"^\s*<returncode>")
 _TEXT_CALL = "mswea_"  # the ids of calls read from a fenced command (text mode has no call ids)
 ROLES = ("system", "user", "assistant", "tool", "exit")
+
+
+def _image_part(part: dict[str, Any]) -> Any:
+    """What an image part of a message (OpenAI's image_url) names."""
+    if part.get("type") != "image_url":
+        return None
+    named = part.get("image_url")
+    return str((named.get("url") if isinstance(named, dict) else named) or "an image part without a url")
 
 
 def _returncode(msg: dict[str, Any]) -> int | None:
@@ -66,10 +74,7 @@ def _read_problems(obj: dict[str, Any]) -> list[str]:
 def from_mini_swe_agent(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
         raise InterchangeError(f"{label}: not a mini-swe-agent trajectory (no messages list)")
-    problems = _read_problems(obj)
-    if problems:
-        raise InterchangeError(f"{label}: not a mini-swe-agent trajectory",
-                               [f"{label}: not a mini-swe-agent trajectory: {p}" for p in problems])
+    refuse(_read_problems(obj), label, "a mini-swe-agent trajectory")
     info = obj.get("info") if isinstance(obj.get("info"), dict) else {}
     messages: list[dict[str, Any]] = []
     made: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (our message, the file's message) to keep_rest
@@ -78,10 +83,8 @@ def from_mini_swe_agent(obj: Any, n: int, options: dict[str, Any], label: str) -
     for i, msg in enumerate(obj["messages"]):
         if not isinstance(msg, dict):
             raise InterchangeError(f"{label}: messages[{i}] is not an object")
-        role, content = msg.get("role"), msg.get("content")
-        if isinstance(content, list):  # content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        content = content if isinstance(content, str) else ""
+        role = msg.get("role")
+        content = parts_text(msg.get("content"), f"{label}: messages[{i}].content", _image_part)
         if role == "exit":
             exit_message = msg
             status = str((msg.get("extra") or {}).get("exit_status") or info.get("exit_status") or "exit")
@@ -93,8 +96,8 @@ def from_mini_swe_agent(obj: Any, n: int, options: dict[str, Any], label: str) -
             break
         if role == "assistant":
             out: dict[str, Any] = {"role": "assistant", "content": content or None}
-            if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
-                out["reasoning_content"] = msg["reasoning_content"]
+            if reasoning_of(msg):
+                out["reasoning_content"] = reasoning_of(msg)
             if msg.get("tool_calls"):
                 out["tool_calls"] = [{"id": c.get("id"), "type": "function", "function": {
                     "name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
@@ -148,8 +151,7 @@ def from_mini_swe_agent(obj: Any, n: int, options: dict[str, Any], label: str) -
     record = _foreign_record(messages, n=n, external_id=instance, source=source, options=options, model=model,
                              final_answer=info.get("submission") or "", cost=float(stats.get("instance_cost") or 0.0))
     # the file's own fields (info, instance_id, fields this reader does not know) and its closing message
-    top = {k: v for k, v in obj.items() if k != "messages"}
-    source["kept"] = keep_rest(top, {k: v for k, v in _mini_doc(record, []).items() if k != "messages"})
+    source["kept"] = document_rest(obj, _mini_doc(record, []), ("messages",))
     source["exit"] = exit_message
     return record
 
@@ -167,8 +169,8 @@ def _mini_message(msg: dict[str, Any], messages: list[dict[str, Any]]) -> dict[s
     provenance = msg.get("provenance") or {}
     if role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
-        if isinstance(msg.get("reasoning_content"), str) and msg["reasoning_content"]:
-            out["reasoning_content"] = msg["reasoning_content"]
+        if reasoning_of(msg):
+            out["reasoning_content"] = reasoning_of(msg)
         calls = msg.get("tool_calls") or []
         if calls and not all(_text_mode(c.get("id")) for c in calls):
             out["tool_calls"] = [{"id": c.get("id"), "type": "function", "function": {
@@ -209,9 +211,7 @@ def _mini_doc(record: dict[str, Any], messages: list[dict[str, Any]]) -> dict[st
 
 
 def render_mini_swe_agent(record: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RenderError("no messages")
+    messages = record_messages(record)
     out = []
     for msg in messages:
         if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "tool"):

@@ -206,3 +206,13 @@ def test_two_calls_of_one_step_with_one_id_are_answered_in_order() -> None:
     assert [(m["tool_call_id"], m["content"]) for m in messages[turn + 1:turn + 3]] == [
         (ids[0], "first"), (ids[1], "second")]
     assert len(set(ids)) == 2
+
+
+def test_an_image_part_of_a_mini_swe_agent_message_is_refused_not_dropped() -> None:
+    doc = json.loads((FIXTURES / "mini_swe_agent/calc-toolcall.traj.json").read_text())
+    doc["messages"][1]["content"] = [{"type": "text", "text": doc["messages"][1]["content"]},
+                                     {"type": "image_url", "image_url": {"url": "screenshots/1.png"}}]
+    # before: the text kept and the image silently gone from the trajectory (the turn trained without it)
+    assert _errors(json.dumps(doc).encode(), "mini-swe-agent") == [
+        "f.json:1: messages[1].content: the image 'screenshots/1.png' is a path or link; only images inlined as "
+        "data:image/...;base64 URLs can be imported (nothing is fetched)"]
