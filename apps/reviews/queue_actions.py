@@ -174,6 +174,8 @@ def saved_view_save(*, user: Any, name: str, query: str) -> SavedView:
     name = " ".join((name or "").split())
     if not name:
         raise ValidationError("give the view a name")
+    if "\x00" in name:
+        raise ValidationError("a view's name may not contain NUL characters")
     if len(name) > SavedView._meta.get_field("name").max_length:
         raise ValidationError("a view's name is at most 100 characters")
     if len(query) > SavedView._meta.get_field("query").max_length:

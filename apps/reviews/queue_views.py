@@ -269,6 +269,7 @@ def suggest(request: HttpRequest, kind: str) -> HttpResponse:
         raise Http404(f"no suggestions of {kind!r}")
     names, keys = SUGGEST[kind]
     typed = next((request.GET[k] for k in keys if k in request.GET), request.GET.get("q", ""))[:MAX_QUERY]
+    typed = typed.replace("\x00", "")  # no name holds one, and PostgreSQL refuses it in a query
     head, _, last = typed.rpartition(",") if any(k in request.GET for k in keys[1:]) else ("", "", typed)
     prefix = ", ".join(p.strip() for p in head.split(",") if p.strip())
     prefix = f"{prefix}, " if prefix else ""

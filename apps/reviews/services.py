@@ -422,7 +422,7 @@ def human_verdict_record(*, trajectory: Trajectory, actor: Any, verdict: str, re
         raise PermissionDenied("human verdicts need the reviewer role")
     if verdict not in Review.Verdict.values:
         raise ValidationError(f"verdict must be one of {', '.join(Review.Verdict.values)}")
-    reason = (reason or "").strip()
+    reason = storable((reason or "").strip(), labels=False)  # NUL replaced: PostgreSQL text holds none
     if not reason and verdict != Review.Verdict.ACCEPT:
         raise ValidationError(f"give a reason for the verdict {Review.Verdict(verdict).label!r} (only accept needs none)")
     with transaction.atomic():

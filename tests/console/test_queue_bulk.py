@@ -201,3 +201,12 @@ def test_the_admin_lists_assignments_and_withdraws_them_through_the_service(clie
     assignment.refresh_from_db()
     assert assignment.status == "withdrawn"
     assert AuditEvent.objects.get(action="reviews.unassign").actor == approver
+
+
+def test_a_nul_in_a_bulk_reason_is_stored_replaced_not_a_server_error(client, awaiting, reviewer):
+    (item,) = awaiting(1)
+    client.force_login(reviewer)
+    response = client.post(reverse("reviews:work_bulk"), {"action": "reject", "item": [item.pk],
+                                                          "reason": "bad\x00file"}, follow=True)
+    assert response.status_code == 200 and f"Rejected 1 item(s): #{item.pk}." in response.content.decode()
+    assert Review.objects.get(kind="human").rationale == "bad\ufffdfile"

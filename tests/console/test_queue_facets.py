@@ -160,3 +160,13 @@ def test_the_queue_page_reads_a_constant_number_of_queries(client, awaiting, mak
         queue_actions.review_assign(trajectory=item, assignee=alice, actor=approver)
         services.review_claim(trajectory=item, actor=alice)
     assert queries() == small <= 14
+
+
+def test_nul_characters_in_facets_suggestions_and_names_are_refused_not_errors(client, reviewer):
+    client.force_login(reviewer)
+    assert client.get(reverse("reviews:suggest", args=["batches"]), {"batch": "a\x00b"}).status_code == 200
+    assert client.get(reverse("reviews:suggest", args=["models"]), {"models": "x, a\x00"}).status_code == 200
+    body = client.get(reverse("reviews:work"), {"batch": "a\x00b", "model": "m\x00"}).content.decode()
+    assert 'class="errors"' in body
+    response = client.post(reverse("reviews:saved_view_save"), {"name": "a\x00b", "queue": ""}, follow=True)
+    assert "may not contain NUL characters" in response.content.decode() and not SavedView.objects.exists()
