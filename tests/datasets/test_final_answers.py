@@ -230,6 +230,10 @@ def test_every_door_refuses_a_bad_final_answer_before_any_write_and_a_job_keeps_
     version = dataset_version_create(dataset_name="answers", actor=approver, filter_spec=no_dedup(
         validation_fraction=0))
     section = version.data_card["exportability"]
+    stats = StringIO()
+    call_command("dataset_stats", "answers", stdout=stats)
+    [tool_line] = [line for line in stats.getvalue().splitlines() if "with final_answer tool" in line]
+    assert f" sft-trl {section['final_answer']['tool']['sft-trl']}," in tool_line
     out = tmp_path / "raw.jsonl"
     with pytest.raises(CommandError, match=r"final_answer: raw does not take this option"):
         call_command("dataset_export", "answers", "--format", "raw", "--final-answer", "tool", "--out", str(out),

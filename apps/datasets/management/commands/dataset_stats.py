@@ -99,6 +99,10 @@ class Command(DatasetCommand):
                 reasons = "; ".join(f"{n} × {r}" for r, n in list(tally["reasons"].items())[:3])
                 w(f"  {fmt:<20} {lines['all']:>6} {lines['train']:>6} {lines['validation']:>6}  excluded "
                   f"{tally['excluded']}" + (f": {reasons}" if reasons else ""))
+            tool = (exportable.get("final_answer") or {}).get("tool") or {}
+            if tool:
+                w("  with final_answer tool (the finish call kept): "
+                  + ", ".join(f"{fmt} {n}" for fmt, n in tool.items()))
             if exportable.get("not_applicable"):
                 w("  not applicable: " + ", ".join(exportable["not_applicable"]))
         w("exporter versions: " + ", ".join(f"{k} {v}" for k, v in (version.exporter_versions or {}).items()))
