@@ -377,12 +377,12 @@ def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: s
             if owned:
                 fp.close()
         try:
-            raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene, images=images)
+            raw = to_raw_lines(data, fmt, label=label, outcome=outcome, scene=scene, images=images, warnings=warnings)
         except InterchangeError as exc:
             raise RawImportError(exc.errors, field=exc.field) from None
         except RenderError as exc:
             raise RawImportError([str(exc)]) from None
-        warnings = chat_shape_warnings(raw, Path(label).name)
+        warnings += chat_shape_warnings(raw, Path(label).name)
         path_or_file = io.BytesIO(raw)
         path_or_file.name = f"{Path(label).stem}.{fmt}"
     # Images are stored only once the raw importer has accepted the file, inside its transaction:

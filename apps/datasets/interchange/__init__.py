@@ -179,13 +179,13 @@ def _refuse_other_shapes(text: bytes, whole: Any, fmt: str, label: str) -> None:
 
 
 def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = None, scene: str | None = None,
-                 images: dict[str, Image] | None = None) -> bytes:
+                 images: dict[str, Image] | None = None, warnings: list[str] | None = None) -> bytes:
     """The canonical raw JSONL for an ATIF / ADP / mini-swe-agent file; InterchangeError lists every
     bad document as `FILE:LINE: reason`. `images` collects the images the lines name (sha256 ->
-    Image) for the caller to store."""
+    Image) for the caller to store; `warnings` what a reader saw that the import does not act on."""
     if fmt not in READERS:
         raise InterchangeError(f"unknown import format {fmt!r}; one of: raw, {', '.join(IMPORT_FORMATS)}")
-    options = {"outcome": outcome, "scene": scene, "file": Path(label).name, "images": images}
+    options = {"outcome": outcome, "scene": scene, "file": Path(label).name, "images": images, "warnings": warnings}
     text = _text(data, label).strip()
     if not text:
         raise InterchangeError(f"{label}: empty file")

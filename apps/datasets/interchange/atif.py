@@ -134,9 +134,7 @@ def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model:
         return [out]
     calls = step.get("tool_calls") or []
     observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
-    if source == "agent" and not message and not calls and not step.get("reasoning_content") \
-            and observation.get("results") and all(isinstance(r, dict) and r.get("source_call_id") is None
-                                                   for r in observation["results"]):
+    if source == "agent" and not message and _only_observes(step):
         return [_environment_message(step, observation, marked=marked, model=model, at=at)]
     out = {"role": "assistant", "content": message if message or not calls else None}
     if step.get("reasoning_content"):
@@ -167,6 +165,14 @@ def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model:
             kept["_observation"] = rest
         put_kept(out, "atif", kept)
     return _restore_arguments([out, *tools], extra.get("trajplatform_arguments") if isinstance(extra, dict) else None)
+
+
+def _only_observes(step: dict[str, Any]) -> bool:
+    """An agent step with no call and no reasoning whose results answer no call (its message, if any,
+    is checked by the caller as text): how neulab's converter writes an observation that answers no action."""
+    observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
+    return not step.get("tool_calls") and not step.get("reasoning_content") and bool(observation.get("results")) \
+        and all(isinstance(r, dict) and r.get("source_call_id") is None for r in observation["results"])
 
 
 def _environment_message(step: dict[str, Any], observation: dict[str, Any], *, marked: bool, model: str,
@@ -271,6 +277,25 @@ def validate_atif(obj: Any) -> list[str]:
     return problems
 
 
+def _training_notes(obj: dict[str, Any], where: str) -> list[str]:
+    """What a file says about training on its steps that our exports do not act on, as import warnings."""
+    notes = []
+    copied = [s["step_id"] for s in obj["steps"] if s.get("is_copied_context") is True]
+    if copied:
+        notes.append(f"{where}: steps {', '.join(map(str, copied))} are copied context (is_copied_context: ATIF "
+                     "says not to train on them); the chat exports train on every assistant turn")
+    scripted = [s["step_id"] for s in obj["steps"] if s.get("source") == "agent" and s.get("llm_call_count") == 0
+                and not (not s.get("message") and _only_observes(s))]  # an observing step is no assistant turn
+    if scripted:
+        notes.append(f"{where}: agent steps {', '.join(map(str, scripted))} ran no model (llm_call_count 0); the "
+                     "chat exports train on them as assistant turns")
+    subagents = obj.get("subagent_trajectories")
+    if isinstance(subagents, list) and subagents:
+        notes.append(f"{where}: {len(subagents)} embedded subagent trajectories (subagent_trajectories) are kept "
+                     "with the record for the export, not imported as trajectories of their own")
+    return notes
+
+
 def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str, Any]:
     refuse(validate_atif(obj), label, "ATIF")
     ours = _ours(obj.get("extra"), [])
@@ -292,6 +317,9 @@ def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str
         tokens=(int(final.get("total_prompt_tokens") or 0), int(final.get("total_completion_tokens") or 0)),
         cost=float(final.get("total_cost_usd") or 0.0), reward=(final.get("extra") or {}).get("reward"),
         declared=[tool_spec(d) for d in agent.get("tool_definitions") or []])
+    warnings = options.get("warnings")
+    if warnings is not None:
+        warnings += _training_notes(obj, f"{options.get('file') or label}: {external_id}")
     # the document's own fields (agent, final_metrics, notes, extra, fields this reader does not know)
     source["kept"] = document_rest(obj, _atif_doc(record, []), ("steps", "schema_version", "session_id",
                                                                 "trajectory_id"))

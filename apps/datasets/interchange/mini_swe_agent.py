@@ -54,6 +54,8 @@ def _read_problems(obj: dict[str, Any]) -> list[str]:
         if not isinstance(msg, dict):
             problems.append(f"{at}: must be an object")
             continue
+        if msg.get("role") == "exit" and i != len(obj["messages"]) - 1:  # the reader stops at it
+            problems.append(f"{at}: the exit message must be the last ({len(obj['messages']) - 1 - i} after it)")
         problems += type_problems(msg, at, strings=("tool_call_id", "reasoning_content"), objects=("extra",),
                                   lists=("tool_calls",))
         if msg.get("content") is not None and not isinstance(msg["content"], (str, list)):

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from tests.datasets.test_interchange import ATIF_RFC_EXAMPLE, import_file, real_trajectory  # noqa: F401
-from tests.datasets.interchange.test_real_files import export
+from tests.datasets.interchange.test_real_files import FIXTURES, export
 from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
 from tests.engines.test_agent import llm_env  # noqa: F401 (fixture)
 
@@ -39,3 +41,42 @@ def test_atif_tool_definitions_are_the_trajectory_s_tools_and_ours_go_out_as_the
     path.write_text(json.dumps(bad))
     with pytest.raises(Exception, match="nothing was imported"):
         import_file(path, "--format", "atif", "--outcome", "success", "--batch", "bad")
+
+
+def test_what_atif_says_about_training_on_its_steps_is_said_at_import(tmp_path: Path) -> None:
+    doc = copy.deepcopy(ATIF_RFC_EXAMPLE)
+    doc["schema_version"] = "ATIF-v1.7"
+    doc["steps"][1]["is_copied_context"] = True
+    doc["steps"][2]["llm_call_count"] = 0
+    doc["subagent_trajectories"] = [{"schema_version": "ATIF-v1.7", "trajectory_id": "sub-1",
+                                     "agent": {"name": "helper", "version": "1"},
+                                     "steps": [{"step_id": 1, "source": "user", "message": "look it up"}]}]
+    path = tmp_path / "copied.json"
+    path.write_text(json.dumps(doc))
+    err = io.StringIO()
+    call_command("import_trajectories", str(path), "--format", "atif", "--outcome", "success", stdout=io.StringIO(),
+                 stderr=err)
+    # before: nothing said; the copied and the scripted turns went into every chat export as the model's own
+    session = doc["session_id"]
+    assert [line for line in err.getvalue().splitlines() if "copied" in line or "model" in line
+            or "subagent" in line] == [
+        f"warning: copied.json: {session}: steps 2 are copied context (is_copied_context: ATIF says not to train on "
+        "them); the chat exports train on every assistant turn",
+        f"warning: copied.json: {session}: agent steps 3 ran no model (llm_call_count 0); the chat exports train on "
+        "them as assistant turns",
+        f"warning: copied.json: {session}: 1 embedded subagent trajectories (subagent_trajectories) are kept with the "
+        "record for the export, not imported as trajectories of their own"]
+
+
+def test_messages_after_mini_swe_agent_s_exit_message_are_refused_not_dropped(tmp_path: Path) -> None:
+    doc = json.loads((FIXTURES / "mini_swe_agent/calc-toolcall.traj.json").read_text())
+    doc["messages"].append({"role": "user", "content": "one more thing"})
+    path = tmp_path / "after-exit.traj.json"
+    path.write_text(json.dumps(doc))
+    err = io.StringIO()
+    with pytest.raises(CommandError):  # before: imported, the message after the exit silently gone
+        call_command("import_trajectories", str(path), "--format", "mini-swe-agent", "--outcome", "success",
+                     stdout=io.StringIO(), stderr=err)
+    exit_at = len(doc["messages"]) - 2
+    assert f"after-exit.traj.json:1: not a mini-swe-agent trajectory: line.messages[{exit_at}]: the exit message must " \
+           "be the last (1 after it)" in err.getvalue()
