@@ -372,14 +372,15 @@ def _foreign_record(messages: list[dict[str, Any]], *, n: int, external_id: str,
     if outcome not in OUTCOMES:
         raise InterchangeError(f"{external_id}: a trajectory from another tool has no outcome we can verify; say "
                                "which it is: outcome success or failure", field="outcome")
-    users = [m for m in messages if m["role"] == "user" and isinstance(m.get("content"), str)
+    users = [m for m in messages if m["role"] == "user" and isinstance(m.get("content"), (str, list))
              and (m.get("provenance") or {}).get("source") != "environment"]
     if not users:
         raise InterchangeError(f"{external_id}: no user message (the task)")
-    if not users[0]["content"].strip():
-        raise InterchangeError(f"{external_id}: the first user message (the task's prompt) is empty")
+    prompt = _text(users[0]["content"])  # with an image: its text parts
+    if not prompt.strip():
+        raise InterchangeError(f"{external_id}: the first user message (the task's prompt) has no text")
     task = {f: Task._meta.get_field(f).get_default() for f in TASK_FIELDS}  # the defaults a new task gets
-    task.update(scene=options.get("scene") or "code_exec", prompt=users[0]["content"], external_id=external_id[:200],
+    task.update(scene=options.get("scene") or "code_exec", prompt=prompt, external_id=external_id[:200],
                 model=model[:200], batch="")
     unique_call_ids(messages)
     tools: list[dict[str, Any]] = []

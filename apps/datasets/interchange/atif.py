@@ -2,17 +2,19 @@
 lines, read a file's trajectories back (the package's docstring describes the mapping)."""
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 from apps.datasets.record_schema import RenderError
+from trajplatform import artifacts
 
 from ._common import (
-    InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours, _provenance,
-    _restore_arguments, _turns, document_rest, imported_from, keep_rest, kept_of, parts_text, put_kept, reasoning_of,
-    record_messages, refuse, restore, tool_spec, type_problems,
+    Image, InterchangeError, _args_object, _args_text, _argument_texts, _as_written, _foreign_record, _ours,
+    _provenance, _restore_arguments, _turns, document_rest, fetched_image, imported_from, keep_rest, kept_of,
+    parts_text, put_kept, reasoning_of, record_messages, refuse, restore, tool_spec, type_problems,
 )
-from .adp import web_text
+from .adp import _data_url, _image_data, web_text
 
 ATIF_VERSION = "ATIF-v1.7"  # what the export writes (the version neulab's schema/atif.py accepts)
 # What the reader takes (docs/interchange.md has the table): v1.0 to v1.7, and a later v1.x the
@@ -24,12 +26,12 @@ AGENT_VERSION = "1"
 _SOURCES = ("system", "user", "agent")
 
 
-def _atif_step(msg: dict[str, Any], step_id: int, model: str) -> dict[str, Any]:
+def _atif_step(msg: dict[str, Any], step_id: int, model: str, images: dict[str, Image] | None = None) -> dict[str, Any]:
     """A message's step without its observation (the standard fields our record gives)."""
     role = msg.get("role")
     step: dict[str, Any] = {"step_id": step_id}
     if role in ("system", "user"):
-        step.update(source=role, message=msg.get("content") or "")
+        step.update(source=role, message=_atif_message(msg.get("content"), images))
         return step
     step.update(source="agent", message=msg.get("content") or "")
     if model:
@@ -40,6 +42,58 @@ def _atif_step(msg: dict[str, Any], step_id: int, model: str) -> dict[str, Any]:
     if calls:
         step["tool_calls"] = [restore(_atif_call(c), kept_of(c, "atif")) for c in calls]
     return step
+
+
+def _atif_message(content: Any, images: dict[str, Image] | None = None) -> Any:
+    """A user or system message as ATIF's message: its text, or (a vision episode's screenshot
+    message) content parts, each stored image an image part whose source path is the image inlined
+    as a data: URL (ATIF's ImageSource takes a file path or a URL; a data: URL keeps the file whole).
+    `images` are the ones an import has not stored yet."""
+    if not isinstance(content, list):
+        return content or ""
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            parts.append({"type": "text", "text": part.get("text") or ""})
+            continue
+        url = str(((part.get("image_url") or {}) if kind == "image_url" else {}).get("url", ""))
+        if not url.startswith(artifacts.URL_PREFIX):
+            raise RenderError(f"a message part {str(part)[:60]!r} is neither text nor a stored image")
+        sha = url[len(artifacts.URL_PREFIX):]
+        try:
+            inline = _data_url(images[sha]) if images and sha in images else artifacts.data_url(sha)
+        except artifacts.ArtifactError as exc:
+            raise RenderError(f"image {sha[:12]}: {exc}") from None
+        parts.append({"type": "image", "source": {"media_type": inline[len("data:"):inline.index(";")],
+                                                  "path": inline}})
+    return parts
+
+
+def _message_parts(content: Any, at: str, images: dict[str, Image]) -> Any:
+    """A user or system step's message as ours: a string, its text parts' text, or (with an image
+    inlined as a data: URL) text and image_url parts, the image kept in `images` and named as
+    `artifact:<sha>`; an image by path or link is refused (nothing is fetched)."""
+    if not (isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content)):
+        return _text_of(content, at)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("text", "image"):
+            raise InterchangeError(f"{at}[{j}]: a text or an image part")
+        if part["type"] == "text":
+            parts.append({"type": "text", "text": part.get("text") if isinstance(part.get("text"), str) else ""})
+            continue
+        path = _image_part(part)
+        if not path.startswith("data:"):
+            raise InterchangeError(f"{at}[{j}]: {fetched_image(path)}")
+        try:
+            image = _image_data(path)
+        except InterchangeError as exc:
+            raise InterchangeError(f"{at}[{j}]: {exc}") from None
+        sha = hashlib.sha256(image.data).hexdigest()
+        images[sha] = image
+        parts.append({"type": "image_url", "image_url": {"url": f"{artifacts.URL_PREFIX}{sha}"}})
+    return parts
 
 
 def _atif_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -118,20 +172,24 @@ def _text_of(content: Any, at: str) -> str:
     return parts_text(content, at, _image_part)
 
 
-def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model: str = "",
-                           at: str = "step") -> list[dict[str, Any]]:
+def _messages_of_atif_step(step: dict[str, Any], *, marked: bool = False, model: str = "", at: str = "step",
+                           images: dict[str, Image] | None = None) -> list[dict[str, Any]]:
     """A step's messages: a system or user message, or an assistant turn and its tool results. With
-    `marked`, each keeps what the export could not say again from it (keep_rest) under `provenance.atif`."""
+    `marked`, each keeps what the export could not say again from it (keep_rest) under `provenance.atif`.
+    `images` collects the images a user or system message inlines (sha256 -> Image)."""
+    images = {} if images is None else images
+    source = step.get("source")
+    if source in ("system", "user"):  # its images are kept even when the exact messages ride along
+        message: Any = _message_parts(step.get("message"), f"{at}.message", images)
     extra = step.get("extra") or {}
     if isinstance(extra, dict) and isinstance(extra.get("trajplatform_messages"), list):
         return extra["trajplatform_messages"]
-    source = step.get("source")
-    message = _text_of(step.get("message"), f"{at}.message")
     if source in ("system", "user"):
         out = {"role": source, "content": message}
         if marked:
-            put_kept(out, "atif", keep_rest(step, _atif_step(out, step.get("step_id"), model)))
+            put_kept(out, "atif", keep_rest(step, _atif_step(out, step.get("step_id"), model, images)))
         return [out]
+    message = _text_of(step.get("message"), f"{at}.message")
     calls = step.get("tool_calls") or []
     observation = step.get("observation") if isinstance(step.get("observation"), dict) else {}
     if source == "agent" and not message and _only_observes(step):
@@ -303,7 +361,8 @@ def from_atif(obj: Any, n: int, options: dict[str, Any], label: str) -> dict[str
     agent = obj.get("agent") or {}
     model = (agent.get("model_name") or "") if ours is None else (ours.get("model") or "")
     messages = [m for i, step in enumerate(obj["steps"])
-                for m in _messages_of_atif_step(step, marked=marked, model=model, at=f"{label}: steps[{i}]")]
+                for m in _messages_of_atif_step(step, marked=marked, model=model, at=f"{label}: steps[{i}]",
+                                                images=options.get("images"))]
     if ours is not None:
         return {**ours, "messages": messages}
     final = obj.get("final_metrics") or {}

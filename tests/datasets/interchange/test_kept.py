@@ -11,7 +11,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.datasets.test_interchange import ATIF_RFC_EXAMPLE, import_file, real_trajectory  # noqa: F401
+from tests.datasets.interchange.test_export_schemas import atif_problems
 from tests.datasets.interchange.test_real_files import FIXTURES, export
+from tests.datasets.test_vision_export import episodes  # noqa: F401 (fixture: a real gui vision episode)
+from tests.engines.test_gui import artifact_root  # noqa: F401 (fixture)
 from tests.engines.conftest import sandbox_root_dir, sandbox_settings  # noqa: F401 (fixtures)
 from tests.engines.test_agent import llm_env  # noqa: F401 (fixture)
 
@@ -80,3 +83,37 @@ def test_messages_after_mini_swe_agent_s_exit_message_are_refused_not_dropped(tm
     exit_at = len(doc["messages"]) - 2
     assert f"after-exit.traj.json:1: not a mini-swe-agent trajectory: line.messages[{exit_at}]: the exit message must " \
            "be the last (1 after it)" in err.getvalue()
+
+
+def test_a_real_vision_episode_goes_out_as_atif_with_its_screenshots_and_comes_back(
+        episodes: list[int], sandbox_settings: Any, llm_env: Any, artifact_root: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    from apps.tasks.models import Trajectory
+    from trajplatform import artifacts
+
+    original = Trajectory.objects.get(pk=episodes[0])
+    # before: excluded ('line.steps[2].message: a string (may be empty) or content parts'): no ATIF line at all
+    [line], excluded = export("atif", [original])
+    assert excluded == [] and atif_problems(line) == []
+    shown = [p["image_url"]["url"].removeprefix("artifact:") for m in original.messages
+             if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"]
+    images = [p for s in line["steps"] if isinstance(s["message"], list) for p in s["message"] if p["type"] == "image"]
+    assert [p["source"] for p in images] == [{"media_type": artifacts.get(sha).mime, "path": artifacts.data_url(sha)}
+                                             for sha in shown] and len(shown) > 1
+    path = tmp_path / "gui.atif.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    Trajectory.objects.filter(pk__in=episodes).delete()  # the screenshots go with them
+    assert not artifacts.Artifact.objects.filter(sha256__in=shown).exists()
+    [back] = import_file(path, "--format", "atif", "--batch", "gui-back")
+    assert back.messages == original.messages and back.steps == original.steps
+    assert set(back.artifact_uses.values_list("artifact__sha256", flat=True)) == set(shown)
+    assert all(artifacts.read(sha)[:4] == b"\x89PNG" for sha in shown)
+    # another tool's ATIF file with an inlined image: a user message with the stored image
+    doc = copy.deepcopy(ATIF_RFC_EXAMPLE)
+    doc["steps"][0]["message"] = [{"type": "text", "text": "What does the chart say?"}, images[0]]
+    path.write_text(json.dumps(doc))
+    [foreign] = import_file(path, "--format", "atif", "--outcome", "success", "--batch", "chart")
+    assert foreign.messages[0]["content"] == [{"type": "text", "text": "What does the chart say?"}, {
+        "type": "image_url", "image_url": {"url": f"artifact:{shown[0]}"}}]
+    [again], _ = export("atif", [foreign])
+    assert again["steps"][0]["message"] == doc["steps"][0]["message"]
