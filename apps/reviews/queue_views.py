@@ -59,7 +59,7 @@ class WorkFilterForm(forms.Form):
     verdict = forms.ChoiceField(choices=VERDICT_FACETS, required=False, label="human verdict")
     reviewer = forms.ChoiceField(choices=(), required=False, label="judged by")
     assigned = forms.ChoiceField(choices=(), required=False, label="assigned to")
-    iteration = forms.IntegerField(required=False, min_value=1, max_value=1000)
+    iteration = forms.IntegerField(required=False, min_value=1, max_value=1000, label="iteration")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
