@@ -7,7 +7,8 @@ the result in the data card under `exportability`:
 
     {"options": {...the defaults measured with...},
      "formats": {fmt: {"lines": {"all": n, "train": n, "validation": n}, "excluded": n,
-                       "reasons": {reason: count}}},
+                       "reasons": {reason: count},
+                       "stale_prompts": n}},   # only when some: lines whose system prompt still names finish
      "not_applicable": {fmt: why},            # a scene's own format, and none of its scenes here
      "roles": {"lead": {fmt: lines}, "all": {fmt: lines}},   # multi_agent versions: the other choices
      "final_answer": {"tool": {fmt: lines}}}   # the chat formats with final_answer tool (answers.py)
@@ -118,6 +119,8 @@ def measure(members: Sequence[tuple[int, int, str]], scenes: Iterable[str], *,
                 tally["lines"][split] += result.lines
                 tally["lines"]["all"] += result.lines
                 tally["excluded"] += len(result.excluded)
+                if result.stale_prompts:  # text-form lines whose system prompt still names finish (answers.py)
+                    tally["stale_prompts"] = tally.get("stale_prompts", 0) + len(result.stale_prompts)
                 for e in result.excluded:
                     kind = reason_kind(e["reason"])
                     tally["reasons"][kind] += 1

@@ -34,7 +34,7 @@ from apps.engines.runtime import (
 
 __all__ = ["PIPELINES", "RUBRICS", "RUNTIMES", "SCENES", "SCENE_CHOICES", "Scene", "SceneConfigError", "export_scenes",
            "get_runtime", "get_scene", "has_runtime", "load", "register_runtime", "rubric_for", "rubric_id",
-           "scene_choices", "validate_scene_config"]
+           "scene_choices", "text_form_rewrites", "validate_scene_config"]
 
 # All filled by load(), in place (modules that imported them see the update).
 SCENES: dict[str, Scene] = {}
@@ -173,6 +173,21 @@ def get_runtime(scene_id: str) -> SceneRuntime:
     runtime = _attribute(target)()
     _instances[scene_id] = runtime
     return runtime
+
+
+def text_form_rewrites(scene_id: str, scene_config: dict[str, Any] | None = None) -> dict[str, str | None]:
+    """How the scene's system prompt reads when an export ends its episodes on a text answer
+    (apps/datasets/exporters/answers.py): its runtime's `text_form_rewrites`, each sentence that names
+    the finish tool -> its text-form sentence (None drops it); a scene composing another
+    (scene_config.base_scene, multi_agent) adds the base scene's. {} for a scene without a runtime or
+    a runtime that declares none (the export then counts its prompts as unrewritten)."""
+    if not has_runtime(scene_id):
+        return {}
+    rewrites = dict(getattr(get_runtime(scene_id), "text_form_rewrites", None) or {})
+    base = (scene_config or {}).get("base_scene")
+    if isinstance(base, str) and base and base != scene_id:
+        rewrites = {**text_form_rewrites(base), **rewrites}
+    return rewrites
 
 
 # -- review rubrics, export formats --------------------------------------------------------------

@@ -17,6 +17,7 @@ with orjson, keys sorted, UTF-8, so exporting the same records again gives the s
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,8 @@ from trajplatform.redaction import redact, secret_values
 from . import aitw, answers, dpo, formats, kto, roles, qa, stepdpo, toolace, toucan, vision
 from .chat import RenderError
 from .records import RAW_SCHEMA_VERSION, load_records
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "FORMATS", "RAW_SCHEMA_VERSION", "ExportResult", "Exporter", "FormatSummary", "check_options", "export_records",
@@ -72,54 +75,54 @@ class Exporter:
 # multiagent-agentjet, kto-trl, reward-score and the vision formats 2, rl and rl-verl 3, sharegpt 3 (also a
 # gpt turn's reasoning in its thought words), toucan 3 (the answer's thought: the turn's reasoning and text)
 _ALL = [
-    Exporter("sft-openai", "2", False, "OpenAI chat fine-tuning: messages with tool_calls (arguments as JSON "
+    Exporter("sft-openai", "3", False, "OpenAI chat fine-tuning: messages with tool_calls (arguments as JSON "
              "strings), role tool with tool_call_id, tools, parallel_tool_calls",
              formats.render_sft_openai, formats.validate_sft_openai),
-    Exporter("sft-trl", "2", False, "TRL conversational SFT: messages + tools, tool-call arguments as objects, "
+    Exporter("sft-trl", "3", False, "TRL conversational SFT: messages + tools, tool-call arguments as objects, "
              "reasoning_content kept", formats.render_sft_trl, formats.validate_sft_trl),
-    Exporter("dpo-openai", "2", True, "OpenAI preference fine-tuning: input (shared prompt, tools), one preferred "
+    Exporter("dpo-openai", "3", True, "OpenAI preference fine-tuning: input (shared prompt, tools), one preferred "
              "and one non-preferred assistant message; pairs within a task only", None, dpo.validate_dpo_openai,
              render_group=partial(dpo.pair_group, style="openai")),
-    Exporter("dpo-trl", "2", True, "TRL DPO, conversational with explicit prompt: prompt (shared prefix), "
+    Exporter("dpo-trl", "3", True, "TRL DPO, conversational with explicit prompt: prompt (shared prefix), "
              "chosen/rejected continuations, tools; pairs within a task only", None, dpo.validate_dpo_trl,
              render_group=partial(dpo.pair_group, style="trl")),
-    Exporter("rl", "3", False, "platform RL record per trajectory: prompt, tools, full messages, final reward, "
+    Exporter("rl", "4", False, "platform RL record per trajectory: prompt, tools, full messages, final reward, "
              "per-step tool success, verifier output, judge scores", formats.render_rl, formats.validate_rl),
-    Exporter("rl-verl", "3", False, "verl RL task per task: data_source, prompt, ability, "
+    Exporter("rl-verl", "4", False, "verl RL task per task: data_source, prompt, ability, "
              "reward_model{style, ground_truth}, extra_info", formats.render_verl, formats.validate_verl,
              one_per_task=True),
-    Exporter("rl-agentjet", "2", False, "AgentJet task per task: main_query, init_messages, task_id, env_type, "
+    Exporter("rl-agentjet", "3", False, "AgentJet task per task: main_query, init_messages, task_id, env_type, "
              "metadata{answer}", formats.render_agentjet, formats.validate_agentjet, one_per_task=True),
     # 2: thoughts in LLaMA-Factory's thought words ("<think>\n", "\n</think>\n\n"), tools with parameters.properties
-    Exporter("sharegpt", "3", False, "LLaMA-Factory ShareGPT: conversations with human/gpt/function_call/"
+    Exporter("sharegpt", "4", False, "LLaMA-Factory ShareGPT: conversations with human/gpt/function_call/"
              "observation turns, system, tools as a JSON string", formats.render_sharegpt, formats.validate_sharegpt),
-    Exporter("alpaca", "2", False, "LLaMA-Factory Alpaca: instruction/input/output/system/history; tool calls "
+    Exporter("alpaca", "3", False, "LLaMA-Factory Alpaca: instruction/input/output/system/history; tool calls "
              "and results flattened into tagged text", formats.render_alpaca, formats.validate_alpaca),
     Exporter("raw", "2", False, f"our canonical lossless record ({RAW_SCHEMA_VERSION}), read back by "
              "import_trajectories", formats.render_raw, formats.validate_raw),
     # 2: the released dataset's nine string columns (uuid, subset_name, JSON text), function_call messages
-    Exporter("toucan", "3", False, "Toucan's released row (Agent-Ark/Toucan-1.5M): uuid, subset_name, messages "
+    Exporter("toucan", "4", False, "Toucan's released row (Agent-Ark/Toucan-1.5M): uuid, subset_name, messages "
              "(JSON text: function_call / function turns), question, available_tools, target_tools, the question and "
              "response quality assessments, metadata - every column a string", toucan.render_toucan,
              toucan.validate_toucan),
     # 2: ToolACE's system prompt and function shape (dict types, required: null), any tool name
-    Exporter("toolace", "2", False, "ToolACE's released row: system (ToolACE's instructions + the tools as JSON), "
+    Exporter("toolace", "3", False, "ToolACE's released row: system (ToolACE's instructions + the tools as JSON), "
              "conversations user/assistant/tool with calls in bracket syntax [Get Data(a=1, b=\"x\")] (validated by "
              "parsing them back), clarifications as plain turns", toolace.render_toolace, toolace.validate_toolace),
     Exporter("qa", "1", False, "QA pairs (search2qa / deep_search): question, answer, aliases, sources, gates, "
              "metadata; one per task", qa.render_qa, qa.validate_qa, one_per_task=True,
              scenes=export_scenes("qa")),
-    Exporter("qa-verl", "2", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
+    Exporter("qa-verl", "3", False, "verl RL task per QA pair: rl-verl's row with reward_model.ground_truth = the "
              "answer and extra_info {aliases, sources, gates}", qa.render_qa_verl, qa.validate_qa_verl,
              one_per_task=True, scenes=export_scenes("qa-verl")),
-    Exporter("multiagent-agentjet", "2", False, "multi_agent episodes in AgentJet's shape: per-agent timelines "
+    Exporter("multiagent-agentjet", "3", False, "multi_agent episodes in AgentJet's shape: per-agent timelines "
              "(messages with author llm|env and loss_mask) tagged by role, the shared reward (roles.py)",
              roles.render_agentjet_multiagent, roles.validate_agentjet_multiagent,
              scenes=export_scenes("multiagent-agentjet")),
-    Exporter("dpo-step-trl", "2", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
+    Exporter("dpo-step-trl", "3", True, "TRL DPO, step level: prompt = two rollouts' shared prefix, chosen/rejected "
              "= the single assistant turns where they first diverge, tools, metadata (both ids, prefix length, "
              "step, margin)", None, stepdpo.validate_dpo_step, render_group=stepdpo.pair_steps),
-    Exporter("kto-trl", "2", False, "TRL KTO, unpaired: prompt, completion, label (human verdict, else verifier "
+    Exporter("kto-trl", "3", False, "TRL KTO, unpaired: prompt, completion, label (human verdict, else verifier "
              "outcome), tools", kto.render_kto, kto.validate_kto),
     # 2: ATIF-v1.7 with trajectory_id; an imported file's agent, metrics and extras written back
     Exporter("atif", "2", False, "Harbor's Agent Trajectory Interchange Format (ATIF-v1.7), one trajectory per "
@@ -136,16 +139,16 @@ _ALL = [
              "with AitW's features (image/encoded beside the export or base64, image/ui_annotations_*, "
              "results/action_type, normalised results/yx_touch and yx_lift, results/type_action)",
              aitw.render_aitw, aitw.validate_aitw, scenes=export_scenes("aitw"), many=True),
-    Exporter("reward-score", "2", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
+    Exporter("reward-score", "3", False, "pointwise reward-model data: prompt, completion, score 0-1 (human review "
              "overall, else judge overall, / 100), tools", kto.render_reward, kto.validate_reward),
-    Exporter("sft-openai-vision", "2", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
+    Exporter("sft-openai-vision", "3", False, "OpenAI chat fine-tuning with images: screenshots as image_url "
              "parts of user messages (files next to the JSONL or data: URLs, option images)",
              vision.render_sft_openai_vision, vision.validate_sft_openai_vision,
              scenes=export_scenes("sft-openai-vision")),
-    Exporter("sharegpt-vision", "2", False, "LLaMA-Factory ShareGPT with an images column and one <image> token "
+    Exporter("sharegpt-vision", "3", False, "LLaMA-Factory ShareGPT with an images column and one <image> token "
              "per image in its turn", vision.render_sharegpt_vision, vision.validate_sharegpt_vision,
              scenes=export_scenes("sharegpt-vision")),
-    Exporter("trl-vision", "2", False, "TRL vision SFT: messages of content parts ({type: image} placeholders), "
+    Exporter("trl-vision", "3", False, "TRL vision SFT: messages of content parts ({type: image} placeholders), "
              "images list, tools", vision.render_trl_vision, vision.validate_trl_vision,
              scenes=export_scenes("trl-vision")),
 ]
@@ -226,6 +229,9 @@ class ExportResult:
     excluded: list[dict[str, Any]] = field(default_factory=list)
     sha256: str = ""
     bytes: int = 0
+    # final_answer text: the records whose system prompt still names a finish tool, no text-form rewrite
+    # matching it (answers.py; an episode recorded by an older prompt): exported, counted and warned about.
+    stale_prompts: list[dict[str, Any]] = field(default_factory=list)
 
 
 def validate_line(fmt: str, obj: Any) -> list[str]:
@@ -357,8 +363,12 @@ def _answers_as_text(records: Iterable[dict[str, Any]], exporter: Exporter,
                      result: ExportResult) -> Iterator[dict[str, Any]]:
     """The records with final answers as text (answers.py); one that cannot be is excluded, saying why."""
     for record in records:
+        stale: list[str] = []
         try:
-            yield answers.as_text(record)
+            yield answers.as_text(record, stale)
+            if stale:
+                result.stale_prompts.append({"trajectory_id": record.get("trajectory_id"),
+                                             "task_id": record.get("task_id"), "reason": stale[0]})
         except RenderError as exc:
             result.excluded.append({"trajectory_id": record.get("trajectory_id"), "task_id": record.get("task_id"),
                                     "reason": f"{exporter.name}: {exc}"})
@@ -464,4 +474,9 @@ def export_records(
             if write(obj if exporter.many else [obj], [record]) and exporter.one_per_task:
                 written_tasks.add(record["task_id"])
     result.sha256 = digest.hexdigest()
+    if result.stale_prompts and not dry_run:  # the card counts a dry run's (exportability.py)
+        first = result.stale_prompts[0]
+        log.warning("%s export: %d record(s) end on a text answer but their system prompt still names the finish "
+                    "tool (no text-form rewrite matches it: recorded by an older prompt?), e.g. %s",
+                    exporter.name, len(result.stale_prompts), first["reason"])
     return result

@@ -16,7 +16,13 @@ has, so the chat formats render the record through `as_text` by default (final_a
 * a JSON-text episode (tool_mode json) has its finish action in the assistant's text and the
   acknowledgement in a user message "[finish result]\\n…": the text becomes the answer, the
   user message goes;
-* sub-episodes (a multi_agent record's `subtrajectories`) are rendered the same way.
+* the system message says to answer in text: each sentence of the scene's prompt that names the finish
+  tool is replaced by its text-form sentence, as the scene's runtime declares them
+  (`text_form_rewrites`, read through apps.engines.registry.text_form_rewrites; exact substrings, the
+  longest first); a system message that still names a finish tool after them (an episode recorded by
+  an older prompt, a JSON-text episode's tool list) is reported in `stale` and exported as it is;
+* sub-episodes (a multi_agent record's `subtrajectories`) are rendered the same way, with the
+  record's scene's rewrites.
 
 A `finish` call answered otherwise but not with an error (an episode another version stored, or
 imported), or not answered at all (a next-action sample ending on it), counts as accepted. A finish call the loop did not accept (refused arguments, the
@@ -27,8 +33,10 @@ the assistant asking in text and the user's reply a user turn in every chat form
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from apps.engines.registry import text_form_rewrites
 from apps.engines.textactions import parse_json_action
 
 from .chat import RenderError, parse_arguments
@@ -87,12 +95,65 @@ def _answer_message(answer: str, thoughts: list[Any]) -> dict[str, Any]:
     return item
 
 
-def as_text(record: dict[str, Any]) -> dict[str, Any]:
-    """The record with its finish calls rendered as final answers (the module doc); unchanged
-    when it has no accepted finish and offers no finish tool."""
+def _rewrites_of(record: dict[str, Any]) -> list[tuple[str, str | None]]:
+    task = record.get("task") if isinstance(record.get("task"), dict) else {}
+    scene, config = task.get("scene"), task.get("scene_config")
+    rewrites = text_form_rewrites(scene, config if isinstance(config, dict) else None) if isinstance(scene, str) else {}
+    return sorted(rewrites.items(), key=lambda item: -len(item[0]))
+
+
+def _mentions(names: set[Any]) -> re.Pattern[str]:
+    """A finish tool named as a call: `name(`, "call name", `name` in backquotes; the word finish itself."""
+    alternatives = [r"\bfinish\b"]
+    for name in sorted(n for n in names if isinstance(n, str) and n):
+        n = re.escape(name)
+        alternatives += [rf"\b{n}\(", rf"\bcall(?:s|ing)?\s+`?{n}\b", rf"`{n}`"]
+    return re.compile("|".join(alternatives), re.I)
+
+
+def _text_form_prompt(text: str, rewrites: list[tuple[str, str | None]]) -> str:
+    for old, new in rewrites:
+        text = text.replace(old, new or "")
+    return text
+
+
+def _system_in_text_form(messages: list[Any], rewrites: list[tuple[str, str | None]], names: set[Any],
+                         stale: list[str] | None, where: str) -> list[Any]:
+    out = []
+    mention = _mentions(names)
+    for i, msg in enumerate(messages):
+        if isinstance(msg, dict) and msg.get("role") == "system":
+            content = msg.get("content")
+            if isinstance(content, str):
+                msg = {**msg, "content": _text_form_prompt(content, rewrites)}
+                texts = [msg["content"]]
+            elif isinstance(content, list):
+                msg = {**msg, "content": [{**part, "text": _text_form_prompt(part["text"], rewrites)}
+                                          if isinstance(part, dict) and isinstance(part.get("text"), str) else part
+                                          for part in content]}
+                texts = [part["text"] for part in msg["content"] if isinstance(part, dict)
+                         and isinstance(part.get("text"), str)]
+            else:
+                texts = []
+            found = next((m.group(0) for t in texts if (m := mention.search(t))), None)
+            if found is not None and stale is not None:
+                stale.append(f"{where} messages[{i}]: the system prompt still says {found!r} (no text-form "
+                             "rewrite matches it)")
+        out.append(msg)
+    return out
+
+
+def as_text(record: dict[str, Any], stale: list[str] | None = None, *,
+            rewrites: list[tuple[str, str | None]] | None = None) -> dict[str, Any]:
+    """The record with its finish calls rendered as final answers and its system prompt saying to
+    answer in text (the module doc); unchanged when it has no accepted finish, offers no finish tool
+    and its prompt names none. `stale` collects where a system prompt names a finish tool no rewrite
+    matched; `rewrites` are the record's scene's (sub-episodes get their parent's)."""
     messages = record.get("messages")
     if not isinstance(messages, list):
         return record  # the format's renderer says what is wrong
+    if rewrites is None:
+        rewrites = _rewrites_of(record)
     results = _results(messages)
     accepted: set[Any] = set()
     skipped: set[Any] = set()
@@ -174,7 +235,8 @@ def as_text(record: dict[str, Any]) -> dict[str, Any]:
     if pending is not None:
         out.append(pending)
     dropped = accepted | skipped
-    new = {**record, "messages": out}
+    where = f"trajectory {record.get('trajectory_id')}"
+    new = {**record, "messages": _system_in_text_form(out, rewrites, names, stale, where)}
     if isinstance(record.get("tools"), list):
         new["tools"] = [t for t in record["tools"] if not (
             isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") in names)]
@@ -183,5 +245,5 @@ def as_text(record: dict[str, Any]) -> dict[str, Any]:
             (s.get("tool_call_id") is not None and s.get("tool_call_id") in dropped)
             or (s.get("tool_call_id") is None and s.get("output") == FINISH_ACK)))]
     if isinstance(record.get("subtrajectories"), list) and record["subtrajectories"]:
-        new["subtrajectories"] = [as_text(child) for child in record["subtrajectories"]]
+        new["subtrajectories"] = [as_text(child, stale, rewrites=rewrites) for child in record["subtrajectories"]]
     return new

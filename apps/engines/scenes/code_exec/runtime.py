@@ -332,6 +332,16 @@ class CodeExecRuntime(SceneRuntime):
     def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
         return [dict(tool, function=dict(tool["function"])) for tool in TOOLS]
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    text_form_rewrites: dict[str, str | None] = {
+        "- finish(answer): end the task with your answer or a short summary of what you did.\n": None,
+        "Use a tool in every reply. Call finish(answer) when you are done; nothing runs after it.":
+            "Use a tool in every reply until you are done; then reply in text, without a tool call, with your answer "
+            "or a short summary of what you did: nothing runs after it.",
+        "After you call finish, your work is checked": "After your final reply, your work is checked",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         step_timeout = float(config.get("step_timeout_s") or DEFAULT_STEP_TIMEOUT_S)
         lines = [

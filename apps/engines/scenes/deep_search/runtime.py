@@ -83,6 +83,18 @@ class DeepSearchRuntime(SceneRuntime):
             tools.append(EXPLORE_SCHEMA)
         return tools
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    text_form_rewrites: dict[str, str | None] = {
+        "Finish with a report of ": "When you are done, reply in text, without a tool call, with a report of ",
+        " words and the URLs of at least ": " words, based on at least ",
+        "When you know the answer, call finish with the answer alone (a name, number, date or short "
+        "phrase, not a sentence) and the URLs of the pages you opened that support it. Cite only "
+        "pages you opened.":
+            "When you know the answer, reply in text, without a tool call, with the answer alone (a name, number, "
+            "date or short phrase, not a sentence), found on pages you opened.",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         web = web_settings(config)
         where = ("an offline copy of part of the web (a fixed document collection)" if web["backend"] == "corpus"

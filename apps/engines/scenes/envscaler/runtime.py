@@ -154,6 +154,16 @@ class EnvScalerRuntime(SceneRuntime):
         ]
         return tools + [json.loads(json.dumps(TIME_TOOL)), json.loads(json.dumps(FINISH_TOOL))]
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    text_form_rewrites: dict[str, str | None] = {
+        "- finish(answer): end the task with a short summary; after it, the environment's final state is checked.\n":
+            None,
+        "Use a tool in every reply. Call finish when the task is done.":
+            "Use a tool in every reply until the task is done; then reply in text, without a tool call, with a short "
+            "summary: after it, the environment's final state is checked.",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         scene = scene_config(config)
         lines = [

@@ -164,6 +164,14 @@ class GuiRuntime(SceneRuntime):
     def tools(self, config: dict[str, Any]) -> list[dict[str, Any]]:
         return agent_tools(config) + [json.loads(json.dumps(FINISH_TOOL))]
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    text_form_rewrites: dict[str, str | None] = {
+        "When the task is done, call finish; if it asks a question, put the answer in `answer`.":
+            "When the task is done, reply in text without a tool call; if it asks a question, that reply is the "
+            "answer.",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         lines = [
             "You operate a web browser with tools to complete the user's task on the page that is open.",

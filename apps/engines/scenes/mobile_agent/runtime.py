@@ -207,6 +207,15 @@ class MobileRuntime(SceneRuntime):
             raise SetupError(f"scene_config.mode must be simulated or device, got {mode!r} (it is never guessed)")
         return copy.deepcopy(TOOLS)
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    text_form_rewrites: dict[str, str | None] = {
+        "When the task is done, call finish with status complete; if it cannot be done on this phone, "
+        "call finish with status infeasible.":
+            "When the task is done, reply in text without a tool call: the answer if the task asked a question, "
+            "else [complete] and a short summary; if it cannot be done on this phone, reply [infeasible] and why.",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         lines = [
             "You operate an Android phone with tools to complete the user's task.",

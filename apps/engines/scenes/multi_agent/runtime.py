@@ -183,6 +183,20 @@ class MultiAgentRuntime(SceneRuntime):
         return keep + [_fn(REPORT, "End your work: your answer or a short report for the lead.",
                            {"answer": {"type": "string"}}, ["answer"])]
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    # The base scene's own rewrites apply too (registry.text_form_rewrites); delegate stays a tool.
+    text_form_rewrites: dict[str, str | None] = {
+        "comes back as the result. Call finish when the task is done.":
+            "comes back as the result. When the task is done, reply in text, without a tool call, with the answer.",
+        "replies in turn. Call finish with the group's answer when you are done.":
+            "replies in turn. When you are done, reply in text, without a tool call, with the group's answer.",
+        "then end your turn with say(message, agree).":
+            "then end your turn with your message in text, without a tool call, saying whether you agree.",
+        "Do it with your tools, then call finish with a short answer for the lead.":
+            "Do it with your tools, then reply in text, without a tool call, with a short answer for the lead.",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         base = self._base(config)
         name, role = self._role(config)

@@ -84,6 +84,24 @@ class Search2QARuntime(SceneRuntime):
             return [finish]
         return [*web_tools(WEB_TOOLS), finish]
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    # Every stage's prompt (prompts.py); the answers are finish_answer's texts.
+    text_form_rewrites: dict[str, str | None] = {
+        "When you have it, call propose_qa(question, answer, aliases, evidence, reasoning).":
+            'When you have it, reply in text, without a tool call, with the pair as the JSON object '
+            '{"question": ..., "answer": ...}.',
+        "- evidence: for each fact, the page's url and a passage copied exactly from the page text (its "
+        "numbers, dates and names as the page has them);\n": None,
+        "Then call evolve_qa(question, answer, aliases, changed, evidence) with the same answer; evidence lists every "
+        "page the evolved question relies on, with passages copied exactly from them.":
+            'Then reply in text, without a tool call, with the evolved pair as the JSON object '
+            '{"question": ..., "answer": ...} with the same answer.',
+        "Reply by calling answer(answer) with a short answer:": "Reply in text with a short answer:",
+        "Call judge_uniqueness(unique, reason).":
+            'Reply in text with the JSON object {"unique": true or false, "reason": "..."}.',
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         stage = stage_of(config)
         s = settings_of(config)

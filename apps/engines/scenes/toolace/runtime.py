@@ -70,6 +70,16 @@ class ToolAceRuntime(EnvScalerRuntime):
             return [copy.deepcopy(mt.WRITE_DIALOGUE_TOOL), copy.deepcopy(FINISH_TOOL)]
         return self.agent_tools(config)
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    # (mt mode's generation prompt is not the stored one: its dialogue is stored under the agent-mode prompt.)
+    text_form_rewrites: dict[str, str | None] = {
+        "- finish(answer): end your turn with a short answer for the user.\n": None,
+        "Use a tool in every reply. Call finish when the request is done.":
+            "Use a tool in every reply until the request is done; then end your turn with a short answer for the "
+            "user in text, without a tool call.",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         scene = scene_config(config)
         lines = [f"You are an assistant with the tools of {scene.get('env_name', '')!r}."]

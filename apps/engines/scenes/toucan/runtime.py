@@ -121,6 +121,13 @@ class ToucanRuntime(SceneRuntime):
         servers = registered_servers(list(scene_config(config).get("target_servers") or []))
         return agent_tools(servers) + [json.loads(json.dumps(FINISH_TOOL))]
 
+    # The system prompt in an export's text form (final_answer text, apps/datasets/exporters/answers.py):
+    # each sentence of it that names the finish tool -> what it says instead (None drops the line).
+    text_form_rewrites: dict[str, str | None] = {
+        "When you have the answer, call finish with the answer itself:":
+            "When you have the answer, reply in text, without a tool call, with the answer itself:",
+    }
+
     def system_prompt(self, config: dict[str, Any]) -> str:
         servers = ", ".join(scene_config(config).get("target_servers") or [])
         lines = [
