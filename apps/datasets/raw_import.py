@@ -31,7 +31,7 @@ from apps.datasets.exporters import export_records
 from apps.datasets.exporters.chat import RenderError
 from apps.datasets.exporters.formats import validate_raw
 from apps.datasets.exporters.records import TASK_FIELDS, TIMESTAMP_FIELDS, review_columns
-from apps.datasets.interchange import Image, InterchangeError, to_raw_lines
+from apps.datasets.interchange import Image, InterchangeError, looks_like, to_raw_lines
 from apps.reviews.models import Review
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.services import BatchNameTaken, batch_create
@@ -385,6 +385,8 @@ def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: s
         warnings += chat_shape_warnings(raw, Path(label).name)
         path_or_file = io.BytesIO(raw)
         path_or_file.name = f"{Path(label).stem}.{fmt}"
+    else:
+        _refuse_other_formats(path_or_file)
     # Images are stored only once the raw importer has accepted the file, inside its transaction:
     # a refused file leaves nothing behind, a storage failure undoes the import.
     with transaction.atomic():
@@ -392,6 +394,33 @@ def interchange_import(*, path_or_file: Any, fmt: str, actor: Any, batch_name: s
         _keep_images(images, result.batches)
     result.warnings = warnings
     return result
+
+
+def _refuse_other_formats(path_or_file: Any) -> None:
+    """One error for a file given as raw whose first line is no JSON but which, read whole, is another
+    format (an indented ATIF or ADP document): not one 'not valid JSON' per line of it."""
+    fp, label, owned = _open(path_or_file)
+    try:
+        first = next((line for _, line in _lines(fp)), b"")
+        try:
+            orjson.loads(first)
+            return
+        except orjson.JSONDecodeError:
+            pass
+        fp.seek(0)
+        try:
+            whole = orjson.loads(fp.read().removeprefix(codecs.BOM_UTF8))
+        except orjson.JSONDecodeError:
+            return  # the per-line errors say where it is not JSON
+        what, reader = looks_like(whole)
+        if reader is not None and reader != "raw":
+            raise RawImportError([f"{label}: {what}, not a raw export (JSONL of our records); import it with format "
+                                  f"{reader}"], field="format")
+    finally:
+        if owned:
+            fp.close()
+        else:
+            fp.seek(0)
 
 
 CHAT_FORMATS = ("sft-trl", "sft-openai", "sharegpt")

@@ -61,6 +61,7 @@ import orjson
 from apps.datasets.record_schema import RenderError
 
 from apps.datasets.record_schema import RAW_SCHEMA_VERSION
+from apps.engines.registry import scene_ids
 from trajplatform import json_limits
 from trajplatform.redaction import unstorable_fields
 
@@ -175,7 +176,7 @@ def _refuse_other_shapes(text: bytes, whole: Any, fmt: str, label: str) -> None:
     if fmt == "mini-swe-agent" and reader is None:
         hint = ("; mini-swe-agent saves a run as an object {info, messages, trajectory_format} "
                 "(<instance_id>.traj.json): a list of messages alone (as its tests/test_data ship) has no run to import")
-    raise InterchangeError(f"{label}: {what}, not a {fmt} file{hint}")
+    raise InterchangeError(f"{label}: {what}, not {'an' if fmt[0] in 'aeiou' else 'a'} {fmt} file{hint}")
 
 
 def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = None, scene: str | None = None,
@@ -185,6 +186,8 @@ def to_raw_lines(data: bytes, fmt: str, *, label: str, outcome: str | None = Non
     Image) for the caller to store; `warnings` what a reader saw that the import does not act on."""
     if fmt not in READERS:
         raise InterchangeError(f"unknown import format {fmt!r}; one of: raw, {', '.join(IMPORT_FORMATS)}")
+    if scene is not None and scene not in scene_ids():  # an option of the import, refused as one
+        raise InterchangeError(f"unknown scene {scene!r}; valid scenes: {', '.join(scene_ids())}", field="scene")
     options = {"outcome": outcome, "scene": scene, "file": Path(label).name, "images": images, "warnings": warnings}
     text = _text(data, label).strip()
     if not text:

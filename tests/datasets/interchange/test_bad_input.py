@@ -216,3 +216,21 @@ def test_an_image_part_of_a_mini_swe_agent_message_is_refused_not_dropped() -> N
     assert _errors(json.dumps(doc).encode(), "mini-swe-agent") == [
         "f.json:1: messages[1].content: the image 'screenshots/1.png' is a path or link; only images inlined as "
         "data:image/...;base64 URLs can be imported (nothing is fetched)"]
+
+
+@pytest.mark.django_db
+def test_an_unknown_scene_is_an_error_of_the_option_and_a_file_of_another_format_given_as_raw_one_error(
+        client_as: Any) -> None:  # noqa: F811
+    data = (FIXTURES / "atif/agenttuning_os-ATIF-v1.7.json").read_bytes()
+    # before: 'os.atif:1: task.scene: Value 'nope' is not a valid choice.' - a line of our own raw file
+    response = client_as("admin").post(URL, {"file": SimpleUploadedFile("os.json", data), "format": "atif",
+                                             "outcome": "success", "scene": "nope"}, format="multipart")
+    assert response.status_code == 400, response.content
+    [reason] = response.json()["error"]["details"]["fields"]["scene"]
+    assert reason.startswith("unknown scene 'nope'; valid scenes: ") and "code_exec" in reason
+    # before: one 'not valid JSON' per line of the indented document (127)
+    response = client_as("admin").post(URL, {"file": SimpleUploadedFile("os.json", data)}, format="multipart")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["details"]["fields"] == {"format": [
+        "os.json: an ATIF trajectory (ATIF-v1.7), not a raw export (JSONL of our records); import it with format "
+        "atif"]}

@@ -300,7 +300,7 @@ def test_a_file_in_another_format_is_refused_with_one_error_naming_the_format_it
     with pytest.raises(CommandError, match="1 problem"):
         call_command("import_trajectories", str(FIXTURES / "atif/agenttuning_os-ATIF-v1.7.json"), "--format", "adp",
                      "--outcome", "success", stdout=StringIO(), stderr=err)
-    assert err.getvalue().strip().endswith("an ATIF trajectory (ATIF-v1.7), not a adp file; import it with format atif")
+    assert err.getvalue().strip().endswith("an ATIF trajectory (ATIF-v1.7), not an adp file; import it with format atif")
 
 
 def test_every_atif_extra_and_unknown_field_comes_back_on_export(tmp_path: Path) -> None:

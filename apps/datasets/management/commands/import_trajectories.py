@@ -9,7 +9,8 @@ from apps.datasets.cli import resolve_user
 from apps.datasets.raw_import import RawImportError, interchange_import
 
 MAX_ERRORS_SHOWN = 200
-FLAGS = {"batch": "--batch NAME", "outcome": "--outcome success|failure"}  # an error's field, as this command takes it
+FLAGS = {"batch": "--batch NAME", "outcome": "--outcome success|failure", "scene": "--scene S",
+         "format": "--format atif|adp|mini-swe-agent"}  # an error's field, as this command takes it
 
 
 class Command(BaseCommand):
