@@ -80,19 +80,38 @@ def parse_json_action(text: str | None) -> JsonAction | None:
     return None
 
 
+JSON_ACTION_RULE = "Reply with exactly one JSON object per message, in a ```json block, naming one tool and its arguments:"
+
+
+def _json_tool_line(tool: dict[str, Any]) -> str:
+    fn = tool.get("function", {})
+    return (f"- {fn.get('name')}: {fn.get('description', '')} "
+            f"arguments: {json.dumps(fn.get('parameters', {}), ensure_ascii=False)}")
+
+
 def json_action_instructions(tools: list[dict[str, Any]]) -> str:
     """The prompt section that asks a model without tool support for JSON actions."""
     lines = [
         "## How to call a tool",
-        "Reply with exactly one JSON object per message, in a ```json block, naming one tool and its arguments:",
+        JSON_ACTION_RULE,
         '```json\n{"tool": "<tool name>", "arguments": {"<argument>": "<value>"}}\n```',
         "You may write your reasoning before the block. Available tools and their arguments (JSON schema):",
     ]
-    for tool in tools:
-        fn = tool.get("function", {})
-        lines.append(f"- {fn.get('name')}: {fn.get('description', '')} "
-                     f"arguments: {json.dumps(fn.get('parameters', {}), ensure_ascii=False)}")
+    lines += [_json_tool_line(tool) for tool in tools]
     return "\n".join(lines)
+
+
+def json_action_text_form(finish_tools: list[dict[str, Any]]) -> dict[str, str | None]:
+    """That section in an export's text form (apps/datasets/exporters/answers.py), as the scenes'
+    `text_form_rewrites`: the finish tools' lines dropped, the rule saying how to end in text."""
+    rewrites: dict[str, str | None] = {
+        JSON_ACTION_RULE: "Until you are done, reply with exactly one JSON object per message, in a ```json block, "
+                          "naming one tool and its arguments; when you are done, reply in text with no JSON object:"}
+    for tool in finish_tools:
+        line = _json_tool_line(tool)
+        rewrites[f"\n{line}\n"] = "\n"
+        rewrites[f"\n{line}"] = None  # the last line of the section
+    return rewrites
 
 
 def corrective_message(tool_names: list[str], tool_mode: str) -> str:

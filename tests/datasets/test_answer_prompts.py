@@ -135,6 +135,21 @@ def test_a_real_code_exec_episodes_sft_trl_line_says_to_answer_in_text(loop_ids:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("sandbox_settings", "llm_env")
+def test_a_json_text_episodes_tool_section_loses_finish(loop_ids: dict[str, int]) -> None:
+    ran = _hello("json").messages[0]["content"]
+    assert "## How to call a tool" in ran and "\n- finish: " in ran
+    result, [line] = _lines("sft-trl", [loop_ids["json"]])
+    system = line["messages"][0]["content"]
+    assert _named(system, "code_exec") == [] and result.stale_prompts == []
+    assert "when you are done, reply in text with no JSON object" in system
+    assert "\n- write_file: " in system and "\n- run_shell: " in system  # the other tools stay listed
+    assert line["messages"][-1]["content"] == "hello.txt written"
+    _, [tool_line] = _lines("sft-trl", [loop_ids["json"]], final_answer="tool")
+    assert tool_line["messages"][0]["content"] == ran
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("sandbox_settings", "llm_env")
 def test_a_multi_agent_teams_lines_say_to_answer_in_text(loop_ids: dict[str, int]) -> None:
     _, lines = _lines("sft-trl", [loop_ids["multi_agent"]])
     assert len(lines) >= 2  # the lead's view and a delegated role's

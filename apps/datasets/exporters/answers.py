@@ -19,8 +19,9 @@ has, so the chat formats render the record through `as_text` by default (final_a
 * the system message says to answer in text: each sentence of the scene's prompt that names the finish
   tool is replaced by its text-form sentence, as the scene's runtime declares them
   (`text_form_rewrites`, read through apps.engines.registry.text_form_rewrites; exact substrings, the
-  longest first); a system message that still names a finish tool after them (an episode recorded by
-  an older prompt, a JSON-text episode's tool list) is reported in `stale` and exported as it is;
+  longest first; a JSON-text episode's tool section as textactions.json_action_text_form says); a
+  system message that still names a finish tool after them (an episode recorded by an older prompt)
+  is reported in `stale` and exported as it is;
 * sub-episodes (a multi_agent record's `subtrajectories`) are rendered the same way, with the
   record's scene's rewrites.
 
@@ -37,7 +38,7 @@ import re
 from typing import Any
 
 from apps.engines.registry import text_form_rewrites
-from apps.engines.textactions import parse_json_action
+from apps.engines.textactions import json_action_text_form, parse_json_action
 
 from .chat import RenderError, parse_arguments
 
@@ -95,10 +96,18 @@ def _answer_message(answer: str, thoughts: list[Any]) -> dict[str, Any]:
     return item
 
 
-def _rewrites_of(record: dict[str, Any]) -> list[tuple[str, str | None]]:
+def _rewrites_of(record: dict[str, Any]) -> dict[str, str | None]:
     task = record.get("task") if isinstance(record.get("task"), dict) else {}
     scene, config = task.get("scene"), task.get("scene_config")
-    rewrites = text_form_rewrites(scene, config if isinstance(config, dict) else None) if isinstance(scene, str) else {}
+    return text_form_rewrites(scene, config if isinstance(config, dict) else None) if isinstance(scene, str) else {}
+
+
+def _in_order(scene: dict[str, str | None], tools: Any, names: set[Any]) -> list[tuple[str, str | None]]:
+    """The scene's rewrites and those of a JSON-text episode's tool section (its finish tools' lines),
+    the longest first."""
+    finish_tools = [t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                    and t["function"].get("name") in names] if isinstance(tools, list) else []
+    rewrites = {**json_action_text_form(finish_tools), **scene}
     return sorted(rewrites.items(), key=lambda item: -len(item[0]))
 
 
@@ -144,7 +153,7 @@ def _system_in_text_form(messages: list[Any], rewrites: list[tuple[str, str | No
 
 
 def as_text(record: dict[str, Any], stale: list[str] | None = None, *,
-            rewrites: list[tuple[str, str | None]] | None = None) -> dict[str, Any]:
+            rewrites: dict[str, str | None] | None = None) -> dict[str, Any]:
     """The record with its finish calls rendered as final answers and its system prompt saying to
     answer in text (the module doc); unchanged when it has no accepted finish, offers no finish tool
     and its prompt names none. `stale` collects where a system prompt names a finish tool no rewrite
@@ -236,7 +245,8 @@ def as_text(record: dict[str, Any], stale: list[str] | None = None, *,
         out.append(pending)
     dropped = accepted | skipped
     where = f"trajectory {record.get('trajectory_id')}"
-    new = {**record, "messages": _system_in_text_form(out, rewrites, names, stale, where)}
+    new = {**record, "messages": _system_in_text_form(out, _in_order(rewrites, record.get("tools"), names), names,
+                                                      stale, where)}
     if isinstance(record.get("tools"), list):
         new["tools"] = [t for t in record["tools"] if not (
             isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") in names)]
