@@ -531,7 +531,9 @@ def agreement(request: HttpRequest) -> HttpResponse:
     form = AgreementFilterForm(request.GET or None)
     batch_id = form.cleaned_data["batch"] if form.is_bound and form.is_valid() else None
     trajectories = Trajectory.objects.filter(task__batch_id=batch_id) if batch_id else None
+    window = selectors.AGREEMENT_WINDOW
+    table, verdicts = selectors.judge_human_agreement(trajectories, window=window)
     return render(request, "reviews/agreement.html", {
-        "nav": "review", "table": selectors.judge_human_agreement(trajectories), "form": form,
-        "threshold": settings.REVIEW_QUALITY_THRESHOLD,
+        "nav": "review", "table": table, "form": form, "threshold": settings.REVIEW_QUALITY_THRESHOLD,
+        "verdicts": verdicts, "window": window, "batch": batch_id,
     })

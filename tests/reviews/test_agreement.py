@@ -38,7 +38,9 @@ def test_agreement_per_dimension_on_a_known_example(make_task, make_user):
                               verdict=verdict)
     auto_review(finished_trajectory(task, sample=99), overall=10)  # no human verdict: not a pair
 
-    table = {row.dimension: row for row in judge_human_agreement()}
+    rows, verdicts = judge_human_agreement()
+    table = {row.dimension: row for row in rows}
+    assert verdicts == 2 * len(EXAMPLE)
     overall = table["overall"]
     # judge accepts 5 (90, 85, 95, 80, 88); humans accept 5; they agree on 8 of 10.
     assert (overall.pairs, overall.agree, overall.judge_accepts, overall.human_accepts) == (10, 8, 5, 5)
@@ -62,3 +64,34 @@ def test_the_agreement_page_shows_the_numbers(client, viewer, make_task, make_us
     # 2 of 3 agree; judge accepts 2, human 1: po 2/3, pe 4/9, kappa (2/9)/(5/9) = 0.4
     assert '<tr data-dimension="overall"><td>overall</td><td class="num">3</td><td class="num">2</td>' in body
     assert "0.667" in body and "0.400" in body
+
+
+def test_agreement_reads_the_latest_verdicts_of_its_window_and_the_page_says_so(client, viewer, make_task, make_user,
+                                                                                        monkeypatch):
+    task = make_task()
+    human = make_user("reviewer")
+    # Oldest first: two the judge and the human agree on, then one they disagree on, whose
+    # trajectory is judged again later (its latest verdict, an accept, agrees).
+    trajectories = [finished_trajectory(task, sample=i) for i in range(3)]
+    for trajectory, overall in zip(trajectories, (90, 20, 90)):
+        auto_review(trajectory, overall=overall)
+    for trajectory, verdict in ((trajectories[0], "accept"), (trajectories[1], "reject"),
+                                (trajectories[2], "reject"), (trajectories[2], "accept")):
+        Review.objects.create(trajectory=trajectory, kind="human", status="done", reviewer=human, rationale="r",
+                              verdict=verdict)
+
+    def overall(window):
+        rows, verdicts = judge_human_agreement(window=window)
+        row = rows[0]
+        return row.pairs, row.agree, verdicts
+
+    assert overall(100) == (3, 3, 4)  # every verdict: the exact numbers
+    assert overall(3) == (2, 2, 3)  # the latest three: trajectories 1 and 2 (its latest, the accept)
+    assert overall(2) == (1, 1, 2)  # the latest two are both trajectory 2's: its latest counts
+    client.force_login(viewer)
+    body = client.get(reverse("reviews:agreement")).content.decode()
+    assert "Over every human verdict (4)." in body
+    monkeypatch.setattr("apps.reviews.selectors.AGREEMENT_WINDOW", 3)
+    body = client.get(reverse("reviews:agreement")).content.decode()
+    assert "Over the latest 3 human verdicts: older ones are not counted." in body
+    assert '<tr data-dimension="overall"><td>overall</td><td class="num">2</td><td class="num">2</td>' in body
