@@ -638,8 +638,8 @@ def main() -> int:
                       f"{v['peak_rss_mb']:.0f} MB; {v['exact_removed']} exact and {v['near_removed']:,} near "
                       f"duplicates removed, {v['embedded']} texts embedded; {stages}", flush=True)
             r["exports"] = {}
-            for fmt in (formats if n <= args.all_formats_max else [f for f in args.large_formats.split(",") if f]
-                        if n <= args.exports_max else []):
+            for fmt in ([] if n > args.exports_max else formats if n <= args.all_formats_max
+                        else [f for f in args.large_formats.split(",") if f]):
                 bare = run_child(args, "bare", "-n", str(n))
                 ex = run_child(args, "export", "--format", fmt, "-n", str(n))
                 r["exports"][fmt] = {"ratio": bare["seconds"] / ex["seconds"], "seconds": ex["seconds"],
