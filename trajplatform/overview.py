@@ -24,6 +24,7 @@ from django.db.models import Count, Exists, OuterRef, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from apps.reviews import tallies
 from apps.reviews.models import Review
 from apps.reviews.selectors import accepted_q, human_queue
 from apps.tasks.models import Batch, Task, Trajectory
@@ -126,8 +127,11 @@ def refresh_activity(*, now: datetime | None = None) -> int:
 
 
 def ensure_activity_schedule(using: str = "default") -> None:
-    """Register the every-5-minutes activity refresh (idempotent; run after migrate)."""
+    """Register the every-5-minutes activity refresh and the batch tallies' count
+    (apps.reviews.tallies; idempotent; run after migrate)."""
     ensure_schedule(name=ACTIVITY_SCHEDULE, func=ACTIVITY_JOB, minutes=ACTIVITY_EVERY_MINUTES, using=using)
+    ensure_schedule(name=tallies.BATCH_TALLY_SCHEDULE, func=tallies.BATCH_TALLY_JOB,
+                    minutes=tallies.BATCH_TALLY_EVERY_MINUTES, using=using)
 
 
 # -- the page's reads -------------------------------------------------------------------------------

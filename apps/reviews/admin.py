@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString
 
 from apps.reviews import policy, queue_actions, services
-from apps.reviews.models import PolicyRule, Proposal, Review, ReviewAssignment
+from apps.reviews.models import BatchTally, PolicyRule, Proposal, Review, ReviewAssignment
 from apps.reviews.selectors import stale_before
 from apps.tasks.models import Task
 from apps.tasks.services import TransitionError
@@ -254,3 +254,11 @@ class ReviewAssignmentAdmin(ViewOnlyMixin, AuditTrailMixin, admin.ModelAdmin):
                                              actor=request.user):
                 done += 1
         self.message_user(request, f"Withdrew {done} assignment(s).")
+
+
+@admin.register(BatchTally)
+class BatchTallyAdmin(ViewOnlyMixin, admin.ModelAdmin):
+    """The batches' counts the tally job derives and rewrites (apps.reviews.tallies); view-only."""
+
+    list_display = ("batch", "spent_usd", "judge_usd", "accepted", "review_total", "review_done", "computed_at")
+    list_select_related = ("batch",)

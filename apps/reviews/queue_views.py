@@ -29,7 +29,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.engines.registry import SCENE_CHOICES
-from apps.reviews import queue_actions, selectors, services
+from apps.reviews import queue_actions, selectors, services, tallies
 from apps.reviews.fields import BatchNameField, SuggestInput
 from apps.reviews.models import Review, ReviewAssignment, ReviewClaim, SavedView
 from apps.reviews.review_agent import CHECK_TITLES
@@ -125,7 +125,8 @@ def work(request: HttpRequest) -> HttpResponse:
         "offset": offset, "more": len(rows) > PAGE_SIZE, "next_offset": offset + PAGE_SIZE,
         "prev_offset": max(0, offset - PAGE_SIZE),
         "progress": selectors.reviewer_progress(request.user),
-        "batch_progress": selectors.batch_review_progress(batch) if batch else None,
+        "batch_filtered": bool(batch), "batch_progress": selectors.tally_review_progress(selectors.batch_tally(batch)) if batch else None,
+        "tally_every": tallies.BATCH_TALLY_EVERY_MINUTES,
         "assigned_to_me": ReviewAssignment.objects.filter(
             assignee=request.user, status=ReviewAssignment.Status.ACTIVE).count() if can_review else 0,
         "saved_views": list(SavedView.objects.filter(user=request.user)),

@@ -13,7 +13,7 @@ from django.db.models import (Count, Exists, F, FilteredRelation, IntegerField, 
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from apps.reviews.models import Proposal, Review, ReviewAssignment, ReviewClaim
+from apps.reviews.models import BatchTally, Proposal, Review, ReviewAssignment, ReviewClaim
 from apps.tasks.budgets import MICRO, ZERO
 from apps.tasks.models import Batch, Task, Trajectory
 
@@ -354,14 +354,18 @@ def accepted_q() -> Q:
         ~Q(Exists(human)) & Q(outcome=Trajectory.Outcome.SUCCESS))
 
 
-def batch_spend(batch: Batch) -> dict[str, Any]:
-    """A batch's budget, stored spend (top-level trajectories — sub-episodes are in their parent's
-    cost — plus the judge's calls, also shown apart as judge_usd), what is left, accepted trajectories and the cost per accepted one (decimals as strings)."""
-    rows = Trajectory.objects.filter(task__batch=batch)
-    judge = Review.objects.filter(trajectory__task__batch=batch).aggregate(s=Sum("cost_usd"))["s"] or ZERO
+def batch_sums(batch_id: int) -> tuple[Decimal, Decimal, int]:
+    """A batch's stored spend (top-level trajectories — sub-episodes are in their parent's cost —
+    plus the judge's calls), the judge's part, and its accepted trajectories; exact, three queries
+    over every trajectory of the batch (the batch tally job's count; the API and the admin)."""
+    rows = Trajectory.objects.filter(task__batch_id=batch_id)
+    judge = Review.objects.filter(trajectory__task__batch_id=batch_id).aggregate(s=Sum("cost_usd"))["s"] or ZERO
     spent = (rows.aggregate(s=Sum("cost_usd"))["s"] or ZERO) + judge
-    accepted = rows.filter(accepted_q()).count()
-    budget = batch.budget_usd
+    return spent, judge, rows.filter(accepted_q()).count()
+
+
+def spend_of(budget: Decimal | None, spent: Decimal, judge: Decimal, accepted: int) -> dict[str, Any]:
+    """The budget, spend, what is left, accepted trajectories and the cost per accepted one (decimals as strings)."""
 
     def money(value: Decimal | None) -> str | None:
         return None if value is None else str(value.quantize(MICRO))
@@ -375,6 +379,30 @@ def batch_spend(batch: Batch) -> dict[str, Any]:
         "accepted": accepted,
         "cost_per_accepted_usd": money(spent / accepted) if accepted else None,
     }
+
+
+def batch_spend(batch: Batch) -> dict[str, Any]:
+    """A batch's budget and spend, counted now (batch_sums; spend_of's fields)."""
+    return spend_of(batch.budget_usd, *batch_sums(batch.pk))
+
+
+def batch_tally(batch_id: int) -> BatchTally | None:
+    """The batch's counts as the workers last made them (apps.reviews.tallies), None before the first."""
+    return BatchTally.objects.filter(batch_id=batch_id).first()
+
+
+def tally_spend(batch: Batch, tally: BatchTally) -> dict[str, Any]:
+    """spend_of's fields from the batch's tally, with computed_at: the batch page's spend line."""
+    return {**spend_of(batch.budget_usd, tally.spent_usd, tally.judge_usd, tally.accepted),
+            "computed_at": tally.computed_at}
+
+
+def tally_review_progress(tally: BatchTally | None) -> dict[str, Any] | None:
+    """batch_review_progress's fields from a tally, with computed_at; None without a tally."""
+    if tally is None:
+        return None
+    return {"total": tally.review_total, "done": tally.review_done, "left": tally.review_total - tally.review_done,
+            "computed_at": tally.computed_at}
 
 
 # -- facets' choices, assignments and the team page -------------------------------------------------

@@ -36,7 +36,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.engines.registry import SCENE_CHOICES
 from apps.engines.toolargs import REFUSED_KINDS
-from apps.reviews import alignment, queue_views, selectors, services
+from apps.reviews import alignment, queue_views, selectors, services, tallies
 from apps.reviews.fields import BatchNameField
 from apps.reviews.models import Preference, Proposal, Review, ReviewAssignment, ReviewClaim
 from apps.reviews.review_agent import CHECK_TITLES
@@ -165,7 +165,7 @@ def trajectory(request: HttpRequest, trajectory_id: int) -> HttpResponse:
                             .select_related("assignee", "assigned_by")),
         "in_queue": own_claim is not None or "queue" in request.GET,
         "progress": selectors.reviewer_progress(request.user) if own_claim else None,
-        "batch_progress": selectors.batch_review_progress(trajectory.task.batch_id)
+        "batch_progress": selectors.tally_review_progress(selectors.batch_tally(trajectory.task.batch_id))
         if own_claim and trajectory.task.batch_id else None,
         "nav": "work" if own_claim else "trajectories", "review": review, "checks_fired": [c for c in checks if c.get("fired")],
         "checks_passed": [c for c in checks if not c.get("fired")],
@@ -453,10 +453,12 @@ def batch_detail(request: HttpRequest, batch_id: int) -> HttpResponse:
     if status in Task.Status.values:
         tasks = tasks.filter(status=status)
     page, filter_query = _page(request, tasks)
+    tally = selectors.batch_tally(batch.pk)
 
     return render(request, "reviews/batch_detail.html", {
         "nav": "batches", "batch": batch, "row": _progress_rows([batch])[0], "page": page,
-        "spend": selectors.batch_spend(batch),
+        "spend": selectors.tally_spend(batch, tally) if tally else None,
+        "tally_every": tallies.BATCH_TALLY_EVERY_MINUTES,
         "filter_query": filter_query, "statuses": Task.Status.choices, "status": status,
         "can_control": request.user.has_perm("tasks.change_task"),
     })

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from apps.reviews import selectors, services
 from apps.reviews.models import Review, ReviewClaim
+from apps.reviews.tallies import refresh_batch_tallies
 from trajplatform.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -138,7 +139,10 @@ def test_the_queue_filters_by_batch_score_check_and_judge(client, awaiting, revi
     assert listed(judge="failed") == {failed[0].pk}
     assert listed(batch=low[0].task.batch.name) == {low[0].pk}
     page = client.get(reverse("reviews:work"), {"batch": low[0].task.batch.name}).content.decode()
-    assert 'id="batch-progress"' in page and "0</strong> of 1 reviewed" in page
+    assert "This batch's progress is not counted yet: the workers count it every 5 minutes." in page
+    refresh_batch_tallies()  # the workers' job
+    page = client.get(reverse("reviews:work"), {"batch": low[0].task.batch.name}).content.decode()
+    assert 'id="batch-progress"' in page and "0</strong> of 1 reviewed, 1 left, as of " in page
     assert client.get(reverse("reviews:work"), {"score_min": "abc", "check": "<x>"}).status_code == 200
 
 

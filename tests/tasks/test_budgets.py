@@ -15,6 +15,7 @@ from apps.engines.llm import ChatResult
 from apps.engines.registry import RUNTIMES, register_runtime
 from apps.engines.runtime import SceneRuntime, ToolResult, current_episode
 from apps.reviews.selectors import batch_spend
+from apps.reviews.tallies import refresh_batch_tallies
 from apps.tasks import budgets, jobs
 from apps.tasks.models import Batch, Task, Trajectory, TrajectoryLog, UserBudget
 from apps.tasks.services import task_start_iteration
@@ -344,5 +345,8 @@ def test_the_batch_page_shows_spend_and_cost_per_accepted_trajectory(client: Any
     spent_row(task, "0.10", outcome="failure", iteration=1, sample=1)
     client.force_login(viewer)
     page = client.get(f"/review/batches/{batch.pk}/").content.decode()
+    assert "Spend and accepted trajectories not counted yet: the workers count them every 5 minutes." in page
+    refresh_batch_tallies()  # the workers' job
+    page = client.get(f"/review/batches/{batch.pk}/").content.decode()
     assert "Spent $0.400000 (the judge $0.000000) of a $2.000000 budget" in page
-    assert "1 accepted trajectories, $0.400000 per accepted trajectory" in page
+    assert "1 accepted trajectories, $0.400000 per accepted trajectory" in page and ", as of " in page
