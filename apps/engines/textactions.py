@@ -86,7 +86,9 @@ JSON_ACTION_RULE = "Reply with exactly one JSON object per message, in a ```json
 def _json_tool_line(tool: dict[str, Any]) -> str:
     fn = tool.get("function", {})
     return (f"- {fn.get('name')}: {fn.get('description', '')} "
-            f"arguments: {json.dumps(fn.get('parameters', {}), ensure_ascii=False)}")
+            # keys sorted: the export's text form finds this line again from the stored tools, whose
+            # key order PostgreSQL's jsonb does not keep
+            f"arguments: {json.dumps(fn.get('parameters', {}), ensure_ascii=False, sort_keys=True)}")
 
 
 def json_action_instructions(tools: list[dict[str, Any]]) -> str:

@@ -603,7 +603,10 @@ def review_claim(*, trajectory: Trajectory, actor: Any) -> ReviewClaim:
             refusal = slot_refusal(trajectory.pk, actor, now)
             if refusal:
                 raise ClaimError(refusal)
-            slot = min(set(range(per_item)) - set(active.values_list("slot", flat=True)))
+            free = set(range(per_item)) - set(active.values_list("slot", flat=True))
+            if not free:  # another reviewer's claim committed since the check above (a race)
+                raise IntegrityError("no free slot")
+            slot = min(free)
             with transaction.atomic():  # a savepoint: the losing insert of a race rolls back alone
                 claim = ReviewClaim.objects.create(
                     trajectory_id=trajectory.pk, reviewer=actor, slot=slot,
