@@ -27,6 +27,12 @@ def test_metrics_cover_workers_providers_sandboxes_exports_and_spend(client: Any
     other = {**call, "latency_ms": 100, "attempts": 1, "provider": "offline"}
     Trajectory.objects.create(task=task, iteration=1, sample_index=5, status="finished", outcome="success",
                               finished_at=now, cost_usd=Decimal("0.25"), steps=[{"llm": call}, {"llm": other}])
+    # sandbox rows another test's leftover thread may still write count too: measure from here
+    before = parse_prometheus(client.get("/metrics").content.decode())
+
+    def base(name: str, **labels: str) -> float:
+        return before.get((name, frozenset(labels.items())), 0.0)
+
     SandboxRecord.objects.create(backend="local", state="ready")
     SandboxRecord.objects.create(backend="local", state="destroyed", last_error="bwrap: failed")
     SandboxRecord.objects.create(backend="local", state="ready", claimed_at=now)
@@ -46,10 +52,10 @@ def test_metrics_cover_workers_providers_sandboxes_exports_and_spend(client: Any
     assert value("trajplatform_llm_provider_latency_seconds", provider="deepseek", quantile="0.5") == pytest.approx(0.3)
     assert value("trajplatform_llm_retries", provider="deepseek") == 2
     assert value("trajplatform_llm_retries", provider="offline") == 0
-    assert value("trajplatform_sandbox_creates", backend="local") == 3
-    assert value("trajplatform_sandbox_failures", backend="local") == 1
-    assert value("trajplatform_sandbox_pool_hits", backend="local") == 1
-    assert value("trajplatform_sandboxes_alive", backend="local") == 2
+    assert value("trajplatform_sandbox_creates", backend="local") - base("trajplatform_sandbox_creates", backend="local") == 3
+    assert value("trajplatform_sandbox_failures", backend="local") - base("trajplatform_sandbox_failures", backend="local") == 1
+    assert value("trajplatform_sandbox_pool_hits", backend="local") - base("trajplatform_sandbox_pool_hits", backend="local") == 1
+    assert value("trajplatform_sandboxes_alive", backend="local") - base("trajplatform_sandboxes_alive", backend="local") == 2
     assert value("trajplatform_exports", status="queued") == 0
     assert value("trajplatform_llm_spend_usd", scope="all") == pytest.approx(0.25)
     assert value("trajplatform_llm_spend_usd", scope="window") == pytest.approx(0.25)
