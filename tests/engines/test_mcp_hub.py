@@ -160,12 +160,30 @@ def test_two_servers_behind_one_hub_calls_errors_timeouts_refusals_and_records(l
         hub.call_tool("alpha__echo", {"text": "late"})
 
 
+def _wait_until_exited(pid: int, within_s: float = 20.0) -> None:
+    """Until the killed bwrap monitor has exited (a zombie or gone): its exit is what sends the
+    sandboxed server its --die-with-parent SIGKILL, so from then on the server answers nothing."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"bwrap monitor {pid} still running {within_s} s after SIGKILL")
+
+
 def test_a_server_killed_from_outside_is_an_infrastructure_error_and_close_leaves_nothing(local_backend: Any) -> None:
     with local_backend.create(SandboxSpec(image=PLATFORM_PYTHON_PROFILE)) as sandbox:
         hub = started(sandbox, spec("alpha"))
         assert hub.call_tool("alpha__echo", {"text": "hi"}).output == "alpha: hi"
         (pid,) = _bwraps_using(str(sandbox.workspace))
         os.kill(pid, signal.SIGKILL)
+        _wait_until_exited(pid)  # under load the server answered once more before its parent-death signal came
         with pytest.raises(McpSessionError, match="alpha"):
             hub.call_tool("alpha__echo", {"text": "again"}, timeout=20)
         hub.close()
