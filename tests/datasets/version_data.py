@@ -103,3 +103,43 @@ def run_build(build_id: int) -> Any:
     build = VersionBuild.objects.select_related("version").get(pk=build_id)
     assert build.status == "done", build.error
     return build.version
+
+
+def measure_exportability(version: Any) -> Any:
+    """Run the exportability measurement a written version queued (as a worker would) and return the
+    version as it now is (its card holds the per-format counts)."""
+    from apps.datasets.jobs import run_exportability
+    from apps.datasets.models import ExportabilityRun
+
+    run = ExportabilityRun.objects.get(version=version)
+    run_exportability(run.pk)
+    run.refresh_from_db()
+    assert run.status == "done", run.error
+    version.refresh_from_db()
+    return version
+
+
+VERIFIER = {"files": {"test_main.py": "def test_ok():\n    assert True\n"}, "command": "python3 -m pytest -q"}
+
+
+def mixed_code_spec(make_task: Callable[..., Any]) -> dict[str, Any]:
+    """Code tasks with a verifier (a good and a failed rollout each: 10 members) and tasks without one
+    whose only rollout failed (3): rl-verl has no ground truth for those, so it writes fewer lines and
+    counts exclusions with reasons. Returns the filter spec of a version of them all, with a split
+    seed under which both splits hold a verified and an unverified task (the split hashes task ids,
+    which differ between databases: PostgreSQL's test database is shared)."""
+    from apps.datasets.services import split_of
+
+    tasks = []
+    for i in range(5):
+        task = make_task(prompt=f"Write program number {i}", scene_config={"verifier": VERIFIER})
+        make_trajectory(task, code=f"print({i})", score=90, reward=1.0)
+        make_trajectory(task, code=f"print({i}) # wrong", outcome="failure", reward=0.0, score=30)
+        tasks.append(task)
+    for i in range(3):
+        task = make_task(prompt=f"Explain topic number {i}")
+        make_trajectory(task, code=f"print('topic {i}')", outcome="failure", reward=0.0, score=40)
+        tasks.append(task)
+    seed = next(s for s in range(100) if all(
+        {split_of(t.pk, s, 0.4) for t in group} == {"train", "validation"} for group in (tasks[:5], tasks[5:])))
+    return no_dedup(validation_fraction=0.4, split_seed=seed)

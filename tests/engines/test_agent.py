@@ -680,10 +680,11 @@ def test_an_async_should_cancel_before_the_start_creates_no_sandbox(local: Any) 
     async def should_cancel() -> bool:
         return True
 
+    before = _last_record_pk()
     with scripted(HELLO, *HELLO_STEPS) as (server, llm):
         result = run(config_for(HELLO), llm, should_cancel=should_cancel)
     assert result.cancelled and result.outcome_reason == "cancelled" and server.model.chat_requests == 0
-    assert result.sandbox == {} and not SandboxRecord.objects.exists()
+    assert result.sandbox == {} and not SandboxRecord.objects.filter(pk__gt=before).exists()
 
 
 def test_the_token_budget_stops_the_run_as_a_failure(local: Any) -> None:
@@ -715,13 +716,20 @@ def test_a_scene_without_an_engine_is_an_honest_error(monkeypatch: pytest.Monkey
 
     monkeypatch.delitem(registry.RUNTIMES, "gui")  # a registered scene whose engine is not there
     monkeypatch.setattr(registry, "_instances", {})
+    before = _last_record_pk()
     with scripted(HELLO, *HELLO_STEPS) as (server, llm):
         gui = run(config_for(HELLO, scene="gui"), llm)
         bogus = run({**config_for(HELLO), "scene": "teleport"}, llm)
     assert (gui.outcome, gui.outcome_reason, gui.error_kind) == ("error", "scene gui has no engine yet", "config")
     assert bogus.outcome == "error" and "unknown scene 'teleport'" in bogus.outcome_reason
     assert gui.messages == [] and gui.steps == [] and server.model.chat_requests == 0
-    assert not SandboxRecord.objects.exists()
+    assert not SandboxRecord.objects.filter(pk__gt=before).exists()
+
+
+def _last_record_pk() -> int:
+    """The newest SandboxRecord's pk (0 when none): the records a test writes are those after it
+    (PostgreSQL's shared test database can hold rows other tests' leftover threads committed)."""
+    return SandboxRecord.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
 
 
 class _BrokenBackend(LocalBackend):
@@ -730,13 +738,14 @@ class _BrokenBackend(LocalBackend):
 
 
 def test_a_sandbox_that_cannot_be_created_is_an_infrastructure_error() -> None:
+    before = _last_record_pk()
     with scripted(HELLO, *HELLO_STEPS) as (server, llm):
         result = run(config_for(HELLO), llm, sandbox_backend=_BrokenBackend())
     assert result.outcome == "error" and result.error_kind == "infrastructure" and result.retryable
     assert result.outcome_reason.startswith("infrastructure: sandbox creation failed")
     # The first model turn overlaps the sandbox's creation: at most that one call, and no step ran.
     assert "no bubblewrap" in result.outcome_reason and server.model.chat_requests <= 1 and result.steps == []
-    assert SandboxRecord.objects.get().state == SandboxRecord.State.FAILED
+    assert SandboxRecord.objects.get(pk__gt=before).state == SandboxRecord.State.FAILED
 
 
 def test_a_configured_api_key_never_appears_in_the_result(local: Any) -> None:
