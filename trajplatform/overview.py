@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from apps.reviews import tallies
 from apps.reviews.models import Review
-from apps.reviews.selectors import accepted_q, human_queue
+from apps.reviews.selectors import NOT_STARTED, TASK_STATES, accepted_q, human_queue
 from apps.tasks.models import Batch, Task, Trajectory
 from trajplatform.activity import ActivityDay
 from trajplatform.schedules import ensure_schedule
@@ -42,21 +42,6 @@ ACTIVITY_EVERY_MINUTES = 5
 LAST_HOUR_CAP = 1000
 BATCHES_SHOWN = 10
 ZERO = Decimal(0)
-
-NOT_STARTED = Q(status=Task.Status.QUEUED, current_iteration=0)
-# The task states the overview counts, in the order work moves through them.
-TASK_STATES = (
-    ("not_started", "not started", "imported, no iteration run yet (Start it)", NOT_STARTED),
-    ("queued", "queued", "queued again after a failure or cancel, not yet running",
-     Q(status=Task.Status.QUEUED, current_iteration__gt=0)),
-    ("running", "running", "an iteration's rollouts queued for or running on a worker", Q(status=Task.Status.RUNNING)),
-    ("reviewing", "reviewing", "the judge is scoring the iteration", Q(status=Task.Status.REVIEWING)),
-    ("waiting_approval", "waiting for approval", "a proposal waits for a person",
-     Q(status=Task.Status.WAITING_APPROVAL)),
-    ("completed", "completed", "", Q(status=Task.Status.COMPLETED)),
-    ("failed", "failed", "", Q(status=Task.Status.FAILED)),
-    ("cancelled", "cancelled", "", Q(status=Task.Status.CANCELLED)),
-)
 
 
 def utc_today(now: datetime | None = None) -> date:
@@ -127,11 +112,13 @@ def refresh_activity(*, now: datetime | None = None) -> int:
 
 
 def ensure_activity_schedule(using: str = "default") -> None:
-    """Register the every-5-minutes activity refresh and the batch tallies' count
-    (apps.reviews.tallies; idempotent; run after migrate)."""
+    """Register the every-5-minutes activity refresh and the batch tallies' and the team tally's
+    counts (apps.reviews.tallies; idempotent; run after migrate)."""
     ensure_schedule(name=ACTIVITY_SCHEDULE, func=ACTIVITY_JOB, minutes=ACTIVITY_EVERY_MINUTES, using=using)
     ensure_schedule(name=tallies.BATCH_TALLY_SCHEDULE, func=tallies.BATCH_TALLY_JOB,
                     minutes=tallies.BATCH_TALLY_EVERY_MINUTES, using=using)
+    ensure_schedule(name=tallies.TEAM_TALLY_SCHEDULE, func=tallies.TEAM_TALLY_JOB,
+                    minutes=tallies.TEAM_TALLY_EVERY_MINUTES, using=using)
 
 
 # -- the page's reads -------------------------------------------------------------------------------

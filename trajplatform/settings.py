@@ -413,6 +413,7 @@ SPECTACULAR_SETTINGS = {
         "TrajectoryStatusEnum": "apps.tasks.models.TrajectoryStatus",
         "ProposalStatusEnum": "apps.reviews.models.Proposal.Status",
         "ReviewStatusEnum": "apps.reviews.models.Review.Status",
+        "ReviewAssignmentStatusEnum": "apps.reviews.models.ReviewAssignment.Status",
         "VersionStatusEnum": "apps.datasets.models.DatasetVersion.Status",
         "ExportStatusEnum": "apps.datasets.models.ExportJob.Status",
         "OutcomeEnum": "apps.tasks.models.Trajectory.Outcome",

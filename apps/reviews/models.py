@@ -342,3 +342,44 @@ class BatchTally(models.Model):
 
     def __str__(self) -> str:
         return f"tally of batch {self.batch_id}"
+
+
+class ReviewerTally(models.Model):
+    """One person's human verdicts as last counted: the team page's throughput, acceptance and
+    agreement with the judge.
+
+    A cache of aggregates like BatchTally: `apps.reviews.tallies.refresh_team_tally` (a scheduled
+    job on the workers, every TEAM_TALLY_EVERY_MINUTES) recounts every verdict with the exact
+    selector (selectors.team_counts), so the team page reads one row per reviewer instead of
+    aggregating every human verdict in the request (730 ms at 1M trajectories and 100k verdicts on
+    PostgreSQL). The page says when it was counted. Derived, so rewritten without audit rows;
+    nothing else writes them."""
+
+    reviewer = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="review_tally")
+    day = models.DateField(help_text="the local date the count was made on: per_day's last day, 'today'")
+    today = models.PositiveIntegerField(default=0)
+    week = models.PositiveIntegerField(default=0, help_text="verdicts on the 7 local days ending on `day`")
+    total = models.PositiveIntegerField(default=0)
+    accepts = models.PositiveIntegerField(default=0)
+    per_day = models.JSONField(default=list, help_text="verdicts per local day, oldest first, ending on `day`")
+    both_accept = models.PositiveIntegerField(default=0, help_text="latest verdicts: the judge and the person accept")
+    judge_accepts_only = models.PositiveIntegerField(default=0)
+    human_accepts_only = models.PositiveIntegerField(default=0)
+    both_reject = models.PositiveIntegerField(default=0)
+    computed_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"tally of reviewer {self.reviewer_id}"
+
+
+class BatchChange(models.Model):
+    """A mark that a batch's tally inputs changed: written by database triggers (reviews migration
+    0011) on every insert, delete and relevant update of a trajectory, review or task, whoever
+    writes it; read and removed by `apps.reviews.tallies.refresh_batch_tallies`, which recounts
+    only the batches marked since its last run. A plain column, not a foreign key: a mark may
+    outlive its batch (the job skips it)."""
+
+    batch_id = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"change #{self.pk} of batch {self.batch_id}"

@@ -4,6 +4,8 @@
     review_bulk                         accept / reject / needs fix / assign / unassign many items, each
                                         through its own service and transaction (one audit row per item)
     saved_view_save / saved_view_delete a person's named filter sets of the queue
+    review_assign_many                  the API's assign: many items to one reviewer, all or nothing
+    saved_view_update                   rename a saved view or replace its filters (the API's PATCH)
 
 An active assignment holds one of the item's REVIEW_REVIEWERS_PER_ITEM slots for its assignee, as an
 unexpired claim does (services.slot_refusal counts both, once per person); the assignee's verdict
@@ -166,20 +168,30 @@ def review_bulk(*, trajectory_ids: list[int], actor: Any, action: str, reason: s
 # -- saved views -------------------------------------------------------------------------------------
 
 
+def _view_name(name: str) -> str:
+    """The name with its runs of spaces collapsed; ValidationError (on `name`) for an unusable one."""
+    name = " ".join((name or "").split())
+    if not name:
+        raise ValidationError({"name": "give the view a name"})
+    if "\x00" in name:
+        raise ValidationError({"name": "a view's name may not contain NUL characters"})
+    if len(name) > SavedView._meta.get_field("name").max_length:
+        raise ValidationError({"name": "a view's name is at most 100 characters"})
+    return name
+
+
+def _check_view_query(query: str) -> None:
+    if len(query) > SavedView._meta.get_field("query").max_length:
+        raise ValidationError({"filters": "these filters are too long to save"})
+
+
 def saved_view_save(*, user: Any, name: str, query: str) -> SavedView:
     """Save the queue's filters (a query string the caller normalised) under a name of the user's;
     the same name again replaces its filters, identical ones are a no-op (no audit row)."""
     if not getattr(user, "is_authenticated", False):
         raise PermissionDenied("saved views belong to a signed-in person")
-    name = " ".join((name or "").split())
-    if not name:
-        raise ValidationError("give the view a name")
-    if "\x00" in name:
-        raise ValidationError("a view's name may not contain NUL characters")
-    if len(name) > SavedView._meta.get_field("name").max_length:
-        raise ValidationError("a view's name is at most 100 characters")
-    if len(query) > SavedView._meta.get_field("query").max_length:
-        raise ValidationError("these filters are too long to save")
+    name = _view_name(name)
+    _check_view_query(query)
     with transaction.atomic():
         view = SavedView.objects.select_for_update().filter(user=user, name=name).first()
         created = view is None
@@ -210,3 +222,78 @@ def saved_view_delete(*, view: SavedView, actor: Any) -> None:
         audit_record("reviews.saved_view_delete", actor=actor, target=view, data={"name": view.name,
                                                                                  "query": view.query})
         view.delete()
+
+
+# -- for the API: many items at once, all or nothing; a saved view changed by its id -----------------
+
+
+class AssignRefused(AssignError):
+    """Items review_assign refused (not finished, no free slot, a verdict given already); `errors`
+    names each, `field` the request field they are about. Nothing was written."""
+
+    def __init__(self, errors: list[str], *, field: str = "trajectories"):
+        self.errors = errors
+        self.field = field
+        super().__init__("; ".join(errors))
+
+
+def review_assign_many(*, trajectory_ids: list[int], assignee: Any, actor: Any
+                       ) -> list[tuple[ReviewAssignment, bool]]:
+    """Assign every listed trajectory to the reviewer (approvers), all or none, in one transaction:
+    [(assignment, created)] by ascending trajectory id, an item already assigned to them kept as it is.
+    Raises ValidationError on `assignee` (not an active reviewer) or `trajectories` (none, too many,
+    unknown ids) before writing anything, AssignRefused listing every item review_assign refused."""
+    _require_assigner(actor)
+    ids = sorted(set(trajectory_ids))  # ascending: two approvers' overlapping requests lock in one order
+    if not ids:
+        raise ValidationError({"trajectories": "give at least one trajectory id"})
+    if len(ids) > BULK_MAX:
+        raise ValidationError({"trajectories": f"at most {BULK_MAX} items at once ({len(ids)} given)"})
+    if not is_reviewer(assignee):
+        raise ValidationError({"assignee": f"{assignee.get_username()} is not an active reviewer"})
+    found = Trajectory.objects.in_bulk(ids)
+    missing = [pk for pk in ids if pk not in found]
+    if missing:
+        raise ValidationError({"trajectories": "no trajectory has the id " + ", ".join(map(str, missing))})
+    with transaction.atomic():
+        held = set(ReviewAssignment.objects.filter(trajectory_id__in=ids, assignee=assignee,
+                                                   status=ReviewAssignment.Status.ACTIVE).values_list("pk", flat=True))
+        done, refused = [], []
+        for pk in ids:
+            try:
+                done.append(review_assign(trajectory=found[pk], assignee=assignee, actor=actor))
+            except AssignError as exc:  # its savepoint rolled back; the others' rows go with the raise below
+                refused.append(f"{pk}: {exc}")
+        if refused:
+            raise AssignRefused(refused)
+    return [(assignment, assignment.pk not in held) for assignment in done]
+
+
+def saved_view_update(*, view: SavedView, actor: Any, name: str | None = None, query: str | None = None
+                      ) -> SavedView:
+    """Rename one of the actor's saved views and/or replace its filters (a query string the caller
+    normalised); no change is a no-op (no audit row). Raises ValidationError on `name` when the actor
+    has another view of that name (the console's save under that name would replace that one)."""
+    if getattr(actor, "pk", None) != view.user_id:
+        raise PermissionDenied("a saved view is changed by its owner")
+    new_name = view.name if name is None else _view_name(name)
+    if query is not None:
+        _check_view_query(query)
+    taken = ValidationError({"name": f"you have another view named {new_name!r}; delete or rename it first"})
+    with transaction.atomic():
+        view = SavedView.objects.select_for_update().get(pk=view.pk)
+        old_name, new_query = view.name, view.query if query is None else query
+        if (new_name, new_query) == (view.name, view.query):
+            return view
+        if new_name != view.name and SavedView.objects.filter(user_id=view.user_id, name=new_name).exists():
+            raise taken
+        view.name, view.query = new_name, new_query
+        try:
+            with transaction.atomic():
+                view.save(update_fields=["name", "query", "updated_at"])
+        except IntegrityError:  # the other view was saved a moment ago
+            raise taken from None
+        audit_record("reviews.saved_view_save", actor=actor, target=view, data={
+            "name": new_name, "query": new_query, "created": False,
+            **({"renamed_from": old_name} if new_name != old_name else {})})
+    return view

@@ -285,12 +285,14 @@ def suggest(request: HttpRequest, kind: str) -> HttpResponse:
 @require_GET
 def team(request: HttpRequest) -> HttpResponse:
     """Per reviewer: verdicts per day and week, acceptance rate, agreement with the judge (Cohen's
-    kappa, the agreement page's rule), open and done assignments, held claims."""
-    rows, dates = selectors.team()
+    kappa, the agreement page's rule) as the team tally job last counted them; open and done
+    assignments and held claims now."""
+    rows, dates, counted_at = selectors.team()
     peak = max([n for r in rows for n in r.per_day] or [0]) or 1
     for row in rows:
         row.bars = [(d, n, round(100 * n / peak)) for d, n in zip(dates, row.per_day)]
     return render(request, "reviews/team.html", {
         "nav": "work", "rows": rows, "dates": dates, "threshold": settings.REVIEW_QUALITY_THRESHOLD,
+        "counted_at": counted_at, "tally_every": tallies.TEAM_TALLY_EVERY_MINUTES,
         "can_assign": request.user.has_perm(queue_actions.ASSIGN_PERMISSION),
     })

@@ -13,7 +13,7 @@ from django.db.models import (Count, Exists, F, FilteredRelation, IntegerField, 
 from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
-from apps.reviews.models import BatchTally, Proposal, Review, ReviewAssignment, ReviewClaim
+from apps.reviews.models import BatchTally, Proposal, Review, ReviewAssignment, ReviewClaim, ReviewerTally
 from apps.tasks.budgets import MICRO, ZERO
 from apps.tasks.models import Batch, Task, Trajectory
 
@@ -120,13 +120,37 @@ def iteration_history(task: Task) -> list[Iteration]:
 # -- batches ----------------------------------------------------------------------------------------
 
 
+NOT_STARTED = Q(status=Task.Status.QUEUED, current_iteration=0)
+# The task states the console counts, in the order work moves through them: (key, label, hint, filter).
+# A task imported and never started is "not started", not "queued" (its status is queued).
+TASK_STATES = (
+    ("not_started", "not started", "imported, no iteration run yet (Start it)", NOT_STARTED),
+    ("queued", "queued", "queued again after a failure or cancel, not yet running",
+     Q(status=Task.Status.QUEUED, current_iteration__gt=0)),
+    ("running", "running", "an iteration's rollouts queued for or running on a worker", Q(status=Task.Status.RUNNING)),
+    ("reviewing", "reviewing", "the judge is scoring the iteration", Q(status=Task.Status.REVIEWING)),
+    ("waiting_approval", "waiting for approval", "a proposal waits for a person",
+     Q(status=Task.Status.WAITING_APPROVAL)),
+    ("completed", "completed", "", Q(status=Task.Status.COMPLETED)),
+    ("failed", "failed", "", Q(status=Task.Status.FAILED)),
+    ("cancelled", "cancelled", "", Q(status=Task.Status.CANCELLED)),
+)
+STATE_LABELS = {key: label for key, label, *_ in TASK_STATES}
+STATE_FILTERS = {key: q for key, _label, _hint, q in TASK_STATES}
+
+
 def batch_progress(batches: list[Batch]) -> dict[int, dict[str, int]]:
-    """batch id -> task count per status (every status present) for these batches; one query."""
-    progress = {b.pk: dict.fromkeys(Task.Status.values, 0) for b in batches}
+    """batch id -> task count per state (TASK_STATES' keys in order, every one present; the not
+    started apart from the queued again) for these batches; two queries: the counts by status (the
+    (batch, status) index) and the not started among the queued."""
+    progress = {b.pk: dict.fromkeys(STATE_LABELS, 0) for b in batches}
     rows = (Task.objects.filter(batch_id__in=list(progress)).order_by()
             .values_list("batch_id", "status").annotate(n=Count("id")))
     for batch_id, status, n in rows:
         progress[batch_id][status] = n
+    for batch_id, n in (Task.objects.filter(NOT_STARTED, batch_id__in=list(progress)).order_by()
+                        .values_list("batch_id").annotate(n=Count("id"))):
+        progress[batch_id]["not_started"], progress[batch_id]["queued"] = n, progress[batch_id]["queued"] - n
     return progress
 
 
@@ -444,20 +468,30 @@ def assignees(trajectory_ids: list[int]) -> dict[int, list[str]]:
     return found
 
 
-@dataclass
-class TeamRow:
-    """One reviewer on the team page."""
+TEAM_DAYS = 14
 
-    user_id: int
-    username: str
+
+@dataclass
+class ReviewerCounts:
+    """One person's human verdicts counted now (team_counts): what a ReviewerTally row stores."""
+
     today: int = 0
     week: int = 0
     total: int = 0
     accepts: int = 0
     per_day: list[int] = field(default_factory=list)
-    pairs: int = 0
-    agree: int = 0
-    kappa: float | None = None
+    both_accept: int = 0
+    judge_accepts_only: int = 0
+    human_accepts_only: int = 0
+    both_reject: int = 0
+
+
+@dataclass
+class TeamRow(ReviewerCounts):
+    """One reviewer on the team page: their counted verdicts, and their assignments and claims now."""
+
+    user_id: int = 0
+    username: str = ""
     open_assigned: int = 0
     done_assigned: int = 0
     claims: int = 0
@@ -467,40 +501,52 @@ class TeamRow:
         return self.accepts / self.total if self.total else None
 
     @property
+    def pairs(self) -> int:
+        return self.both_accept + self.judge_accepts_only + self.human_accepts_only + self.both_reject
+
+    @property
+    def agree(self) -> int:
+        return self.both_accept + self.both_reject
+
+    @property
     def agreement(self) -> float | None:
         return self.agree / self.pairs if self.pairs else None
 
+    @property
+    def kappa(self) -> float | None:
+        return cohen_kappa([(True, True)] * self.both_accept + [(True, False)] * self.judge_accepts_only
+                           + [(False, True)] * self.human_accepts_only + [(False, False)] * self.both_reject)
 
-TEAM_DAYS = 14
+
+COUNTED = ("today", "week", "total", "accepts", "both_accept", "judge_accepts_only", "human_accepts_only",
+           "both_reject")
 
 
-def team(*, days: int = TEAM_DAYS, threshold: float | None = None) -> tuple[list[TeamRow], list[Any]]:
-    """Per reviewer (the current ones and anyone who gave a verdict): verdicts today, in the last 7
-    days and in all, per day over the last `days` days (local dates, oldest first), the acceptance
-    rate, agreement with the judge — the judge accepts at overall >= threshold
-    (REVIEW_QUALITY_THRESHOLD), as on the agreement page; Cohen's kappa over each of their latest
-    verdicts per trajectory that the judge scored — and their open / done assignments and held
-    claims. Returns (rows by username, the dates). Five queries, whatever the team's size."""
+def team_counts(*, days: int = TEAM_DAYS, threshold: float | None = None) -> dict[int, ReviewerCounts]:
+    """reviewer id -> their done human verdicts today, in the last 7 days and in all, per day over
+    the last `days` days (local dates, oldest first), their accepts, and their latest verdict per
+    trajectory that the judge scored crossed with the judge's accept (overall >= threshold,
+    REVIEW_QUALITY_THRESHOLD, as on the agreement page). Exact, over every human verdict: the team
+    tally job's count (apps.reviews.tallies), not a page's read. Two queries."""
     threshold = settings.REVIEW_QUALITY_THRESHOLD if threshold is None else threshold
     tz = timezone.get_current_timezone()
     today = timezone.localdate()
     midnight = timezone.make_aware(datetime.combine(today, time.min), tz)
     dates = [today - timedelta(days=n) for n in range(days - 1, -1, -1)]
-    rows = {u.pk: TeamRow(u.pk, u.get_username()) for u in reviewers()}
+    found: dict[int, ReviewerCounts] = {}
     humans = Review.objects.filter(kind=Review.Kind.HUMAN, status=Review.Status.DONE).order_by()
     # one count per local day, by time range (no per-row date conversion), in the same grouped query
     starts = [timezone.make_aware(datetime.combine(d, time.min), tz) for d in dates]
     ends = [*starts[1:], midnight + timedelta(days=1)]
     per_day = {f"day{n}": Count("id", filter=Q(created_at__gte=a, created_at__lt=b))
                for n, (a, b) in enumerate(zip(starts, ends))}
-    counts = humans.values("reviewer_id", "reviewer__username").annotate(
+    counts = humans.values("reviewer_id").annotate(
         total=Count("id"), accepts=Count("id", filter=Q(verdict=Review.Verdict.ACCEPT)),
         week=Count("id", filter=Q(created_at__gte=midnight - timedelta(days=6))), **per_day)
     for c in counts:
-        row = rows.setdefault(c["reviewer_id"], TeamRow(c["reviewer_id"], c["reviewer__username"]))
-        row.total, row.accepts, row.week = c["total"], c["accepts"], c["week"]
-        row.per_day = [c[f"day{n}"] for n in range(days)]
-        row.today = row.per_day[-1]
+        days_counts = [c[f"day{n}"] for n in range(days)]
+        found[c["reviewer_id"]] = ReviewerCounts(today=days_counts[-1], week=c["week"], total=c["total"],
+                                                 accepts=c["accepts"], per_day=days_counts)
     latest = humans.exclude(Exists(Review.objects.filter(
         trajectory=OuterRef("trajectory"), reviewer=OuterRef("reviewer"), kind=Review.Kind.HUMAN,
         created_at__gt=OuterRef("created_at"))))
@@ -509,17 +555,35 @@ def team(*, days: int = TEAM_DAYS, threshold: float | None = None) -> tuple[list
     tables = (latest.annotate(auto=FilteredRelation("trajectory__reviews", condition=Q(
         trajectory__reviews__kind=Review.Kind.AUTO, trajectory__reviews__status=Review.Status.DONE)))
         .values("reviewer_id").annotate(
-            yes_yes=Count("id", filter=judged & judge_yes & human_yes),
-            yes_no=Count("id", filter=judged & judge_yes & ~human_yes),
-            no_yes=Count("id", filter=judged & ~judge_yes & human_yes),
-            no_no=Count("id", filter=judged & ~judge_yes & ~human_yes)))
+            both_accept=Count("id", filter=judged & judge_yes & human_yes),
+            judge_accepts_only=Count("id", filter=judged & judge_yes & ~human_yes),
+            human_accepts_only=Count("id", filter=judged & ~judge_yes & human_yes),
+            both_reject=Count("id", filter=judged & ~judge_yes & ~human_yes)))
     for t in tables:
-        row = rows.get(t["reviewer_id"])
-        if row is None:
-            continue
-        pairs = ([(True, True)] * t["yes_yes"] + [(True, False)] * t["yes_no"] + [(False, True)] * t["no_yes"]
-                 + [(False, False)] * t["no_no"])
-        row.pairs, row.agree, row.kappa = len(pairs), t["yes_yes"] + t["no_no"], cohen_kappa(pairs)
+        row = found.setdefault(t["reviewer_id"], ReviewerCounts(per_day=[0] * days))
+        row.both_accept, row.judge_accepts_only = t["both_accept"], t["judge_accepts_only"]
+        row.human_accepts_only, row.both_reject = t["human_accepts_only"], t["both_reject"]
+    return found
+
+
+def team(*, days: int = TEAM_DAYS) -> tuple[list[TeamRow], list[Any], datetime | None]:
+    """Per reviewer (the current ones and anyone counted with a verdict): the team tally's verdicts
+    today, in the last 7 days and in all, per day over the last `days` days, the acceptance rate,
+    agreement with the judge and Cohen's kappa over each of their latest verdicts per trajectory
+    that the judge scored (ReviewerTally, as of its computed_at) -- and, read now, their open / done
+    assignments and held claims. Returns (rows by username, the tally's dates, when it counted;
+    None before its first count, the dates then ending today). Four queries, whatever the team's
+    size or the number of verdicts."""
+    rows = {u.pk: TeamRow(user_id=u.pk, username=u.get_username()) for u in reviewers()}
+    counted_at, last_day = None, timezone.localdate()
+    for tally in ReviewerTally.objects.select_related("reviewer").order_by():
+        row = rows.setdefault(tally.reviewer_id, TeamRow(user_id=tally.reviewer_id,
+                                                         username=tally.reviewer.get_username()))
+        for name in COUNTED:
+            setattr(row, name, getattr(tally, name))
+        row.per_day = (list(tally.per_day) + [0] * days)[:days]
+        counted_at, last_day = tally.computed_at, tally.day  # one job run writes every row with one time
+    dates = [last_day - timedelta(days=n) for n in range(days - 1, -1, -1)]
     for a in (ReviewAssignment.objects.order_by().values("assignee_id").annotate(
             open=Count("id", filter=Q(status=ReviewAssignment.Status.ACTIVE)),
             done=Count("id", filter=Q(status=ReviewAssignment.Status.DONE)))):
@@ -531,4 +595,4 @@ def team(*, days: int = TEAM_DAYS, threshold: float | None = None) -> tuple[list
             rows[reviewer_id].claims = n
     for row in rows.values():
         row.per_day = row.per_day or [0] * days
-    return sorted(rows.values(), key=lambda r: r.username), dates
+    return sorted(rows.values(), key=lambda r: r.username), dates, counted_at

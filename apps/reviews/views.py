@@ -45,6 +45,7 @@ from apps.tasks.episode import arguments_text
 from apps.tasks.models import Batch, Task, Trajectory
 from apps.tasks.services import TransitionError, batch_cancel, batch_retry, task_cancel, task_retry, tasks_enqueue
 from apps.tasks.views import viewer_context
+from trajplatform.paging import window, without_page
 
 PAGE_SIZE = 50
 VIEW_PROPOSALS = "reviews.view_proposal"
@@ -53,10 +54,15 @@ VIEW_TASKS = "tasks.view_task"
 
 
 def _page(request: HttpRequest, items: Any) -> tuple[Any, str]:
-    page = Paginator(items, PAGE_SIZE).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
-    return page, query.urlencode()
+    """A page of a queryset, and the filters' query string without the page. The page's ids are
+    found first (an index-friendly OFFSET over the ordered ids alone) and only those rows are read
+    with their joins: a deep page does not join every row it skips (the proposal queue's last page
+    at 1M trajectories on PostgreSQL)."""
+    page = Paginator(items.values_list("pk", flat=True), PAGE_SIZE).get_page(request.GET.get("page"))
+    ids = list(page.object_list)
+    rows = {row.pk: row for row in items.filter(pk__in=ids)}
+    page.object_list = [rows[pk] for pk in ids if pk in rows]
+    return page, without_page(request.GET)
 
 
 def _back(request: HttpRequest, default: str) -> HttpResponseRedirect:
@@ -424,7 +430,8 @@ def _progress_rows(batches: list[Batch]) -> list[dict[str, Any]]:
         total = sum(counts.values())
         final = sum(counts[s] for s in Task.FINAL)
         rows.append({"batch": batch, "counts": counts, "total": total, "final": final,
-                     "percent": round(100 * final / total) if total else 0, "pending": pending.get(batch.pk, 0)})
+                     "percent": round(100 * final / total) if total else 0, "pending": pending.get(batch.pk, 0),
+                     "states": [(selectors.STATE_LABELS[key], n) for key, n in counts.items()]})
     return rows
 
 
@@ -435,7 +442,7 @@ def batches(request: HttpRequest) -> HttpResponse:
     page, filter_query = _page(request, Batch.objects.order_by("-created_at", "-id"))
     return render(request, "reviews/batches.html", {
         "nav": "review", "page": page, "rows": _progress_rows(list(page.object_list)), "filter_query": filter_query,
-        "statuses": Task.Status.choices,
+        "statuses": list(selectors.STATE_LABELS.items()),
     })
 
 
@@ -450,16 +457,17 @@ def batch_detail(request: HttpRequest, batch_id: int) -> HttpResponse:
     tasks = Task.objects.filter(batch=batch).annotate(score=Subquery(score)).order_by("id").only(
         "pk", "external_id", "scene", "status", "current_iteration", "max_iterations", "quality_threshold", "error")
     status = request.GET.get("status")
-    if status in Task.Status.values:
-        tasks = tasks.filter(status=status)
-    page, filter_query = _page(request, tasks)
+    if status in selectors.STATE_FILTERS:  # a task state: "not started" apart from "queued" (again)
+        tasks = tasks.filter(selectors.STATE_FILTERS[status])
+    # A batch holds up to every task: its list is a window, not a count of them all (paging.py).
+    page, filter_query = window(tasks, request.GET.get("page"), PAGE_SIZE), without_page(request.GET)
     tally = selectors.batch_tally(batch.pk)
 
     return render(request, "reviews/batch_detail.html", {
         "nav": "batches", "batch": batch, "row": _progress_rows([batch])[0], "page": page,
         "spend": selectors.tally_spend(batch, tally) if tally else None,
         "tally_every": tallies.BATCH_TALLY_EVERY_MINUTES,
-        "filter_query": filter_query, "statuses": Task.Status.choices, "status": status,
+        "filter_query": filter_query, "statuses": list(selectors.STATE_LABELS.items()), "status": status,
         "can_control": request.user.has_perm("tasks.change_task"),
     })
 

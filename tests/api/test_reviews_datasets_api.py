@@ -96,6 +96,7 @@ def test_version_export_poll_and_download_with_checksum(
     from apps.datasets import services as dataset_services
     from apps.datasets.jobs import run_export, run_version_build
     from apps.datasets.models import DatasetVersion
+    from tests.datasets.version_data import measure_exportability
 
     for i in range(3):
         make_trajectory(make_task(prompt=f"Program {i}"), code=f"print({i})", score=90)
@@ -123,6 +124,11 @@ def test_version_export_poll_and_download_with_checksum(
 
     queued: list[int] = []
     monkeypatch.setattr(dataset_services, "_enqueue_export", queued.append)
+    # Exports open once the version's exportability job (queued with the version) has measured it.
+    refused = approver.post("/api/v1/datasets/api-ds/versions/1/exports", {"format": "sft-openai"}, format="json")
+    assert refused.status_code == 400 and "still being measured (0 of 3 members)" in refused.json()["error"]["message"]
+    assert not queued
+    measure_exportability(DatasetVersion.objects.get())
     with django_capture_on_commit_callbacks(execute=True):
         started = approver.post("/api/v1/datasets/api-ds/versions/1/exports", {"format": "sft-openai"}, format="json")
     assert started.status_code == 202, started.json()

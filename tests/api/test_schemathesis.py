@@ -31,7 +31,8 @@ STATEFUL_STEPS = int(os.environ.get("SCHEMATHESIS_STATEFUL_EXAMPLES", "30"))
 
 # Operations whose input rules go beyond what a schema can say (a task matches one of two
 # shapes, an upload sends exactly one of file or JSON, a webhook URL must resolve to a public
-# address, a filter spec names existing batches, an imported file's lines are trajectories): a
+# address, a filter spec names existing batches, an imported file's lines are trajectories, an assignee
+# is a reviewer, a saved view's filters are the queue's facets): a
 # schema-valid body may still be a 400 there,
 # so positive_data_acceptance is left out for them (every other check still runs).
 SEMANTIC_VALIDATION = {
@@ -39,6 +40,7 @@ SEMANTIC_VALIDATION = {
     "POST /api/v1/datasets/{name}/versions", "POST /api/v1/datasets/{name}/versions/{number}/exports",
     "POST /api/v1/proposals/{id}/decide", "POST /api/v1/trajectories/{trajectory_id}/verdicts",
     "POST /api/v1/exports/{job_id}/template-checks", "POST /api/v1/imports/trajectories",
+    "POST /api/v1/review-assignments", "POST /api/v1/saved-views", "PATCH /api/v1/saved-views/{id}",
 }
 
 

@@ -138,7 +138,7 @@ def test_the_batch_page_subscribes_and_polls_only_while_the_socket_is_closed(cli
     assert f'data-ws="/ws/batches/{batch.pk}/"' in page and "console/batchprogress.js" in page
     assert 'hx-trigger="every 3s [!(window.batchProgressLive && window.batchProgressLive())]"' in page
     fragment = client.get(reverse("reviews:batch_progress", args=[batch.pk])).content.decode()
-    assert "0 of 3 tasks final" in fragment and "3 queued" in fragment
+    assert "0 of 3 tasks final" in fragment and "3 not started" in fragment  # imported, never started
 
 
 def test_a_failed_event_send_is_logged_and_the_change_stands(viewer, batch, monkeypatch, caplog):

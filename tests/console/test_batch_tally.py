@@ -1,12 +1,16 @@
 """The batch tallies (apps.reviews.tallies): the workers' count of a batch's spend, accepted
 trajectories and human review progress equals the exact selectors' on a small fill, the pages read
-it and say when it was counted, and the job is scheduled beside the overview's activity job."""
+it and say when it was counted, and the job is scheduled beside the overview's activity job. It
+recounts only the batches the database triggers marked changed (inserts, deletes, updates of the
+columns a tally reads, whoever wrote them) and every batch with full=True (`refresh_tallies --full`)."""
 from __future__ import annotations
 
 from datetime import timedelta
 from decimal import Decimal
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -14,10 +18,10 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from apps.reviews import selectors
-from apps.reviews.models import BatchTally
+from apps.reviews.models import BatchChange, BatchTally, Review
 from apps.reviews.services import human_verdict_record
 from apps.reviews.tallies import BATCH_TALLY_JOB, BATCH_TALLY_SCHEDULE, refresh_batch_tallies
-from apps.tasks.models import Batch, Trajectory
+from apps.tasks.models import Batch, Task, Trajectory
 from trajplatform.schedules import ensure_periodic
 
 pytestmark = pytest.mark.django_db
@@ -115,3 +119,80 @@ def test_the_tallies_are_view_only_in_the_admin(client, make_user, fill):
     assert client.get("/admin/reviews/batchtally/add/").status_code == 403
     row.refresh_from_db()
     assert row.accepted == 3
+
+
+# -- incremental: only the batches whose inputs changed are recounted (BatchChange, migration 0011) --
+
+
+def counted_at(batch):
+    return BatchTally.objects.get(batch=batch).computed_at
+
+
+def test_only_a_changed_batch_is_recounted(fill, reviewer):
+    big, small, items = fill
+    first = timezone.now() - timedelta(minutes=10)
+    assert refresh_batch_tallies(now=first) == 2
+    assert BatchChange.objects.count() == 0  # the marks it read are gone
+    with CaptureQueriesContext(connection) as queries:
+        assert refresh_batch_tallies() == 0  # nothing changed: no batch recounted
+    assert len(queries) <= 2 and counted_at(big) == counted_at(small) == first
+    human_verdict_record(trajectory=items[2], actor=reviewer, verdict="accept", reason="")  # after the count
+    assert set(BatchChange.objects.values_list("batch_id", flat=True)) == {big.pk}
+    assert refresh_batch_tallies() == 1
+    assert counted_at(small) == first and counted_at(big) > first
+    assert selectors.tally_review_progress(selectors.batch_tally(big.pk))["done"] == exact(big)[1]["done"] == 3
+
+
+def test_writes_that_bypass_the_services_mark_their_batch(fill):
+    big, small, items = fill
+    refresh_batch_tallies()
+    Trajectory.objects.filter(pk=items[3].pk).update(heartbeat_at=timezone.now())  # a column no tally reads
+    assert refresh_batch_tallies() == 0
+    Trajectory.objects.filter(pk=items[3].pk).update(cost_usd=Decimal("2"))  # a job's update(): no service
+    assert refresh_batch_tallies() == 1
+    assert selectors.batch_tally(big.pk).spent_usd == Decimal(exact(big)[0]["spent_usd"]) == Decimal("4.76")
+    Task.objects.filter(batch=small).update(current_iteration=2)  # its trajectories leave the queue
+    assert refresh_batch_tallies() == 1
+    assert selectors.batch_tally(small.pk).review_total == exact(small)[1]["total"] == 0
+
+
+def test_deleting_verdicts_and_trajectories_is_recounted(fill):
+    big, small, items = fill
+    refresh_batch_tallies()
+    Review.objects.filter(trajectory=items[0], kind="human").delete()
+    assert refresh_batch_tallies() == 1
+    tally = selectors.batch_tally(big.pk)
+    # item 0 is an unreviewed success again: still accepted
+    assert (tally.review_done, tally.accepted) == (1, 3) == (exact(big)[1]["done"], exact(big)[0]["accepted"])
+    items[4].delete()  # with its automatic review (the collector deletes it first)
+    assert refresh_batch_tallies() == 1
+    tally = selectors.batch_tally(big.pk)
+    assert (tally.review_total, tally.spent_usd) == (4, Decimal("2.51")) == (
+        exact(big)[1]["total"], Decimal(exact(big)[0]["spent_usd"]))
+    assert selectors.batch_tally(small.pk).review_total == 1
+
+
+def test_a_new_batch_is_counted_and_full_recounts_every_batch(fill, awaiting):
+    big, small, _items = fill
+    refresh_batch_tallies()
+    BatchChange.objects.all().delete()  # as if its marks were lost: only full sees the change now
+    newer = Batch.objects.create(name="newer")
+    assert refresh_batch_tallies() == 1 and selectors.batch_tally(newer.pk).review_total == 0
+    Trajectory.objects.filter(task__batch=big).update(cost_usd=0)
+    BatchChange.objects.all().delete()
+    assert refresh_batch_tallies() == 0
+    assert refresh_batch_tallies(full=True) == 3
+    assert selectors.batch_tally(big.pk).spent_usd == Decimal("0.01")
+
+
+def test_the_command_recounts_changed_or_every_batch(fill):
+    out = StringIO()
+    call_command("refresh_tallies", stdout=out)
+    assert "Recounted 2 batch tally(ies): the batches changed since their last count" in out.getvalue()
+    assert "team tally of" in out.getvalue()
+    out = StringIO()
+    call_command("refresh_tallies", "--no-team", stdout=out)
+    assert "Recounted 0 batch tally(ies)" in out.getvalue() and "team" not in out.getvalue()
+    out = StringIO()
+    call_command("refresh_tallies", "--full", "--no-team", stdout=out)
+    assert "Recounted 2 batch tally(ies): every batch" in out.getvalue()

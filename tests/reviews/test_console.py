@@ -191,6 +191,54 @@ def test_pages_do_not_query_per_row(client, viewer, make_task, django_assert_max
         assert client.get(reverse("reviews:batches")).status_code == 200
 
 
+def test_the_queue_pages_keep_their_order_and_a_deep_page_reads_only_its_rows(client, viewer, make_task, monkeypatch,
+                                                                           django_assert_max_num_queries):
+    from apps.reviews import views
+
+    monkeypatch.setattr(views, "PAGE_SIZE", 4)
+    for _ in range(5):  # 10 pending proposals: pages of 4, 4 and 2
+        waiting_task(make_task)
+    oldest_first = list(Proposal.objects.filter(status=Proposal.Status.PENDING).order_by("created_at", "id")
+                        .values_list("pk", flat=True))
+    client.force_login(viewer)
+    shown = []
+    for number in (1, 2, 3):
+        with django_assert_max_num_queries(14):
+            response = client.get(reverse("reviews:queue") + f"?page={number}")
+        shown += [row["proposal"].pk for row in response.context["rows"]]
+    assert shown == oldest_first
+    last = client.get(reverse("reviews:queue") + "?page=999999")  # past the end: the last page
+    assert [row["proposal"].pk for row in last.context["rows"]] == oldest_first[8:]
+    assert last.context["page"].number == 3 and last.context["page"].paginator.count == 10
+
+
+def test_a_batch_page_lists_its_tasks_in_windows_without_counting_them_all(client, viewer, make_task, monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.reviews import views
+
+    monkeypatch.setattr(views, "PAGE_SIZE", 4)
+    first = make_task()
+    tasks = [first] + [make_task(batch=first.batch) for _ in range(8)]  # pages of 4, 4 and 1
+    client.force_login(viewer)
+    url = reverse("reviews:batch", args=[first.batch_id])
+    shown = []
+    for number in (1, 2, 3):
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(url, {"page": number})
+        page = response.context["page"]
+        shown += [t.pk for t in page.object_list]
+        assert page.has_next == (number < 3) and page.has_previous == (number > 1)
+        # The tasks are read as one window of PAGE_SIZE + 1 rows; the only COUNT is the state line's.
+        assert sum("COUNT(" in q["sql"].upper() and "GROUP BY" not in q["sql"].upper()
+                   for q in queries.captured_queries) == 0
+    assert shown == [t.pk for t in tasks]
+    html = client.get(url, {"page": 2, "status": "not_started"}).content.decode()
+    assert "page=1" in html and "page=3" in html and "status=not_started" in html and "page 2</span>" in html
+    assert client.get(url, {"page": "99999999"}).context["page"].number == 1
+
+
 @pytest.mark.parametrize("data, message", [
     ({"verdict": "needs_fix", "reason": ""}, "give a reason"),
     ({"verdict": "maybe", "reason": "x"}, "verdict must be one of"),

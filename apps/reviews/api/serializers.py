@@ -1,11 +1,16 @@
-"""Proposals, reviews and human verdicts."""
+"""Proposals, reviews and human verdicts; review assignments and saved views of the review queue."""
 from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.http import QueryDict
+from django.utils.http import urlencode
 from rest_framework import serializers
 
-from apps.reviews.models import Proposal, Review
+from apps.reviews.models import Proposal, Review, ReviewAssignment, SavedView
+from apps.reviews.queue_actions import BULK_MAX
+from apps.reviews.queue_views import WorkFilterForm, queue_query
 from trajplatform.api import (
     INT64_MAX, NO_NUL_PATTERN, BlankChoicesMixin, LimitedJSONField, RedactedOutputMixin, StrictSerializerMixin,
 )
@@ -72,3 +77,100 @@ class PendingQuerySerializer(StrictSerializerMixin, serializers.Serializer):
         # Query parameters: paging ones belong to the paginator.
         data = {k: v for k, v in data.items() if k not in ("cursor", "page_size")}
         return super().to_internal_value(data)
+
+
+class ReviewAssignmentSerializer(serializers.ModelSerializer):
+    assignee = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    assigned_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = ReviewAssignment
+        fields = ["id", "trajectory", "assignee", "assigned_by", "status", "assigned_at", "ended_at"]
+        read_only_fields = fields
+
+
+class ReviewAssignmentCreatedSerializer(ReviewAssignmentSerializer):
+    created = serializers.BooleanField(read_only=True, help_text="false: it was assigned to them already")
+
+    class Meta(ReviewAssignmentSerializer.Meta):
+        fields = [*ReviewAssignmentSerializer.Meta.fields, "created"]
+        read_only_fields = fields
+
+
+class AssignmentsCreatedSerializer(serializers.Serializer):
+    assignments = ReviewAssignmentCreatedSerializer(many=True)
+
+
+class UsernameField(serializers.SlugRelatedField):
+    """A user by username; a NUL character is refused before the lookup (PostgreSQL refuses it in a
+    query: it would be a 500)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and "\x00" in data:
+            raise serializers.ValidationError("a username cannot contain NUL characters")
+        return super().to_internal_value(data)
+
+
+class AssignSerializer(StrictSerializerMixin, serializers.Serializer):
+    assignee = UsernameField(
+        slug_field="username", queryset=get_user_model().objects.all(), help_text="the reviewer's username",
+        error_messages={"does_not_exist": "no user is named {value}"})
+    trajectories = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=INT64_MAX), min_length=1, max_length=BULK_MAX,
+        help_text="the ids of finished trajectories to put in the reviewer's queue (all or none)")
+
+
+class AssignmentQuerySerializer(StrictSerializerMixin, serializers.Serializer):
+    assignee = serializers.RegexField(NO_NUL_PATTERN, required=False, max_length=150,
+                                      help_text="`me`, or a username (approvers only: another person's)")
+    status = serializers.ChoiceField(choices=ReviewAssignment.Status.choices, required=False)
+    trajectory = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
+
+    def to_internal_value(self, data: Any) -> Any:
+        # Query parameters: paging ones belong to the paginator.
+        data = {k: v for k, v in data.items() if k not in ("cursor", "page_size")}
+        return super().to_internal_value(data)
+
+
+FILTER_NAMES = tuple(WorkFilterForm.base_fields)
+
+
+class QueueFiltersField(serializers.DictField):
+    """The review queue's filters ({facet: value}, the console's /review/work/ facets), checked by the
+    console's own filter form; cleans to the query string the console saves."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(child=serializers.JSONField(), help_text=(
+            "the review queue's facets: " + ", ".join(FILTER_NAMES) + " (values as the console's filter "
+            "form takes them: a batch by name, reviewers by username, assigned=me|nobody|<username>)"), **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        data = super().to_internal_value(data)
+        errors = {name: ["unknown filter; filters: " + ", ".join(FILTER_NAMES)]
+                  for name in data if name not in FILTER_NAMES}
+        errors.update({name: ["must be a string or a number"] for name, value in data.items()
+                       if name in FILTER_NAMES and (isinstance(value, bool) or not isinstance(value, (str, int, float)))})
+        if errors:
+            raise serializers.ValidationError(errors)
+        query = queue_query(urlencode({name: str(value) for name, value in data.items()}))
+        form = WorkFilterForm(QueryDict(query))
+        if not form.is_valid():
+            raise serializers.ValidationError({name: list(reasons) for name, reasons in form.errors.items()})
+        return query
+
+
+class SavedViewSerializer(RedactedOutputMixin, serializers.ModelSerializer):
+    filters = serializers.SerializerMethodField()
+
+    class Meta:
+        model = SavedView
+        fields = ["id", "name", "filters", "query", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_filters(self, view: SavedView) -> dict[str, str]:
+        return dict(QueryDict(view.query).items())
+
+
+class SavedViewWriteSerializer(StrictSerializerMixin, serializers.Serializer):
+    name = serializers.CharField(max_length=100, help_text="a name of yours; POST with one you have replaces its filters")
+    filters = QueueFiltersField()
