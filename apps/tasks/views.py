@@ -13,7 +13,6 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -34,6 +33,7 @@ from apps.tasks.services import (
 )
 from apps.tasks.trace import trace_of
 from trajplatform import json_limits
+from trajplatform.paging import window, without_page
 from trajplatform.skills import enabled_scene_ids
 
 VIEW_PERMISSION = "tasks.view_trajectory"
@@ -129,14 +129,12 @@ def trajectory_list(request: HttpRequest) -> HttpResponse:
                 else trajectories.filter(verdict=data["verdict"])
         if q := data.get("q"):
             trajectories = trajectories.filter(pk__in=_search(q))
-    page = Paginator(trajectories, LIST_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = window(trajectories, request.GET.get("page"), LIST_PAGE_SIZE)
     _add_scores_and_verdicts(page.object_list)
-    query = request.GET.copy()
-    query.pop("page", None)
     return render(
         request,
         "tasks/trajectory_list.html",
-        {"nav": "trajectories", "form": form, "page": page, "filter_query": query.urlencode()},
+        {"nav": "trajectories", "form": form, "page": page, "filter_query": without_page(request.GET)},
     )
 
 
