@@ -86,6 +86,10 @@ ACTIONS: dict[str, str] = {
     "datasets.export_finish": "an export file was completely written and renamed into place (checksum recorded)",
     "datasets.export_fail": "an export failed; no file was put in place",
     "datasets.export_requeue": "the export reaper put a job whose worker died back in the queue, or failed it after its claims",
+    "datasets.exportability_queue": "a new version's exportability measurement (every format's dry run) was queued",
+    "datasets.exportability_finish": "a version's exportability measurement finished and its counts were put in its card",
+    "datasets.exportability_fail": "a version's exportability measurement failed; its exports and publishing refuse",
+    "datasets.exportability_requeue": "the reaper put a measurement whose worker died back in the queue (it resumes), or failed it after its claims",
     "datasets.template_check": "a finished export was rendered through a chat template and checked (per-record report)",
 }
 

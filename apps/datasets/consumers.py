@@ -2,8 +2,10 @@
 progress over /ws/version-builds/<id>/ (VersionBuildConsumer, at the end).
 
 On subscribe and after each committed change of one of the version's exports (created, claimed,
-finished, failed: `export_state_changed`), {"type": "exports", "version": id, "jobs": [[job id,
-status], ...]}; only states that differ from the last sent. With the in-memory layer, which the
+finished, failed: `export_state_changed`) and of its exportability measurement (queued, each
+chunk measured, done, failed), {"type": "exports", "version": id, "jobs": [[job id, status], ...],
+"exportability": {"status", "done", "total", "error"} or None for a version without a run}; only
+states that differ from the last sent. With the in-memory layer, which the
 export workers in other processes cannot reach, the consumer also reads them every
 `tail_poll_seconds`. Refusals as for the live log: 4403 (not signed in, no
 datasets.view_datasetversion), 4404 (no such version).
@@ -27,7 +29,8 @@ class ExportStatesConsumer(SnapshotConsumer):
 
     def snapshot(self, event: dict[str, Any] | None = None) -> dict[str, Any]:
         event = event or export_states_message(self.object_id)
-        return {"type": "exports", "version": self.object_id, "jobs": event["jobs"]}
+        return {"type": "exports", "version": self.object_id, "jobs": event["jobs"],
+                "exportability": event.get("exportability")}
 
     async def export_states(self, event: dict[str, Any]) -> None:
         """Group message from `export_state_changed`, sent after its transaction commits."""

@@ -33,13 +33,13 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from django.conf import settings
 
 # The model is the engine core's (one copy per process, shared with toucan's question dedup);
 # its names are this module's too: the dataset services and the decontamination read them here.
-from apps.engines.embeddings import EMBEDDING_MODEL_NAME, Embedder, embed_stored, sentence_embedder
+from apps.engines.embeddings import EMBEDDING_MODEL_NAME, Embedder, KeyedVectors, sentence_embedder
 
 ACTION_VALUE_CHARS = 64
 _WS = re.compile(r"\s+")
@@ -153,6 +153,20 @@ class Candidate:
 
 
 @dataclass
+class Members:
+    """The trajectories to dedup, compactly: numpy arrays with one row each, in dedup order
+    (anchors first, then the ranked candidates best first). No text is held: the prompt and the
+    action sequence are the keys of their stored vectors (embeddings.KeyedVectors)."""
+
+    trajectory_id: Any  # int64
+    published_in: Any  # int32: the version an anchor was first published in, -1 for a candidate
+    outcome: Any  # an integer code per outcome (only equality is compared)
+    norm_hash: Any  # bytes: a digest of the normalized conversation (exact duplicates share it)
+    prompt: Any  # S32: the key of the task prompt's vector (only read when near is on)
+    action: Any  # S32: the key of the action sequence's vector (only read when near is on)
+
+
+@dataclass
 class DedupResult:
     excluded: dict[int, str] = field(default_factory=dict)  # trajectory id -> reason
     exact_removed: int = 0
@@ -161,18 +175,9 @@ class DedupResult:
     embedded_actions: int = 0
 
 
-def _label(c: Candidate) -> str:
-    where = f" published in v{c.published_in}" if c.published_in is not None else ""
-    return f"trajectory #{c.trajectory_id}{where}"
-
-
-def _embed_unique(texts: Iterable[str], embedder: Embedder) -> tuple[dict[str, int], Any]:
-    """(text -> row, vectors): each distinct text once, read from the store or embedded."""
-    index: dict[str, int] = {}
-    for text in texts:
-        index.setdefault(text, len(index))
-    vectors = embed_stored(list(index), embedder=embedder) if index else None
-    return index, vectors
+def _label(trajectory_id: int, published_in: int) -> str:
+    where = f" published in v{published_in}" if published_in >= 0 else ""
+    return f"trajectory #{trajectory_id}{where}"
 
 
 def exact_neighbours(vectors: Any, threshold: float, block: int = 2048) -> list[list[int]]:
@@ -259,52 +264,140 @@ def dedup(
     """Which of `ranked` (best first) are duplicates of a better one or of an anchor, and why.
 
     Anchors are never excluded; a ranked candidate with the same trajectory id as an anchor is
-    the anchor itself and is kept.
+    the anchor itself and is kept. The texts are keyed (and the missing ones embedded) here, then
+    dedup_members decides.
     """
-    result = DedupResult()
+    import numpy as np  # deferred: numpy (0.13 s) for dedup only
+
     anchor_ids = {a.trajectory_id for a in anchors}
     ordered = list(anchors) + [c for c in ranked if c.trajectory_id not in anchor_ids]
-    survivors: list[Candidate] = []
-    by_hash: dict[str, Candidate] = {}
-    for c in ordered:
-        kept = by_hash.get(c.norm_hash) if exact else None
-        if kept is not None and c.published_in is None:
-            result.excluded[c.trajectory_id] = f"exact duplicate of {_label(kept)}"
-            result.exact_removed += 1
-            continue
-        by_hash.setdefault(c.norm_hash, c)
-        survivors.append(c)
+    outcomes: dict[str, int] = {}
+    keyed = KeyedVectors(embedder)
+    members = Members(
+        trajectory_id=np.array([c.trajectory_id for c in ordered], dtype=np.int64),
+        published_in=np.array([-1 if c.published_in is None else c.published_in for c in ordered], dtype=np.int32),
+        outcome=np.array([outcomes.setdefault(c.outcome, len(outcomes)) for c in ordered], dtype=np.int32),
+        norm_hash=np.array([hashlib.sha256(c.norm_hash.encode()).digest()[:NORM_DIGEST] for c in ordered],
+                           dtype=f"S{NORM_DIGEST}"),
+        prompt=keyed.keys([c.prompt for c in ordered]) if near else None,
+        action=keyed.keys([c.actions for c in ordered]) if near else None,
+    )
+    return dedup_members(members, keyed=keyed, exact=exact, near=near, threshold=threshold)
+
+
+# Bytes of the normalized hash kept per member (of its 32): 128 bits, collisions out of reach.
+NORM_DIGEST = 16
+# Near-duplicate clustering reads the action vectors of this many members at a time (whole
+# prompt-neighbour components; a component larger than this is read alone).
+ACTION_CHUNK = 20_000
+
+
+def _components(neighbours: list[list[int]]) -> Any:
+    """The connected component of each row of the prompt-neighbour graph (labels 0..k-1)."""
+    import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
+    from scipy.sparse import csr_matrix  # deferred: scipy, for near-duplicate dedup only
+    from scipy.sparse.csgraph import connected_components  # deferred: scipy, for near-duplicate dedup only
+
+    n = len(neighbours)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(row) for row in neighbours], out=indptr[1:])
+    indices = np.fromiter((j for row in neighbours for j in row), dtype=np.int64, count=int(indptr[-1]))
+    graph = csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr), shape=(n, n))
+    return connected_components(graph, directed=False)[1]
+
+
+def _first_seen(keys: Any) -> tuple[Any, Any]:
+    """(the distinct keys in order of first appearance, each key's row among them)."""
+    import numpy as np  # deferred: numpy (0.13 s) for dedup only
+
+    unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    row = np.empty(len(order), dtype=np.int64)
+    row[order] = np.arange(len(order))
+    return unique[order], row[inverse.reshape(-1)]
+
+
+def dedup_members(members: Members, *, keyed: KeyedVectors, exact: bool = True, near: bool = True,
+                  threshold: float = 0.92) -> DedupResult:
+    """dedup over compact members: exact duplicates by the first member (in order) with the same
+    normalized hash; near duplicates greedily in order, one prompt-neighbour component at a time
+    (a member's duplicates can only be in its own component), the action vectors read per chunk of
+    components and only for members whose component holds another member of the same outcome."""
+    import numpy as np  # deferred: numpy (0.13 s) for dedup only
+
+    result = DedupResult()
+    tid, published = members.trajectory_id, members.published_in
+    n = len(tid)
+    if exact and n:
+        _, first, inverse = np.unique(members.norm_hash, return_index=True, return_inverse=True)
+        kept_row = first[inverse.reshape(-1)]
+        dropped = (kept_row != np.arange(n)) & (published < 0)
+        for i in np.nonzero(dropped)[0].tolist():
+            k = int(kept_row[i])
+            result.excluded[int(tid[i])] = f"exact duplicate of {_label(int(tid[k]), int(published[k]))}"
+        result.exact_removed = int(dropped.sum())
+        survivors = np.nonzero(~dropped)[0]
+    else:
+        survivors = np.arange(n)
     if not near or len(survivors) < 2:
         return result
 
+    prompt_keys, p_of = _first_seen(members.prompt[survivors])
+    result.embedded_prompts = len(prompt_keys)
+    result.embedded_actions = len(np.unique(members.action[survivors]))
+    prompt_vecs = np.asarray(keyed.vectors(prompt_keys), dtype=np.float32)
+    neighbours = prompt_neighbours(prompt_vecs, threshold)
+    component = _components(neighbours)[p_of]
+    outcome = members.outcome[survivors]
+    # Only a member sharing its component and outcome with another can be, or have, a near duplicate.
+    _, group, counts = np.unique(np.stack([component, outcome]), axis=1, return_inverse=True, return_counts=True)
+    busy = np.nonzero(counts[group.reshape(-1)] >= 2)[0]
+    busy = busy[np.argsort(component[busy], kind="stable")]  # by component, in dedup order within one
+    bounds = np.flatnonzero(np.diff(component[busy])) + 1
+    starts = np.concatenate([[0], bounds]).astype(np.int64) if len(busy) else np.zeros(0, dtype=np.int64)
+    ends = np.concatenate([bounds, [len(busy)]]).astype(np.int64) if len(busy) else np.zeros(0, dtype=np.int64)
+    c = 0
+    while c < len(starts):
+        last = c  # the components of this chunk: [c, last]
+        while last + 1 < len(starts) and ends[last + 1] - starts[c] <= ACTION_CHUNK:
+            last += 1
+        chunk = busy[starts[c]:ends[last]]
+        action_keys, a_of = _first_seen(members.action[survivors[chunk]])
+        action_vecs = np.asarray(keyed.vectors(action_keys), dtype=np.float32)
+        for lo, hi in zip(starts[c:last + 1] - starts[c], ends[c:last + 1] - starts[c]):
+            _cluster(range(lo, hi), chunk, survivors, p_of, a_of, outcome, neighbours, prompt_vecs, action_vecs,
+                     tid, published, threshold, result)
+        del action_vecs
+        c = last + 1
+    return result
+
+
+def _cluster(rows: range, chunk: Any, survivors: Any, p_of: Any, a_of: Any, outcome: Any,
+             neighbours: list[list[int]], prompt_vecs: Any, action_vecs: Any, tid: Any, published: Any,
+             threshold: float, result: DedupResult) -> None:
+    """The greedy pass over one component's members (rows of `chunk`, in dedup order)."""
     import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
 
-    embed = embedder or sentence_embedder
-    prompt_index, prompt_vecs = _embed_unique((c.prompt for c in survivors), embed)
-    action_index, action_vecs = _embed_unique((c.actions for c in survivors), embed)
-    result.embedded_prompts, result.embedded_actions = len(prompt_index), len(action_index)
-    prompt_vecs = np.asarray(prompt_vecs, dtype=np.float32)
-    action_vecs = np.asarray(action_vecs, dtype=np.float32)
-    neighbours = prompt_neighbours(prompt_vecs, threshold)
     # Keyed by (prompt, outcome): a success and a failure are never duplicates of each other
     # (DPO pairs are made of exactly such rollouts).
-    kept_by_prompt: dict[tuple[int, str], list[tuple[Candidate, int]]] = {}
-    for c in survivors:
-        p, a = prompt_index[c.prompt], action_index[c.actions]
-        if c.published_in is None:
-            pool = [(k, ka) for q in neighbours[p] for k, ka in kept_by_prompt.get((q, c.outcome), ())]
+    kept_by_prompt: dict[tuple[int, int], list[tuple[int, int]]] = {}  # -> [(member row, action row)]
+    for r in rows:
+        s = int(chunk[r])  # the member's row among the survivors
+        i = int(survivors[s])  # and among all members
+        p, a, o = int(p_of[s]), int(a_of[r]), int(outcome[s])
+        if published[i] < 0:
+            pool = [(q, k, ka) for q in neighbours[p] for k, ka in kept_by_prompt.get((q, o), ())]
             if pool:
-                sims = action_vecs[[ka for _, ka in pool]] @ action_vecs[a]
+                sims = action_vecs[[ka for _, _, ka in pool]] @ action_vecs[a]
                 best = int(np.argmax(sims))
                 if sims[best] >= threshold:
-                    other, _ = pool[best]
-                    prompt_sim = float(prompt_vecs[prompt_index[other.prompt]] @ prompt_vecs[p])
-                    result.excluded[c.trajectory_id] = (
-                        f"near duplicate of {_label(other)} "
+                    q, other, _ = pool[best]
+                    prompt_sim = float(prompt_vecs[q] @ prompt_vecs[p])
+                    result.excluded[int(tid[i])] = (
+                        f"near duplicate of {_label(int(tid[other]), int(published[other]))} "
                         f"(prompt cosine {prompt_sim:.3f}, actions cosine {float(sims[best]):.3f}, "
                         f"threshold {threshold:g})"
                     )
                     result.near_removed += 1
                     continue
-        kept_by_prompt.setdefault((p, c.outcome), []).append((c, a))
-    return result
+        kept_by_prompt.setdefault((p, o), []).append((i, a))

@@ -89,67 +89,105 @@ def _chunks(members: Sequence[tuple[int, int]], size: int) -> Iterable[list[int]
         yield current
 
 
-def measure(members: Sequence[tuple[int, int, str]], scenes: Iterable[str], *,
-            progress: Progress | None = None, chunk_size: int | None = None) -> dict[str, Any]:
-    """The card's `exportability` section for these members ((trajectory id, task id, split) in
-    position order) of a version whose members' scenes are `scenes`."""
+Chunk = tuple[str, list[int]]  # (split, trajectory ids)
+Saved = Callable[[int, int, dict[str, Any]], None]  # (chunks done, members done, the tallies so far)
+
+
+def plan(members: Sequence[tuple[int, int, str]], chunk_size: int | None = None) -> list[Chunk]:
+    """The measurement's chunks of these members ((trajectory id, task id, split) in position
+    order): each split's in turn, train first, cut as the export job cuts them. The same members
+    always give the same chunks, so a resumed run skips exactly the ones it finished."""
+    size = max(1, chunk_size or settings.DATASET_EXPORT_CHUNK)
+    return [(split, chunk) for split in SPLITS
+            for chunk in _chunks([(t, task) for t, task, s in members if s == split], size)]
+
+
+def new_tallies(scenes: Iterable[str]) -> dict[str, Any]:
+    """The counts of a measurement that has read no chunk yet: JSON, so a run can keep them
+    between chunks (ExportabilityRun.tallies) and resume."""
     scenes = sorted(set(scenes))
     applicable = [f for f in sorted(FORMATS) if not not_applicable_reason(f, scenes)]
-    formats = {f: {"lines": {"all": 0, **{s: 0 for s in SPLITS}}, "excluded": 0, "reasons": Counter(),
-                   "by_scene": {}} for f in applicable}
     variants = ROLE_VARIANTS if MULTI_AGENT in scenes else ()
-    roles = {v: {f: 0 for f in applicable if not _whole_episode(f)} for v in variants}
-    # the formats' default is final_answer text (or no such option); the tool form is counted beside it
-    tool = {f: 0 for f in applicable if "tool" in FORMATS[f].final_answers}
-    size = max(1, chunk_size or settings.DATASET_EXPORT_CHUNK)
-    done = 0
-    for split in SPLITS:
-        of_split = [(t, task) for t, task, s in members if s == split]
-        for chunk in _chunks(of_split, size):
-            records = list(load_records(chunk))
-            scene_of = {}
-            for r in records:
-                scene = (r.get("task") or {}).get("scene") or ""
-                scene_of[r["trajectory_id"]] = scene
-                scene_of.update((child["trajectory_id"], scene) for child in flatten(r.get("subtrajectories") or []))
-            for fmt in applicable:
-                result = export_records(fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
-                                        options={"split": split})
-                tally = formats[fmt]
-                tally["lines"][split] += result.lines
-                tally["lines"]["all"] += result.lines
-                tally["excluded"] += len(result.excluded)
-                if result.stale_prompts:  # text-form lines whose system prompt still names finish (answers.py)
-                    tally["stale_prompts"] = tally.get("stale_prompts", 0) + len(result.stale_prompts)
-                for e in result.excluded:
-                    kind = reason_kind(e["reason"])
-                    tally["reasons"][kind] += 1
-                    by_scene = tally["by_scene"].setdefault(scene_of.get(e["trajectory_id"], ""), Counter())
-                    by_scene[kind] += 1
-                if fmt in tool:
-                    tool[fmt] += export_records(fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
-                                                options={"split": split, "final_answer": "tool"}).lines
-                for variant in variants:
-                    if fmt in roles[variant]:
-                        roles[variant][fmt] += export_records(
-                            fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
-                            options={"split": split, "roles": variant}).lines
-            done += len(chunk)
-            if progress:
-                progress("exportability", done, len(members))
-    for tally in formats.values():
-        tally["reasons"] = dict(tally["reasons"].most_common(MAX_REASONS))
-        tally["by_scene"] = {scene: {"excluded": sum(c.values()), "reasons": dict(c.most_common(MAX_REASONS))}
-                             for scene, c in sorted(tally["by_scene"].items())}
-    section: dict[str, Any] = {
+    return {
+        "scenes": scenes,
+        "formats": {f: {"lines": {"all": 0, **{s: 0 for s in SPLITS}}, "excluded": 0, "reasons": {}, "by_scene": {}}
+                    for f in applicable},
+        "roles": {v: {f: 0 for f in applicable if not _whole_episode(f)} for v in variants},
+        # the formats' default is final_answer text (or no such option); the tool form is counted beside it
+        "tool": {f: 0 for f in applicable if "tool" in FORMATS[f].final_answers},
+    }
+
+
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1  # a dict keeps the order first met: most_common breaks ties by it
+
+
+def _add_chunk(tallies: dict[str, Any], split: str, records: list[dict[str, Any]]) -> None:
+    """Every applicable format's dry run over one chunk's records, added to `tallies`."""
+    scene_of = {}
+    for r in records:
+        scene = (r.get("task") or {}).get("scene") or ""
+        scene_of[r["trajectory_id"]] = scene
+        scene_of.update((child["trajectory_id"], scene) for child in flatten(r.get("subtrajectories") or []))
+    roles, tool = tallies["roles"], tallies["tool"]
+    for fmt, tally in tallies["formats"].items():
+        result = export_records(fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
+                                options={"split": split})
+        tally["lines"][split] += result.lines
+        tally["lines"]["all"] += result.lines
+        tally["excluded"] += len(result.excluded)
+        if result.stale_prompts:  # text-form lines whose system prompt still names finish (answers.py)
+            tally["stale_prompts"] = tally.get("stale_prompts", 0) + len(result.stale_prompts)
+        for e in result.excluded:
+            kind = reason_kind(e["reason"])
+            _count(tally["reasons"], kind)
+            _count(tally["by_scene"].setdefault(scene_of.get(e["trajectory_id"], ""), {}), kind)
+        if fmt in tool:
+            tool[fmt] += export_records(fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
+                                        options={"split": split, "final_answer": "tool"}).lines
+        for variant, lines in roles.items():
+            if fmt in lines:
+                lines[fmt] += export_records(fmt, iter(records), _Discard(), dry_run=True,  # type: ignore[arg-type]
+                                             options={"split": split, "roles": variant}).lines
+
+
+def section(tallies: dict[str, Any]) -> dict[str, Any]:
+    """The card's `exportability` section from a finished measurement's tallies."""
+    scenes = tallies["scenes"]
+    formats = {}
+    for fmt, tally in tallies["formats"].items():
+        formats[fmt] = {**tally, "reasons": dict(Counter(tally["reasons"]).most_common(MAX_REASONS)),
+                        "by_scene": {scene: {"excluded": sum(c.values()), "reasons": dict(Counter(c).most_common(MAX_REASONS))}
+                                     for scene, c in sorted(tally["by_scene"].items())}}
+    out: dict[str, Any] = {
         "options": {"roles": "trainable", "images": "files", "final_answer": "text"},
         "formats": formats,
         "not_applicable": {f: not_applicable_reason(f, scenes) for f in sorted(FORMATS) if f not in formats},
-        "final_answer": {"tool": tool},
+        "final_answer": {"tool": tallies["tool"]},
     }
-    if variants:
-        section["roles"] = roles
-    return section
+    if tallies["roles"]:
+        out["roles"] = tallies["roles"]
+    return out
+
+
+def measure(members: Sequence[tuple[int, int, str]], scenes: Iterable[str], *,
+            progress: Progress | None = None, chunk_size: int | None = None,
+            tallies: dict[str, Any] | None = None, start: int = 0, saved: Saved | None = None) -> dict[str, Any]:
+    """The card's `exportability` section for these members ((trajectory id, task id, split) in
+    position order) of a version whose members' scenes are `scenes`. The one loop of the worker's
+    job and the command (jobs.exportability_run): `tallies` and `start` resume a run after its
+    first `start` chunks; `saved(chunks done, members done, tallies)` is called after each chunk."""
+    chunks = plan(members, chunk_size)
+    tallies = tallies if tallies is not None else new_tallies(scenes)
+    done = sum(len(ids) for _, ids in chunks[:start])
+    for i, (split, ids) in enumerate(chunks[start:], start + 1):
+        _add_chunk(tallies, split, list(load_records(ids)))
+        done += len(ids)
+        if saved:
+            saved(i, done, tallies)
+        if progress:
+            progress("exportability", done, len(members))
+    return section(tallies)
 
 
 # --- reading a version's card ----------------------------------------------------------------------

@@ -38,7 +38,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.datasets import exporters, hf_layout, services
-from apps.datasets.models import DatasetVersion, ExportJob, VersionBuild
+from apps.datasets.models import DatasetVersion, ExportabilityRun, ExportJob, VersionBuild
 from apps.datasets.selectors import member_rows
 from apps.datasets.spec import DatasetError
 from apps.tasks.models import Trajectory
@@ -358,7 +358,8 @@ def version_build_run(build_id: int) -> VersionBuild | None:
         result = _to_an_end(
             lambda: services.dataset_version_create(
                 dataset_name=build.dataset_name, filter_spec=build.filter_spec, actor=build.requested_by,
-                parent=build.parent, notes=build.notes, progress=_build_progress(build), build=build),
+                parent=build.parent, notes=build.notes, progress=_build_progress(build), build=build,
+                wait_exportability=False),
             fail=lambda error: services.version_build_fail(build=build, error=error),
             expected=(DatasetError, PermissionDenied), interrupted="interrupted; build the version again",
             what=f"version build #{build_id}", passes=(BuildTakenOver,))
@@ -378,7 +379,15 @@ def run_version_build(build_id: int) -> dict[str, Any]:
     return {"build": build.pk, "status": build.status, "version": build.version_id, "error": build.error}
 
 
-def _export_worker_gone(job: ExportJob | VersionBuild) -> str:
+def run_exportability(run_id: int) -> dict[str, Any]:
+    """django-q2 entry point: measure one version's exportability (expects to be delivered more than once)."""
+    run = services.exportability_measure(run_id)
+    if run is None:
+        return {"run": run_id, "skipped": "already claimed or taken over"}
+    return {"run": run.pk, "status": run.status, "version": run.version_id, "error": run.error}
+
+
+def _export_worker_gone(job: ExportJob | VersionBuild | ExportabilityRun) -> str:
     """Why a running job's (an export's or a version build's) worker is gone ("" while it may still run): its process on this host
     has exited (or its pid now belongs to a younger process), or, from any host, it has run past
     django-q2's job timeout, after which the cluster has killed it."""
@@ -393,7 +402,8 @@ def _export_worker_gone(job: ExportJob | VersionBuild) -> str:
 def reap_exports() -> dict[str, int]:
     """Put running exports whose worker is gone back in the queue (they resume from their finished
     chunks), failing those taken EXPORT_MAX_CLAIMS times; dispatch again the queued ones older than
-    EXPORT_STALE_S (a lost broker message). The same for version builds (which start over).
+    EXPORT_STALE_S (a lost broker message). The same for version builds (which start over) and
+    exportability runs (which resume after their finished chunks).
     Counts by outcome."""
     report = {"requeued": 0, "failed": 0, "dispatched": 0}
     for job in ExportJob.objects.filter(status=ExportJob.Status.RUNNING).only("pk", "worker", "started_at", "status"):
@@ -413,6 +423,17 @@ def reap_exports() -> dict[str, int]:
     for pk in VersionBuild.objects.filter(status=VersionBuild.Status.QUEUED, created_at__lt=stale_before).values_list("pk", flat=True):
         services._enqueue_build(pk)
         report["builds_dispatched"] = report.get("builds_dispatched", 0) + 1
+    for run in ExportabilityRun.objects.filter(status=ExportabilityRun.Status.RUNNING).only(
+            "pk", "worker", "started_at", "status"):
+        reason = _export_worker_gone(run)
+        outcome = services.exportability_requeue(run_id=run.pk, reason=reason,
+                                                 max_claims=services.EXPORTABILITY_MAX_CLAIMS) if reason else ""
+        if outcome:
+            report[f"exportability_{outcome}"] = report.get(f"exportability_{outcome}", 0) + 1
+    for pk in ExportabilityRun.objects.filter(status=ExportabilityRun.Status.QUEUED, created_at__lt=stale_before
+                                              ).values_list("pk", flat=True):
+        services._enqueue_exportability(pk)
+        report["exportability_dispatched"] = report.get("exportability_dispatched", 0) + 1
     if any(report.values()):
         log.info("export reaper: %s", report)
     return report

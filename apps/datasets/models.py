@@ -287,15 +287,10 @@ class TemplateCheck(models.Model):
         return f"{self.version} {self.format} through {self.template}: {self.passed}/{self.records}"
 
 
-class VersionBuild(models.Model):
-    """One request to build a dataset version, run by a worker: queued -> running -> done | failed.
-
-    The console's builder and the API create it and return at once; the job
-    (apps.datasets.jobs.run_version_build) calls services.dataset_version_create, which writes
-    the version and marks the build done in one transaction, so a build is done exactly when
-    its version exists. Progress (stage, done of total) is written as the job goes and read by
-    the build page over /ws/version-builds/<id>/.
-    """
+class WorkerJob(models.Model):
+    """The state a worker's job row shares (a version build, an exportability run): queued ->
+    running -> done | failed, claimed by compare-and-swap on status, with the claiming worker, a
+    heartbeat, one timestamp per milestone and a readable error."""
 
     class Status(models.TextChoices):
         QUEUED = "queued", "queued"
@@ -306,30 +301,45 @@ class VersionBuild(models.Model):
     FINAL = frozenset({Status.DONE, Status.FAILED})
     ACTIVE = frozenset({Status.QUEUED, Status.RUNNING})
 
-    dataset_name = models.CharField(max_length=100)
-    filter_spec = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder,
-                                   help_text="the spec as given (validated again by the job)")
-    parent = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    notes = models.TextField(blank=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
-    stage = models.CharField(max_length=40, blank=True, help_text="the step the job is in (scanned, reading, dedup, ...)")
-    done = models.PositiveIntegerField(default=0)
-    total = models.PositiveIntegerField(default=0)
-    version = models.OneToOneField(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT,
-                                   related_name="build")
     error = models.TextField(blank=True)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="version_builds")
     worker = models.CharField(max_length=200, blank=True)
-    claims = models.PositiveSmallIntegerField(
-        default=0, help_text="times a worker took the build; the reaper gives up after BUILD_MAX_CLAIMS")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        abstract = True
         ordering = ["-created_at", "-id"]
+
+
+class VersionBuild(WorkerJob):
+    """One request to build a dataset version, run by a worker: queued -> running -> done | failed.
+
+    The console's builder and the API create it and return at once; the job
+    (apps.datasets.jobs.run_version_build) calls services.dataset_version_create, which writes
+    the version and marks the build done in one transaction, so a build is done exactly when
+    its version exists. Progress (stage, done of total) is written as the job goes and read by
+    the build page over /ws/version-builds/<id>/.
+    """
+
+    dataset_name = models.CharField(max_length=100)
+    filter_spec = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder,
+                                   help_text="the spec as given (validated again by the job)")
+    parent = models.ForeignKey(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    notes = models.TextField(blank=True)
+    stage = models.CharField(max_length=40, blank=True, help_text="the step the job is in (scanned, reading, dedup, ...)")
+    done = models.PositiveIntegerField(default=0)
+    total = models.PositiveIntegerField(default=0)
+    version = models.OneToOneField(DatasetVersion, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="build")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="version_builds")
+    claims = models.PositiveSmallIntegerField(
+        default=0, help_text="times a worker took the build; the reaper gives up after BUILD_MAX_CLAIMS")
+
+    class Meta(WorkerJob.Meta):
         constraints = [
             models.CheckConstraint(
                 condition=Q(status__in=["queued", "running", "done", "failed"]), name="versionbuild_status_valid"),
@@ -339,3 +349,35 @@ class VersionBuild(models.Model):
 
     def __str__(self) -> str:
         return f"version build #{self.pk} of {self.dataset_name}"
+
+
+class ExportabilityRun(WorkerJob):
+    """The dry run of every applicable export format over a version's members (exportability.py),
+    run by a worker once the version is written: queued -> running -> done | failed.
+
+    A row of its own rather than fields on the version: the run writes its heartbeat, progress and
+    partial tallies after every chunk, which must not rewrite the version row every page reads (nor
+    touch the immutability guard of a published one); the row only matters while the version is
+    measured. When done, the section is in `version.data_card["exportability"]` and `tallies` is
+    emptied. `tallies` is JSON as text, not a JSONField: PostgreSQL's jsonb reorders keys, and the
+    order the reasons were first met breaks `most_common`'s ties as an uninterrupted run breaks
+    them, so a resumed run's card equals a single run's.
+    """
+
+    version = models.OneToOneField(DatasetVersion, on_delete=models.CASCADE, related_name="exportability_run")
+    done = models.PositiveIntegerField(default=0, help_text="members measured (those of the finished chunks)")
+    total = models.PositiveIntegerField(default=0, help_text="the version's members")
+    chunks_done = models.PositiveIntegerField(
+        default=0, help_text="chunks finished and counted in `tallies`; a resumed run starts after them")
+    tallies = models.TextField(blank=True, help_text="the partial counts after `chunks_done` chunks (JSON text)")
+    claims = models.PositiveSmallIntegerField(
+        default=0, help_text="times a worker took the run; the reaper gives up after EXPORTABILITY_MAX_CLAIMS")
+
+    class Meta(WorkerJob.Meta):
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=["queued", "running", "done", "failed"]),
+                                   name="exportabilityrun_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"exportability of version #{self.version_id} ({self.status}, {self.done} of {self.total})"

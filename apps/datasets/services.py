@@ -6,8 +6,12 @@ its data card in one short transaction at the end: a failure leaves nothing behi
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
+import json
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +21,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import F, Max
 from django.urls import reverse
 from django.utils import timezone
 
@@ -25,7 +29,9 @@ from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, expo
 from apps.datasets.exporters import FORMATS
 from apps.datasets.exporters.records import task_pass_rates
 from apps.datasets.exporters.vision import card_images
-from apps.datasets.models import Dataset, DatasetMember, DatasetVersion, ExportJob, TemplateCheck, VersionBuild
+from apps.datasets.models import (
+    Dataset, DatasetMember, DatasetVersion, ExportabilityRun, ExportJob, TemplateCheck, VersionBuild,
+)
 from apps.datasets.selectors import trajectories_with_reviews
 from apps.datasets.spec import LATER_DEFAULTS, DatasetError, FilterSpecError, quality_reasons, validate_filter_spec
 from apps.engines.corpora import scene_corpus_licences
@@ -48,6 +54,10 @@ PUBLISH_PERMISSION = "datasets.publish_datasetversion"
 EXPORT_PERMISSION = "datasets.add_datasetversion"
 EXPORT_JOB = "apps.datasets.jobs.run_export"
 BUILD_JOB = "apps.datasets.jobs.run_version_build"
+EXPORTABILITY_JOB = "apps.datasets.jobs.run_exportability"
+# An exportability run resumes after its finished chunks, so each claim moves it on: a 1M-member
+# version outlasting Q_TIMEOUT is killed, reaped and continued, more than a build's 3 times if need be.
+EXPORTABILITY_MAX_CLAIMS = 5
 CARD_SCHEMA = 1
 READ_CHUNK = 500
 MEMBER_BULK = 2000
@@ -79,7 +89,7 @@ def exporter_formats() -> dict[str, Any]:
 
 # --- building a version -----------------------------------------------------------------------
 
-@dataclass
+@dataclass(slots=True)  # a million of them while a version is built: no per-row __dict__
 class _Row:
     trajectory_id: int
     task_id: int
@@ -163,6 +173,7 @@ def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
     passing: list[_Row] = []
     excluded: list[dict[str, Any]] = []
     scanned = 0
+    shared: dict[str, str] = {}  # one string object per distinct scene, model, outcome and verdict
     qs = trajectories_with_reviews(_scope(spec)).order_by("task_id", "id").values(*SCAN_FIELDS)
     rates = task_pass_rates(_scope(spec).values("task_id"))
     for v in _with_corrections(spec, qs):
@@ -174,9 +185,10 @@ def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
                              "reason": "; ".join(reasons)})
             continue
         passing.append(_Row(
-            trajectory_id=v["id"], task_id=v["task_id"], scene=v["task__scene"], batch_id=v["task__batch_id"],
-            model=v["model"], outcome=v["outcome"], reward=v["reward"], score=v["review_overall"],
-            verdict=v["human_verdict"] or "", usage_tokens=v["total_tokens"], content_sha256=v["content_sha256"],
+            trajectory_id=v["id"], task_id=v["task_id"], scene=shared.setdefault(v["task__scene"], v["task__scene"]),
+            batch_id=v["task__batch_id"], model=shared.setdefault(v["model"], v["model"]),
+            outcome=shared.setdefault(v["outcome"], v["outcome"]), reward=v["reward"], score=v["review_overall"],
+            verdict=shared.setdefault(v["human_verdict"] or "", v["human_verdict"] or ""), usage_tokens=v["total_tokens"], content_sha256=v["content_sha256"],
             corrects=v.get("corrects"), pass_rate=v["task_pass_rate"],
         ))
     return passing, excluded, scanned
@@ -193,27 +205,80 @@ def version_preview(filter_spec: Any, *, sample: int = 10) -> dict[str, Any]:
             "corrections": sum(1 for r in rows if r.corrects is not None)}
 
 
-def _dedup_inputs(ids: list[int], progress: Progress | None) -> dict[int, tuple[int, str, str, int, int, str]]:
-    """trajectory id -> (task id, normalized hash, action sequence, turns, text tokens, outcome), streamed."""
-    out: dict[int, tuple[int, str, str, int, int, str]] = {}
-    for start in range(0, len(ids), READ_CHUNK):
+@dataclass
+class _DedupInputs:
+    """What dedup and the card read of each trajectory, as numpy arrays aligned with `ids` (sorted):
+    no message and no text is kept (the action sequence is the key of its stored vector)."""
+
+    ids: Any  # int64, ascending
+    found: Any  # bool: the trajectory exists (an anchor may have been deleted since)
+    task_id: Any  # int64
+    norm_hash: Any  # S16: dedup.NORM_DIGEST bytes of the normalized hash
+    action: Any  # S32: the key of the action sequence's vector (near dedup on), else None
+    outcome: Any  # int32 code: outcomes[code] is the outcome
+    outcomes: list[str]
+    turns: Any  # int32
+    text_tokens: Any  # int64
+
+    def at(self, trajectory_ids: Any) -> Any:
+        """The rows of these trajectory ids."""
+        import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+        return np.searchsorted(self.ids, np.asarray(trajectory_ids, dtype=np.int64))
+
+    def has(self, trajectory_ids: Any) -> Any:
+        """Whether each of these trajectory ids was asked for and found."""
+        at = self.at(trajectory_ids).clip(0, max(len(self.ids) - 1, 0))
+        return (self.ids[at] == trajectory_ids) & self.found[at] if len(self.ids) else at.astype(bool)
+
+
+def _dedup_inputs(ids: list[int], keyed: Any, progress: Progress | None) -> _DedupInputs:
+    """The dedup inputs of the trajectories `ids` (sorted), streamed READ_CHUNK at a time; with
+    `keyed` (a KeyedVectors: near dedup on), each chunk's action sequences are keyed and the ones
+    missing from the store embedded before the next chunk is read."""
+    import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+    n = len(ids)
+    out = _DedupInputs(
+        ids=np.asarray(ids, dtype=np.int64), found=np.zeros(n, dtype=bool), task_id=np.zeros(n, dtype=np.int64),
+        norm_hash=np.zeros(n, dtype=f"S{dedup_mod.NORM_DIGEST}"),
+        action=np.zeros(n, dtype="S32") if keyed is not None else None, outcome=np.zeros(n, dtype=np.int32),
+        outcomes=[], turns=np.zeros(n, dtype=np.int32), text_tokens=np.zeros(n, dtype=np.int64))
+    codes: dict[str, int] = {}
+    for start in range(0, n, READ_CHUNK):
         chunk = ids[start:start + READ_CHUNK]
+        rows, actions = [], []
         for pk, task_id, messages, tools, outcome in Trajectory.objects.filter(pk__in=chunk).values_list(
                 "pk", "task_id", "messages", "tools", "outcome").iterator(chunk_size=READ_CHUNK):
-            turns, text_tokens = card_stats.message_stats(messages)
-            out[pk] = (task_id, dedup_mod.normalized_hash(messages, tools), dedup_mod.action_sequence(messages),
-                       turns, text_tokens, outcome)
+            i = start + bisect.bisect_left(chunk, pk)
+            rows.append(i)
+            out.task_id[i] = task_id
+            out.turns[i], out.text_tokens[i] = card_stats.message_stats(messages)
+            out.norm_hash[i] = bytes.fromhex(dedup_mod.normalized_hash(messages, tools))[:dedup_mod.NORM_DIGEST]
+            out.outcome[i] = codes.setdefault(outcome, len(codes))
+            if keyed is not None:
+                actions.append(dedup_mod.action_sequence(messages))
+        out.found[rows] = True
+        if keyed is not None and rows:
+            out.action[rows] = keyed.keys(actions)
         if progress:
-            progress("reading", min(start + READ_CHUNK, len(ids)), len(ids))
+            progress("reading", min(start + READ_CHUNK, n), n)
+    out.outcomes = list(codes)
     return out
 
 
-def _prompts(task_ids: set[int]) -> dict[int, str]:
-    prompts: dict[int, str] = {}
-    ordered = sorted(task_ids)
+def _prompts(task_ids: Any, keyed: Any) -> tuple[Any, Any]:
+    """(the tasks, ascending; the key of each one's prompt vector), READ_CHUNK tasks at a time; a
+    task that is gone has the empty prompt."""
+    import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+    ordered = np.unique(np.asarray(task_ids, dtype=np.int64))
+    keys = np.zeros(len(ordered), dtype="S32")
     for start in range(0, len(ordered), READ_CHUNK):
-        prompts.update(Task.objects.filter(pk__in=ordered[start:start + READ_CHUNK]).values_list("pk", "prompt"))
-    return prompts
+        chunk = ordered[start:start + READ_CHUNK].tolist()
+        found = dict(Task.objects.filter(pk__in=chunk).values_list("pk", "prompt"))
+        keys[start:start + len(chunk)] = keyed.keys([found.get(t, "") for t in chunk])
+    return ordered, keys
 
 
 def _anchors(dataset: Dataset | None) -> dict[int, int]:
@@ -227,6 +292,30 @@ def _anchors(dataset: Dataset | None) -> dict[int, int]:
     for trajectory_id, number in rows.iterator(chunk_size=5000):
         anchors.setdefault(trajectory_id, number)
     return anchors
+
+
+def _dedup_members(rows: list[_Row], anchors: dict[int, int], inputs: _DedupInputs, keyed: Any
+                   ) -> dedup_mod.Members:
+    """The members dedup works on, in its order: the anchors still there (first published first),
+    then the rows best-ranked first (an anchor's own row is the anchor)."""
+    import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+    anchor_ids = np.fromiter(anchors, dtype=np.int64, count=len(anchors))
+    numbers = np.fromiter(anchors.values(), dtype=np.int32, count=len(anchors))
+    there = inputs.has(anchor_ids)
+    anchor_ids, numbers = anchor_ids[there], numbers[there]
+    ranked = np.array([r.trajectory_id for r in sorted(rows, key=_Row.rank_key) if r.trajectory_id not in anchors],
+                      dtype=np.int64)
+    ids = np.concatenate([anchor_ids, ranked])
+    at = inputs.at(ids)
+    members = dedup_mod.Members(
+        trajectory_id=ids, published_in=np.concatenate([numbers, np.full(len(ranked), -1, dtype=np.int32)]),
+        outcome=inputs.outcome[at], norm_hash=inputs.norm_hash[at], prompt=None, action=None)
+    if keyed is not None:
+        tasks, prompt_keys = _prompts(inputs.task_id[at], keyed)
+        members.prompt = prompt_keys[np.searchsorted(tasks, inputs.task_id[at])]
+        members.action = inputs.action[at]
+    return members
 
 
 def split_of(task_id: int, seed: int, validation_fraction: float) -> str:
@@ -375,6 +464,7 @@ def dataset_version_create(
     embedder: dedup_mod.Embedder | None = None,
     progress: Progress | None = None,
     build: VersionBuild | None = None,
+    wait_exportability: bool = True,
 ) -> DatasetVersion:
     """Select, dedup, split and freeze a new draft version of the dataset (created if new).
 
@@ -383,6 +473,10 @@ def dataset_version_create(
     PermissionDenied without datasets.add_datasetversion; writes nothing in either case.
     `build`: the running VersionBuild this call works for (the worker's job); it is marked done
     in the transaction that writes the version, or the version is not written.
+    The version is written with its exportability measurement queued (ExportabilityRun, in the
+    same transaction); `wait_exportability` (the command, direct callers) measures it in this
+    process once the version is committed and returns the version with the card's section;
+    False (the build job) leaves it to the workers, enqueued on commit.
     """
     dataset, parent, spec = _version_request(dataset_name, filter_spec, actor, parent)
     formats = exporter_formats()
@@ -392,26 +486,19 @@ def dataset_version_create(
     if progress:
         progress("scanned", scanned, scanned)
     anchors = _anchors(dataset)
-    by_id = {r.trajectory_id: r for r in rows}
-    needs_text = sorted(set(by_id) | (set(anchors) if spec["dedup"]["exact"] or spec["dedup"]["near"] else set()))
-    texts = _dedup_inputs(needs_text, progress)
-    for r in rows:
-        _, _, _, r.turns, r.text_tokens, _ = texts[r.trajectory_id]
-    prompts = _prompts({t[0] for t in texts.values()})
-
-    def candidate(trajectory_id: int, published_in: int | None) -> dedup_mod.Candidate:
-        task_id, norm_hash, actions, _, _, outcome = texts[trajectory_id]
-        return dedup_mod.Candidate(trajectory_id=trajectory_id, task_id=task_id, prompt=prompts.get(task_id, ""),
-                                   actions=actions, norm_hash=norm_hash, published_in=published_in, outcome=outcome)
-
-    ranked = [candidate(r.trajectory_id, None) for r in sorted(rows, key=_Row.rank_key)]
-    anchor_candidates = [candidate(t, n) for t, n in anchors.items() if t in texts]
-    result = dedup_mod.dedup(
-        ranked, anchors=anchor_candidates, exact=spec["dedup"]["exact"], near=spec["dedup"]["near"],
-        threshold=spec["dedup"]["threshold"], embedder=embedder,
-    )
+    dedup_spec = spec["dedup"]
+    needs_text = sorted({r.trajectory_id for r in rows} | (set(anchors) if dedup_spec["exact"] or dedup_spec["near"]
+                                                            else set()))
+    keyed = dedup_mod.KeyedVectors(embedder) if dedup_spec["near"] else None
+    inputs = _dedup_inputs(needs_text, keyed, progress)
+    at = inputs.at([r.trajectory_id for r in rows]).tolist()
+    for r, i in zip(rows, at):
+        r.turns, r.text_tokens = int(inputs.turns[i]), int(inputs.text_tokens[i])
+    result = dedup_mod.dedup_members(_dedup_members(rows, anchors, inputs, keyed), keyed=keyed, exact=dedup_spec["exact"],
+                                     near=dedup_spec["near"], threshold=dedup_spec["threshold"])
+    del inputs
     if progress:
-        progress("dedup", len(ranked), len(ranked))
+        progress("dedup", len(rows), len(rows))
     members = [r for r in rows if r.trajectory_id not in result.excluded]  # still in (task, id) order
     excluded.extend(
         {"trajectory_id": r.trajectory_id, "task_id": r.task_id, "stage": "dedup",
@@ -426,11 +513,6 @@ def dataset_version_create(
     diff = _diff(parent, [r.trajectory_id for r in members], excluded)
     if diff is not None:
         diff["filter_spec_changed"] = _spec_changes(parent.filter_spec or {}, spec)
-    # Every applicable format rendered and validated on every member (no files): the card says
-    # what each export would write, and the export form offers only what applies.
-    exportable = exportability.measure([(r.trajectory_id, r.task_id, splits[r.trajectory_id]) for r in members],
-                                       {r.scene for r in members}, progress=progress)
-
     with transaction.atomic():
         if dataset is None:
             try:
@@ -449,7 +531,6 @@ def dataset_version_create(
             excluded=excluded, scanned=scanned, dedup_result=result, exporter_versions=exporter_versions, diff=diff,
         )
         data_card["decontam"] = decontam_card
-        data_card["exportability"] = exportable
         version = DatasetVersion.objects.create(
             dataset=dataset, number=number, parent=parent, filter_spec=spec, counts=counts, data_card=data_card,
             exporter_versions=exporter_versions, split_seed=spec["split_seed"], notes=notes,
@@ -467,8 +548,14 @@ def dataset_version_create(
             data={"filter_spec": spec, "counts": counts, "parent": parent.number if parent else None,
                   "added": len(diff["added"]) if diff else None, "removed": len(diff["removed"]) if diff else None},
         )
+        # Every applicable format rendered and validated on every member (no files) tells what each
+        # export would write: measured after the version is written, by its own resumable job.
+        run = _exportability_queue(version, total=len(members), enqueue=not wait_exportability)
         if build is not None:
             _version_build_done(build, version)
+    if wait_exportability:
+        exportability_measure(run.pk, progress=progress)
+        version.refresh_from_db()
     return version
 
 
@@ -549,15 +636,23 @@ def _version_build_done(build: VersionBuild, version: DatasetVersion) -> None:
 
 def version_build_fail(*, build: VersionBuild, error: str) -> VersionBuild:
     """Record a failed build (bad filter, no permission any more, an unexpected error): no version."""
+    return _job_fail(build, error=error, action="datasets.version_build_fail", actor_repr="version build job",
+                     data={}, changed=lambda: build_state_changed(build.pk))
+
+
+def _job_fail(row: Any, *, error: str, action: str, actor_repr: str, data: dict[str, Any],
+              changed: Callable[[], None]) -> Any:
+    """An active worker job's row (a build, an exportability run) failed with `error`: one audit row
+    and its page told, unless it had already ended; the row as it now is."""
+    model = type(row)
     with transaction.atomic():
-        updated = VersionBuild.objects.filter(pk=build.pk, status__in=VersionBuild.ACTIVE).update(
-            status=VersionBuild.Status.FAILED, error=error[:5000], finished_at=timezone.now())
+        updated = model.objects.filter(pk=row.pk, status__in=model.ACTIVE).update(
+            status=model.Status.FAILED, error=error[:5000], finished_at=timezone.now())
         if updated:
-            audit_record("datasets.version_build_fail", target=build, actor_repr="version build job",
-                         data={"error": error[:1000]})
-            build_state_changed(build.pk)
-    build.refresh_from_db()
-    return build
+            audit_record(action, target=row, actor_repr=actor_repr, data={"error": error[:1000], **data})
+            changed()
+    row.refresh_from_db()
+    return row
 
 
 def version_build_requeue(*, build_id: int, reason: str, max_claims: int) -> str:
@@ -593,6 +688,156 @@ def _is_user(actor: Any) -> bool:
     return actor is not None and getattr(actor, "is_authenticated", False)
 
 
+# --- measuring exportability on the workers --------------------------------------------------------
+
+class ExportabilityPending(ExportError):
+    """A version whose exportability is not measured yet (or whose measurement failed): its exports
+    and its publishing wait for the counts."""
+
+
+def _exportability_queue(version: DatasetVersion, *, total: int, enqueue: bool) -> ExportabilityRun:
+    """Inside dataset_version_create's transaction: the version's exportability run, queued (and
+    enqueued on commit unless the caller measures it in-process)."""
+    run = ExportabilityRun.objects.create(version=version, total=total)
+    audit_record("datasets.exportability_queue", target=run, actor_repr="dataset version create",
+                 data={"version": str(version), "members": total, "on": "workers" if enqueue else "in-process"})
+    export_state_changed(version.pk)
+    if enqueue:
+        transaction.on_commit(lambda: _enqueue_exportability(run.pk))
+    return run
+
+
+def _enqueue_exportability(run_id: int) -> None:
+    schedules.enqueue(EXPORTABILITY_JOB, run_id, group="dataset-exportability")
+
+
+def exportability_pending(version: DatasetVersion) -> ExportabilityRun | None:
+    """The version's exportability run while it is not done (queued, running or failed), else None
+    (measured, or a version made before runs existed: its card says what it has)."""
+    return ExportabilityRun.objects.filter(version_id=version.pk).exclude(status=ExportabilityRun.Status.DONE).first()
+
+
+def exportability_refusal(run: ExportabilityRun, *, what: str, when_done: str) -> str:
+    """Why `what` (exports, publishing) must wait for this run that is not done; `when_done` says
+    what happens once it is."""
+    if run.status == ExportabilityRun.Status.FAILED:
+        return (f"this version's exportability measurement failed ({run.error}); {what} needs its counts: "
+                "build the version again")
+    return (f"this version's exportability is still being measured ({run.done} of {run.total} members); "
+            f"{when_done}")
+
+
+def exportability_state(version_id: int) -> dict[str, Any] | None:
+    """{"status", "done", "total", "error"} of the version's exportability run (None: it has none)."""
+    return (ExportabilityRun.objects.filter(version_id=version_id).values("status", "done", "total", "error")
+            .first())
+
+
+class RunTakenOver(Exception):
+    """The exportability run a job measures is no longer its own (reaped as lost, then taken by another worker)."""
+
+
+def _run_members(version_id: int) -> tuple[list[tuple[int, int, str]], set[str]]:
+    """A version's members as exportability.measure reads them ((trajectory id, task id, split) in
+    position order) and their scenes."""
+    rows = DatasetMember.objects.filter(version_id=version_id).order_by("position").values_list(
+        "trajectory_id", "trajectory__task_id", "split", "trajectory__task__scene")
+    members, scenes = [], set()
+    for trajectory_id, task_id, split, scene in rows.iterator(chunk_size=5000):
+        members.append((trajectory_id, task_id, split))
+        scenes.add(scene)
+    return members, scenes
+
+
+def exportability_measure(run_id: int, *, progress: Progress | None = None) -> ExportabilityRun | None:
+    """Measure a queued exportability run (exportability.measure, resumed after its finished chunks)
+    and put the section in its version's card; None if another worker already claimed it or took it
+    over. The workers' job (jobs.run_exportability) and dataset_version_create's in-process
+    measurement (the command) both run this. Ends done, or failed with a readable reason;
+    interrupted, it goes back to the queue (a worker resumes it)."""
+    claimed = ExportabilityRun.objects.filter(pk=run_id, status=ExportabilityRun.Status.QUEUED).update(
+        status=ExportabilityRun.Status.RUNNING, started_at=timezone.now(), heartbeat_at=timezone.now(),
+        worker=f"{socket.gethostname()}:{os.getpid()}", claims=F("claims") + 1)
+    if not claimed:
+        return None
+    run = ExportabilityRun.objects.get(pk=run_id)
+    export_state_changed(run.version_id)
+
+    def saved(chunks_done: int, done: int, tallies: dict[str, Any]) -> None:
+        run.done = done
+        if not exportability_progress(run=run, chunks_done=chunks_done, done=done, tallies=json.dumps(tallies)):
+            raise RunTakenOver(f"exportability run #{run.pk} is no longer this worker's")
+
+    try:
+        members, scenes = _run_members(run.version_id)
+        if len(members) != run.total:
+            raise DatasetError(f"the version has {len(members)} members; its measurement was queued for {run.total}")
+        section = exportability.measure(members, scenes, progress=progress, saved=saved, start=run.chunks_done,
+                                        tallies=json.loads(run.tallies) if run.tallies else None)
+    except RunTakenOver:
+        return None
+    except KeyboardInterrupt:
+        exportability_requeue(run_id=run.pk, reason="interrupted", max_claims=EXPORTABILITY_MAX_CLAIMS)
+        raise
+    except DatasetError as exc:
+        return exportability_fail(run=run, error=str(exc))
+    except Exception as exc:  # an unexpected failure still ends the run with a readable reason
+        log.exception("exportability run #%s failed", run_id)
+        return exportability_fail(run=run, error=f"{type(exc).__name__}: {exc}")
+    if not exportability_finish(run=run, section=section):
+        return None
+    run.refresh_from_db()
+    return run
+
+
+def exportability_progress(*, run: ExportabilityRun, chunks_done: int, done: int, tallies: str) -> bool:
+    """Record a finished chunk of a running measurement (its tallies so far, heartbeat); False when
+    the run is no longer this worker's (reaped, or taken over): the job then stops."""
+    updated = ExportabilityRun.objects.filter(
+        pk=run.pk, status=ExportabilityRun.Status.RUNNING, worker=run.worker).update(
+        chunks_done=chunks_done, done=done, tallies=tallies, heartbeat_at=timezone.now())
+    if updated:
+        export_state_changed(run.version_id)
+    return bool(updated)
+
+
+def exportability_finish(*, run: ExportabilityRun, section: dict[str, Any]) -> bool:
+    """Put a finished measurement in its version's card (`exportability`) and mark the run done,
+    in one transaction; False (nothing written) when the run is no longer this worker's."""
+    with transaction.atomic():
+        # The version first, as publishing locks it: whichever comes second sees the other's result.
+        version = DatasetVersion.objects.select_for_update().get(pk=run.version_id)
+        updated = ExportabilityRun.objects.filter(
+            pk=run.pk, status=ExportabilityRun.Status.RUNNING, worker=run.worker).update(
+            status=ExportabilityRun.Status.DONE, done=run.total, tallies="", finished_at=timezone.now(), error="")
+        if not updated:
+            return False
+        version.data_card = {**(version.data_card or {}), "exportability": section}
+        version.save(update_fields=["data_card"])
+        audit_record("datasets.exportability_finish", target=run, actor_repr="exportability job",
+                     data={"version": str(version), "members": run.total, "claims": run.claims,
+                           "lines": {f: t["lines"]["all"] for f, t in section["formats"].items()}})
+        export_state_changed(version.pk)
+    return True
+
+
+def exportability_fail(*, run: ExportabilityRun, error: str) -> ExportabilityRun:
+    """Record a failed measurement (its version stays, without counts: exports and publishing refuse)."""
+    return _job_fail(run, error=error, action="datasets.exportability_fail", actor_repr="exportability job",
+                     data={"done": run.done, "total": run.total}, changed=lambda: export_state_changed(run.version_id))
+
+
+def exportability_requeue(*, run_id: int, reason: str, max_claims: int) -> str:
+    """The reaper's (and an interrupted command's): a running measurement whose worker is gone goes
+    back to the queue, dispatched after commit (it resumes after its finished chunks), or fails once
+    `max_claims` workers have taken it. "requeued", "failed", or "" when it moved on meanwhile."""
+    return _requeue_lost(
+        ExportabilityRun, job_id=run_id, reason=reason, max_claims=max_claims,
+        retry="build the version again to retry", action="datasets.exportability_requeue",
+        actor_repr="export reaper", changed=lambda run: export_state_changed(run.version_id),
+        enqueue=_enqueue_exportability, data=lambda run: {"chunks_done": run.chunks_done, "done": run.done})
+
+
 # --- publishing ---------------------------------------------------------------------------------
 
 def dataset_version_publish(*, version: DatasetVersion, actor: Any) -> DatasetVersion:
@@ -600,12 +845,17 @@ def dataset_version_publish(*, version: DatasetVersion, actor: Any) -> DatasetVe
 
     Members of the version's own scenes that their scene's format would exclude do not stop it;
     they are warned about (`publish_warnings`, shown by the console, the API and the command) and
-    recorded in the audit row."""
+    recorded in the audit row. A version whose exportability is not measured yet is refused
+    (ExportabilityPending): the warnings need its counts."""
     _require(actor, PUBLISH_PERMISSION, "publishing a dataset version")
     with transaction.atomic():
         locked = DatasetVersion.objects.select_for_update().select_related("dataset").get(pk=version.pk)
         if locked.is_published:
             return locked  # repeat click: no-op, no audit row
+        pending = exportability_pending(locked)
+        if pending is not None:
+            raise ExportabilityPending(exportability_refusal(
+                pending, what="publishing", when_done="it can be published when it is done (its warnings need the counts)"))
         locked.status = DatasetVersion.Status.PUBLISHED
         locked.published_at = timezone.now()
         locked.save(update_fields=["status", "published_at"])
@@ -672,6 +922,10 @@ def check_exportable(version: DatasetVersion, fmt: str, split: str) -> Any:
     if frozen is None:
         raise ExportError(f"{version} was frozen before the {fmt} exporter existed; create a new version",
                           field="format")
+    pending = exportability_pending(version)
+    if pending is not None:
+        raise ExportabilityPending(exportability_refusal(pending, what="exporting",
+                                                         when_done="exports open when it is done"))
     card = version.data_card or {}
     empty = exportability.empty_split(card, split)
     if empty:
@@ -780,13 +1034,16 @@ def export_group_name(version_id: int) -> str:
 
 
 def export_states_message(version_id: int) -> dict[str, Any]:
-    """{"type": "export.states", "version": id, "jobs": [[job id, status], ...]} (by id)."""
+    """{"type": "export.states", "version": id, "jobs": [[job id, status], ...] (by id),
+    "exportability": {"status", "done", "total", "error"} of its measurement, None without one}."""
     jobs = ExportJob.objects.filter(version_id=version_id).order_by("pk").values_list("pk", "status")
-    return {"type": "export.states", "version": version_id, "jobs": [list(row) for row in jobs]}
+    return {"type": "export.states", "version": version_id, "jobs": [list(row) for row in jobs],
+            "exportability": exportability_state(version_id)}
 
 
 def export_state_changed(version_id: int) -> None:
-    """An export of this version was created or changed state: after commit, its group hears."""
+    """An export of this version, or its exportability measurement, was created or changed state
+    (or progressed): after commit, its group hears."""
     transaction.on_commit(lambda: send_to_groups({export_group_name(version_id): version_id}, export_states_message),
                           robust=True)  # the change stands whatever happens to its event: logged, not raised
 

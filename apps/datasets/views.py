@@ -134,6 +134,7 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         return render(request, "datasets/_exports.html",
                       {"version": version, "exports": exports, "exports_live": exports_live})
     card = version.data_card or {}
+    pending = services.exportability_pending(version)  # no export form until the counts are in the card
     diff = card.get("diff") or {}
     verdict = (Review.objects.filter(trajectory=OuterRef("trajectory_id"), kind=Review.Kind.HUMAN)
                .order_by("-created_at", "-id").values("verdict")[:1])
@@ -157,7 +158,8 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "exports": exports, "exports_live": exports_live,
         "can_publish": not version.is_published and request.user.has_perm(services.PUBLISH_PERMISSION),
         "can_export": request.user.has_perm(services.EXPORT_PERMISSION),
-        "export_form": ExportForm(version),
+        "export_form": ExportForm(version) if pending is None else None,
+        "measuring": pending,
         "pass_rate_svg": histogram_svg((card.get("pass_rates") or {}).get("histogram"),
                                        title="tasks by pass rate over their rollouts (0-1)"),
         "exportable": card.get("exportability"),
@@ -169,7 +171,11 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
 @require_POST
 def version_publish(request: HttpRequest, name: str, number: int) -> HttpResponse:
     version = _version_or_404(name, number)
-    services.dataset_version_publish(version=version, actor=request.user)  # PermissionDenied -> 403
+    try:
+        services.dataset_version_publish(version=version, actor=request.user)  # PermissionDenied -> 403
+    except services.DatasetError as exc:
+        messages.error(request, str(exc))
+        return redirect("datasets:version_detail", name=name, number=number)
     messages.success(request, f"Published {version}.")
     for warning in services.publish_warnings(version):
         messages.warning(request, warning)

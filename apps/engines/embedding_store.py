@@ -30,6 +30,15 @@ class RowStore:
             for sha, blob in rows:
                 yield sha, np.frombuffer(blob, dtype="<f4")
 
+    def known(self, shas: Sequence[str], model: str) -> set[str]:
+        """Which of the hashes are stored under `model` (no vector read), LOOKUP_CHUNK per query."""
+        wanted = list(dict.fromkeys(shas))
+        found: set[str] = set()
+        for start in range(0, len(wanted), LOOKUP_CHUNK):
+            found.update(TextEmbedding.objects.filter(
+                model=model, sha256__in=wanted[start:start + LOOKUP_CHUNK]).values_list("sha256", flat=True))
+        return found
+
     def save(self, shas: Sequence[str], vectors: Any, model: str) -> int:
         """Insert these vectors under `model`, skipping hashes already stored; returns how many were offered."""
         import numpy as np  # deferred: numpy (0.13 s) only where vectors are written, not when the apps load

@@ -12,6 +12,12 @@ Each text is embedded once per model: `embed_stored` reads the vectors kept in T
 batches, and keeps them. An embedder names its model with a `model_name` attribute
 (`sentence_embedder` has one); an embedder without it (a test's stand-in) is called directly
 and nothing is stored, so no stand-in's vector is ever read as the model's.
+
+A caller that must not hold its texts (dataset dedup over a million trajectories) uses
+`KeyedVectors` instead: `keys(texts)` stores the vectors of the texts missing from the store
+as they come (in batches) and returns their keys (the SHA-256 digests, 32 bytes each), and
+`vectors(keys)` reads vectors back by key when they are needed, so the texts can be dropped
+as soon as they are keyed.
 """
 from __future__ import annotations
 
@@ -84,6 +90,10 @@ class EmbeddingStore(Protocol):
         """(sha256, float32 vector) of the hashes stored under `model`, in chunks (missing ones absent)."""
         ...
 
+    def known(self, shas: Sequence[str], model: str) -> set[str]:
+        """Which of the hashes are stored under `model` (no vector read)."""
+        ...
+
     def save(self, shas: Sequence[str], vectors: Any, model: str) -> int: ...
 
 
@@ -138,3 +148,65 @@ def embed_stored(texts: Sequence[str], *, embedder: Embedder | None = None,
         if progress:
             progress(min(start + STORE_CHUNK, len(todo)), len(todo))
     return out
+
+
+class KeyedVectors:
+    """Texts turned into the keys of their stored vectors, and vectors read back by key.
+
+    `keys(texts)`: a numpy array of 32-byte SHA-256 digests (dtype S32), one per text; the texts
+    not yet in the store are embedded (once each, STORE_CHUNK at a time) and stored before it
+    returns, so the caller need not keep them. `vectors(keys)`: float32 rows in the keys' order.
+    An embedder without a `model_name` (a test's stand-in) stores nothing: its vectors are kept
+    in this object for its lifetime instead. `embedded` counts the texts embedded.
+    """
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self.embed = embedder or sentence_embedder
+        self.model = model_name_of(self.embed)
+        self._local: dict[bytes, Any] | None = None if self.model else {}
+        self.embedded = 0
+        if self.model and _store is None:
+            raise RuntimeError("no embedding store installed (apps.engines is not in INSTALLED_APPS, or setup() not run)")
+
+    def keys(self, texts: Sequence[str]) -> Any:
+        import numpy as np  # deferred: numpy (0.13 s) only where vectors are read
+
+        digests = [hashlib.sha256(t.encode("utf-8")).digest() for t in texts]
+        first: dict[bytes, str] = {}
+        for digest, text in zip(digests, texts):
+            first.setdefault(digest, text)
+        if self._local is not None:
+            todo = [(d, t) for d, t in first.items() if d not in self._local]
+        else:
+            assert _store is not None and self.model is not None
+            stored = _store.known([d.hex() for d in first], self.model)
+            todo = [(d, t) for d, t in first.items() if d.hex() not in stored]
+        for start in range(0, len(todo), STORE_CHUNK):
+            chunk = todo[start:start + STORE_CHUNK]
+            vectors = np.asarray(self.embed([t for _, t in chunk]), dtype=np.float32)
+            if self._local is not None:
+                self._local.update((d, v) for (d, _), v in zip(chunk, vectors))
+            else:
+                _store.save([d.hex() for d, _ in chunk], vectors, self.model)  # type: ignore[union-attr]
+            self.embedded += len(chunk)
+        return np.array(digests, dtype="S32") if digests else np.zeros(0, dtype="S32")
+
+    def vectors(self, keys: Any) -> Any:
+        """float32 (len(keys), d): the stored vector of each key (KeyError for one never keyed)."""
+        import numpy as np  # deferred: numpy (0.13 s) only where vectors are read
+
+        keys = [bytes(k).ljust(32, b"\0") for k in keys]  # numpy's S32 drops a digest's trailing zero bytes
+        if self._local is not None:
+            return np.stack([self._local[k] for k in keys]).astype(np.float32) if keys else np.zeros((0, 0), np.float32)
+        assert _store is not None and self.model is not None
+        rows: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            rows.setdefault(k.hex(), []).append(i)
+        out: Any = None
+        for sha, vector in _store.lookup(list(rows), self.model):
+            if out is None:
+                out = np.empty((len(keys), len(vector)), dtype=np.float32)
+            out[rows.pop(sha)] = vector
+        if rows:
+            raise KeyError(f"{len(rows)} vectors not in the store under {self.model} (first {next(iter(rows))})")
+        return out if out is not None else np.zeros((0, 0), np.float32)

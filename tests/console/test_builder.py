@@ -6,6 +6,7 @@ import pytest
 from django.urls import reverse
 
 from apps.datasets.jobs import run_version_build
+from tests.datasets.version_data import measure_exportability
 from apps.datasets.models import DatasetVersion, VersionBuild
 from tests.reviews.factories import auto_review, finished_trajectory
 
@@ -47,7 +48,7 @@ def test_an_approver_builds_and_publishes_a_version_from_the_form(client, approv
     page = client.get(response.url).content.decode()
     assert f'data-ws="/ws/version-builds/{build.pk}/"' in page and "queued" in page
     run_version_build(build.pk)
-    version = DatasetVersion.objects.get()
+    version = measure_exportability(DatasetVersion.objects.get())
     done = client.get(response.url).content.decode()
     assert 'data-status="done"' in done and f'href="{reverse("datasets:version_detail", args=["primes", 1])}"' in done
     assert (version.status, version.counts["members"], version.created_by, version.notes) == (
@@ -75,6 +76,7 @@ def test_members_show_verdicts_and_corrections_and_exports_refresh_while_running
     client.force_login(approver)
     client.post(reverse("datasets:builder"), {"dataset": "primes", "min_score": "80"})
     run_version_build(VersionBuild.objects.get().pk)
+    measure_exportability(DatasetVersion.objects.get())
     html = client.get(reverse("datasets:version_detail", args=["primes", 1])).content.decode()
     assert "verdict-accept" in html and f"corrected in <a href=\"/trajectories/{fixed.pk}/\">#{fixed.pk}</a>" in html
     with django_capture_on_commit_callbacks(execute=False):

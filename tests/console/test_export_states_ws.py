@@ -13,8 +13,8 @@ from django.urls import reverse
 
 from apps.datasets.consumers import ExportStatesConsumer
 from apps.datasets.jobs import export_run
-from apps.datasets.models import ExportJob
-from apps.datasets.services import dataset_version_create, export_fail, export_start
+from apps.datasets.models import ExportabilityRun, ExportJob
+from apps.datasets.services import dataset_version_create, export_fail, export_start, exportability_measure
 from tests.datasets.version_data import export_dir, make_trajectory, no_dedup  # noqa: F401 (export_dir: fixture)
 from tests.tasks.test_live_log_consumer import assert_refused, fresh_channel_layer  # noqa: F401 (autouse fixture)
 from trajplatform.asgi import websocket_urlpatterns
@@ -44,8 +44,11 @@ async def subscribed(version_id: int, user) -> WebsocketCommunicator:
     return communicator
 
 
-def states(version_id: int, *jobs: tuple[int, str]) -> dict:
-    return {"type": "exports", "version": version_id, "jobs": [list(j) for j in jobs]}
+MEASURED = {"status": "done", "done": 2, "total": 2, "error": ""}  # the fixture's version, measured when made
+
+
+def states(version_id: int, *jobs: tuple[int, str], exportability: dict | None = MEASURED) -> dict:
+    return {"type": "exports", "version": version_id, "jobs": [list(j) for j in jobs], "exportability": exportability}
 
 
 @pytest.mark.asyncio
@@ -86,6 +89,31 @@ async def test_without_a_shared_layer_the_consumer_reads_changes_made_elsewhere(
     await database_sync_to_async(ExportJob.objects.filter(pk=job.pk).update)(status="running")
     assert await communicator.receive_json_from(timeout=WAIT) == states(version.pk, (job.pk, "running"))
     assert await communicator.receive_nothing(timeout=0.5)
+    await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_the_exportability_measurement_s_progress_is_sent_until_it_is_done(viewer, approver, make_task,
+                                                                               no_tail, settings):
+    settings.DATASET_EXPORT_CHUNK = 1  # one task a chunk: each is a step of the progress
+    for i in range(3):
+        await database_sync_to_async(make_trajectory)(await database_sync_to_async(make_task)(
+            prompt=f"Write program number {i}"), code=f"print({i})", score=90)
+    version = await database_sync_to_async(dataset_version_create)(
+        dataset_name="measured-live", actor=approver, filter_spec=no_dedup(validation_fraction=0),
+        wait_exportability=False)
+    run = await database_sync_to_async(ExportabilityRun.objects.get)(version=version)
+    communicator = await subscribed(version.pk, viewer)
+
+    def state(status: str, done: int) -> dict:
+        return states(version.pk, exportability={"status": status, "done": done, "total": 3, "error": ""})
+
+    assert await communicator.receive_json_from(timeout=WAIT) == state("queued", 0)
+    await database_sync_to_async(exportability_measure)(run.pk)
+    for expected in (state("running", 0), state("running", 1), state("running", 2), state("running", 3),
+                     state("done", 3)):
+        assert await communicator.receive_json_from(timeout=WAIT) == expected
+    assert await communicator.receive_nothing()
     await communicator.disconnect()
 
 

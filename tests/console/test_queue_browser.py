@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from apps.reviews.models import Review, ReviewAssignment, SavedView
+from apps.reviews.tallies import refresh_team_tally
 from apps.tasks.models import Batch
 from tests.console.test_review_item_browser import errors, fits, shot, sign_in  # noqa: F401 (a fixture)
 from tests.tasks.test_live_log_browser import daphne_server, page, static_root  # noqa: F401 (fixtures)
@@ -98,6 +99,7 @@ def test_an_approver_assigns_a_batch_and_the_reviewer_decides_it_in_bulk(daphne_
     assert verdicts == {items[0].pk: "reject", items[1].pk: "reject", items[2].pk: "accept", items[3].pk: "accept"}
     assert set(ReviewAssignment.objects.filter(assignee=alice).values_list("status", flat=True)) == {"done"}
 
+    refresh_team_tally()  # the workers' count the team page's verdict columns read
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
         page.goto(f"{daphne_server.url}/review/team/")

@@ -13,27 +13,17 @@ from apps.datasets.jobs import export_run
 from apps.datasets.models import DatasetVersion, ExportJob
 from apps.datasets.services import ExportError, dataset_version_create, dataset_version_publish, export_start
 from apps.datasets.views import ExportForm
-from tests.datasets.version_data import export_dir, make_trajectory, no_dedup  # noqa: F401 (export_dir is a fixture)
+from tests.datasets.version_data import (  # noqa: F401 (export_dir is a fixture)
+    export_dir, make_trajectory, mixed_code_spec, no_dedup,
+)
 from trajplatform.audit import AuditEvent
 
 pytestmark = pytest.mark.django_db
 
-VERIFIER = {"files": {"test_main.py": "def test_ok():\n    assert True\n"}, "command": "python3 -m pytest -q"}
-
-
 @pytest.fixture
 def version(make_task: Any, approver: Any) -> Any:
-    """Code tasks with a verifier (a good and a failed rollout each) and tasks without one whose
-    only rollout failed: rl-verl has no ground truth for those, so it writes fewer lines."""
-    for i in range(5):
-        task = make_task(prompt=f"Write program number {i}", scene_config={"verifier": VERIFIER})
-        make_trajectory(task, code=f"print({i})", score=90, reward=1.0)
-        make_trajectory(task, code=f"print({i}) # wrong", outcome="failure", reward=0.0, score=30)
-    for i in range(3):
-        task = make_task(prompt=f"Explain topic number {i}")
-        make_trajectory(task, code=f"print('topic {i}')", outcome="failure", reward=0.0, score=40)
-    return dataset_version_create(dataset_name="mixed", actor=approver,
-                                  filter_spec=no_dedup(validation_fraction=0.4, split_seed=5))
+    """Verified and unverified code tasks (version_data.mixed_code_spec): rl-verl writes fewer lines."""
+    return dataset_version_create(dataset_name="mixed", actor=approver, filter_spec=mixed_code_spec(make_task))
 
 
 def _run(version: Any, fmt: str, split: str) -> ExportJob:

@@ -7,11 +7,11 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.datasets import exportability
+from apps.datasets import exportability, services
 from apps.datasets.exporters import format_table
 from apps.datasets.exporters.answers import MODES
 from apps.datasets.hf_layout import LAYOUTS
-from apps.datasets.models import Dataset, DatasetVersion, ExportJob, VersionBuild
+from apps.datasets.models import Dataset, DatasetVersion, ExportabilityRun, ExportJob, VersionBuild
 from apps.datasets.selectors import export_checksums, template_checks
 from trajplatform.api import INT64_MAX, LimitedJSONField, StrictSerializerMixin
 
@@ -53,10 +53,14 @@ class VersionDetailSerializer(VersionSerializer):
         help_text="the formats that apply to the version and would write a line: format, description, lines, excluded")
     publish_warnings = serializers.SerializerMethodField(
         help_text="members of the version's own scenes that their scene's format would exclude")
+    exportability = serializers.SerializerMethodField(help_text=(
+        "the measurement of what each format would write, run after the version is written: status (queued, "
+        "running, done, failed), done of total members, error; null for a version made before it was a job. "
+        "Until it is done export_formats is empty and exporting or publishing the version is refused"))
 
     class Meta(VersionSerializer.Meta):
         fields = [*VersionSerializer.Meta.fields, "data_card", "exporter_versions", "exports", "template_checks",
-                  "export_formats", "publish_warnings"]
+                  "export_formats", "publish_warnings", "exportability"]
         read_only_fields = fields
 
     def get_exports(self, version: DatasetVersion) -> list[dict[str, Any]]:
@@ -67,8 +71,22 @@ class VersionDetailSerializer(VersionSerializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_export_formats(self, version: DatasetVersion) -> list[dict[str, Any]]:
-        """The formats this version can be exported in (all splits), with the card's counts."""
+        """The formats this version can be exported in (all splits), with the card's counts (none
+        while they are being measured)."""
+        if self._exportability(version) not in (None, ExportabilityRun.Status.DONE):
+            return []
         return exportability.offered(version.data_card or {})
+
+    def _exportability(self, version: DatasetVersion) -> str | None:
+        state = self.get_exportability(version)
+        return state["status"] if state else None
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_exportability(self, version: DatasetVersion) -> dict[str, Any] | None:
+        cache = self.context.setdefault("exportability", {})
+        if version.pk not in cache:
+            cache[version.pk] = services.exportability_state(version.pk)
+        return cache[version.pk]
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_publish_warnings(self, version: DatasetVersion) -> list[str]:

@@ -2,7 +2,10 @@
    ExportStatesConsumer): when the states it reports differ from the table's, the table is reloaded
    (the same fragment the polling fetches). While the socket is open the 3 s htmx polling pauses
    (its trigger asks window.exportsLive()); when it closes the polling takes over again and the
-   socket reconnects with backoff. 4403 / 4404 end it. */
+   socket reconnects with backoff. 4403 / 4404 end it. While the version's exportability is being
+   measured (#exportability-state), the message's "exportability" {status, done, total} updates its
+   "n of m members"; when the status changes (running, done, failed) the page is reloaded: the
+   export form and the counts appear once it is done. */
 (function () {
   "use strict";
   var table = document.getElementById("exports-table");
@@ -37,6 +40,16 @@
       .then(function () { mark("live"); });
   }
 
+  function measuring(state) {  // the exportability line; true when the page must be reloaded
+    var el = document.getElementById("exportability-state");
+    if (!el) { return false; }
+    if (!state || state.status !== el.getAttribute("data-status")) { return true; }
+    var done = el.querySelector("[data-done]"), total = el.querySelector("[data-total]");
+    if (done) { done.textContent = String(state.done); }
+    if (total) { total.textContent = String(state.total); }
+    return false;
+  }
+
   function mark(state) {
     var el = document.getElementById("exports-table");
     if (el) { el.setAttribute("data-live-state", state); }
@@ -49,7 +62,9 @@
     ws.onmessage = function (event) {
       var message;
       try { message = JSON.parse(event.data); } catch (e) { return; }
-      if (message && message.type === "exports" && Array.isArray(message.jobs) && differs(message.jobs)) { reload(); }
+      if (!message || message.type !== "exports") { return; }
+      if (measuring(message.exportability)) { window.location.reload(); return; }
+      if (Array.isArray(message.jobs) && differs(message.jobs)) { reload(); }
     };
     ws.onclose = function (event) {
       live = false;

@@ -10,7 +10,9 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
 from apps.datasets.cli import DatasetCommand, ProgressBar, get_version, resolve_user
-from apps.datasets.services import DatasetError, dataset_version_create, dataset_version_publish, publish_warnings
+from apps.datasets.services import (
+    DatasetError, dataset_version_create, dataset_version_publish, exportability_pending, publish_warnings,
+)
 
 HELP = """\
 Build a new version of dataset NAME (created if it does not exist) from the finished
@@ -41,6 +43,13 @@ and listed in the data card with the benchmark and item they matched.
 
 --filter takes the same spec as JSON (or @FILE); the flags override its keys.
 The new version's parent is --parent N, else the latest published version.
+
+Exportability: once the version is written, every export format that applies is rendered and
+validated in dry run on every member (nothing is written), in chunks, and the counts go in the
+data card; until then the version cannot be exported or published. This command measures it
+in-process, printing its progress; interrupted, the measurement goes back to the queue and a
+worker resumes it from its last finished chunk. --no-wait leaves it to the workers (qcluster)
+and returns once the version is written; follow it on the version page or with dataset_stats.
 """
 
 
@@ -127,11 +136,16 @@ class Command(DatasetCommand):
         parser.add_argument("--split-seed", type=int, metavar="N")
         parser.add_argument("--parent", type=int, metavar="N", help="parent version number")
         parser.add_argument("--notes", default="")
-        parser.add_argument("--publish", action="store_true", help="publish the new version at once")
+        parser.add_argument("--publish", action="store_true",
+                            help="publish the new version at once (after its exportability is measured)")
+        parser.add_argument("--no-wait", action="store_true",
+                            help="return once the version is written; the workers measure its exportability")
         parser.add_argument("--user", metavar="USERNAME", help="act as this user (their permissions apply)")
         parser.add_argument("--no-progress", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["publish"] and options["no_wait"]:
+            raise CommandError("--publish needs the exportability counts: it cannot be given with --no-wait")
         actor = resolve_user(options.get("user"))
         spec = _spec_from(options)
         parent = get_version(options["name"], options["parent"]) if options.get("parent") else None
@@ -139,9 +153,10 @@ class Command(DatasetCommand):
         try:
             version = dataset_version_create(
                 dataset_name=options["name"], filter_spec=spec, actor=actor, parent=parent, notes=options["notes"],
-                progress=bar,
+                progress=bar, wait_exportability=not options["no_wait"],
             )
-            if options["publish"]:
+            pending = exportability_pending(version)
+            if options["publish"] and (pending is None or pending.status != pending.Status.FAILED):
                 version = dataset_version_publish(version=version, actor=actor)
         except (DatasetError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
@@ -162,3 +177,9 @@ class Command(DatasetCommand):
             for warning in publish_warnings(version):
                 self.stderr.write(self.style.WARNING(f"warning: {warning}"))
         self.stdout.write(f"details: manage.py dataset_stats {version.dataset.name} --version {version.number}")
+        if pending is not None and pending.status == pending.Status.FAILED:
+            raise CommandError(f"{version} was written, but its exportability measurement failed ({pending.error}); "
+                               "it cannot be exported or published: build the version again")
+        if pending is not None:
+            self.stdout.write(f"exportability: queued for the workers ({pending.total} members); exports and "
+                              "publishing open when it is done")

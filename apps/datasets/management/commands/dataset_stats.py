@@ -9,6 +9,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from apps.datasets.cli import DatasetCommand, get_version, histogram_lines, quantile_line
 from apps.datasets.selectors import export_checksums, template_checks
+from apps.datasets.services import exportability_pending, exportability_refusal
 
 MAX_EXCLUDED_SHOWN = 50
 
@@ -92,6 +93,10 @@ class Command(DatasetCommand):
                 sign = "+" if item in diff["added"] else "-"
                 w(f"  {sign} trajectory #{item['trajectory_id']}: {item['reason']}")
         exportable = card.get("exportability")
+        pending = exportability_pending(version)
+        if pending is not None:
+            w(exportability_refusal(pending, what="exporting and publishing",
+                                    when_done="exports and publishing open when it is done"))
         if exportable:
             w("what each export format would write (lines all/train/validation, excluded):")
             for fmt, tally in exportable["formats"].items():
