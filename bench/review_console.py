@@ -14,7 +14,9 @@ whole Django stack (session, permissions, templates), then grows the data to --l
 them again. Prints, per page, the p95 of --requests requests at each size (target <= 300 ms at
 the large size), the SQL queries each page ran (target: the same at both sizes) and the ratio of
 the p95s. After each fill it runs the workers' batch tally job (apps.reviews.tallies, which the
-batch page and the review queue filtered by a batch read) and prints its time. The agreement page
+batch page and the review queue filtered by a batch read) as a full recount and then as the
+scheduled run with nothing changed since (it recounts only the batches marked changed), and their
+team tally job (the team page's verdict counts), and prints their times. The agreement page
 reads the latest 2,000 human verdicts, the review queue filtered by a batch one tally row, and the
 trajectory search is served by trigram indexes on PostgreSQL (a scan on SQLite); their ratios are
 shown but not held to the ratio target (large/small <= 3). A throwaway SQLite file is used unless --database-url is
@@ -126,8 +128,15 @@ def main() -> int:
         print(f"filled {n:,} trajectories in {time.monotonic() - started:.0f}s", flush=True)
         filled = n
         started = time.monotonic()
-        tallies.refresh_batch_tallies()  # the workers' job the batch page and the queue by batch read
-        print(f"batch tallies counted in {time.monotonic() - started:.1f}s", flush=True)
+        tallies.refresh_batch_tallies(full=True)  # the workers' job the batch page and the queue by batch read
+        full = time.monotonic() - started
+        started = time.monotonic()
+        tallies.refresh_batch_tallies()  # the scheduled run: only the batches changed since (none here)
+        print(f"batch tallies: full recount {full:.1f}s, nothing changed {time.monotonic() - started:.3f}s",
+              flush=True)
+        started = time.monotonic()
+        tallies.refresh_team_tally()  # the workers' job the team page reads
+        print(f"team tally counted in {time.monotonic() - started:.1f}s", flush=True)
         measure(1, batch)  # warm-up: templates compiled, caches filled
         results[n] = measure(args.requests, batch)
     small, large = results[args.small], results[args.large]

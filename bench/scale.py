@@ -23,8 +23,11 @@ platform's action sequences). Then, at each size, each in a fresh subprocess so 
   every trajectory, stopped when dedup is done (the scan, the member reads, the stored vectors,
   the ANN search and the clustering; the version's writes come last, so nothing is written):
   wall, peak RSS, members/s, the seconds of each stage; at every size;
-* whole version: the same to the end (the card, with its exportability dry run of every format
-  on every member, and the writes), up to --full-version-max (100k);
+* whole version: the same to the end (the card and the writes: the version is written, its
+  exportability queued), up to --full-version-max (100k); then, in a fresh subprocess of its own,
+* exportability: that version's exportability job (services.exportability_measure, as a worker
+  runs it: the dry run of every applicable format on every member, in chunks, its tallies saved
+  after each), wall and peak RSS apart from the version's;
 * export FORMAT: bench/export.py's export of the first N trajectories against its bare
   serialize loop over the same rows (ratio, target >= 0.5), peak RSS; every format up to
   --all-formats-max (100k), --large-formats (rl, sft-openai) above;
@@ -415,7 +418,7 @@ def child_version(n: int, *, through_dedup: bool) -> dict[str, Any]:
     stages: dict[str, float] = {}
     last = [time.perf_counter()]
     results: list[Any] = []
-    real_dedup = dedup.dedup
+    real_dedup = dedup.dedup_members
 
     def keep_result(*args: Any, **kwargs: Any) -> Any:
         results.append(real_dedup(*args, **kwargs))
@@ -428,12 +431,13 @@ def child_version(n: int, *, through_dedup: bool) -> dict[str, Any]:
         if through_dedup and stage == "dedup":
             raise _StopAfterDedup
 
-    dedup.dedup = keep_result  # the services call it through the module: the counts are read here
+    dedup.dedup_members = keep_result  # the services call it through the module: the counts are read here
     stored = TextEmbedding.objects.count()
     actor = review_console._user("bench-approver", "approver")
     t0 = last[0] = time.perf_counter()
     try:
-        dataset_version_create(dataset_name=f"scale-{n}", filter_spec={}, actor=actor, progress=progress)
+        dataset_version_create(dataset_name=f"scale-{n}", filter_spec={}, actor=actor, progress=progress,
+                               wait_exportability=False)  # measured by child_exportability, in its own process
     except _StopAfterDedup:
         pass
     elapsed = time.perf_counter() - t0
@@ -443,6 +447,20 @@ def child_version(n: int, *, through_dedup: bool) -> dict[str, Any]:
     return {"seconds": elapsed, "in_scope": n, "exact_removed": result.exact_removed,
             "near_removed": result.near_removed, "embedded": TextEmbedding.objects.count() - stored,
             "stages": stages}
+
+
+def child_exportability(n: int) -> dict[str, Any]:
+    """The exportability job of the version child_version wrote (scale-N v1), run here as a worker runs it."""
+    from apps.datasets.models import ExportabilityRun
+    from apps.datasets.services import exportability_measure
+
+    run = ExportabilityRun.objects.get(version__dataset__name=f"scale-{n}", version__number=1)
+    t0 = time.perf_counter()
+    done = exportability_measure(run.pk)
+    elapsed = time.perf_counter() - t0
+    if done is None or done.status != "done":
+        raise SystemExit(f"exportability of scale-{n} v1 did not finish: {done and done.error}")
+    return {"seconds": elapsed, "members": done.total}
 
 
 def child_console(requests: int) -> dict[str, Any]:
@@ -533,6 +551,8 @@ def child_main(args: argparse.Namespace) -> int:
     mode, n = args.child, args.n
     if mode in ("version", "dedup"):
         stats = child_version(n, through_dedup=mode == "dedup")
+    elif mode == "exportability":
+        stats = child_exportability(n)
     elif mode == "export":
         stats = export_bench.child_export(args.format, n)
     elif mode == "bare":
@@ -578,7 +598,7 @@ def main() -> int:
     parser.add_argument("--python-fill-max", type=int, default=100_000,
                         help="rows above this size are PostgreSQL's copies of those below (replicate())")
     parser.add_argument("--full-version-max", type=int, default=100_000,
-                        help="the whole version (card with exportability, writes) only up to this size; "
+                        help="the whole version (card, writes) and its exportability job only up to this size; "
                              "through dedup at every size")
     parser.add_argument("--large-formats", default="rl,sft-openai",
                         help="the formats measured above --all-formats-max ('': none)")
@@ -586,7 +606,7 @@ def main() -> int:
     parser.add_argument("--exports-max", type=int, default=10**9, help="no export measured above this size")
     parser.add_argument("--largest-not-before", default="",
                         help="HH:MM (UTC): wait until then before filling the largest size (a shared machine)")
-    parser.add_argument("--child", choices=["version", "dedup", "export", "bare", "console", "metrics", "raw-file", "import",
+    parser.add_argument("--child", choices=["version", "dedup", "exportability", "export", "bare", "console", "metrics", "raw-file", "import",
                                             "embed"], help=argparse.SUPPRESS)
     parser.add_argument("-n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--format", default="raw", help=argparse.SUPPRESS)
@@ -637,6 +657,10 @@ def main() -> int:
                 print(f"  {what}: {v['seconds']:.1f}s, {n / v['seconds']:,.0f} members/s, peak "
                       f"{v['peak_rss_mb']:.0f} MB; {v['exact_removed']} exact and {v['near_removed']:,} near "
                       f"duplicates removed, {v['embedded']} texts embedded; {stages}", flush=True)
+            if "version" in r:
+                r["exportability"] = x = run_child(args, "exportability", "-n", str(n))
+                print(f"  exportability job: {x['seconds']:.1f}s, {x['members'] / x['seconds']:,.0f} members/s, "
+                      f"peak {x['peak_rss_mb']:.0f} MB", flush=True)
             r["exports"] = {}
             for fmt in ([] if n > args.exports_max else formats if n <= args.all_formats_max
                         else [f for f in args.large_formats.split(",") if f]):
@@ -694,7 +718,9 @@ def report(results: dict[int, dict[str, Any]], formats: list[str]) -> None:
     print(f"\n{'seconds at':<24} " + " ".join(f"{n:>10,}" for n in sizes) + f" {'exponent':>9} {'RSS hi/lo':>9}")
     row("version through dedup", pick("dedup", "seconds"), pick("dedup", "peak_rss_mb"),
         f"target exponent <= {TARGETS['version exponent']}, RSS <= {TARGETS['rss growth']}")
-    row("whole version", pick("version", "seconds"), pick("version", "peak_rss_mb"), "(with the card's exportability)")
+    row("whole version", pick("version", "seconds"), pick("version", "peak_rss_mb"), "(to written)")
+    row("exportability job", pick("exportability", "seconds"), pick("exportability", "peak_rss_mb"),
+        "(after it is written, on a worker)")
     for fmt in sorted({f for n in sizes for f in results[n]["exports"]}, key=lambda f: (f not in formats, f)):
         ratios = " ".join(f"{results[n]['exports'][fmt]['ratio']:.2f}" for n in sizes if fmt in results[n]["exports"])
         row(f"export {fmt}", pick("exports", fmt, "seconds"), pick("exports", fmt, "peak_rss_mb"),
