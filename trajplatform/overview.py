@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from apps.reviews import tallies
 from apps.reviews.models import Review
-from apps.reviews.selectors import NOT_STARTED, TASK_STATES, accepted_q, human_queue
+from apps.reviews.selectors import accepted_q, human_queue
+from apps.tasks.selectors import NOT_STARTED, TASK_STATES
 from apps.tasks.models import Batch, Task, Trajectory
 from trajplatform.activity import ActivityDay
 from trajplatform.schedules import ensure_schedule

@@ -16,6 +16,9 @@ from django.utils import timezone
 from apps.reviews.models import BatchTally, Proposal, Review, ReviewAssignment, ReviewClaim, ReviewerTally
 from apps.tasks.budgets import MICRO, ZERO
 from apps.tasks.models import Batch, Task, Trajectory
+from apps.tasks.selectors import (  # noqa: F401 (the task states, read here by the pages)
+    NOT_STARTED, STATE_FILTERS, STATE_LABELS, TASK_STATES, batch_state_counts,
+)
 
 
 def stale_before() -> Any:
@@ -120,38 +123,9 @@ def iteration_history(task: Task) -> list[Iteration]:
 # -- batches ----------------------------------------------------------------------------------------
 
 
-NOT_STARTED = Q(status=Task.Status.QUEUED, current_iteration=0)
-# The task states the console counts, in the order work moves through them: (key, label, hint, filter).
-# A task imported and never started is "not started", not "queued" (its status is queued).
-TASK_STATES = (
-    ("not_started", "not started", "imported, no iteration run yet (Start it)", NOT_STARTED),
-    ("queued", "queued", "queued again after a failure or cancel, not yet running",
-     Q(status=Task.Status.QUEUED, current_iteration__gt=0)),
-    ("running", "running", "an iteration's rollouts queued for or running on a worker", Q(status=Task.Status.RUNNING)),
-    ("reviewing", "reviewing", "the judge is scoring the iteration", Q(status=Task.Status.REVIEWING)),
-    ("waiting_approval", "waiting for approval", "a proposal waits for a person",
-     Q(status=Task.Status.WAITING_APPROVAL)),
-    ("completed", "completed", "", Q(status=Task.Status.COMPLETED)),
-    ("failed", "failed", "", Q(status=Task.Status.FAILED)),
-    ("cancelled", "cancelled", "", Q(status=Task.Status.CANCELLED)),
-)
-STATE_LABELS = {key: label for key, label, *_ in TASK_STATES}
-STATE_FILTERS = {key: q for key, _label, _hint, q in TASK_STATES}
-
-
 def batch_progress(batches: list[Batch]) -> dict[int, dict[str, int]]:
-    """batch id -> task count per state (TASK_STATES' keys in order, every one present; the not
-    started apart from the queued again) for these batches; two queries: the counts by status (the
-    (batch, status) index) and the not started among the queued."""
-    progress = {b.pk: dict.fromkeys(STATE_LABELS, 0) for b in batches}
-    rows = (Task.objects.filter(batch_id__in=list(progress)).order_by()
-            .values_list("batch_id", "status").annotate(n=Count("id")))
-    for batch_id, status, n in rows:
-        progress[batch_id][status] = n
-    for batch_id, n in (Task.objects.filter(NOT_STARTED, batch_id__in=list(progress)).order_by()
-                        .values_list("batch_id").annotate(n=Count("id"))):
-        progress[batch_id]["not_started"], progress[batch_id]["queued"] = n, progress[batch_id]["queued"] - n
-    return progress
+    """batch id -> task count per state (apps.tasks.selectors.TASK_STATES) for these batches."""
+    return batch_state_counts([b.pk for b in batches])
 
 
 def batch_pending_proposals(batches: list[Batch]) -> dict[int, int]:

@@ -22,6 +22,7 @@ from apps.reviews import selectors as review_selectors
 from apps.tasks import budgets
 from apps.tasks.importers import validate_task
 from apps.tasks.models import Batch, Task, Trajectory, UserBudget
+from apps.tasks.selectors import NOT_STARTED
 from apps.tasks.services import (
     BatchNameTaken, TaskCreateError, TransitionError, batch_cancel, batch_retry, task_cancel, task_requeue,
     tasks_create, tasks_enqueue,
@@ -35,7 +36,6 @@ from trajplatform.skills import enabled_scene_ids
 MAX_WARNINGS = 10
 
 AUDIT_FIELDSET = ("audit", {"classes": ["collapse"], "fields": ["recent_audit_events"]})
-NOT_STARTED = Q(status=Task.Status.QUEUED, current_iteration=0)
 
 
 def report(model_admin: admin.ModelAdmin, request: HttpRequest, message: str, errors: list[str]) -> None:

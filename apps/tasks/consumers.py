@@ -225,8 +225,8 @@ class SnapshotConsumer(_GroupConsumer):
 
 
 class BatchProgressConsumer(SnapshotConsumer):
-    """A batch's progress for its page: {"type": "progress", "batch": id, "counts": {status: n},
-    "total": n, "final": n} on subscribe and after every committed change of a task's state
+    """A batch's progress for its page: {"type": "progress", "batch": id, "counts": {state: n},
+    "labels": {state: label}, "total": n, "final": n} (the states of apps.tasks.selectors.TASK_STATES) on subscribe and after every committed change of a task's state
     (`batch_progress_changed` group messages, "batch.progress"). Refusals as for the live log:
     4403 (not signed in, no tasks.view_task), 4404 (no such batch). The page keeps its 3 s HTTP
     polling while the socket is not open."""
@@ -238,8 +238,8 @@ class BatchProgressConsumer(SnapshotConsumer):
 
     def snapshot(self, event: dict[str, Any] | None = None) -> dict[str, Any]:
         event = event or batch_progress_message(self.object_id)
-        return {"type": "progress", "batch": self.object_id, "counts": event["counts"], "total": event["total"],
-                "final": event["final"]}
+        return {"type": "progress", "batch": self.object_id, "counts": event["counts"], "labels": event["labels"],
+                "total": event["total"], "final": event["final"]}
 
     async def batch_progress(self, event: dict[str, Any]) -> None:
         """Group message from `batch_progress_changed`, sent after its transaction commits."""

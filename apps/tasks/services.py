@@ -18,7 +18,7 @@ from django_q.models import Schedule
 from apps.engines.llm import check_models
 from apps.tasks.importers import validate_task
 from apps.tasks.models import Batch, Task, Trajectory, TrajectoryLog
-from apps.tasks.selectors import batch_status_counts
+from apps.tasks.selectors import STATE_LABELS, batch_state_counts
 from apps.tasks.signals import iteration_finished
 from trajplatform import artifacts
 from trajplatform.audit import audit_record
@@ -711,10 +711,11 @@ def batch_group_name(batch_id: int) -> str:
 
 
 def batch_progress_message(batch_id: int) -> dict[str, Any]:
-    """{"type": "batch.progress", "batch", "counts": {status: n, every status}, "total", "final"}."""
-    counts = batch_status_counts(batch_id)
-    return {"type": "batch.progress", "batch": batch_id, "counts": counts, "total": sum(counts.values()),
-            "final": sum(counts[s] for s in Task.FINAL)}
+    """{"type": "batch.progress", "batch", "counts": {state: n, every state of selectors.TASK_STATES
+    in order: the not started apart from the queued again}, "labels": {state: label}, "total", "final"}."""
+    counts = batch_state_counts([batch_id])[batch_id]
+    return {"type": "batch.progress", "batch": batch_id, "counts": counts, "labels": STATE_LABELS,
+            "total": sum(counts.values()), "final": sum(counts[s] for s in Task.FINAL)}
 
 
 # Per thread (a transaction and its on-commit callbacks run in one): batch id -> the tokens of the

@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from apps.tasks.consumers import BatchProgressConsumer
 from apps.tasks.models import Batch, Task
+from apps.tasks.selectors import STATE_LABELS
 from apps.tasks.services import batch_cancel, task_cancel, tasks_enqueue
 from tests.tasks.test_live_log_consumer import assert_refused, fresh_channel_layer  # noqa: F401 (autouse fixture)
 from trajplatform.asgi import websocket_urlpatterns
@@ -21,7 +22,7 @@ from trajplatform.asgi import websocket_urlpatterns
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WAIT = 10  # bounds a broken test's hang; not what is measured
-NONE = dict.fromkeys(Task.Status.values, 0)
+NONE = dict.fromkeys(STATE_LABELS, 0)
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def communicator_for(batch_id: int, user) -> WebsocketCommunicator:
 
 def progress(batch_id: int, **counts: int) -> dict:
     merged = {**NONE, **counts}
-    return {"type": "progress", "batch": batch_id, "counts": merged, "total": sum(merged.values()),
+    return {"type": "progress", "batch": batch_id, "counts": merged, "labels": STATE_LABELS, "total": sum(merged.values()),
             "final": sum(merged[s] for s in Task.FINAL)}
 
 
@@ -60,10 +61,10 @@ async def subscribed(batch_id: int, user) -> WebsocketCommunicator:
 @pytest.mark.asyncio
 async def test_a_viewer_gets_the_counts_then_each_committed_change(viewer, admin_user_role, batch, no_tail):
     communicator = await subscribed(batch.pk, viewer)
-    assert await communicator.receive_json_from(timeout=WAIT) == progress(batch.pk, queued=3)
+    assert await communicator.receive_json_from(timeout=WAIT) == progress(batch.pk, not_started=3)
     first = await database_sync_to_async(Task.objects.order_by("pk").first)()
     await database_sync_to_async(task_cancel)(task=first, actor=admin_user_role, reason="test")
-    assert await communicator.receive_json_from(timeout=WAIT) == progress(batch.pk, queued=2, cancelled=1)
+    assert await communicator.receive_json_from(timeout=WAIT) == progress(batch.pk, not_started=2, cancelled=1)
     await database_sync_to_async(tasks_enqueue)(batch=batch, actor=admin_user_role)
     assert await communicator.receive_json_from(timeout=WAIT) == progress(batch.pk, running=2, cancelled=1)
     assert await communicator.receive_nothing()
@@ -96,7 +97,7 @@ async def test_a_rolled_back_change_sends_nothing_and_the_next_commit_still_does
         task_cancel(task=second, actor=admin_user_role)
 
     await cancel_then_roll_back_then_cancel()
-    assert await communicator.receive_json_from(timeout=WAIT) == progress(batch.pk, queued=2, cancelled=1)
+    assert await communicator.receive_json_from(timeout=WAIT) == progress(batch.pk, not_started=2, cancelled=1)
     assert await communicator.receive_nothing()
     await communicator.disconnect()
 
@@ -151,3 +152,16 @@ def test_a_failed_event_send_is_logged_and_the_change_stands(viewer, batch, monk
     first.refresh_from_db()
     assert first.status == Task.Status.CANCELLED
     assert "channel layer down" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_the_live_line_counts_the_not_started_apart_from_the_queued_again(viewer, batch, no_tail):
+    """A task that ran an iteration and is queued again is "queued"; the imported ones are "not
+    started", with the labels the page prints (the same states as the server-rendered line)."""
+    await database_sync_to_async(Task.objects.filter(external_id="t0").update)(current_iteration=1)
+    communicator = await subscribed(batch.pk, viewer)
+    message = await communicator.receive_json_from(timeout=WAIT)
+    assert message == progress(batch.pk, not_started=2, queued=1)
+    assert message["labels"]["not_started"] == "not started" and message["labels"]["waiting_approval"] == "waiting for approval"
+    assert list(message["counts"]) == list(STATE_LABELS)
+    await communicator.disconnect()

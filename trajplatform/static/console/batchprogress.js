@@ -21,8 +21,9 @@
     var counts = el.querySelector("[data-counts]");
     if (counts) {
       var parts = [];
+      var labels = message.labels || {};
       Object.keys(message.counts).forEach(function (k) {
-        if (message.counts[k]) { parts.push(message.counts[k] + " " + k); }
+        if (message.counts[k]) { parts.push(message.counts[k] + " " + (labels[k] || k)); }
       });
       counts.textContent = parts.length ? parts.join(" · ") + " · " : "";
     }
