@@ -83,7 +83,9 @@ def test_wait_runs_every_task_to_a_successful_trajectory_with_the_real_loop(offl
         assert trajectory.content_sha256 == trajectory.compute_content_sha256()
         kinds = set(TrajectoryLog.objects.filter(trajectory=trajectory).values_list("kind", flat=True))
         assert {"system", "action", "output", "result"} <= kinds
-    assert not SandboxRecord.objects.filter(state__in=SandboxRecord.LIVE).exists()  # every sandbox destroyed
+    # every sandbox of this batch's runs destroyed (the PostgreSQL pass's shared database may hold others')
+    assert SandboxRecord.objects.filter(trajectory__task__batch=batch).exists()
+    assert not SandboxRecord.objects.filter(trajectory__task__batch=batch, state__in=SandboxRecord.LIVE).exists()
 
     assert "offline scripted model 'scripted-reference'" in output and "started in this process" in output
     assert "2/2 done | 0 running | 0 failed" in output

@@ -20,7 +20,8 @@ from apps.reviews.selectors import pending_proposals
 from apps.tasks.api.views import ERRORS, ActionPermsMixin
 from apps.tasks.models import Trajectory
 from trajplatform.api import (
-    ErrorSerializer, IdCursorPagination, IdFilter, StrictFilterSet, get_object_or_404, register_domain_errors,
+    ErrorSerializer, IdCursorPagination, IdFilter, LimitedJSONParser, StrictFilterSet, get_object_or_404,
+    register_domain_errors,
 )
 
 # An item the assignment service refuses for its state (not finished, no free slot): a 409 naming
@@ -199,6 +200,9 @@ class SavedViewViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveM
 
     serializer_class = s.SavedViewSerializer
     filterset_class = None
+    # JSON bodies only: a form field cannot carry the filters' object (a multipart "filters" part
+    # read as a form would be no filters at all, and an empty view saved); anything else is a 415.
+    parser_classes = [LimitedJSONParser]
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     action_perms = {action: ("tasks.view_trajectory",)
                     for action in ("list", "retrieve", "create", "partial_update", "destroy")}
@@ -221,7 +225,7 @@ class SavedViewViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.RetrieveM
                                              query=body.validated_data["filters"])
         return Response(s.SavedViewSerializer(view).data, status=200 if view.pk in had else 201)
 
-    # 415: a body none of the parsers reads (a broken multipart one), in the error envelope
+    # 415: a body that is not JSON, in the error envelope
     @extend_schema(request=s.SavedViewWriteSerializer(partial=True),
                    responses={200: s.SavedViewSerializer, 415: ErrorSerializer, **ERRORS})
     def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
