@@ -131,6 +131,16 @@ def test_unknown_trajectory_ids_are_a_400_naming_them_and_the_known_one_is_not_a
     assert nothing_written()
 
 
+def test_a_form_or_multipart_body_is_a_415_and_writes_nothing(client_as: Any, items: Any, alice: Any) -> None:
+    (item,) = items(1)
+    approver = client_as("approver")
+    for kwargs in ({}, {"content_type": "application/x-www-form-urlencoded"}):  # multipart, then a form
+        body = {"assignee": "alice", "trajectories": item.pk} if not kwargs else f"assignee=alice&trajectories={item.pk}"
+        response = approver.post(URL, body, **kwargs)
+        assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
+    assert nothing_written()
+
+
 def test_an_item_the_service_refuses_rolls_back_the_whole_request(client_as: Any, items: Any, alice: Any,
                                                                   make_task: Any) -> None:
     ok, judged = items(2)

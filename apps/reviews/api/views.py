@@ -136,6 +136,9 @@ class ReviewAssignmentViewSet(ActionPermsMixin, mixins.ListModelMixin, mixins.Re
 
     serializer_class = s.ReviewAssignmentSerializer
     filterset_class = None
+    # JSON bodies only, like the saved views: a form would carry the ids' list as repeated strings
+    # a schema cannot describe; anything else is a 415.
+    parser_classes = [LimitedJSONParser]
     action_perms = {
         "list": ("reviews.view_reviewassignment",),
         "retrieve": ("reviews.view_reviewassignment",),
