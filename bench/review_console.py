@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import tempfile
 import time
@@ -56,12 +57,29 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def measure(requests: int, batch: Any) -> dict[str, tuple[list[float], int]]:
-    """page -> (seconds of each of `requests` requests, SQL queries of the last); the pages are
-    taken in turn, round after round, so a busy minute of the machine falls on all of them."""
+def profile(batch: Any, names: list[str], top: int) -> None:
+    """Each named page once more, its `top` slowest SQL queries with their times: where the time of
+    a page over target goes."""
     from django.db import connection
-    from django.test import Client
     from django.test.utils import CaptureQueriesContext
+
+    client, pages = _pages(batch)
+    for name in names:
+        with CaptureQueriesContext(connection) as queries:
+            started = time.perf_counter()
+            client.get(pages[name])
+            total = time.perf_counter() - started
+        spent = sorted(((float(q["time"]), q["sql"]) for q in queries.captured_queries), reverse=True)
+        print(f"profile of {name!r}: {total * 1000:.0f} ms, {len(spent)} queries, "
+              f"{sum(t for t, _ in spent) * 1000:.0f} ms of them in SQL", flush=True)
+        for seconds, sql in spent[:top]:
+            # a long column list folded, so that the FROM and WHERE of the query show
+            sql = re.sub(r"^(SELECT (?:DISTINCT )?)(.{120,}?) FROM ", r"\1… FROM ", " ".join(sql.split()), count=1)
+            print(f"  {seconds * 1000:7.1f} ms  {sql[:600]}", flush=True)
+
+
+def _pages(batch: Any) -> tuple[Any, dict[str, str]]:
+    from django.test import Client
 
     from apps.tasks.models import Task, Trajectory
 
@@ -69,7 +87,7 @@ def measure(requests: int, batch: Any) -> dict[str, tuple[list[float], int]]:
     client.force_login(_user("bench-approver", "approver"))  # an approver reviews too (the queue)
     task = Task.objects.filter(batch=batch).order_by("-id").first()
     trajectory = Trajectory.objects.filter(task=task).first()
-    pages = {
+    return client, {
         "queue": "/review/",
         "queue, last page": "/review/?page=999999",
         "queue, filtered": f"/review/?tier=yellow&batch={quote(batch.name)}&older_than_hours=0",
@@ -85,6 +103,15 @@ def measure(requests: int, batch: Any) -> dict[str, tuple[list[float], int]]:
         "trajectories": "/trajectories/",
         "trajectories, search": "/trajectories/?q=Task+1%3A&verdict=none",  # one task's prompt: a rare match
     }
+
+
+def measure(requests: int, batch: Any) -> dict[str, tuple[list[float], int]]:
+    """page -> (seconds of each of `requests` requests, SQL queries of the last); the pages are
+    taken in turn, round after round, so a busy minute of the machine falls on all of them."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client, pages = _pages(batch)
     results: dict[str, tuple[list[float], int]] = {name: ([], 0) for name in pages}
     for _ in range(requests):
         for name, url in pages.items():
@@ -106,6 +133,9 @@ def main() -> int:
     parser.add_argument("--python-fill-max", type=int, default=100_000,
                         help="on PostgreSQL, rows above this size are the database's copies of those below")
     parser.add_argument("--database-url")
+    parser.add_argument("--profile-top", type=int, default=8,
+                        help="after the run, each page over the p95 target at the large size once more with its "
+                             "N slowest SQL queries and their times (0: none)")
     args = parser.parse_args()
     var_dir = tempfile.mkdtemp(prefix="bench-review-")
     export_bench.setup(args.database_url or f"sqlite:///{var_dir}/bench.sqlite3", var_dir)
@@ -157,6 +187,9 @@ def main() -> int:
     print(f"worst paginated-page ratio {worst:.2f} (target <= {TARGET_RATIO:g}); slowest page at {args.large:,}: "
           f"{slowest[0]} p95 {slowest[1] * 1000:.0f} ms (target <= {TARGET_P95_MS:g} ms); queries per page "
           + (f"changed on {', '.join(changed)}" if changed else "the same at both sizes"))
+    over = [name for name in large if p95(large[name][0]) * 1000 > TARGET_P95_MS]
+    if args.profile_top and over:
+        profile(batch, over, args.profile_top)
     return 0
 
 
