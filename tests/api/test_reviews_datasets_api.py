@@ -37,6 +37,11 @@ def test_pending_queue_lists_oldest_first_and_mine_filters_by_tier(client_as: An
     both = client_as("approver").get("/api/v1/proposals/pending", {"mine": "true"}).json()["results"]
     assert {r["tier"] for r in both} == {"yellow", "red"}
     assert client_as("viewer").get("/api/v1/proposals/pending", {"tier": "green"}).status_code == 400
+    # a scene filter of a character str.strip() would drop is a scene nothing has, not a blank 400
+    viewer = client_as("viewer")
+    assert viewer.get("/api/v1/proposals/pending", {"scene": waiting["task"].scene}).json()["results"]
+    assert viewer.get("/api/v1/proposals/pending", {"scene": "\x1c"}).json()["results"] == []
+    assert viewer.get("/api/v1/proposals/pending", {"scene": ""}).status_code == 400
 
 
 def test_a_reviewer_chooses_a_yellow_option_but_cannot_sign_off_red(client_as: Any, waiting: dict[str, Any]) -> None:

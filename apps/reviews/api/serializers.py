@@ -66,7 +66,9 @@ class VerdictSerializer(StrictSerializerMixin, serializers.Serializer):
 
 class PendingQuerySerializer(StrictSerializerMixin, serializers.Serializer):
     tier = serializers.ChoiceField(choices=[Proposal.Tier.YELLOW, Proposal.Tier.RED], required=False)
-    scene = serializers.RegexField(NO_NUL_PATTERN, required=False, max_length=32)
+    # Not trimmed: a value of whitespace (or another character str.strip() drops) is a scene no
+    # proposal has, an empty list, not a blank one refused (the schema says minLength 1).
+    scene = serializers.RegexField(NO_NUL_PATTERN, required=False, min_length=1, max_length=32, trim_whitespace=False)
     batch = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
     task = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
     stale = serializers.BooleanField(required=False, default=False,
@@ -121,7 +123,8 @@ class AssignSerializer(StrictSerializerMixin, serializers.Serializer):
 
 
 class AssignmentQuerySerializer(StrictSerializerMixin, serializers.Serializer):
-    assignee = serializers.RegexField(NO_NUL_PATTERN, required=False, max_length=150,
+    assignee = serializers.RegexField(NO_NUL_PATTERN, required=False, min_length=1, max_length=150,
+                                      trim_whitespace=False,  # as `scene` above: no user has that name
                                       help_text="`me`, or a username (approvers only: another person's)")
     status = serializers.ChoiceField(choices=ReviewAssignment.Status.choices, required=False)
     trajectory = serializers.IntegerField(required=False, min_value=1, max_value=INT64_MAX)
