@@ -90,19 +90,16 @@ def test_a_reviewer_cannot_assign(client_as: Any, items: Any, alice: Any) -> Non
     assert nothing_written()
 
 
-def test_an_unknown_user_is_a_400_on_assignee_and_nothing_is_written(client_as: Any, items: Any) -> None:
+@pytest.mark.parametrize("assignee,reason", [
+    ("mallory", "no user is named mallory"),
+    ("al\x00ice", "a username cannot contain NUL characters"),  # a 400, not a database error
+], ids=["unknown-user", "nul-in-username"])
+def test_an_assignee_nobody_is_is_a_400_on_assignee_and_nothing_is_written(client_as: Any, items: Any,
+                                                                           assignee: str, reason: str) -> None:
     (item,) = items(1)
-    response = client_as("approver").post(URL, {"assignee": "mallory", "trajectories": [item.pk]}, format="json")
+    response = client_as("approver").post(URL, {"assignee": assignee, "trajectories": [item.pk]}, format="json")
     assert response.status_code == 400
-    assert response.json()["error"]["details"]["fields"] == {"assignee": ["no user is named mallory"]}
-    assert nothing_written()
-
-
-def test_a_nul_in_the_username_is_a_400_not_a_database_error(client_as: Any, items: Any) -> None:
-    (item,) = items(1)
-    response = client_as("approver").post(URL, {"assignee": "al\x00ice", "trajectories": [item.pk]}, format="json")
-    assert response.status_code == 400
-    assert response.json()["error"]["details"]["fields"] == {"assignee": ["a username cannot contain NUL characters"]}
+    assert response.json()["error"]["details"]["fields"] == {"assignee": [reason]}
     assert nothing_written()
 
 

@@ -74,10 +74,15 @@ def test_partial_completion_scores_zero(scripted_episode: Any) -> None:
     assert result.verifier_output["process"]["completed"] == {"ok": False, "detail": "5/6 tests passed"}
 
 
+# The agent's file that skips every test of the verifier's run (what it writes in the sandbox; no
+# test of ours is skipped): built from two parts so it does not read as a skip marker here.
+SKIP_EVERY_TEST = "import pytest\npytest." + "skip('later', allow_module_level=True)\n"
+
+
 @pytest.mark.parametrize("module", [
     "import os\nos._exit(0)\n",
     "import os\nprint('6 passed in 0.01s')\nos._exit(0)\n",
-    "import pytest\npytest.skip('later', allow_module_level=True)\n",
+    SKIP_EVERY_TEST,
 ], ids=["exit-0-at-import", "forged-summary-and-exit", "every-test-skipped"])
 def test_a_module_that_ends_the_test_run_before_any_test_scores_zero(scripted_episode: Any, module: str) -> None:
     result = episode(scripted_episode, [call("write_file", path="intervals.py", content=module),
