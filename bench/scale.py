@@ -416,6 +416,7 @@ def child_version(n: int, *, through_dedup: bool) -> dict[str, Any]:
     from apps.engines.models import TextEmbedding
 
     stages: dict[str, float] = {}
+    peaks: dict[str, float] = {}
     last = [time.perf_counter()]
     results: list[Any] = []
     real_dedup = dedup.dedup_members
@@ -427,6 +428,7 @@ def child_version(n: int, *, through_dedup: bool) -> dict[str, Any]:
     def progress(stage: str, done: int, total: int) -> None:
         now = time.perf_counter()
         stages[stage] = stages.get(stage, 0.0) + now - last[0]
+        peaks[stage] = export_bench.rss_mb("VmHWM")  # the peak by the end of each stage: where it grows
         last[0] = now
         if through_dedup and stage == "dedup":
             raise _StopAfterDedup
@@ -446,7 +448,7 @@ def child_version(n: int, *, through_dedup: bool) -> dict[str, Any]:
     result = results[0]
     return {"seconds": elapsed, "in_scope": n, "exact_removed": result.exact_removed,
             "near_removed": result.near_removed, "embedded": TextEmbedding.objects.count() - stored,
-            "stages": stages}
+            "stages": stages, "stage_peaks_mb": peaks}
 
 
 def child_exportability(n: int) -> dict[str, Any]:
@@ -652,7 +654,8 @@ def main() -> int:
             r: dict[str, Any] = {"fill_s": fill_s}
             for mode in ("dedup", "version") if n <= args.full_version_max else ("dedup",):
                 r[mode] = v = run_child(args, mode, "-n", str(n))
-                stages = ", ".join(f"{k} {s:.1f}s" for k, s in v["stages"].items())
+                stages = ", ".join(f"{k} {s:.1f}s (peak {v['stage_peaks_mb'].get(k, 0):.0f} MB by its end)"
+                                   for k, s in v["stages"].items())
                 what = "version through dedup" if mode == "dedup" else "whole version"
                 print(f"  {what}: {v['seconds']:.1f}s, {n / v['seconds']:,.0f} members/s, peak "
                       f"{v['peak_rss_mb']:.0f} MB; {v['exact_removed']} exact and {v['near_removed']:,} near "

@@ -23,9 +23,11 @@ finishes (apps.datasets.jobs.embed_iteration).
 
 Which prompts are near each other: all pairs, in blocks of matrix products, while the version has
 at most DATASET_DEDUP_EXACT_MAX unique prompts (the exact path, and the oracle of the tests);
-above it an approximate nearest-neighbour index (usearch's HNSW) over the unique prompts, each
-asked for its nearest ones until the last one returned falls below the threshold, every
-candidate's cosine recomputed exactly. The clustering after it is the same on both paths.
+above it an inverted-file index: the prompts are split into partitions around k-means centroids,
+and each is compared exactly with its own partition and the nearest others within a margin, one
+partition's vectors read from the store at a time (`near_prompts`). Either way the result is a
+sparse matrix of the near pairs with their cosines (`Neighbours`), and the clustering after it is
+the same on both paths.
 """
 from __future__ import annotations
 
@@ -180,76 +182,150 @@ def _label(trajectory_id: int, published_in: int) -> str:
     return f"trajectory #{trajectory_id}{where}"
 
 
-def exact_neighbours(vectors: Any, threshold: float, block: int = 2048) -> list[list[int]]:
-    """For each row, the rows (itself included) with cosine >= threshold: all pairs, in blocks."""
+@dataclass
+class Neighbours:
+    """Which unique prompts are near each other (cosine >= the threshold), as a sparse matrix in
+    CSR form: row p's neighbours (itself included) are indices[indptr[p]:indptr[p + 1]], ascending,
+    with their cosines in sims at the same places. Arrays, not a list per prompt: 16 bytes a pair."""
+
+    indptr: Any  # int64 (n + 1)
+    indices: Any  # int64
+    sims: Any  # float32
+
+    def of(self, p: int) -> tuple[Any, Any]:
+        lo, hi = int(self.indptr[p]), int(self.indptr[p + 1])
+        return self.indices[lo:hi], self.sims[lo:hi]
+
+    def lists(self) -> list[list[int]]:
+        return [self.indices[self.indptr[p]:self.indptr[p + 1]].tolist() for p in range(len(self.indptr) - 1)]
+
+
+# Products of at most this many cosines at a time (float32: 16 MB), and vectors read from the store
+# at most this many at a time (float32: 12 MB), in every search below.
+PRODUCT_CELLS = 4 * 1024 * 1024
+READ_ROWS = 8192
+
+
+def _pairs(left: Any, left_rows: Any, right: Any, right_rows: Any, threshold: float) -> tuple[Any, Any, Any]:
+    """Every (left row, right row, cosine) with cosine >= threshold, by blocks of `left`."""
     import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
 
-    n = vectors.shape[0]
-    neighbours: list[list[int]] = []
-    for start in range(0, n, block):
-        sims = vectors[start:start + block] @ vectors.T
-        for row in sims:
-            neighbours.append(np.nonzero(row >= threshold)[0].tolist())
-    return neighbours
+    found_i, found_j, found_s = [], [], []
+    block = max(1, PRODUCT_CELLS // max(1, len(right)))
+    for start in range(0, len(left), block):
+        sims = left[start:start + block] @ right.T
+        i, j = np.nonzero(sims >= threshold)
+        found_i.append(left_rows[start + i])
+        found_j.append(right_rows[j])
+        found_s.append(sims[i, j])
+    if not found_i:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return np.concatenate(found_i), np.concatenate(found_j), np.concatenate(found_s).astype(np.float32)
 
 
-# The HNSW graph's shape: links per node, and the beam width when building and searching. Wider
-# beams cost time and buy recall; these give >= 0.99 at the default threshold (tests/datasets/
-# test_dedup_ann.py, bench/scale.py).
-ANN_CONNECTIVITY = 16
-ANN_EXPANSION_ADD = 128
-ANN_EXPANSION_SEARCH = 128
-ANN_FIRST_K = 16
-ANN_QUERY_BLOCK = 8192
-
-
-def ann_neighbours(vectors: Any, threshold: float, *, threads: int = 0) -> list[list[int]]:
-    """exact_neighbours, found through an HNSW index (usearch): each row asks for its ANN_FIRST_K
-    nearest, then for twice as many while all it got reach the threshold (at the end, every row);
-    the cosines of what it returns are recomputed exactly, and a pair found from either side
-    counts for both (the relation is symmetric)."""
+def _neighbours(n: int, found: list[tuple[Any, Any, Any]]) -> Neighbours:
+    """The CSR of the pairs found (from either side: the relation is symmetric; a pair found
+    twice is kept once)."""
     import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
-    from usearch.index import Index  # deferred: the ANN library, for versions above the exact path's size
 
-    n, dim = vectors.shape
-    index = Index(ndim=dim, metric="ip", dtype="f32", connectivity=ANN_CONNECTIVITY,
-                  expansion_add=ANN_EXPANSION_ADD, expansion_search=ANN_EXPANSION_SEARCH)
-    keys = np.arange(n, dtype=np.uint64)
-    index.add(keys, vectors, threads=threads)
-    found: list[set[int]] = [{i} for i in range(n)]
-    pending = np.arange(n)
-    k = ANN_FIRST_K
-    while len(pending):
-        if k >= n:  # a crowd as large as the version: every row with cosine >= threshold, exactly
-            for i in pending.tolist():
-                found[i].update(np.nonzero(vectors @ vectors[i] >= threshold)[0].tolist())
-            break
-        again = []
-        for start in range(0, len(pending), ANN_QUERY_BLOCK):
-            rows = pending[start:start + ANN_QUERY_BLOCK]
-            matches = index.search(vectors[rows], k, threads=threads)
-            labels = np.asarray(matches.keys).reshape(len(rows), -1)
-            counts = np.asarray(matches.counts).reshape(len(rows))
-            for r, i in enumerate(rows.tolist()):
-                got = labels[r, :counts[r]].astype(np.int64)
-                sims = vectors[got] @ vectors[i]
-                near = got[sims >= threshold].tolist()
-                found[i].update(near)
-                if len(near) == counts[r] == k:
-                    again.append(i)  # all k reach the threshold: there may be more
-        pending = np.asarray(again, dtype=np.int64)
-        k *= 2
-    for i in range(n):
-        for j in list(found[i]):
-            found[j].add(i)
-    return [sorted(s) for s in found]
+    i = np.concatenate([f[0] for f in found] + [f[1] for f in found]).astype(np.int64)
+    j = np.concatenate([f[1] for f in found] + [f[0] for f in found]).astype(np.int64)
+    s = np.concatenate([f[2] for f in found] + [f[2] for f in found]).astype(np.float32)
+    key, first = np.unique(i * n + j, return_index=True)
+    indices, sims = key % n, s[first]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(key // n, minlength=n), out=indptr[1:])
+    return Neighbours(indptr=indptr, indices=indices, sims=sims)
 
 
-def prompt_neighbours(vectors: Any, threshold: float) -> list[list[int]]:
-    """Near prompts per unique prompt: exact up to DATASET_DEDUP_EXACT_MAX rows, else the ANN index."""
-    if vectors.shape[0] <= settings.DATASET_DEDUP_EXACT_MAX:
-        return exact_neighbours(vectors, threshold)
-    return ann_neighbours(vectors, threshold)
+# Above DATASET_DEDUP_EXACT_MAX unique prompts, an inverted-file (IVF) index: the prompts are split
+# into partitions of about PARTITION_OWNERS around centroids (spherical k-means, PARTITION_ROUNDS
+# rounds over a seeded sample of PARTITION_SAMPLE), each prompt is compared exactly with the
+# prompts of its own partition and of up to PARTITION_PROBES more whose centroid is within
+# PARTITION_MARGIN of its best one. A pair is missed only if each of the two lies outside the
+# other's partition by more than the margin; recall >= 0.99 against all pairs at the default
+# threshold (tests/datasets/test_dedup_ann.py, bench/scale.py). Only one partition's vectors are
+# held at a time: they are read from the store for it (so each is read once for its own partition
+# and once per partition it probes).
+PARTITION_OWNERS = 8192
+PARTITION_SAMPLE = 20_000
+PARTITION_SAMPLE_EACH = 40  # and at least this many a centroid
+PARTITION_ROUNDS = 8
+PARTITION_MARGIN = 0.1
+PARTITION_PROBES = 4
+PARTITION_SEED = 41
+
+
+def _read(read: Any, rows: Any) -> Any:
+    """read(rows), READ_ROWS at a time (the store's answer for one call is held whole)."""
+    import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
+
+    return np.concatenate([np.asarray(read(rows[s:s + READ_ROWS]), dtype=np.float32)
+                           for s in range(0, len(rows), READ_ROWS)])
+
+
+def _centroids(sample: Any, k: int, rng: Any) -> Any:
+    """k unit centroids of the unit rows of `sample` (spherical k-means)."""
+    import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
+
+    centroids = sample[rng.choice(len(sample), size=k, replace=False)].copy()
+    for _ in range(PARTITION_ROUNDS):
+        nearest = np.concatenate([np.argmax(sample[s:s + 8192] @ centroids.T, axis=1)
+                                  for s in range(0, len(sample), 8192)])
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, nearest, sample)
+        norms = np.linalg.norm(sums, axis=1)
+        filled = norms > 0  # a centroid nothing chose keeps its place
+        centroids[filled] = sums[filled] / norms[filled, None]
+    return centroids
+
+
+def near_prompts(n: int, read: Any, threshold: float, *, exact_max: int | None = None,
+                 owners: int | None = None) -> Neighbours:
+    """The near neighbours of n unique prompts whose vectors `read(rows)` returns (float32 unit
+    rows, for an int64 array of row numbers): all pairs up to `exact_max` prompts
+    (DATASET_DEDUP_EXACT_MAX), else the partitioned index of about `owners` (PARTITION_OWNERS)
+    prompts a partition."""
+    import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
+
+    owners = owners or PARTITION_OWNERS
+    exact_max = settings.DATASET_DEDUP_EXACT_MAX if exact_max is None else exact_max
+    everything = np.arange(n, dtype=np.int64)
+    if n <= max(exact_max, 1):
+        vectors = _read(read, everything) if n else np.zeros((0, 1), np.float32)
+        return _neighbours(n, [_pairs(vectors, everything, vectors, everything, threshold)])
+    rng = np.random.default_rng(PARTITION_SEED)
+    k = -(-n // owners)
+    sample = np.sort(rng.choice(n, size=min(n, max(PARTITION_SAMPLE, PARTITION_SAMPLE_EACH * k)), replace=False))
+    centroids = _centroids(_read(read, sample), k, rng)
+    home = np.empty(n, dtype=np.int32)
+    visit_rows, visit_parts = [], []
+    step = max(1, min(READ_ROWS, PRODUCT_CELLS // k))
+    for start in range(0, n, step):
+        sims = np.asarray(read(everything[start:start + step]), dtype=np.float32) @ centroids.T
+        order = np.argsort(-sims, axis=1)[:, :PARTITION_PROBES + 1]
+        best = np.take_along_axis(sims, order, axis=1)
+        home[start:start + len(sims)] = order[:, 0]
+        r, c = np.nonzero(best[:, 1:] >= best[:, :1] - PARTITION_MARGIN)
+        visit_rows.append(start + r)
+        visit_parts.append(order[r, c + 1])
+    visit_rows, visit_parts = np.concatenate(visit_rows), np.concatenate(visit_parts)
+    by_visit = np.argsort(visit_parts, kind="stable")
+    visit_rows, visit_parts = visit_rows[by_visit], visit_parts[by_visit]
+    by_home = np.argsort(home, kind="stable")
+    home_bounds = np.searchsorted(home[by_home], np.arange(k + 1))
+    visit_bounds = np.searchsorted(visit_parts, np.arange(k + 1))
+    found = []
+    for part in range(k):
+        mine = by_home[home_bounds[part]:home_bounds[part + 1]]
+        if not len(mine):
+            continue
+        guests = visit_rows[visit_bounds[part]:visit_bounds[part + 1]]
+        rows = np.concatenate([mine, guests])
+        vectors = _read(read, rows)
+        found.append(_pairs(vectors, rows, vectors[:len(mine)], mine, threshold))
+        del vectors
+    return _neighbours(n, found)
 
 
 def dedup(
@@ -289,20 +365,18 @@ def dedup(
 NORM_DIGEST = 16
 # Near-duplicate clustering reads the action vectors of this many members at a time (whole
 # prompt-neighbour components; a component larger than this is read alone).
-ACTION_CHUNK = 20_000
+ACTION_CHUNK = 10_000
 
 
-def _components(neighbours: list[list[int]]) -> Any:
+def _components(neighbours: Neighbours) -> Any:
     """The connected component of each row of the prompt-neighbour graph (labels 0..k-1)."""
     import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
     from scipy.sparse import csr_matrix  # deferred: scipy, for near-duplicate dedup only
     from scipy.sparse.csgraph import connected_components  # deferred: scipy, for near-duplicate dedup only
 
-    n = len(neighbours)
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum([len(row) for row in neighbours], out=indptr[1:])
-    indices = np.fromiter((j for row in neighbours for j in row), dtype=np.int64, count=int(indptr[-1]))
-    graph = csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr), shape=(n, n))
+    n = len(neighbours.indptr) - 1
+    graph = csr_matrix((np.ones(len(neighbours.indices), dtype=np.int8), neighbours.indices, neighbours.indptr),
+                       shape=(n, n))
     return connected_components(graph, directed=False)[1]
 
 
@@ -345,8 +419,7 @@ def dedup_members(members: Members, *, keyed: KeyedVectors, exact: bool = True, 
     prompt_keys, p_of = _first_seen(members.prompt[survivors])
     result.embedded_prompts = len(prompt_keys)
     result.embedded_actions = len(np.unique(members.action[survivors]))
-    prompt_vecs = np.asarray(keyed.vectors(prompt_keys), dtype=np.float32)
-    neighbours = prompt_neighbours(prompt_vecs, threshold)
+    neighbours = near_prompts(len(prompt_keys), lambda rows: keyed.vectors(prompt_keys[rows]), threshold)
     component = _components(neighbours)[p_of]
     outcome = members.outcome[survivors]
     # Only a member sharing its component and outcome with another can be, or have, a near duplicate.
@@ -365,7 +438,7 @@ def dedup_members(members: Members, *, keyed: KeyedVectors, exact: bool = True, 
         action_keys, a_of = _first_seen(members.action[survivors[chunk]])
         action_vecs = np.asarray(keyed.vectors(action_keys), dtype=np.float32)
         for lo, hi in zip(starts[c:last + 1] - starts[c], ends[c:last + 1] - starts[c]):
-            _cluster(range(lo, hi), chunk, survivors, p_of, a_of, outcome, neighbours, prompt_vecs, action_vecs,
+            _cluster(range(lo, hi), chunk, survivors, p_of, a_of, outcome, neighbours, action_vecs,
                      tid, published, threshold, result)
         del action_vecs
         c = last + 1
@@ -373,7 +446,7 @@ def dedup_members(members: Members, *, keyed: KeyedVectors, exact: bool = True, 
 
 
 def _cluster(rows: range, chunk: Any, survivors: Any, p_of: Any, a_of: Any, outcome: Any,
-             neighbours: list[list[int]], prompt_vecs: Any, action_vecs: Any, tid: Any, published: Any,
+             neighbours: Neighbours, action_vecs: Any, tid: Any, published: Any,
              threshold: float, result: DedupResult) -> None:
     """The greedy pass over one component's members (rows of `chunk`, in dedup order)."""
     import numpy as np  # deferred: numpy (0.13 s) for near-duplicate dedup only
@@ -386,13 +459,14 @@ def _cluster(rows: range, chunk: Any, survivors: Any, p_of: Any, a_of: Any, outc
         i = int(survivors[s])  # and among all members
         p, a, o = int(p_of[s]), int(a_of[r]), int(outcome[s])
         if published[i] < 0:
-            pool = [(q, k, ka) for q in neighbours[p] for k, ka in kept_by_prompt.get((q, o), ())]
+            near, cosines = neighbours.of(p)
+            pool = [(q_sim, k, ka) for q, q_sim in zip(near.tolist(), cosines.tolist())
+                    for k, ka in kept_by_prompt.get((q, o), ())]
             if pool:
                 sims = action_vecs[[ka for _, _, ka in pool]] @ action_vecs[a]
                 best = int(np.argmax(sims))
                 if sims[best] >= threshold:
-                    q, other, _ = pool[best]
-                    prompt_sim = float(prompt_vecs[q] @ prompt_vecs[p])
+                    prompt_sim, other, _ = pool[best]
                     result.excluded[int(tid[i])] = (
                         f"near duplicate of {_label(int(tid[other]), int(published[other]))} "
                         f"(prompt cosine {prompt_sim:.3f}, actions cosine {float(sims[best]):.3f}, "

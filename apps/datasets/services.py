@@ -107,14 +107,6 @@ class _Row:
     corrects: int | None = None  # prefer_corrections: the original trajectory this correction replaces
     pass_rate: dict[str, Any] | None = None  # the task's, over its rollouts (records.task_pass_rates)
 
-    def rank_key(self) -> tuple:
-        """Best first: automatic score, then reward, then a human accept, then the oldest id."""
-        return (
-            -(self.score if self.score is not None else -1.0),
-            -(self.reward if self.reward is not None else float("-inf")),
-            0 if self.verdict == "accept" else 1,
-            self.trajectory_id,
-        )
 
 
 def _scope(spec: dict[str, Any]) -> Any:
@@ -232,7 +224,7 @@ class _DedupInputs:
         return (self.ids[at] == trajectory_ids) & self.found[at] if len(self.ids) else at.astype(bool)
 
 
-def _dedup_inputs(ids: list[int], keyed: Any, progress: Progress | None) -> _DedupInputs:
+def _dedup_inputs(ids: Any, keyed: Any, progress: Progress | None) -> _DedupInputs:
     """The dedup inputs of the trajectories `ids` (sorted), streamed READ_CHUNK at a time; with
     `keyed` (a KeyedVectors: near dedup on), each chunk's action sequences are keyed and the ones
     missing from the store embedded before the next chunk is read."""
@@ -246,7 +238,7 @@ def _dedup_inputs(ids: list[int], keyed: Any, progress: Progress | None) -> _Ded
         outcomes=[], turns=np.zeros(n, dtype=np.int32), text_tokens=np.zeros(n, dtype=np.int64))
     codes: dict[str, int] = {}
     for start in range(0, n, READ_CHUNK):
-        chunk = ids[start:start + READ_CHUNK]
+        chunk = out.ids[start:start + READ_CHUNK].tolist()
         rows, actions = [], []
         for pk, task_id, messages, tools, outcome in Trajectory.objects.filter(pk__in=chunk).values_list(
                 "pk", "task_id", "messages", "tools", "outcome").iterator(chunk_size=READ_CHUNK):
@@ -294,6 +286,19 @@ def _anchors(dataset: Dataset | None) -> dict[int, int]:
     return anchors
 
 
+def _ranked(rows: list[_Row]) -> Any:
+    """The rows' trajectory ids best first: automatic score, then reward, then a human accept, then
+    the oldest id (numpy's sort over four columns, not a million key tuples)."""
+    import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+    n = len(rows)
+    score = np.fromiter((-1.0 if r.score is None else r.score for r in rows), dtype=np.float64, count=n)
+    reward = np.fromiter((-np.inf if r.reward is None else r.reward for r in rows), dtype=np.float64, count=n)
+    not_accepted = np.fromiter((r.verdict != "accept" for r in rows), dtype=np.int8, count=n)
+    ids = np.fromiter((r.trajectory_id for r in rows), dtype=np.int64, count=n)
+    return ids[np.lexsort((ids, not_accepted, -reward, -score))]
+
+
 def _dedup_members(rows: list[_Row], anchors: dict[int, int], inputs: _DedupInputs, keyed: Any
                    ) -> dedup_mod.Members:
     """The members dedup works on, in its order: the anchors still there (first published first),
@@ -304,8 +309,8 @@ def _dedup_members(rows: list[_Row], anchors: dict[int, int], inputs: _DedupInpu
     numbers = np.fromiter(anchors.values(), dtype=np.int32, count=len(anchors))
     there = inputs.has(anchor_ids)
     anchor_ids, numbers = anchor_ids[there], numbers[there]
-    ranked = np.array([r.trajectory_id for r in sorted(rows, key=_Row.rank_key) if r.trajectory_id not in anchors],
-                      dtype=np.int64)
+    ranked = _ranked(rows)
+    ranked = ranked[~np.isin(ranked, anchor_ids)]
     ids = np.concatenate([anchor_ids, ranked])
     at = inputs.at(ids)
     members = dedup_mod.Members(
@@ -478,6 +483,8 @@ def dataset_version_create(
     process once the version is committed and returns the version with the card's section;
     False (the build job) leaves it to the workers, enqueued on commit.
     """
+    import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
     dataset, parent, spec = _version_request(dataset_name, filter_spec, actor, parent)
     formats = exporter_formats()
     exporter_versions = {name: str(exporter.version) for name, exporter in sorted(formats.items())}
@@ -487,8 +494,9 @@ def dataset_version_create(
         progress("scanned", scanned, scanned)
     anchors = _anchors(dataset)
     dedup_spec = spec["dedup"]
-    needs_text = sorted({r.trajectory_id for r in rows} | (set(anchors) if dedup_spec["exact"] or dedup_spec["near"]
-                                                            else set()))
+    needs_text = np.unique(np.concatenate([
+        np.fromiter((r.trajectory_id for r in rows), dtype=np.int64, count=len(rows)),
+        np.fromiter(anchors if dedup_spec["exact"] or dedup_spec["near"] else (), dtype=np.int64)]))
     keyed = dedup_mod.KeyedVectors(embedder) if dedup_spec["near"] else None
     inputs = _dedup_inputs(needs_text, keyed, progress)
     at = inputs.at([r.trajectory_id for r in rows]).tolist()

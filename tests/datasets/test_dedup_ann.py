@@ -1,4 +1,4 @@
-"""Near-duplicate dedup at scale: the ANN path against the exact all-pairs oracle, and embeddings
+"""Near-duplicate dedup at scale: the partitioned (IVF) path against the exact all-pairs oracle, and embeddings
 kept between versions (the store, the finished-iteration job)."""
 from __future__ import annotations
 
@@ -38,27 +38,57 @@ def generated(n_base: int, seed: int, dim: int = 384, *, with_bases: bool = Fals
     return (vectors, bases) if with_bases else vectors
 
 
-def pairs(neighbours: list[list[int]]) -> set[tuple[int, int]]:
-    return {(i, j) for i, row in enumerate(neighbours) for j in row if i != j}
+def pairs(neighbours: dedup.Neighbours) -> set[tuple[int, int]]:
+    return {(i, j) for i, row in enumerate(neighbours.lists()) for j in row if i != j}
 
 
-def test_ann_recall_against_the_exact_oracle_is_at_least_099_at_the_default_threshold() -> None:
+def search(vectors: np.ndarray, *, partitioned: bool, owners: int = 500) -> dedup.Neighbours:
+    """near_prompts over vectors held here: all pairs, or partitions of about `owners` prompts."""
+    return dedup.near_prompts(len(vectors), lambda rows: vectors[rows], THRESHOLD,
+                              exact_max=0 if partitioned else len(vectors), owners=owners)
+
+
+def test_partitioned_recall_against_the_exact_oracle_is_at_least_099_at_the_default_threshold() -> None:
     vectors = generated(3000, seed=7)
-    exact = pairs(dedup.exact_neighbours(vectors, THRESHOLD))
-    ann = pairs(dedup.ann_neighbours(vectors, THRESHOLD))
-    assert len(exact) > 2000  # the data has near pairs to find
-    assert len(ann & exact) / len(exact) >= 0.99
-    assert ann <= exact  # every cosine is recomputed exactly: nothing below the threshold
+    exact = pairs(search(vectors, partitioned=False))
+    found = search(vectors, partitioned=True)
+    partitioned = pairs(found)
+    assert len(vectors) > 6000 and len(exact) > 2000  # 13 or more partitions, near pairs to find
+    assert len(partitioned & exact) / len(exact) >= 0.99
+    assert partitioned <= exact  # every cosine is computed exactly: nothing below the threshold
+    exact_sims = dict(zip(zip(*np.nonzero(vectors @ vectors.T >= THRESHOLD)), (vectors @ vectors.T)[
+        vectors @ vectors.T >= THRESHOLD]))
+    for p, (near, sims) in enumerate(map(found.of, range(0, len(vectors), 97))):
+        for q, s in zip(near.tolist(), sims.tolist()):
+            assert abs(exact_sims[(p * 97, q)] - s) < 1e-5  # each pair carries its own cosine
 
 
-def test_a_crowd_larger_than_the_first_k_is_found_whole() -> None:
+def test_the_exact_path_finds_every_pair_and_only_those() -> None:
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((700, 32)).astype(np.float32)
+    vectors[350:] = vectors[:350] + 0.25 * rng.standard_normal((350, 32))  # half of them near another
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    sims = vectors @ vectors.T
+    want = [np.nonzero(row >= THRESHOLD)[0].tolist() for row in sims]
+    assert search(vectors, partitioned=False).lists() == want
+    assert sum(len(r) > 1 for r in want) > 100
+
+
+def test_a_crowd_is_found_whole_by_the_partitions() -> None:
     rng = np.random.default_rng(3)
     centre = rng.standard_normal(64)
     crowd = centre + 0.02 * rng.standard_normal((200, 64))  # 200 prompts all within the threshold
-    others = rng.standard_normal((300, 64))
+    others = rng.standard_normal((800, 64))
     vectors = np.concatenate([crowd, others]).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    assert dedup.ann_neighbours(vectors, THRESHOLD) == dedup.exact_neighbours(vectors, THRESHOLD)
+    assert search(vectors, partitioned=True, owners=50).lists() == search(vectors, partitioned=False).lists()
+
+
+def test_fewer_prompts_than_partitions_hold_and_none_at_all() -> None:
+    vectors = generated(5, seed=2)
+    assert search(vectors, partitioned=True, owners=1).lists() == search(vectors, partitioned=False).lists()
+    empty = search(np.zeros((0, 8), np.float32), partitioned=False)
+    assert empty.lists() == [] and len(empty.indptr) == 1
 
 
 def _candidates(seed: int) -> tuple[list[dedup.Candidate], dict[str, np.ndarray]]:
@@ -82,7 +112,7 @@ def _candidates(seed: int) -> tuple[list[dedup.Candidate], dict[str, np.ndarray]
     return out, table
 
 
-def test_ann_and_exact_dedup_drop_the_same_members(settings: Any) -> None:
+def test_partitioned_and_exact_dedup_drop_the_same_members(settings: Any, monkeypatch: Any) -> None:
     ranked, table = _candidates(11)
 
     def stand_in(texts: Any) -> np.ndarray:
@@ -91,6 +121,7 @@ def test_ann_and_exact_dedup_drop_the_same_members(settings: Any) -> None:
     settings.DATASET_DEDUP_EXACT_MAX = 10**9
     exact = dedup.dedup(ranked, threshold=THRESHOLD, embedder=stand_in)
     settings.DATASET_DEDUP_EXACT_MAX = 0
+    monkeypatch.setattr(dedup, "PARTITION_OWNERS", 400)  # 8 or more partitions
     ann = dedup.dedup(ranked, threshold=THRESHOLD, embedder=stand_in)
     assert exact.near_removed > 100
     agree = len(set(exact.excluded) & set(ann.excluded)) / len(set(exact.excluded) | set(ann.excluded))
@@ -98,7 +129,7 @@ def test_ann_and_exact_dedup_drop_the_same_members(settings: Any) -> None:
 
 
 @pytest.mark.django_db
-def test_the_bundled_model_data_dedups_the_same_on_the_ann_path(make_task: Any, approver: Any, settings: Any) -> None:
+def test_the_bundled_model_data_dedups_the_same_on_the_partitioned_path(make_task: Any, approver: Any, settings: Any) -> None:
     primes, reworded, csv = make_task(prompt=PRIMES), make_task(prompt=PRIMES_REWORDED), make_task(prompt=CSV)
     make_trajectory(primes, code=LOOP, score=90)
     make_trajectory(reworded, code=LOOP.replace("print(*primes)", "print(*primes) "), score=70, id_prefix="x")

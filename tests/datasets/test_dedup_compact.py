@@ -37,7 +37,7 @@ def reference_dedup(ranked: Sequence[dedup.Candidate], *, anchors: Sequence[dedu
         survivors.append(c)
     prompt_index, prompt_vecs = unique(c.prompt for c in survivors)
     action_index, action_vecs = unique(c.actions for c in survivors)
-    neighbours = dedup.prompt_neighbours(prompt_vecs, threshold)
+    neighbours = dedup.near_prompts(len(prompt_vecs), lambda rows: prompt_vecs[rows], threshold).lists()
     kept_by_prompt: dict[tuple[int, str], list[tuple[dedup.Candidate, int]]] = {}
     for c in survivors:
         p, a = prompt_index[c.prompt], action_index[c.actions]
@@ -67,9 +67,11 @@ def _with_copies_and_anchors(seed: int) -> tuple[list[dedup.Candidate], list[ded
     return ranked, anchors, lambda texts: np.stack([table[t] for t in texts])
 
 
-@pytest.mark.parametrize("exact_max", [10**9, 0], ids=["exact", "ann"])
-def test_compact_dedup_excludes_exactly_what_the_previous_implementation_did(settings: Any, exact_max: int) -> None:
+@pytest.mark.parametrize("exact_max", [10**9, 0], ids=["exact", "partitioned"])
+def test_compact_dedup_excludes_exactly_what_the_previous_implementation_did(settings: Any, monkeypatch: Any,
+                                                                             exact_max: int) -> None:
     settings.DATASET_DEDUP_EXACT_MAX = exact_max
+    monkeypatch.setattr(dedup, "PARTITION_OWNERS", 400)  # 8 or more partitions on the partitioned path
     ranked, anchors, stand_in = _with_copies_and_anchors(11)
     want = reference_dedup(ranked, anchors=anchors, threshold=THRESHOLD, embedder=stand_in)
     got = dedup.dedup(ranked, anchors=anchors, threshold=THRESHOLD, embedder=stand_in)
@@ -125,3 +127,22 @@ def test_keyed_vectors_store_the_missing_and_read_back_even_a_digest_ending_in_z
     vectors = again.vectors(keys)
     assert vectors.shape[0] == 3 and np.array_equal(vectors[0], vectors[2])
     assert np.array_equal(vectors[0], np.asarray(embed([text]), dtype=np.float32)[0])
+
+
+def test_members_are_ranked_by_score_then_reward_then_a_human_accept_then_the_oldest_id() -> None:
+    import random
+
+    from apps.datasets import services
+
+    pick = random.Random(4)
+    rows = [services._Row(trajectory_id=i, task_id=1, scene="code_exec", batch_id=None, model="m", outcome="success",
+                          reward=pick.choice([None, 0.0, 0.5, 1.0]), score=pick.choice([None, 50.0, 90.0]),
+                          verdict=pick.choice(["accept", "reject", ""]), usage_tokens=0, content_sha256="")
+            for i in pick.sample(range(1, 10_000), 300)]
+
+    def best_first(r: Any) -> tuple:  # the documented order, as one Python sort key
+        return (-(r.score if r.score is not None else -1.0), -(r.reward if r.reward is not None else float("-inf")),
+                0 if r.verdict == "accept" else 1, r.trajectory_id)
+
+    assert services._ranked(rows).tolist() == [r.trajectory_id for r in sorted(rows, key=best_first)]
+    assert services._ranked([]).tolist() == []
