@@ -91,6 +91,9 @@ def exporter_formats() -> dict[str, Any]:
 
 @dataclass(slots=True)  # a million of them while a version is built: no per-row __dict__
 class _Row:
+    """What the scan keeps of a passing trajectory (its content hash, turns and text tokens are read
+    with its dedup inputs, into arrays)."""
+
     trajectory_id: int
     task_id: int
     scene: str
@@ -101,9 +104,6 @@ class _Row:
     score: float | None
     verdict: str
     usage_tokens: int
-    content_sha256: str
-    turns: int = 0
-    text_tokens: int = 0
     corrects: int | None = None  # prefer_corrections: the original trajectory this correction replaces
     pass_rate: dict[str, Any] | None = None  # the task's, over its rollouts (records.task_pass_rates)
 
@@ -127,7 +127,7 @@ def _scope(spec: dict[str, Any]) -> Any:
 # Corrections of corrections followed at most this deep (each step is one query).
 MAX_CORRECTION_CHAIN = 20
 SCAN_FIELDS = ("id", "task_id", "task__scene", "task__batch_id", "model", "outcome", "reward", "review_overall",
-               "human_verdict", "total_tokens", "content_sha256")
+               "human_verdict", "total_tokens")
 
 
 def _with_corrections(spec: dict[str, Any], qs: Any) -> Any:
@@ -180,7 +180,7 @@ def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
             trajectory_id=v["id"], task_id=v["task_id"], scene=shared.setdefault(v["task__scene"], v["task__scene"]),
             batch_id=v["task__batch_id"], model=shared.setdefault(v["model"], v["model"]),
             outcome=shared.setdefault(v["outcome"], v["outcome"]), reward=v["reward"], score=v["review_overall"],
-            verdict=shared.setdefault(v["human_verdict"] or "", v["human_verdict"] or ""), usage_tokens=v["total_tokens"], content_sha256=v["content_sha256"],
+            verdict=shared.setdefault(v["human_verdict"] or "", v["human_verdict"] or ""), usage_tokens=v["total_tokens"],
             corrects=v.get("corrects"), pass_rate=v["task_pass_rate"],
         ))
     return passing, excluded, scanned
@@ -211,6 +211,7 @@ class _DedupInputs:
     outcomes: list[str]
     turns: Any  # int32
     text_tokens: Any  # int64
+    content_sha256: Any  # S64: the trajectory's content hash (hex, ASCII)
 
     def at(self, trajectory_ids: Any) -> Any:
         """The rows of these trajectory ids."""
@@ -235,16 +236,18 @@ def _dedup_inputs(ids: Any, keyed: Any, progress: Progress | None) -> _DedupInpu
         ids=np.asarray(ids, dtype=np.int64), found=np.zeros(n, dtype=bool), task_id=np.zeros(n, dtype=np.int64),
         norm_hash=np.zeros(n, dtype=f"S{dedup_mod.NORM_DIGEST}"),
         action=np.zeros(n, dtype="S32") if keyed is not None else None, outcome=np.zeros(n, dtype=np.int32),
-        outcomes=[], turns=np.zeros(n, dtype=np.int32), text_tokens=np.zeros(n, dtype=np.int64))
+        outcomes=[], turns=np.zeros(n, dtype=np.int32), text_tokens=np.zeros(n, dtype=np.int64),
+        content_sha256=np.zeros(n, dtype="S64"))
     codes: dict[str, int] = {}
     for start in range(0, n, READ_CHUNK):
         chunk = out.ids[start:start + READ_CHUNK].tolist()
         rows, actions = [], []
-        for pk, task_id, messages, tools, outcome in Trajectory.objects.filter(pk__in=chunk).values_list(
-                "pk", "task_id", "messages", "tools", "outcome").iterator(chunk_size=READ_CHUNK):
+        for pk, task_id, messages, tools, outcome, sha in Trajectory.objects.filter(pk__in=chunk).values_list(
+                "pk", "task_id", "messages", "tools", "outcome", "content_sha256").iterator(chunk_size=READ_CHUNK):
             i = start + bisect.bisect_left(chunk, pk)
             rows.append(i)
             out.task_id[i] = task_id
+            out.content_sha256[i] = sha.encode("ascii")
             out.turns[i], out.text_tokens[i] = card_stats.message_stats(messages)
             out.norm_hash[i] = bytes.fromhex(dedup_mod.normalized_hash(messages, tools))[:dedup_mod.NORM_DIGEST]
             out.outcome[i] = codes.setdefault(outcome, len(codes))
@@ -337,8 +340,9 @@ def split_of(task_id: int, seed: int, validation_fraction: float) -> str:
 def _card(
     *, dataset_name: str, number: int, parent: DatasetVersion | None, spec: dict[str, Any], members: list[_Row],
     splits: dict[int, str], excluded: list[dict[str, Any]], scanned: int, dedup_result: dedup_mod.DedupResult,
-    exporter_versions: dict[str, str], diff: dict[str, Any] | None,
+    exporter_versions: dict[str, str], diff: dict[str, Any] | None, turns: Any, text_tokens: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The version's counts and data card; `turns` and `text_tokens`: each member's, in order."""
     n_val = sum(1 for r in members if splits[r.trajectory_id] == DatasetMember.Split.VALIDATION)
     counts = {
         "members": len(members),
@@ -368,8 +372,8 @@ def _card(
         },
         "score_histogram": card_stats.histogram([r.score for r in members], lo=0.0, hi=100.0),
         "reward_histogram": card_stats.histogram([r.reward for r in members]),
-        "turns": card_stats.quantiles([r.turns for r in members]),
-        "text_tokens": card_stats.quantiles([r.text_tokens for r in members]),
+        "turns": card_stats.quantiles(turns.tolist()),
+        "text_tokens": card_stats.quantiles(text_tokens.tolist()),
         "usage_tokens": card_stats.quantiles([r.usage_tokens for r in members]),
         "images": card_images([r.trajectory_id for r in members]),  # screenshots kept (the vision exports')
         "split": {"unit": "task", "seed": spec["split_seed"], "validation_fraction": spec["validation_fraction"]},
@@ -499,12 +503,8 @@ def dataset_version_create(
         np.fromiter(anchors if dedup_spec["exact"] or dedup_spec["near"] else (), dtype=np.int64)]))
     keyed = dedup_mod.KeyedVectors(embedder) if dedup_spec["near"] else None
     inputs = _dedup_inputs(needs_text, keyed, progress)
-    at = inputs.at([r.trajectory_id for r in rows]).tolist()
-    for r, i in zip(rows, at):
-        r.turns, r.text_tokens = int(inputs.turns[i]), int(inputs.text_tokens[i])
     result = dedup_mod.dedup_members(_dedup_members(rows, anchors, inputs, keyed), keyed=keyed, exact=dedup_spec["exact"],
                                      near=dedup_spec["near"], threshold=dedup_spec["threshold"])
-    del inputs
     if progress:
         progress("dedup", len(rows), len(rows))
     members = [r for r in rows if r.trajectory_id not in result.excluded]  # still in (task, id) order
@@ -517,6 +517,9 @@ def dataset_version_create(
     if spec["decontam"]:
         members, decontam_card = _decontaminate(members, spec["decontam"], excluded, embedder, progress)
     excluded.sort(key=lambda e: (e["task_id"], e["trajectory_id"]))
+    member_at = inputs.at(np.fromiter((r.trajectory_id for r in members), dtype=np.int64, count=len(members)))
+    turns, text_tokens, shas = inputs.turns[member_at], inputs.text_tokens[member_at], inputs.content_sha256[member_at]
+    del inputs
     splits = {r.trajectory_id: split_of(r.task_id, spec["split_seed"], spec["validation_fraction"]) for r in members}
     diff = _diff(parent, [r.trajectory_id for r in members], excluded)
     if diff is not None:
@@ -537,6 +540,7 @@ def dataset_version_create(
         counts, data_card = _card(
             dataset_name=dataset.name, number=number, parent=parent, spec=spec, members=members, splits=splits,
             excluded=excluded, scanned=scanned, dedup_result=result, exporter_versions=exporter_versions, diff=diff,
+            turns=turns, text_tokens=text_tokens,
         )
         data_card["decontam"] = decontam_card
         version = DatasetVersion.objects.create(
@@ -546,7 +550,7 @@ def dataset_version_create(
         )
         DatasetMember.objects.bulk_create(
             (DatasetMember(version=version, position=i, trajectory_id=r.trajectory_id,
-                           content_sha256=r.content_sha256, split=splits[r.trajectory_id])
+                           content_sha256=shas[i].decode("ascii"), split=splits[r.trajectory_id])
              for i, r in enumerate(members)),
             batch_size=MEMBER_BULK,
         )

@@ -137,7 +137,7 @@ def test_members_are_ranked_by_score_then_reward_then_a_human_accept_then_the_ol
     pick = random.Random(4)
     rows = [services._Row(trajectory_id=i, task_id=1, scene="code_exec", batch_id=None, model="m", outcome="success",
                           reward=pick.choice([None, 0.0, 0.5, 1.0]), score=pick.choice([None, 50.0, 90.0]),
-                          verdict=pick.choice(["accept", "reject", ""]), usage_tokens=0, content_sha256="")
+                          verdict=pick.choice(["accept", "reject", ""]), usage_tokens=0)
             for i in pick.sample(range(1, 10_000), 300)]
 
     def best_first(r: Any) -> tuple:  # the documented order, as one Python sort key
