@@ -10,6 +10,7 @@ import bisect
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from django.utils import timezone
 
 from apps.datasets import card as card_stats, decontam, dedup as dedup_mod, exportability, hf_layout, templates
 from apps.datasets.exporters import FORMATS
-from apps.datasets.exporters.records import task_pass_rates
+from apps.datasets.exporters.records import pass_rate, task_pass_counts
 from apps.datasets.exporters.vision import card_images
 from apps.datasets.models import (
     Dataset, DatasetMember, DatasetVersion, ExportabilityRun, ExportJob, TemplateCheck, VersionBuild,
@@ -89,10 +90,9 @@ def exporter_formats() -> dict[str, Any]:
 
 # --- building a version -----------------------------------------------------------------------
 
-@dataclass(slots=True)  # a million of them while a version is built: no per-row __dict__
+@dataclass(slots=True)
 class _Row:
-    """What the scan keeps of a passing trajectory (its content hash, turns and text tokens are read
-    with its dedup inputs, into arrays)."""
+    """One passing trajectory as the scan reads it (the preview's sample; a version keeps _Rows)."""
 
     trajectory_id: int
     task_id: int
@@ -105,8 +105,98 @@ class _Row:
     verdict: str
     usage_tokens: int
     corrects: int | None = None  # prefer_corrections: the original trajectory this correction replaces
-    pass_rate: dict[str, Any] | None = None  # the task's, over its rollouts (records.task_pass_rates)
 
+
+# _Rows' numeric columns: (its name, the _Row field, array typecode); None is NaN ("d") or -1 ("q")
+_NUMERIC = (("ids", "trajectory_id", "q"), ("task_id", "task_id", "q"), ("batch_id", "batch_id", "q"),
+            ("reward", "reward", "d"), ("score", "score", "d"), ("usage_tokens", "usage_tokens", "q"),
+            ("corrects", "corrects", "q"))
+_LABELLED = ("scene", "model", "outcome", "verdict")  # stored as codes into one list of labels each
+
+
+class _Rows:
+    """The scan's passing trajectories as numpy columns, in (task, id) order: about 60 bytes a row
+    instead of a million objects; with the pass rates of the tasks in scope (sorted task ids, their
+    passes and rollouts)."""
+
+    def __init__(self, columns: dict[str, Any], codes: dict[str, Any], labels: dict[str, list[str]],
+                 rates: tuple[Any, Any, Any]) -> None:
+        self.columns, self.codes, self.labels, self.rates = columns, codes, labels, rates
+        self.ids, self.task_id = columns["ids"], columns["task_id"]
+
+    @classmethod
+    def collect(cls, rows: Any, rates: tuple[Any, Any, Any] | None = None) -> _Rows:
+        """The _Rows of an iterable of _Row (read once, one row at a time)."""
+        import array
+
+        import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+        numeric = {name: array.array(code) for name, _, code in _NUMERIC}
+        codes = {name: array.array("i") for name in _LABELLED}
+        seen: dict[str, dict[str, int]] = {name: {} for name in _LABELLED}
+        for r in rows:
+            for name, field, code in _NUMERIC:
+                value = getattr(r, field)
+                numeric[name].append((math.nan if code == "d" else -1) if value is None else value)
+            for name in _LABELLED:
+                codes[name].append(seen[name].setdefault(getattr(r, name), len(seen[name])))
+        if rates is None:
+            rates = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32))
+        return cls({name: np.frombuffer(values, dtype=np.float64 if values.typecode == "d" else np.int64).copy()
+                    for name, values in numeric.items()},
+                   {name: np.frombuffer(values, dtype=np.int32).copy() for name, values in codes.items()},
+                   {name: list(seen[name]) for name in _LABELLED}, rates)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, index: Any) -> _Rows:
+        """The rows at `index` (a boolean mask or positions), in that order."""
+        return _Rows({name: values[index] for name, values in self.columns.items()},
+                     {name: values[index] for name, values in self.codes.items()}, self.labels, self.rates)
+
+    def head(self, n: int) -> list[_Row]:
+        return [self.row(i) for i in range(min(n, len(self)))]
+
+    def row(self, i: int) -> _Row:
+        values = {field: self.nullable(name, slice(i, i + 1))[0] for name, field, _ in _NUMERIC}
+        return _Row(**values, **{name: self.labels[name][self.codes[name][i]] for name in _LABELLED})
+
+    def nullable(self, name: str, index: Any = slice(None)) -> list[Any]:
+        """A numeric column as Python values, None where the trajectory has none."""
+        values = self.columns[name][index]
+        if values.dtype.kind == "f":
+            return [None if math.isnan(v) else v for v in values.tolist()]
+        return [None if v < 0 else v for v in values.tolist()] if name in ("batch_id", "corrects") else values.tolist()
+
+    def labelled(self, name: str, mask: Any = None) -> list[str]:
+        """A labelled column (scene, model, outcome, verdict) as its labels."""
+        labels, codes = self.labels[name], self.codes[name] if mask is None else self.codes[name][mask]
+        return [labels[c] for c in codes.tolist()]
+
+    def tasks(self) -> Any:
+        """The rows' tasks, ascending and once each."""
+        import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+        return np.unique(self.task_id)
+
+    def corrections(self) -> list[tuple[int, int]]:
+        """(original, correction) of each row that is a reviewer's correction."""
+        corrects = self.columns["corrects"]
+        chosen = corrects >= 0
+        return list(zip(corrects[chosen].tolist(), self.ids[chosen].tolist()))
+
+    def pass_counts(self, task_ids: Any) -> tuple[Any, Any, Any]:
+        """(known, passed, rollouts) of these tasks (ascending): known False where a task has no rollout."""
+        import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+        tasks, passed, rollouts = self.rates
+        at = np.searchsorted(tasks, task_ids).clip(0, max(len(tasks) - 1, 0)) if len(tasks) else None
+        if at is None:
+            zeros = np.zeros(len(task_ids), dtype=np.int32)
+            return zeros.astype(bool), zeros, zeros
+        known = tasks[at] == task_ids
+        return known, np.where(known, passed[at], 0), np.where(known, rollouts[at], 0)
 
 
 def _scope(spec: dict[str, Any]) -> Any:
@@ -160,30 +250,49 @@ def _with_corrections(spec: dict[str, Any], qs: Any) -> Any:
                "human_verdict": replacement["human_verdict"] or v["human_verdict"]}
 
 
-def _scan(spec: dict[str, Any]) -> tuple[list[_Row], list[dict[str, Any]], int]:
+def _pass_counts(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(task ids ascending, passes, rollouts) of the tasks in scope with a rollout, as arrays."""
+    import array
+
+    import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
+    columns = (array.array("q"), array.array("q"), array.array("q"))
+    for row in task_pass_counts(_scope(spec).values("task_id")):
+        for column, value in zip(columns, row):
+            column.append(value)
+    tasks, passed, rollouts = (np.frombuffer(c, dtype=np.int64).copy() for c in columns)
+    order = np.argsort(tasks, kind="stable")
+    return tasks[order], passed[order].astype(np.int32), rollouts[order].astype(np.int32)
+
+
+def _scan(spec: dict[str, Any]) -> tuple[_Rows, list[dict[str, Any]], int]:
     """(rows passing the quality rules, excluded with reasons, trajectories in scope)."""
-    passing: list[_Row] = []
     excluded: list[dict[str, Any]] = []
     scanned = 0
-    shared: dict[str, str] = {}  # one string object per distinct scene, model, outcome and verdict
     qs = trajectories_with_reviews(_scope(spec)).order_by("task_id", "id").values(*SCAN_FIELDS)
-    rates = task_pass_rates(_scope(spec).values("task_id"))
-    for v in _with_corrections(spec, qs):
-        scanned += 1
-        v["task_pass_rate"] = rates.get(v["task_id"])
-        reasons = quality_reasons(v, spec)
-        if reasons:
-            excluded.append({"trajectory_id": v["id"], "task_id": v["task_id"], "stage": "filter",
-                             "reason": "; ".join(reasons)})
-            continue
-        passing.append(_Row(
-            trajectory_id=v["id"], task_id=v["task_id"], scene=shared.setdefault(v["task__scene"], v["task__scene"]),
-            batch_id=v["task__batch_id"], model=shared.setdefault(v["model"], v["model"]),
-            outcome=shared.setdefault(v["outcome"], v["outcome"]), reward=v["reward"], score=v["review_overall"],
-            verdict=shared.setdefault(v["human_verdict"] or "", v["human_verdict"] or ""), usage_tokens=v["total_tokens"],
-            corrects=v.get("corrects"), pass_rate=v["task_pass_rate"],
-        ))
-    return passing, excluded, scanned
+    rates = _pass_counts(spec)
+    lookup = _Rows.collect((), rates)
+    task_rate: list[Any] = [None, None]  # the task last looked up and its pass rate (rows come by task)
+
+    def passing() -> Any:
+        nonlocal scanned
+        for v in _with_corrections(spec, qs):
+            scanned += 1
+            if v["task_id"] != task_rate[0]:
+                known, passed, rollouts = lookup.pass_counts([v["task_id"]])
+                task_rate[:] = v["task_id"], pass_rate(int(passed[0]), int(rollouts[0])) if known[0] else None
+            v["task_pass_rate"] = task_rate[1]
+            reasons = quality_reasons(v, spec)
+            if reasons:
+                excluded.append({"trajectory_id": v["id"], "task_id": v["task_id"], "stage": "filter",
+                                 "reason": "; ".join(reasons)})
+                continue
+            yield _Row(trajectory_id=v["id"], task_id=v["task_id"], scene=v["task__scene"], batch_id=v["task__batch_id"],
+                       model=v["model"], outcome=v["outcome"], reward=v["reward"], score=v["review_overall"],
+                       verdict=v["human_verdict"] or "", usage_tokens=v["total_tokens"], corrects=v.get("corrects"))
+
+    rows = _Rows.collect(passing(), rates)
+    return rows, excluded, scanned
 
 
 def version_preview(filter_spec: Any, *, sample: int = 10) -> dict[str, Any]:
@@ -193,8 +302,7 @@ def version_preview(filter_spec: Any, *, sample: int = 10) -> dict[str, Any]:
     spec = validate_filter_spec(filter_spec)
     rows, excluded, scanned = _scan(spec)
     return {"spec": spec, "scanned": scanned, "passing": len(rows), "excluded": len(excluded),
-            "sample": rows[:sample], "tasks": len({r.task_id for r in rows}),
-            "corrections": sum(1 for r in rows if r.corrects is not None)}
+            "sample": rows.head(sample), "tasks": len(rows.tasks()), "corrections": len(rows.corrections())}
 
 
 @dataclass
@@ -211,7 +319,6 @@ class _DedupInputs:
     outcomes: list[str]
     turns: Any  # int32
     text_tokens: Any  # int64
-    content_sha256: Any  # S64: the trajectory's content hash (hex, ASCII)
 
     def at(self, trajectory_ids: Any) -> Any:
         """The rows of these trajectory ids."""
@@ -236,18 +343,16 @@ def _dedup_inputs(ids: Any, keyed: Any, progress: Progress | None) -> _DedupInpu
         ids=np.asarray(ids, dtype=np.int64), found=np.zeros(n, dtype=bool), task_id=np.zeros(n, dtype=np.int64),
         norm_hash=np.zeros(n, dtype=f"S{dedup_mod.NORM_DIGEST}"),
         action=np.zeros(n, dtype="S32") if keyed is not None else None, outcome=np.zeros(n, dtype=np.int32),
-        outcomes=[], turns=np.zeros(n, dtype=np.int32), text_tokens=np.zeros(n, dtype=np.int64),
-        content_sha256=np.zeros(n, dtype="S64"))
+        outcomes=[], turns=np.zeros(n, dtype=np.int32), text_tokens=np.zeros(n, dtype=np.int64))
     codes: dict[str, int] = {}
     for start in range(0, n, READ_CHUNK):
         chunk = out.ids[start:start + READ_CHUNK].tolist()
         rows, actions = [], []
-        for pk, task_id, messages, tools, outcome, sha in Trajectory.objects.filter(pk__in=chunk).values_list(
-                "pk", "task_id", "messages", "tools", "outcome", "content_sha256").iterator(chunk_size=READ_CHUNK):
+        for pk, task_id, messages, tools, outcome in Trajectory.objects.filter(pk__in=chunk).values_list(
+                "pk", "task_id", "messages", "tools", "outcome").iterator(chunk_size=READ_CHUNK):
             i = start + bisect.bisect_left(chunk, pk)
             rows.append(i)
             out.task_id[i] = task_id
-            out.content_sha256[i] = sha.encode("ascii")
             out.turns[i], out.text_tokens[i] = card_stats.message_stats(messages)
             out.norm_hash[i] = bytes.fromhex(dedup_mod.normalized_hash(messages, tools))[:dedup_mod.NORM_DIGEST]
             out.outcome[i] = codes.setdefault(outcome, len(codes))
@@ -289,20 +394,21 @@ def _anchors(dataset: Dataset | None) -> dict[int, int]:
     return anchors
 
 
-def _ranked(rows: list[_Row]) -> Any:
+def _ranked(rows: _Rows) -> Any:
     """The rows' trajectory ids best first: automatic score, then reward, then a human accept, then
     the oldest id (numpy's sort over four columns, not a million key tuples)."""
     import numpy as np  # deferred: numpy (0.13 s) where versions are built
 
-    n = len(rows)
-    score = np.fromiter((-1.0 if r.score is None else r.score for r in rows), dtype=np.float64, count=n)
-    reward = np.fromiter((-np.inf if r.reward is None else r.reward for r in rows), dtype=np.float64, count=n)
-    not_accepted = np.fromiter((r.verdict != "accept" for r in rows), dtype=np.int8, count=n)
-    ids = np.fromiter((r.trajectory_id for r in rows), dtype=np.int64, count=n)
-    return ids[np.lexsort((ids, not_accepted, -reward, -score))]
+    score, reward = rows.columns["score"], rows.columns["reward"]
+    score = np.where(np.isnan(score), -1.0, score)
+    reward = np.where(np.isnan(reward), -np.inf, reward)
+    verdicts = rows.labels["verdict"]
+    accept = verdicts.index("accept") if "accept" in verdicts else -1
+    not_accepted = (rows.codes["verdict"] != accept).astype(np.int8)
+    return rows.ids[np.lexsort((rows.ids, not_accepted, -reward, -score))]
 
 
-def _dedup_members(rows: list[_Row], anchors: dict[int, int], inputs: _DedupInputs, keyed: Any
+def _dedup_members(rows: _Rows, anchors: dict[int, int], inputs: _DedupInputs, keyed: Any
                    ) -> dedup_mod.Members:
     """The members dedup works on, in its order: the anchors still there (first published first),
     then the rows best-ranked first (an anchor's own row is the anchor)."""
@@ -326,6 +432,19 @@ def _dedup_members(rows: list[_Row], anchors: dict[int, int], inputs: _DedupInpu
     return members
 
 
+def _write_members(version: DatasetVersion, ids: Any, validation: Any) -> None:
+    """The version's members in order, MEMBER_BULK at a time, each with its trajectory's content
+    hash as it is now (read with the chunk) and its split."""
+    for start in range(0, len(ids), MEMBER_BULK):
+        chunk = ids[start:start + MEMBER_BULK].tolist()
+        shas = dict(Trajectory.objects.filter(pk__in=chunk).values_list("pk", "content_sha256"))
+        DatasetMember.objects.bulk_create(
+            [DatasetMember(version=version, position=start + k, trajectory_id=trajectory_id,
+                           content_sha256=shas.get(trajectory_id, ""),
+                           split=DatasetMember.Split.VALIDATION if is_val else DatasetMember.Split.TRAIN)
+             for k, (trajectory_id, is_val) in enumerate(zip(chunk, validation[start:start + MEMBER_BULK].tolist()))])
+
+
 def split_of(task_id: int, seed: int, validation_fraction: float) -> str:
     """Deterministic per task (all rollouts of a task land in one split; DPO groups stay whole).
 
@@ -338,23 +457,25 @@ def split_of(task_id: int, seed: int, validation_fraction: float) -> str:
 
 
 def _card(
-    *, dataset_name: str, number: int, parent: DatasetVersion | None, spec: dict[str, Any], members: list[_Row],
-    splits: dict[int, str], excluded: list[dict[str, Any]], scanned: int, dedup_result: dedup_mod.DedupResult,
+    *, dataset_name: str, number: int, parent: DatasetVersion | None, spec: dict[str, Any], members: _Rows,
+    validation: Any, excluded: list[dict[str, Any]], scanned: int, dedup_result: dedup_mod.DedupResult,
     exporter_versions: dict[str, str], diff: dict[str, Any] | None, turns: Any, text_tokens: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The version's counts and data card; `turns` and `text_tokens`: each member's, in order."""
-    n_val = sum(1 for r in members if splits[r.trajectory_id] == DatasetMember.Split.VALIDATION)
+    """The version's counts and data card; `validation` (bool), `turns` and `text_tokens`: each
+    member's, in order."""
+    n_val = int(validation.sum())
+    tasks = members.tasks()
     counts = {
         "members": len(members),
         "train": len(members) - n_val,
         "validation": n_val,
-        "tasks": len({r.task_id for r in members}),
+        "tasks": len(tasks),
         "in_scope": scanned,
         "excluded": len(excluded),
         "excluded_by_filter": sum(1 for e in excluded if e["stage"] == "filter"),
         "excluded_as_duplicates": sum(1 for e in excluded if e["stage"] == "dedup"),
         "excluded_as_contaminated": sum(1 for e in excluded if e["stage"] == "decontam"),
-        "corrections_preferred": sum(1 for r in members if r.corrects is not None),
+        "corrections_preferred": len(members.corrections()),
     }
     data_card = {
         "schema": CARD_SCHEMA,
@@ -363,19 +484,19 @@ def _card(
         "parent": parent.number if parent else None,
         "filter_spec": spec,
         "counts": counts,
-        "by_scene": card_stats.counts_by(r.scene for r in members),
-        "by_model": card_stats.counts_by(r.model for r in members),
-        "by_outcome": card_stats.counts_by(r.outcome for r in members),
+        "by_scene": card_stats.counts_by(members.labelled("scene")),
+        "by_model": card_stats.counts_by(members.labelled("model")),
+        "by_outcome": card_stats.counts_by(members.labelled("outcome")),
         "by_split_and_outcome": {
-            split: card_stats.counts_by(r.outcome for r in members if splits[r.trajectory_id] == split)
-            for split in (DatasetMember.Split.TRAIN, DatasetMember.Split.VALIDATION)
+            DatasetMember.Split.TRAIN: card_stats.counts_by(members.labelled("outcome", ~validation)),
+            DatasetMember.Split.VALIDATION: card_stats.counts_by(members.labelled("outcome", validation)),
         },
-        "score_histogram": card_stats.histogram([r.score for r in members], lo=0.0, hi=100.0),
-        "reward_histogram": card_stats.histogram([r.reward for r in members]),
+        "score_histogram": card_stats.histogram(members.nullable("score"), lo=0.0, hi=100.0),
+        "reward_histogram": card_stats.histogram(members.nullable("reward")),
         "turns": card_stats.quantiles(turns.tolist()),
         "text_tokens": card_stats.quantiles(text_tokens.tolist()),
-        "usage_tokens": card_stats.quantiles([r.usage_tokens for r in members]),
-        "images": card_images([r.trajectory_id for r in members]),  # screenshots kept (the vision exports')
+        "usage_tokens": card_stats.quantiles(members.nullable("usage_tokens")),
+        "images": card_images(members.ids.tolist()),  # screenshots kept (the vision exports')
         "split": {"unit": "task", "seed": spec["split_seed"], "validation_fraction": spec["validation_fraction"]},
         "dedup": {
             **spec["dedup"],
@@ -387,14 +508,14 @@ def _card(
         # prefer_corrections: the members that are a reviewer's correction, in place of their original
         "corrections": {
             "preferred": spec["prefer_corrections"],
-            "replaced": [{"original": r.corrects, "corrected": r.trajectory_id} for r in members
-                         if r.corrects is not None],
+            "replaced": [{"original": original, "corrected": corrected}
+                         for original, corrected in members.corrections()],
         },
         "pass_rates": _pass_rates(members),
         "exporter_versions": exporter_versions,
         # the documents web-scene episodes read (the offline corpora), with the licences they are under
         "licences": scene_corpus_licences(
-            Task.objects.filter(pk__in={r.task_id for r in members}).values_list("scene", "scene_config")),
+            Task.objects.filter(pk__in=tasks.tolist()).values_list("scene", "scene_config")),
         "excluded": excluded,
         "excluded_reasons": card_stats.reason_summary(e["reason"] for e in excluded),
         "diff": diff,
@@ -402,17 +523,19 @@ def _card(
     return counts, data_card
 
 
-def _pass_rates(members: list[_Row]) -> dict[str, Any]:
+def _pass_rates(members: _Rows) -> dict[str, Any]:
     """The card's pass rates: per member task {passed, rollouts} and their distribution (tasks)."""
-    tasks = {r.task_id: r.pass_rate for r in members}
-    rates = [t["rate"] if t else None for t in tasks.values()]
-    known = [r for r in rates if r is not None]
+    tasks = members.tasks()
+    known, passed, rollouts = members.pass_counts(tasks)
+    rates = [pass_rate(p, r)["rate"] if k else None
+             for k, p, r in zip(known.tolist(), passed.tolist(), rollouts.tolist())]
+    known_rates = [r for r in rates if r is not None]
     return {
         "unit": "task", "rollouts": "the task's finished trajectories that succeeded or failed; a pass is a success",
-        "tasks": {str(task_id): [t["passed"], t["rollouts"]] if t else [0, 0] for task_id, t in sorted(tasks.items())},
+        "tasks": {str(t): [p, r] for t, p, r in zip(tasks.tolist(), passed.tolist(), rollouts.tolist())},
         "histogram": card_stats.histogram(rates, lo=0.0, hi=1.0),
-        "never": sum(1 for r in known if r == 0), "always": sum(1 for r in known if r == 1),
-        "between": sum(1 for r in known if 0 < r < 1), "unknown": len(rates) - len(known),
+        "never": sum(1 for r in known_rates if r == 0), "always": sum(1 for r in known_rates if r == 1),
+        "between": sum(1 for r in known_rates if 0 < r < 1), "unknown": len(rates) - len(known_rates),
     }
 
 
@@ -499,29 +622,32 @@ def dataset_version_create(
     anchors = _anchors(dataset)
     dedup_spec = spec["dedup"]
     needs_text = np.unique(np.concatenate([
-        np.fromiter((r.trajectory_id for r in rows), dtype=np.int64, count=len(rows)),
-        np.fromiter(anchors if dedup_spec["exact"] or dedup_spec["near"] else (), dtype=np.int64)]))
+        rows.ids, np.fromiter(anchors if dedup_spec["exact"] or dedup_spec["near"] else (), dtype=np.int64)]))
     keyed = dedup_mod.KeyedVectors(embedder) if dedup_spec["near"] else None
     inputs = _dedup_inputs(needs_text, keyed, progress)
     result = dedup_mod.dedup_members(_dedup_members(rows, anchors, inputs, keyed), keyed=keyed, exact=dedup_spec["exact"],
                                      near=dedup_spec["near"], threshold=dedup_spec["threshold"])
     if progress:
         progress("dedup", len(rows), len(rows))
-    members = [r for r in rows if r.trajectory_id not in result.excluded]  # still in (task, id) order
+    duplicate = np.isin(rows.ids, np.fromiter(result.excluded, dtype=np.int64, count=len(result.excluded)))
     excluded.extend(
-        {"trajectory_id": r.trajectory_id, "task_id": r.task_id, "stage": "dedup",
-         "reason": result.excluded[r.trajectory_id]}
-        for r in rows if r.trajectory_id in result.excluded
+        {"trajectory_id": trajectory_id, "task_id": task_id, "stage": "dedup", "reason": result.excluded[trajectory_id]}
+        for trajectory_id, task_id in zip(rows.ids[duplicate].tolist(), rows.task_id[duplicate].tolist())
     )
+    members = rows.take(~duplicate)  # still in (task, id) order
+    del rows, duplicate
     decontam_card = None
     if spec["decontam"]:
         members, decontam_card = _decontaminate(members, spec["decontam"], excluded, embedder, progress)
     excluded.sort(key=lambda e: (e["task_id"], e["trajectory_id"]))
-    member_at = inputs.at(np.fromiter((r.trajectory_id for r in members), dtype=np.int64, count=len(members)))
-    turns, text_tokens, shas = inputs.turns[member_at], inputs.text_tokens[member_at], inputs.content_sha256[member_at]
-    del inputs
-    splits = {r.trajectory_id: split_of(r.task_id, spec["split_seed"], spec["validation_fraction"]) for r in members}
-    diff = _diff(parent, [r.trajectory_id for r in members], excluded)
+    member_at = inputs.at(members.ids)
+    turns, text_tokens = inputs.turns[member_at], inputs.text_tokens[member_at]
+    del inputs, member_at
+    tasks = members.tasks()
+    validation = np.fromiter(
+        (split_of(t, spec["split_seed"], spec["validation_fraction"]) == DatasetMember.Split.VALIDATION
+         for t in tasks.tolist()), dtype=bool, count=len(tasks))[np.searchsorted(tasks, members.task_id)]
+    diff = _diff(parent, members.ids.tolist(), excluded)
     if diff is not None:
         diff["filter_spec_changed"] = _spec_changes(parent.filter_spec or {}, spec)
     with transaction.atomic():
@@ -538,7 +664,7 @@ def dataset_version_create(
         dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
         number = (dataset.versions.aggregate(n=Max("number"))["n"] or 0) + 1
         counts, data_card = _card(
-            dataset_name=dataset.name, number=number, parent=parent, spec=spec, members=members, splits=splits,
+            dataset_name=dataset.name, number=number, parent=parent, spec=spec, members=members, validation=validation,
             excluded=excluded, scanned=scanned, dedup_result=result, exporter_versions=exporter_versions, diff=diff,
             turns=turns, text_tokens=text_tokens,
         )
@@ -548,12 +674,7 @@ def dataset_version_create(
             exporter_versions=exporter_versions, split_seed=spec["split_seed"], notes=notes,
             created_by=actor if _is_user(actor) else None,
         )
-        DatasetMember.objects.bulk_create(
-            (DatasetMember(version=version, position=i, trajectory_id=r.trajectory_id,
-                           content_sha256=shas[i].decode("ascii"), split=splits[r.trajectory_id])
-             for i, r in enumerate(members)),
-            batch_size=MEMBER_BULK,
-        )
+        _write_members(version, members.ids, validation)
         audit_record(
             "datasets.version_create", actor=actor, target=version,
             actor_repr=None if _is_user(actor) else "manage.py dataset_create",
@@ -677,23 +798,25 @@ def version_build_requeue(*, build_id: int, reason: str, max_claims: int) -> str
         changed=lambda build: build_state_changed(build.pk), enqueue=_enqueue_build)
 
 
-def _decontaminate(members: list[_Row], decontam_spec: dict[str, Any], excluded: list[dict[str, Any]],
-                   embedder: dedup_mod.Embedder | None, progress: Progress | None) -> tuple[list[_Row], dict[str, Any]]:
+def _decontaminate(members: _Rows, decontam_spec: dict[str, Any], excluded: list[dict[str, Any]],
+                   embedder: dedup_mod.Embedder | None, progress: Progress | None) -> tuple[_Rows, dict[str, Any]]:
     """(members left, the card's decontam section); matches are appended to excluded (stage decontam)."""
+    import numpy as np  # deferred: numpy (0.13 s) where versions are built
+
     try:
-        found = decontam.check(decontam.members_of([r.trajectory_id for r in members]), decontam_spec,
-                               embedder=embedder)
+        found = decontam.check(decontam.members_of(members.ids.tolist()), decontam_spec, embedder=embedder)
     except decontam.DecontamError as exc:
         raise DatasetError(f"decontam: {exc}") from None
     if progress:
         progress("decontam", len(members), len(members))
-    for r in members:
-        match = found.matches.get(r.trajectory_id)
+    for trajectory_id, task_id in zip(members.ids.tolist(), members.task_id.tolist()):
+        match = found.matches.get(trajectory_id)
         if match is not None:
-            excluded.append({"trajectory_id": r.trajectory_id, "task_id": r.task_id, "stage": "decontam",
+            excluded.append({"trajectory_id": trajectory_id, "task_id": task_id, "stage": "decontam",
                              "reason": match.reason(decontam_spec), "benchmark": match.benchmark,
                              "item": match.item_id})
-    return [r for r in members if r.trajectory_id not in found.matches], decontam.card_section(decontam_spec, found)
+    matched = np.fromiter(found.matches, dtype=np.int64, count=len(found.matches))
+    return members.take(~np.isin(members.ids, matched)), decontam.card_section(decontam_spec, found)
 
 
 def _is_user(actor: Any) -> bool:

@@ -144,5 +144,6 @@ def test_members_are_ranked_by_score_then_reward_then_a_human_accept_then_the_ol
         return (-(r.score if r.score is not None else -1.0), -(r.reward if r.reward is not None else float("-inf")),
                 0 if r.verdict == "accept" else 1, r.trajectory_id)
 
-    assert services._ranked(rows).tolist() == [r.trajectory_id for r in sorted(rows, key=best_first)]
-    assert services._ranked([]).tolist() == []
+    ranked = services._ranked(services._Rows.collect(rows)).tolist()
+    assert ranked == [r.trajectory_id for r in sorted(rows, key=best_first)]
+    assert services._ranked(services._Rows.collect([])).tolist() == []

@@ -165,15 +165,22 @@ def pass_rate(passed: int, rollouts: int) -> dict[str, Any]:
     return {"rate": round(passed / rollouts, 6) if rollouts else None, "passed": passed, "rollouts": rollouts}
 
 
+def task_pass_counts(task_ids: Iterable[int] | QuerySet) -> Iterator[tuple[int, int, int]]:
+    """(task id, passes, rollouts) of each task with a rollout, streamed (task_pass_rates' counts;
+    a version's scan keeps them as arrays). One query (task_ids may be a subquery)."""
+    rows = (Trajectory.objects.filter(task_id__in=task_ids, status=Trajectory.Status.FINISHED,
+                                      outcome__in=PASS_OUTCOMES, correction_of__isnull=True)
+            .order_by().values("task_id").annotate(rollouts=Count("id"), passed=Count("id", filter=Q(outcome="success")))
+            .values_list("task_id", "passed", "rollouts"))
+    return rows.iterator(chunk_size=5000)
+
+
 def task_pass_rates(task_ids: Iterable[int] | QuerySet) -> dict[int, dict[str, Any]]:
     """task id -> its pass rate over its rollouts: the task's own finished trajectories (not a
     multi_agent role's sub-episode, not a reviewer's correction) whose outcome is success or
     failure, success counting as a pass; an outcome error (infrastructure, not the model) is no
     rollout. Tasks without such a rollout are absent. One query (task_ids may be a subquery)."""
-    rows = (Trajectory.objects.filter(task_id__in=task_ids, status=Trajectory.Status.FINISHED,
-                                      outcome__in=PASS_OUTCOMES, correction_of__isnull=True)
-            .order_by().values("task_id").annotate(rollouts=Count("id"), passed=Count("id", filter=Q(outcome="success"))))
-    return {row["task_id"]: pass_rate(row["passed"], row["rollouts"]) for row in rows}
+    return {task_id: pass_rate(passed, rollouts) for task_id, passed, rollouts in task_pass_counts(task_ids)}
 
 
 def load_records(trajectory_ids: Sequence[int], *, chunk_size: int = 500) -> Iterator[dict[str, Any]]:
