@@ -6,6 +6,7 @@ its data card in one short transaction at the end: a failure leaves nothing behi
 """
 from __future__ import annotations
 
+import array
 import bisect
 import hashlib
 import json
@@ -127,8 +128,6 @@ class _Rows:
     @classmethod
     def collect(cls, rows: Any, rates: tuple[Any, Any, Any] | None = None) -> _Rows:
         """The _Rows of an iterable of _Row (read once, one row at a time)."""
-        import array
-
         import numpy as np  # deferred: numpy (0.13 s) where versions are built
 
         numeric = {name: array.array(code) for name, _, code in _NUMERIC}
@@ -252,8 +251,6 @@ def _with_corrections(spec: dict[str, Any], qs: Any) -> Any:
 
 def _pass_counts(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(task ids ascending, passes, rollouts) of the tasks in scope with a rollout, as arrays."""
-    import array
-
     import numpy as np  # deferred: numpy (0.13 s) where versions are built
 
     columns = (array.array("q"), array.array("q"), array.array("q"))
